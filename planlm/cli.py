@@ -1,0 +1,57 @@
+"""The ``planlm`` command line: a dict of typed, documented command functions (jsonargparse).
+
+Every command accepts ``--config FILE.yaml`` and ``--print_config``; ``--help`` comes from the
+function's docstring and signature, so the CLI, the Python API and the YAML presets never drift.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# command name -> "module:function". Each function is the Python API of that command.
+COMMANDS = {
+    "prepare": "planlm.data.prepare:prepare",
+    "actions": "planlm.data.inspect:actions",
+    "train-planner": "planlm.train.planner:train_planner",
+    "sample-plans": "planlm.plans:sample_plans",
+    "train-lm": "planlm.train.lm:train_lm",
+    "evaluate": "planlm.evaluate.perplexity:evaluate",
+    "compare": "planlm.evaluate.bootstrap:compare",
+    "generate": "planlm.evaluate.generate:generate",
+    "edit-distance": "planlm.evaluate.edit_distance:edit_distance",
+    "sweep": "planlm.evaluate.sweeps:sweep",
+    "run": "planlm.pipeline:run",
+}
+
+
+def load_command(name: str):
+    module, func = COMMANDS[name].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from planlm.data.resources import use_offline_mode_if_no_hub
+
+    use_offline_mode_if_no_hub()  # before transformers is imported: no minute of hub retries offline
+
+    from jsonargparse import CLI
+
+    from planlm.utils import PlanlmError
+
+    argv = sys.argv[1:] if argv is None else argv
+    # Build the parser only for the command asked for: importing every stage costs seconds.
+    names = [argv[0]] if argv and argv[0] in COMMANDS else list(COMMANDS)
+    components = {name: load_command(name) for name in names}
+    try:
+        CLI(components, args=argv, as_positional=False, fail_untyped=True)
+    except PlanlmError as e:
+        print(f"planlm: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("planlm: interrupted; rerun the same command to resume", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

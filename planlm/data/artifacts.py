@@ -1,0 +1,188 @@
+"""The prepared-corpus format: what ``planlm prepare`` writes and every later stage reads.
+
+Layout of a prepared folder (all arrays are ``.npy`` files that load memory-mapped)::
+
+    manifest.json               written last: config, versions, counts, hashes (see planlm.utils)
+    codebook.safetensors        {"centroids": (A, E) float32}, the abstract writing actions
+    <split>/                    train, validation, test
+        articles.jsonl          one {"id", "title", "text"} per article, in order
+        sentence_offsets.npy    (N_art + 1,) int64   article a owns sentences [o[a], o[a+1])
+        sentence_spans.npy      (N_sent, 2) int64    character [start, end) of each sentence in its article
+        embeddings.npy          (N_sent, E) float32  sentence-encoder embedding of each sentence
+        actions.npy             (N_sent,) int64      action (cluster id) of each sentence
+        token_offsets.npy       (N_art + 1,) int64   article a owns tokens [o[a], o[a+1])
+        input_ids.npy           (N_tok,) int64       LM tokens of each whole article
+        token_sentence.npy      (N_tok,) int64       split-global index of the sentence holding the token
+        token_plan_sentence.npy (N_tok,) int64       sentence whose action/plan conditions the token
+        token_actions.npy       (N_tok,) int64       actions[token_plan_sentence]
+
+Alignment convention (ANCHORS.md): every token carries the action of its own sentence, except the
+last token of a sentence, which carries the next sentence's action, so that the position that
+predicts the first token of sentence i is already conditioned on action i. The last token of an
+article keeps its own sentence. Sentence indices are split-global; sentence ``s`` of article ``a``
+is boundary ``s``: its plan is computed from sentences ``o[a] .. s-1`` (the true text before it).
+
+Letters: A actions, E embedding width, N_art articles, N_sent sentences, N_tok tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from planlm.utils import PlanlmError, read_manifest
+
+SPLITS = ("train", "validation", "test")
+ARRAYS = ("sentence_offsets", "sentence_spans", "embeddings", "actions", "token_offsets", "input_ids",
+          "token_sentence", "token_plan_sentence", "token_actions")
+
+
+def token_plan_sentence(token_sentence: np.ndarray, token_offsets: np.ndarray) -> np.ndarray:
+    """Apply the alignment convention: the last token of a sentence carries the next sentence.
+
+    token_sentence (N_tok,) split-global sentence of each token; token_offsets (N_art + 1,).
+    """
+    plan = token_sentence.copy()
+    if len(plan) < 2:
+        return plan
+    last_of_sentence = token_sentence[1:] != token_sentence[:-1]  # token t ends its sentence
+    # ... unless t is also the last token of its article (the next token is another article's).
+    article_last = np.zeros(len(plan), dtype=bool)
+    ends = token_offsets[1:] - 1
+    article_last[ends[ends >= 0]] = True
+    move = np.flatnonzero(last_of_sentence & ~article_last[:-1])
+    plan[move] = token_sentence[move + 1]
+    return plan
+
+
+@dataclass
+class PreparedSplit:
+    """Read-only, memory-mapped view of one split of a prepared folder."""
+
+    path: Path
+
+    def __post_init__(self):
+        self.path = Path(self.path)
+        missing = [n for n in ARRAYS if not (self.path / f"{n}.npy").is_file()]
+        if missing or not (self.path / "articles.jsonl").is_file():
+            raise PlanlmError(f"{self.path}: incomplete prepared split (missing {missing or ['articles.jsonl']}); "
+                              f"rerun `planlm prepare`")
+
+    def _array(self, name: str) -> np.ndarray:
+        return np.load(self.path / f"{name}.npy", mmap_mode="r")
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        if name in ARRAYS:
+            arr = self._array(name)
+            self.__dict__[name] = arr
+            return arr
+        raise AttributeError(name)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def num_articles(self) -> int:
+        return len(self.sentence_offsets) - 1
+
+    @property
+    def num_sentences(self) -> int:
+        return len(self.actions)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @cached_property
+    def articles(self) -> list[dict]:
+        with open(self.path / "articles.jsonl") as f:
+            return [json.loads(line) for line in f]
+
+    @cached_property
+    def sentence_article(self) -> np.ndarray:
+        """(N_sent,) article index of every sentence."""
+        counts = np.diff(self.sentence_offsets)
+        return np.repeat(np.arange(self.num_articles), counts)
+
+    def sentence_range(self, article: int) -> range:
+        return range(int(self.sentence_offsets[article]), int(self.sentence_offsets[article + 1]))
+
+    def token_range(self, article: int) -> range:
+        return range(int(self.token_offsets[article]), int(self.token_offsets[article + 1]))
+
+    def sentence_text(self, sentence: int) -> str:
+        article = int(self.sentence_article[sentence])
+        start, end = self.sentence_spans[sentence]
+        return self.articles[article]["text"][start:end]
+
+
+class PreparedDataset:
+    """A prepared folder: manifest, codebook and splits. ``PreparedDataset(path)`` checks completeness."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        manifest = read_manifest(self.path)
+        if manifest is None:
+            raise PlanlmError(f"{self.path}: not a complete prepared corpus (manifest.json missing: "
+                              f"`planlm prepare` never finished there); run `planlm prepare --out_dir {self.path}`")
+        self.manifest = manifest
+
+    @property
+    def num_actions(self) -> int:
+        return int(self.manifest["num_actions"])
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.manifest["embedding_dim"])
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.manifest["tokenizer"]
+
+    @property
+    def encoder_name(self) -> str:
+        return self.manifest["encoder"]
+
+    @property
+    def codebook_hash(self) -> str:
+        return self.manifest["hashes"]["codebook.safetensors"]
+
+    @cached_property
+    def codebook(self):
+        """(A, E) float32 torch tensor of centroids."""
+        from safetensors.torch import load_file
+
+        return load_file(str(self.path / "codebook.safetensors"))["centroids"]
+
+    def split(self, name: str) -> PreparedSplit:
+        if name not in self.manifest.get("splits", SPLITS):
+            raise PlanlmError(f"{self.path}: no split {name!r} (has {list(self.manifest.get('splits', []))})")
+        return PreparedSplit(self.path / name)
+
+    def __getitem__(self, name: str) -> PreparedSplit:
+        return self.split(name)
+
+
+def write_split(split_dir: str | Path, articles: list[dict], arrays: dict[str, np.ndarray]) -> None:
+    """Write one split. ``arrays`` holds every name in ARRAYS except the derived token ones and
+    those already written to ``split_dir`` (e.g. embeddings streamed to disk with ``open_memmap``)."""
+    split_dir = Path(split_dir)
+    split_dir.mkdir(parents=True, exist_ok=True)
+    arrays = dict(arrays)
+    if "token_plan_sentence" not in arrays:
+        arrays["token_plan_sentence"] = token_plan_sentence(arrays["token_sentence"], arrays["token_offsets"])
+    if "token_actions" not in arrays:
+        arrays["token_actions"] = np.asarray(arrays["actions"])[arrays["token_plan_sentence"]]
+    with open(split_dir / "articles.jsonl", "w") as f:
+        for art in articles:
+            f.write(json.dumps({"id": art["id"], "title": art.get("title", ""), "text": art["text"]}) + "\n")
+    for name in ARRAYS:
+        if name not in arrays and (split_dir / f"{name}.npy").is_file():
+            continue
+        dtype = np.float32 if name == "embeddings" else np.int64
+        np.save(split_dir / f"{name}.npy", np.ascontiguousarray(arrays[name], dtype=dtype))

