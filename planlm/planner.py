@@ -1,0 +1,340 @@
+"""The multi-step planner (paper section 3.2): representation h, dynamics g, prediction f.
+
+    z_{1:i-1}   = h(t_1 .. t_{i-1})                       context sentences -> latents
+    z_{1:i+k}   = g(z_{1:i+k-1}, a_{i+k-1})   1 <= k < T   append Emb(action), transformer over the set
+    p(a_{i+k})  = f(z_{1:i+k})                0 <= k < T   transformer, masked mean pool, linear
+
+A learned start latent is always prepended by h, so the first sentence of an article (empty
+context) has a valid state. The state grows by one latent per step; g re-encodes the whole set each
+step (no KV cache is possible: every latent changes), which is cheap for T <= 10. Training uses
+teacher forcing (``forward``); ``sample_paths`` draws K paths autoregressively, batched over paths
+and boundaries (the B*K rows go through one forward per step).
+
+Letters: B batch (boundaries), S context sentences, T horizon, K paths, A actions, D width
+(d_model), E sentence-embedding width, N flattened rows, n latents in a state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planlm.utils import PlanlmError, write_json
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PREPARED_FILE = "prepared.json"
+
+
+@dataclass
+class PlannerConfig:
+    """Shape of a planner (saved as ``config.json`` next to the weights)."""
+
+    num_actions: int = 1024
+    """A: number of abstract writing actions (codebook rows)."""
+    embedding_dim: int = 384
+    """E: width of the prepared sentence embeddings (the input of h)."""
+    d_model: int = 256
+    """D: width of the latents, of f and of g (the paper: 768)."""
+    num_heads: int = 4
+    """Attention heads of the f and g transformers (the paper: 2)."""
+    num_layers: int = 1
+    """Transformer layers in f and in g each (the paper: 1)."""
+    dim_feedforward: int = 1024
+    """Feed-forward width of the f and g transformer layers (the paper: 2048)."""
+    max_sentences: int = 64
+    """Context window of h: the last max_sentences sentences before the boundary."""
+    horizon: int = 10
+    """T: number of future actions the planner is trained to predict."""
+    dropout: float = 0.1
+    """Dropout in h, f and g."""
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    """Sentence-position encoding added to the latents."""
+    init_from_codebook: bool = True
+    """Initialise the classifier of f and the action table of g from the codebook."""
+    dynamics_grad_scale: float = 0.5
+    """Scale of the gradient that flows back through g into earlier states (MuZero: 0.5)."""
+    finetune_encoder: bool = False
+    """h runs the sentence encoder on the sentence texts and trains it end to end (slow)."""
+    encoder_name: Optional[str] = None
+    """SentenceTransformer name or folder for finetune_encoder (the prepared corpus's encoder)."""
+
+    def __post_init__(self):
+        for name in ("num_actions", "embedding_dim", "d_model", "num_heads", "num_layers", "dim_feedforward",
+                     "max_sentences", "horizon"):
+            if getattr(self, name) < 1:
+                raise PlanlmError(f"planner config: {name}={getattr(self, name)} must be >= 1; fix --model.{name}")
+        if self.d_model % self.num_heads:
+            raise PlanlmError(f"planner config: d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+                              f"fix --model.d_model or --model.num_heads")
+        if not 0.0 <= self.dropout < 1.0:
+            raise PlanlmError(f"planner config: dropout={self.dropout} must be in [0, 1); fix --model.dropout")
+        if self.finetune_encoder and not self.encoder_name:
+            raise PlanlmError("planner config: finetune_encoder needs encoder_name (the prepared corpus's encoder)")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "PlannerConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in values.items() if key in known})
+
+
+def sinusoidal_positions(slots: torch.Tensor, width: int) -> torch.Tensor:
+    """slots (...,) long -> (..., width) the Transformer paper's sinusoidal encoding."""
+    half = width // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=slots.device, dtype=torch.float32) / half)
+    angles = slots.float().unsqueeze(-1) * freqs  # (..., width/2)
+    encoding = torch.cat([angles.sin(), angles.cos()], dim=-1)
+    return F.pad(encoding, (0, width - 2 * half))
+
+
+def transformer(config: PlannerConfig) -> nn.TransformerEncoder:
+    layer = nn.TransformerEncoderLayer(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
+                                       batch_first=True)
+    return nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
+
+
+def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Identity forward; multiplies the gradient by ``scale`` (MuZero's trick for the recurrent state)."""
+    return x * scale + x.detach() * (1.0 - scale)
+
+
+class SentencePositions(nn.Module):
+    """Position of a latent in its article window: 0 start latent, 1.. context sentences, then plan steps."""
+
+    def __init__(self, config: PlannerConfig):
+        super().__init__()
+        self.width = config.d_model
+        self.num_slots = config.max_sentences + config.horizon + 1
+        self.table = nn.Embedding(self.num_slots, config.d_model) if config.positions == "learned" else None
+
+    def forward(self, slots: torch.Tensor) -> torch.Tensor:
+        if self.table is None:
+            return sinusoidal_positions(slots, self.width)
+        if int(slots.max()) >= self.num_slots:
+            raise PlanlmError(f"planner: position {int(slots.max())} beyond the learned table ({self.num_slots} "
+                              f"slots = max_sentences + horizon + 1); use a horizon <= the trained one")
+        return self.table(slots)
+
+
+class Representation(nn.Module):
+    """h: context sentence embeddings -> latents (start latent + projected, positioned sentences)."""
+
+    def __init__(self, config: PlannerConfig):
+        super().__init__()
+        self.projection = nn.Linear(config.embedding_dim, config.d_model)
+        self.start_latent = nn.Parameter(torch.randn(config.d_model) * 0.02)
+        self.positions = SentencePositions(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.encoder = None
+        if config.finetune_encoder:
+            from sentence_transformers import SentenceTransformer
+
+            from planlm.data.resources import resolve_encoder
+
+            # A private copy: the encoder's weights belong to this planner and are trained with it.
+            self.encoder = SentenceTransformer(resolve_encoder(config.encoder_name), device="cpu")
+
+    def embed_sentences(self, texts: list[str]) -> torch.Tensor:
+        """texts (N,) -> (N, E) embeddings from the (trainable) sentence encoder inside h."""
+        if self.encoder is None:
+            raise PlanlmError("planner: embed_sentences needs a planner built with finetune_encoder=True")
+        device = self.projection.weight.device
+        features = {name: value.to(device) for name, value in self.encoder.tokenize(texts).items()}
+        return self.encoder(features)["sentence_embedding"]  # (N, E)
+
+    def forward(self, context_embeds: torch.Tensor, context_mask: torch.Tensor):
+        """context_embeds (B, S, E), context_mask (B, S) -> latents (B, 1+S, D), latent_mask (B, 1+S), next_slot (B,)."""
+        batch_size = context_embeds.shape[0]
+        context_mask = context_mask.bool()
+        slots = torch.cumsum(context_mask.long(), dim=1)  # (B, S) 1.. for real sentences
+        latents = self.projection(context_embeds.to(self.projection.weight.dtype))  # (B, S, D)
+        latents = latents + self.positions(slots)  # (B, S, D)
+        start = (self.start_latent + self.positions(torch.zeros(1, dtype=torch.long, device=latents.device)))
+        start = start.expand(batch_size, 1, -1)  # (B, 1, D)
+        latents = self.dropout(torch.cat([start, latents], dim=1))  # (B, 1+S, D)
+        start_mask = torch.ones(batch_size, 1, dtype=torch.bool, device=context_mask.device)
+        latent_mask = torch.cat([start_mask, context_mask], dim=1)  # (B, 1+S)
+        next_slot = context_mask.sum(dim=1) + 1  # (B,)
+        return latents, latent_mask, next_slot
+
+
+class Dynamics(nn.Module):
+    """g: append Emb(action) at the next sentence slot, then a transformer over the grown set."""
+
+    def __init__(self, config: PlannerConfig, positions: SentencePositions):
+        super().__init__()
+        self.action_embedding = nn.Embedding(config.num_actions, config.d_model)
+        self.transformer = transformer(config)
+        self.positions = positions  # shared with h (no parameters of g's own when sinusoidal)
+        self.grad_scale = config.dynamics_grad_scale
+
+    def forward(self, latents: torch.Tensor, latent_mask: torch.Tensor, actions: torch.Tensor, slot: torch.Tensor):
+        """latents (N, n, D), latent_mask (N, n), actions (N,), slot (N,) -> latents (N, n+1, D), mask (N, n+1)."""
+        latents = scale_gradient(latents, self.grad_scale)
+        new = self.action_embedding(actions) + self.positions(slot)  # (N, D)
+        latents = torch.cat([latents, new.unsqueeze(1)], dim=1)  # (N, n+1, D)
+        latent_mask = torch.cat([latent_mask, torch.ones_like(latent_mask[:, :1])], dim=1)  # (N, n+1)
+        return self.transformer(latents, src_key_padding_mask=~latent_mask), latent_mask
+
+
+class Prediction(nn.Module):
+    """f: transformer over the latents, mean pool over the valid ones, linear classifier over actions."""
+
+    def __init__(self, config: PlannerConfig):
+        super().__init__()
+        self.transformer = transformer(config)
+        self.classifier = nn.Linear(config.d_model, config.num_actions)
+
+    def forward(self, latents: torch.Tensor, latent_mask: torch.Tensor) -> torch.Tensor:
+        """latents (N, n, D), latent_mask (N, n) -> logits (N, A)."""
+        hidden = self.transformer(latents, src_key_padding_mask=~latent_mask)  # (N, n, D)
+        weights = latent_mask.unsqueeze(-1).to(hidden.dtype)  # (N, n, 1)
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1)  # (N, D)
+        return self.classifier(pooled)  # (N, A)
+
+
+class Planner(nn.Module):
+    """p(a_i .. a_{i+T-1} | t_1 .. t_{i-1}) factorised autoregressively over the T steps."""
+
+    def __init__(self, config: PlannerConfig, codebook: torch.Tensor | None = None):
+        super().__init__()
+        self.config = config
+        self.representation = Representation(config)  # h
+        self.dynamics = Dynamics(config, self.representation.positions)  # g
+        self.prediction = Prediction(config)  # f
+        self.prepared_info: dict = {}  # num_actions, embedding_dim, codebook_hash, encoder of the training corpus
+        if codebook is not None and config.init_from_codebook:
+            self.init_from_codebook(codebook)
+
+    @torch.no_grad()
+    def init_from_codebook(self, codebook: torch.Tensor) -> None:
+        """codebook (A, E). When E == D it is copied; otherwise it is mapped to D through h's (initial)
+        projection, i.e. each row is how a sentence at that centroid would enter the latent space."""
+        if codebook.shape != (self.config.num_actions, self.config.embedding_dim):
+            raise PlanlmError(f"planner: codebook of shape {tuple(codebook.shape)} does not match num_actions="
+                              f"{self.config.num_actions}, embedding_dim={self.config.embedding_dim}")
+        codebook = codebook.to(self.representation.projection.weight)
+        if self.config.embedding_dim == self.config.d_model:
+            rows = codebook  # (A, D)
+        else:
+            rows = codebook @ self.representation.projection.weight.T  # (A, D)
+        self.prediction.classifier.weight.copy_(rows)
+        self.prediction.classifier.bias.zero_()
+        self.dynamics.action_embedding.weight.copy_(rows)
+
+    def embed_sentences(self, texts: list[str]) -> torch.Tensor:
+        return self.representation.embed_sentences(texts)
+
+    def rollout(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, horizon: int,
+                target_actions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run h, then f and g for ``horizon`` steps: feed ``target_actions`` (teacher forcing) or, when None,
+        the planner's own argmax actions. Returns logits (B, T, A) and the fed/argmax actions (B, T)."""
+        latents, latent_mask, slot = self.representation(context_embeds, context_mask)
+        logits, actions = [], []
+        for step in range(horizon):
+            if step > 0:
+                latents, latent_mask = self.dynamics(latents, latent_mask, actions[-1], slot + step - 1)
+            step_logits = self.prediction(latents, latent_mask)  # (B, A)
+            logits.append(step_logits)
+            if target_actions is not None:
+                actions.append(target_actions[:, step].clamp(min=0))  # masked steps (-100) feed action 0
+            else:
+                actions.append(step_logits.argmax(dim=-1))
+        return torch.stack(logits, dim=1), torch.stack(actions, dim=1)
+
+    def forward(self, context_embeds: torch.Tensor, context_mask: torch.Tensor,
+                target_actions: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing. context_embeds (B, S, E), context_mask (B, S) [True = real sentence; S may be 0],
+        target_actions (B, T) -> logits (B, T, A); step t sees the true actions of steps < t."""
+        logits, _ = self.rollout(context_embeds, context_mask, target_actions.shape[1], target_actions)
+        return logits
+
+    @torch.no_grad()
+    def sample_paths(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, num_paths: int, horizon: int,
+                     temperature: float, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Sample num_paths action paths per boundary -> LongTensor (B, K, T); temperature 0 = argmax."""
+        if num_paths < 1 or horizon < 1 or temperature < 0:
+            raise PlanlmError(f"planner: need num_paths >= 1, horizon >= 1, temperature >= 0 "
+                              f"(got {num_paths}, {horizon}, {temperature})")
+        if temperature == 0:
+            return self.argmax_path(context_embeds, context_mask, horizon).unsqueeze(1).expand(-1, num_paths, -1)
+        was_training = self.training
+        self.eval()
+        try:
+            latents, latent_mask, slot = self.representation(context_embeds, context_mask)
+            batch_size = latents.shape[0]
+            step_logits = self.prediction(latents, latent_mask)  # (B, A): the first step is shared by all paths
+            # From here on every path has its own state: B*K rows, path-major within a boundary.
+            step_logits = step_logits.repeat_interleave(num_paths, dim=0)  # (B*K, A)
+            latents = latents.repeat_interleave(num_paths, dim=0)  # (B*K, n, D)
+            latent_mask = latent_mask.repeat_interleave(num_paths, dim=0)  # (B*K, n)
+            slot = slot.repeat_interleave(num_paths, dim=0)  # (B*K,)
+            actions = []
+            for step in range(horizon):
+                if step > 0:
+                    latents, latent_mask = self.dynamics(latents, latent_mask, actions[-1], slot + step - 1)
+                    step_logits = self.prediction(latents, latent_mask)  # (B*K, A)
+                probs = torch.softmax(step_logits.float() / temperature, dim=-1)  # (B*K, A)
+                actions.append(torch.multinomial(probs, 1, generator=generator).squeeze(1))  # (B*K,)
+            return torch.stack(actions, dim=1).view(batch_size, num_paths, horizon)  # (B, K, T)
+        finally:
+            self.train(was_training)
+
+    @torch.no_grad()
+    def argmax_path(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, horizon: int) -> torch.Tensor:
+        """The greedy path (the predecessor's baseline) -> LongTensor (B, T)."""
+        was_training = self.training
+        self.eval()
+        try:
+            return self.rollout(context_embeds, context_mask, horizon)[1]
+        finally:
+            self.train(was_training)
+
+    # ---- persistence -------------------------------------------------------------------------------
+    def save_pretrained(self, folder: str | Path) -> Path:
+        """Write model.safetensors + config.json + prepared.json into ``folder``."""
+        from safetensors.torch import save_model
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_model(self, str(folder / WEIGHTS_FILE))
+        write_json(folder / CONFIG_FILE, asdict(self.config))
+        write_json(folder / PREPARED_FILE, self.prepared_info)
+        return folder
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, map_location: str | torch.device = "cpu") -> "Planner":
+        from safetensors.torch import load_model
+
+        folder = Path(folder)
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            if not (folder / name).is_file():
+                raise PlanlmError(f"{folder}: no trained planner here ({name} missing); run `planlm train-planner "
+                                  f"--out_dir {folder}` first")
+        planner = cls(PlannerConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text())))
+        load_model(planner, str(folder / WEIGHTS_FILE), device=str(map_location))
+        if (folder / PREPARED_FILE).is_file():
+            planner.prepared_info = json.loads((folder / PREPARED_FILE).read_text())
+        return planner.to(map_location)
+
+    def check_matches(self, prepared, where: str = "") -> None:
+        """One-line PlanlmError when this planner was trained on other actions than ``prepared``'s."""
+        info = self.prepared_info
+        where = where or "planner"
+        if self.config.num_actions != prepared.num_actions:
+            raise PlanlmError(f"{where}: planner has num_actions={self.config.num_actions} but {prepared.path} has "
+                              f"{prepared.num_actions}; train a planner on this prepared corpus")
+        if self.config.embedding_dim != prepared.embedding_dim:
+            raise PlanlmError(f"{where}: planner reads {self.config.embedding_dim}-d embeddings but {prepared.path} "
+                              f"has {prepared.embedding_dim}-d; train a planner on this prepared corpus")
+        if info.get("codebook_hash") and info["codebook_hash"] != prepared.codebook_hash:
+            raise PlanlmError(f"{where}: planner was trained with codebook {info['codebook_hash'][:12]} but "
+                              f"{prepared.path} has codebook {prepared.codebook_hash[:12]}; train a planner on "
+                              f"this prepared corpus")
