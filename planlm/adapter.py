@@ -1,0 +1,206 @@
+"""Adapters that fold K sampled action paths into one plan vector per sentence (section 3.3).
+
+Letters: N sentences (flattened, one plan each), K paths, T horizon (steps per path), A actions,
+E action-embedding width, D the LM's width (hidden_size).
+
+Both adapters map ``action_paths (N, K, T) long, path_mask (N, K, T) bool -> plan_embeds (N, D)``.
+``path_mask`` is True for real steps (a path is cut where the article ends for oracle actions).
+
+``project_avg`` (the paper's "Project and Avg"; with T = K = 1 the Cornille et al. adapter)::
+
+    c_t^j   = W Emb(a_t^j) + b                       per step, (N, K, T, D)
+    c~^j    = mean over the valid steps t of c_t^j   per path, (N, K, D)
+    c^      = mean over the valid paths j of c~^j    (N, D)
+
+``multipath`` (equations 1 and 2 of the paper)::
+
+    c^j = PT(c_{1:T}^j + p_{1:T}) * alpha_1 + c~^j     (eq. 1)
+    c   = ST(c^1, ..., c^K) * alpha_2 + c^             (eq. 2)
+
+Design decisions the paper leaves open, made here:
+
+- The PathTransformer runs at the LM width D on the *projected* step vectors c_t^j = W Emb(a) + b
+  plus learned absolute position embeddings p_1..p_T (D wide). Its output is pooled into one
+  vector per path by a masked mean over the valid steps, so it already lives in the LM's space and
+  needs no extra projection; with alpha_1 = 0 the path vector is exactly the Project-and-Avg c~^j.
+- The SampleTransformer runs at width D over the K path vectors, without position embeddings (the
+  paths are an unordered sample), and is pooled by a masked mean over the valid paths.
+- Both are bidirectional ``nn.TransformerEncoder`` stacks (pre-norm).
+- ``rezero=False`` (the paper's "no ReZero" ablation) drops both scalars *and* both skip connections
+  to the Project-and-Avg solution: c^j = PT(c_{1:T}^j + p_{1:T}), c = ST(c^1, ..., c^K): a plain
+  stack of two transformers on the projected action embeddings.
+- ``init_no_op`` (default True) initialises W and b to zero, so a fresh adapter returns c = 0 and
+  the conditioned LM starts exactly as the base LM (the gradient with respect to W is not zero, so
+  it learns from the first step). Set it False for the usual random init of W.
+- ``init_from_codebook`` copies the k-means centroids (A, E) into the action embedding table Emb.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from planlm.utils import PlanlmError
+
+AdapterKind = Literal["project_avg", "multipath"]
+
+
+@dataclass
+class AdapterConfig:
+    adapter: AdapterKind = "project_avg"
+    """project_avg (Project and Avg) or multipath (PathTransformer + SampleTransformer + ReZero)."""
+    num_actions: int = 1024
+    """A: size of the action vocabulary (codebook rows)."""
+    action_dim: int = 768
+    """E: width of the action embedding table (the codebook width when initialised from it)."""
+    hidden_size: int = 768
+    """D: the LM's embedding width; plan vectors are added to token embeddings."""
+    horizon: int = 10
+    """Longest path T the adapter accepts (number of position embeddings p_1..p_T)."""
+    num_layers: int = 1
+    """Layers of the PathTransformer and of the SampleTransformer (multipath only)."""
+    num_heads: int = 2
+    """Attention heads of both transformers (must divide hidden_size; multipath only)."""
+    dim_feedforward: int | None = None
+    """Feed-forward width of both transformers (None: 2 * hidden_size)."""
+    dropout: float = 0.0
+    """Dropout inside both transformers."""
+    rezero: bool = True
+    """multipath: ReZero scalars alpha_1, alpha_2 (init 0) around Project-and-Avg; False = the ablation."""
+    init_from_codebook: bool = True
+    """Initialise Emb from the codebook centroids (needs action_dim == codebook width)."""
+    init_no_op: bool = True
+    """Initialise the projection W, b to zero so that a fresh adapter leaves the LM unchanged."""
+
+    def __post_init__(self):
+        if self.adapter not in ("project_avg", "multipath"):
+            raise PlanlmError(f"--adapter {self.adapter!r}: choose project_avg or multipath")
+        for name in ("num_actions", "action_dim", "hidden_size", "horizon", "num_layers", "num_heads"):
+            if getattr(self, name) < 1:
+                raise PlanlmError(f"--{name} must be >= 1 (got {getattr(self, name)})")
+        if self.adapter == "multipath" and self.hidden_size % self.num_heads:
+            raise PlanlmError(f"--num_heads {self.num_heads} must divide the LM width {self.hidden_size}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise PlanlmError(f"--dropout must be in [0, 1) (got {self.dropout})")
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int) -> Tensor:
+    """Mean of ``values`` over ``dim`` where ``mask`` is True; 0 where nothing is valid.
+
+    values (..., M, D) with dim the M axis, mask (..., M) bool."""
+    weights = mask.to(values.dtype).unsqueeze(-1)  # (..., M, 1)
+    total = (values * weights).sum(dim)
+    count = weights.sum(dim).clamp(min=1.0)
+    return total / count
+
+
+def _encoder(config: AdapterConfig) -> nn.TransformerEncoder:
+    layer = nn.TransformerEncoderLayer(
+        d_model=config.hidden_size, nhead=config.num_heads,
+        dim_feedforward=config.dim_feedforward or 2 * config.hidden_size, dropout=config.dropout,
+        activation="gelu", batch_first=True, norm_first=True)
+    # enable_nested_tensor=False: the padded fast path would change results between train and eval.
+    return nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
+
+
+class ProjectAvg(nn.Module):
+    """c = W Emb(a) + b, averaged over the valid steps of each path, then over the valid paths."""
+
+    def __init__(self, config: AdapterConfig, codebook: Tensor | None = None):
+        super().__init__()
+        self.config = config
+        self.action_embedding = nn.Embedding(config.num_actions, config.action_dim)  # Emb
+        self.projection = nn.Linear(config.action_dim, config.hidden_size)  # W, b
+        self.reset_parameters(codebook)
+
+    def reset_parameters(self, codebook: Tensor | None = None) -> None:
+        if self.config.init_from_codebook and codebook is not None:
+            if tuple(codebook.shape) != (self.config.num_actions, self.config.action_dim):
+                raise PlanlmError(
+                    f"codebook of shape {tuple(codebook.shape)} cannot initialise an action embedding of "
+                    f"({self.config.num_actions}, {self.config.action_dim}); set action_dim to the codebook "
+                    f"width or init_from_codebook: false")
+            with torch.no_grad():
+                self.action_embedding.weight.copy_(codebook)
+        if self.config.init_no_op:
+            nn.init.zeros_(self.projection.weight)
+            nn.init.zeros_(self.projection.bias)
+
+    def step_vectors(self, action_paths: Tensor) -> Tensor:
+        """(N, K, T) long -> c_t^j (N, K, T, D)."""
+        return self.projection(self.action_embedding(action_paths))
+
+    def forward(self, action_paths: Tensor, path_mask: Tensor | None = None) -> Tensor:
+        path_mask = _default_mask(action_paths, path_mask)
+        path_valid = path_mask.any(-1)  # (N, K)
+        # W and b are linear: averaging Emb before projecting gives the same c^, T*K times cheaper.
+        mean_embedding = masked_mean(self.action_embedding(action_paths), path_mask, dim=-2)  # (N, K, E)
+        mean_embedding = masked_mean(mean_embedding, path_valid, dim=-2)  # (N, E)
+        return self.projection(mean_embedding)  # (N, D)
+
+
+class MultiPath(ProjectAvg):
+    """PathTransformer + SampleTransformer with ReZero around the Project-and-Avg solution (eqs. 1-2).
+
+    Shares ``action_embedding`` and ``projection`` with ``ProjectAvg`` (same parameter names), so a
+    ProjectAvg state dict loads into it with ``strict=False``."""
+
+    def __init__(self, config: AdapterConfig, codebook: Tensor | None = None):
+        nn.Module.__init__(self)
+        self.config = config
+        self.action_embedding = nn.Embedding(config.num_actions, config.action_dim)
+        self.projection = nn.Linear(config.action_dim, config.hidden_size)
+        self.step_position = nn.Embedding(config.horizon, config.hidden_size)  # p_1..p_T
+        nn.init.normal_(self.step_position.weight, std=0.02)
+        self.path_transformer = _encoder(config)  # PT
+        self.sample_transformer = _encoder(config)  # ST
+        if config.rezero:
+            self.alpha_path = nn.Parameter(torch.zeros(()))  # alpha_1
+            self.alpha_sample = nn.Parameter(torch.zeros(()))  # alpha_2
+        self.reset_parameters(codebook)
+
+    def forward(self, action_paths: Tensor, path_mask: Tensor | None = None) -> Tensor:
+        path_mask = _default_mask(action_paths, path_mask)
+        num_sentences, num_paths, horizon = action_paths.shape
+        if horizon > self.config.horizon:
+            raise PlanlmError(f"paths of horizon {horizon} exceed the adapter's horizon {self.config.horizon}")
+        path_valid = path_mask.any(-1)  # (N, K)
+        steps = self.step_vectors(action_paths)  # (N, K, T, D)
+        path_avg = masked_mean(steps, path_mask, dim=-2)  # c~^j (N, K, D)
+        sample_avg = masked_mean(path_avg, path_valid, dim=-2)  # c^ (N, D)
+
+        # PathTransformer over every path at once; a path with no valid step attends to all its
+        # (padding) steps instead of none (which would give NaN) and is dropped by path_valid below.
+        tokens = (steps + self.step_position.weight[:horizon]).flatten(0, 1)  # (N*K, T, D)
+        padding = ~(path_mask | ~path_valid.unsqueeze(-1)).flatten(0, 1)  # (N*K, T)
+        path_out = self.path_transformer(tokens, src_key_padding_mask=padding)  # (N*K, T, D)
+        path_out = masked_mean(path_out, ~padding, dim=-2).view(num_sentences, num_paths, -1)  # (N, K, D)
+
+        if self.config.rezero:
+            path_vectors = path_out * self.alpha_path + path_avg  # c^j, eq. 1 (N, K, D)
+        else:
+            path_vectors = path_out
+        no_path = ~path_valid.any(-1, keepdim=True)  # (N, 1): same NaN guard as above
+        sample_padding = ~(path_valid | no_path)  # (N, K)
+        sample_out = self.sample_transformer(path_vectors, src_key_padding_mask=sample_padding)  # (N, K, D)
+        sample_out = masked_mean(sample_out, ~sample_padding, dim=-2)  # (N, D)
+        if self.config.rezero:
+            return sample_out * self.alpha_sample + sample_avg  # c, eq. 2 (N, D)
+        return sample_out
+
+
+def _default_mask(action_paths: Tensor, path_mask: Tensor | None) -> Tensor:
+    if path_mask is None:
+        return torch.ones_like(action_paths, dtype=torch.bool)
+    if path_mask.shape != action_paths.shape:
+        raise ValueError(f"path_mask {tuple(path_mask.shape)} must match action_paths {tuple(action_paths.shape)}")
+    return path_mask.bool()
+
+
+def build_adapter(config: AdapterConfig, codebook: Tensor | None = None) -> ProjectAvg:
+    """The adapter named by ``config.adapter``, Emb initialised from ``codebook`` when asked."""
+    cls = {"project_avg": ProjectAvg, "multipath": MultiPath}[config.adapter]
+    return cls(config, codebook)

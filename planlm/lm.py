@@ -1,0 +1,246 @@
+"""PlannedLM: any Hugging Face causal LM conditioned on plans, by extension (section 3.3).
+
+Letters: B batch (windows), L tokens, N unique sentences of the batch (one plan each), K paths,
+T horizon, D the LM's width.
+
+The plan vector c_i of sentence i (one adapter call per *unique* sentence, N of them) is added to
+the token embedding of every token whose ``plan_index`` points at i, and the sum enters the
+unchanged HF model through ``inputs_embeds``. Which sentence conditions a token is the data's
+business (``token_plan_sentence``, the ANCHORS convention); here it is ``plan_index (B, L)``:
+an index into the N plans, or -1 for "no conditioning" (padding, or the ``none`` kind).
+
+A saved folder::
+
+    planned_lm.json          PlannedLMConfig (conditioning, adapter shape, provenance of the plans)
+    lm/                      the HF model's save_pretrained (safetensors; LoRA merged in)
+    adapter.safetensors      the adapter's weights (absent for conditioning "none")
+    codebook.safetensors     {"centroids": (A, E)} the actions the adapter was trained on
+    tokenizer/               the tokenizer of the prepared corpus
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from planlm.adapter import AdapterConfig, build_adapter
+from planlm.utils import PlanlmError, write_json
+
+Conditioning = Literal["none", "fixed", "oracle", "planner_argmax", "planner_sampled"]
+CONDITIONINGS = ("none", "fixed", "oracle", "planner_argmax", "planner_sampled")
+Finetune = Literal["full", "frozen", "lora"]
+
+
+@dataclass
+class PlannedLMConfig:
+    conditioning: Conditioning = "none"
+    """Where the plans come from; "none" = the plain LM (no adapter)."""
+    adapter: AdapterConfig | None = None
+    """Shape of the adapter (None for conditioning "none")."""
+    num_paths: int = 1
+    """K paths per plan the model was trained with."""
+    horizon: int = 1
+    """T steps per path the model was trained with."""
+    temperature: float = 1.0
+    """Sampling temperature of the planner's training plans."""
+    fixed_action: int = 0
+    """The action of the "fixed" baseline."""
+    seed: int = 0
+    """Seed of the sampled training plans."""
+    tokenizer: str = "gpt2"
+    """Tokenizer name of the prepared corpus (also saved under tokenizer/)."""
+    num_actions: int = 0
+    """A of the codebook the adapter was trained on."""
+    codebook_hash: str | None = None
+    """sha256 of the prepared codebook.safetensors."""
+    planner_dir: str | None = None
+    """Planner folder that produced the training plans."""
+    planner_hash: str | None = None
+    """sha256 of that planner's model.safetensors."""
+    plans_dir: str | None = None
+    """Plan cache the training plans were read from."""
+    base_model: str | None = None
+    """Hub name or folder of the pretrained LM (None: random init from base_model_config)."""
+    base_model_config: dict | None = None
+    """Config dict of a randomly initialised LM (e.g. {"model_type": "gpt2", "n_layer": 2, ...})."""
+    finetune: Finetune = "full"
+    """How the LM was finetuned: full, frozen (only the conditioning trained) or lora (merged on save)."""
+
+    def __post_init__(self):
+        if isinstance(self.adapter, dict):
+            self.adapter = AdapterConfig(**self.adapter)
+        if self.conditioning not in CONDITIONINGS:
+            raise PlanlmError(f"--conditioning {self.conditioning!r}: choose one of {', '.join(CONDITIONINGS)}")
+        if self.conditioning != "none" and self.adapter is None:
+            raise PlanlmError(f"conditioning {self.conditioning!r} needs an adapter config")
+
+
+def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None):
+    """An HF ``AutoModelForCausalLM``: pretrained (hub name or local folder) or randomly initialised.
+
+    ``model_config`` (used when ``name_or_path`` is None) is an ``AutoConfig.for_model`` dict such as
+    ``{"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}``; its
+    vocabulary defaults to ``vocab_size``. A pretrained model whose vocabulary is smaller than
+    ``vocab_size`` is refused (its embedding table cannot hold the corpus' token ids)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from planlm.data.resources import hub_available
+
+    if name_or_path:
+        try:
+            lm = AutoModelForCausalLM.from_pretrained(name_or_path, local_files_only=not hub_available())
+        except Exception as e:
+            raise PlanlmError(
+                f"causal LM {name_or_path!r} could not be loaded ({type(e).__name__}); give a local model folder, "
+                f"a hub name reachable from here, or set name_or_path: null and model_config for a random init") from e
+    elif model_config:
+        model_config = dict(model_config)
+        model_type = model_config.pop("model_type", None)
+        if model_type is None:
+            raise PlanlmError(f"model_config {model_config} needs a model_type (e.g. gpt2, llama, gpt_neox, opt)")
+        if vocab_size is not None:
+            model_config.setdefault("vocab_size", vocab_size)
+        try:
+            config = AutoConfig.for_model(model_type, **model_config)
+        except Exception as e:
+            raise PlanlmError(f"model_config: cannot build a {model_type!r} config ({e}); fix the keys") from e
+        lm = AutoModelForCausalLM.from_config(config)
+    else:
+        raise PlanlmError("no LM given: set model.name_or_path (pretrained) or model.model_config (random init)")
+    if vocab_size is not None and lm.get_input_embeddings().num_embeddings < vocab_size:
+        raise PlanlmError(
+            f"LM {name_or_path or model_config} has {lm.get_input_embeddings().num_embeddings} token embeddings but "
+            f"the corpus tokenizer has {vocab_size}; use an LM trained with the corpus tokenizer")
+    return lm
+
+
+class PlannedLM(nn.Module):
+    """An HF causal LM plus an adapter that adds plan vectors to its token embeddings."""
+
+    def __init__(self, config: PlannedLMConfig, lm: nn.Module, codebook: Tensor | None = None):
+        super().__init__()
+        self.config = config
+        self.lm = lm
+        if codebook is not None:
+            self.register_buffer("codebook", codebook.detach().float().clone(), persistent=False)  # (A, E)
+        else:
+            self.codebook = None
+        self.adapter = build_adapter(config.adapter, codebook) if config.conditioning != "none" else None
+
+    @property
+    def hidden_size(self) -> int:
+        return self.lm.get_input_embeddings().embedding_dim
+
+    def plan_vectors(self, action_paths: Tensor, path_mask: Tensor | None = None) -> Tensor:
+        """(N, K, T) long [+ (N, K, T) bool] -> plan_embeds (N, D)."""
+        if self.adapter is None:
+            raise PlanlmError("this model was trained without conditioning (conditioning: none); it has no adapter")
+        return self.adapter(action_paths, path_mask)
+
+    def token_plan_embeds(self, plan_vectors: Tensor, plan_index: Tensor) -> Tensor:
+        """Gather (N, D) plan vectors onto tokens: plan_index (B, L) in [-1, N) -> (B, L, D), zeros at -1."""
+        padded = torch.cat([plan_vectors.new_zeros(1, plan_vectors.shape[-1]), plan_vectors])  # (N+1, D)
+        return padded[plan_index + 1]  # (B, L, D)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None,
+                action_paths: Tensor | None = None, path_mask: Tensor | None = None,
+                plan_index: Tensor | None = None, plan_embeds: Tensor | None = None,
+                past_key_values=None, use_cache: bool = False, **lm_kwargs):
+        """Causal-LM forward; ``labels`` are shifted inside (HF convention, -100 ignored).
+
+        input_ids (B, L); action_paths (N, K, T) + path_mask (N, K, T) + plan_index (B, L), or
+        plan_embeds (B, L, D) precomputed. With neither, this is exactly the bare LM."""
+        if plan_embeds is None and action_paths is not None:
+            if plan_index is None:
+                raise ValueError("action_paths need plan_index (B, L): which plan conditions each token")
+            plan_embeds = self.token_plan_embeds(self.plan_vectors(action_paths, path_mask), plan_index)
+        if plan_embeds is None:
+            return self.lm(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+                           past_key_values=past_key_values, use_cache=use_cache, **lm_kwargs)
+        token_embeds = self.lm.get_input_embeddings()(input_ids)  # (B, L, D)
+        inputs_embeds = token_embeds + plan_embeds.to(token_embeds.dtype)  # (B, L, D)
+        return self.lm(inputs_embeds=inputs_embeds, attention_mask=attention_mask, labels=labels,
+                       past_key_values=past_key_values, use_cache=use_cache, **lm_kwargs)
+
+    # ----------------------------------------------------------------------------- finetuning modes
+    def apply_finetune(self, mode: Finetune, lora_rank: int = 8, lora_alpha: int = 16, lora_dropout: float = 0.0,
+                       lora_target_modules: list[str] | None = None) -> None:
+        """full: train everything; frozen: only the adapter trains; lora: peft LoRA on the LM + the adapter."""
+        if mode == "full":
+            self.lm.requires_grad_(True)
+        elif mode == "frozen":
+            if self.adapter is None:
+                raise PlanlmError("finetune: frozen with conditioning: none leaves nothing to train; "
+                                  "choose full or lora, or a conditioning")
+            self.lm.requires_grad_(False)
+        elif mode == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                              target_modules=lora_target_modules, task_type="CAUSAL_LM")
+            try:
+                self.lm = get_peft_model(self.lm, lora)
+            except ValueError as e:
+                raise PlanlmError(f"finetune: lora: {e}; set model.lora_target_modules") from e
+        else:
+            raise PlanlmError(f"--finetune {mode!r}: choose full, frozen or lora")
+        self.config.finetune = mode
+
+    def base_lm(self) -> nn.Module:
+        """The plain HF model (LoRA weights merged into a copy when the LM is a peft model)."""
+        from peft import PeftModel
+
+        if isinstance(self.lm, PeftModel):
+            return copy.deepcopy(self.lm).merge_and_unload()
+        return self.lm
+
+    # ----------------------------------------------------------------------------- save / load
+    def save_pretrained(self, folder: str | Path, tokenizer=None) -> Path:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.base_lm().save_pretrained(folder / "lm", safe_serialization=True)
+        if self.adapter is not None:
+            state = {name: t.detach().contiguous().cpu() for name, t in self.adapter.state_dict().items()}
+            save_file(state, str(folder / "adapter.safetensors"))
+        if self.codebook is not None:
+            save_file({"centroids": self.codebook.detach().cpu().contiguous()}, str(folder / "codebook.safetensors"))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(folder / "tokenizer"))
+        write_json(folder / "planned_lm.json", asdict(self.config))
+        return folder
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, map_location: str | torch.device = "cpu") -> PlannedLM:
+        from transformers import AutoModelForCausalLM
+
+        folder = Path(folder)
+        config_path = folder / "planned_lm.json"
+        if not config_path.is_file():
+            raise PlanlmError(f"{folder}: not a planned-LM folder (planned_lm.json missing); "
+                              f"give the out_dir of a finished `planlm train-lm`")
+        config = PlannedLMConfig(**json.loads(config_path.read_text()))
+        lm = AutoModelForCausalLM.from_pretrained(str(folder / "lm"))
+        codebook = None
+        if (folder / "codebook.safetensors").is_file():
+            codebook = load_file(str(folder / "codebook.safetensors"))["centroids"]
+        model = cls(config, lm, codebook)
+        if model.adapter is not None:
+            model.adapter.load_state_dict(load_file(str(folder / "adapter.safetensors")))
+        return model.to(map_location)
+
+    def load_tokenizer(self, folder: str | Path):
+        """The tokenizer saved with a model folder (falls back to the config's tokenizer name)."""
+        from planlm.data.resources import load_tokenizer
+
+        path = Path(folder) / "tokenizer"
+        return load_tokenizer(str(path) if path.is_dir() else self.config.tokenizer)
+
+
+__all__ = ["PlannedLM", "PlannedLMConfig", "load_causal_lm", "Conditioning", "CONDITIONINGS"]
