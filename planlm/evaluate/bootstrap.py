@@ -1,0 +1,185 @@
+"""Bootstrap confidence intervals over articles, and the ``compare`` command (paired bootstrap).
+
+Perplexity is a ratio estimator, exp(sum of NLL / sum of scored tokens), so the articles are
+resampled with replacement and the ratio is recomputed on every resample (not a mean of
+per-article perplexities). Two evaluations of the same articles are compared by resampling the
+same article indices for both (paired bootstrap): most article-to-article variance cancels.
+
+Resamples are drawn as multinomial article counts, (R, N_art) integers, so one resample is one
+matrix-vector product.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+from planlm.utils import PlanlmError, write_json
+
+PER_ARTICLE = "per_article.csv"
+PER_ARTICLE_FIELDS = ("article", "id", "nll_sum", "tokens")
+
+
+def _resample_counts(num_items: int, num_samples: int, seed: int) -> np.ndarray:
+    """(R, N) how often each item is drawn in each of R resamples of size N."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(num_items, np.full(num_items, 1.0 / num_items), size=num_samples)
+
+
+def _interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(values, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
+def _check(num_samples: int, confidence: float) -> None:
+    if num_samples < 1:
+        raise PlanlmError(f"--bootstrap_samples must be >= 1 (got {num_samples})")
+    if not 0.0 < confidence < 1.0:
+        raise PlanlmError(f"--confidence must be in (0, 1) (got {confidence})")
+
+
+def perplexity(nll_sums: np.ndarray, token_counts: np.ndarray) -> float:
+    """exp(total NLL / total scored tokens)."""
+    return float(np.exp(np.sum(nll_sums) / np.sum(token_counts)))
+
+
+def bootstrap_perplexity(nll_sums: np.ndarray, token_counts: np.ndarray, num_samples: int = 1000,
+                         confidence: float = 0.95, seed: int = 0) -> dict[str, float]:
+    """Perplexity and its percentile bootstrap CI over articles (ratio estimator).
+
+    nll_sums (N_art,) summed NLL of each article; token_counts (N_art,) scored tokens of each.
+    """
+    _check(num_samples, confidence)
+    nll_sums = np.asarray(nll_sums, dtype=np.float64)
+    token_counts = np.asarray(token_counts, dtype=np.float64)
+    if len(nll_sums) == 0 or token_counts.sum() == 0:
+        raise PlanlmError("no scored tokens: the evaluation split (or --max_articles) selects no article with >= 2 tokens")
+    counts = _resample_counts(len(nll_sums), num_samples, seed)  # (R, N_art)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ppl = np.exp((counts @ nll_sums) / (counts @ token_counts))  # (R,)
+    ppl = ppl[np.isfinite(ppl)]  # a resample of only token-less articles has no ratio
+    low, high = _interval(ppl, confidence)
+    return {"ppl": perplexity(nll_sums, token_counts), "ci_low": low, "ci_high": high,
+            "confidence": confidence, "bootstrap_samples": num_samples}
+
+
+def bootstrap_mean(values: np.ndarray, num_samples: int = 1000, confidence: float = 0.95,
+                   seed: int = 0) -> dict[str, float]:
+    """Mean of ``values`` (N,) with a percentile bootstrap CI."""
+    _check(num_samples, confidence)
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) == 0:
+        raise PlanlmError("nothing to average: no evaluated item")
+    counts = _resample_counts(len(values), num_samples, seed)
+    means = counts @ values / len(values)
+    low, high = _interval(means, confidence)
+    return {"mean": float(values.mean()), "ci_low": low, "ci_high": high, "confidence": confidence,
+            "bootstrap_samples": num_samples}
+
+
+def paired_bootstrap(nll_a: np.ndarray, nll_b: np.ndarray, token_counts: np.ndarray, num_samples: int = 1000,
+                     confidence: float = 0.95, seed: int = 0) -> dict[str, float]:
+    """Paired bootstrap of ppl(B) - ppl(A) over the same articles (negative: B is better).
+
+    ``p_value`` is the two-sided fraction of resamples whose difference has the other sign than
+    the observed one (doubled, capped at 1): a bootstrap p-value-ish number, not an exact test.
+    """
+    _check(num_samples, confidence)
+    nll_a, nll_b = np.asarray(nll_a, np.float64), np.asarray(nll_b, np.float64)
+    token_counts = np.asarray(token_counts, np.float64)
+    counts = _resample_counts(len(token_counts), num_samples, seed)  # (R, N_art)
+    tokens = counts @ token_counts  # (R,)
+    keep = tokens > 0
+    ppl_a = np.exp(counts[keep] @ nll_a / tokens[keep])
+    ppl_b = np.exp(counts[keep] @ nll_b / tokens[keep])
+    diff = ppl_b - ppl_a  # (R,)
+    observed = perplexity(nll_b, token_counts) - perplexity(nll_a, token_counts)
+    low, high = _interval(diff, confidence)
+    if observed == 0:
+        p_value = 1.0
+    else:
+        p_value = min(1.0, 2.0 * float(np.mean(np.sign(diff) != np.sign(observed))))
+    return {"ppl_a": perplexity(nll_a, token_counts), "ppl_b": perplexity(nll_b, token_counts),
+            "diff": observed, "ci_low": low, "ci_high": high, "p_value": p_value,
+            "fraction_b_better": float(np.mean(diff < 0)), "confidence": confidence,
+            "bootstrap_samples": num_samples}
+
+
+def write_per_article(path: str | Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=PER_ARTICLE_FIELDS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row[k] for k in PER_ARTICLE_FIELDS})
+
+
+def read_per_article(eval_dir: str | Path) -> dict[str, np.ndarray]:
+    """The per-article table of an evaluation folder as arrays (article, id, nll_sum, tokens)."""
+    path = Path(eval_dir) / PER_ARTICLE
+    if not path.is_file():
+        raise PlanlmError(f"{path}: missing; give an evaluation folder written by `planlm evaluate`")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and set(PER_ARTICLE_FIELDS) - set(rows[0]):
+        raise PlanlmError(f"{path}: columns {sorted(rows[0])} lack {sorted(set(PER_ARTICLE_FIELDS) - set(rows[0]))}; "
+                          f"rerun `planlm evaluate`")
+    try:
+        return {"article": np.array([int(r["article"]) for r in rows], dtype=np.int64),
+                "id": np.array([r["id"] for r in rows], dtype=object),
+                "nll_sum": np.array([float(r["nll_sum"]) for r in rows], dtype=np.float64),
+                "tokens": np.array([int(r["tokens"]) for r in rows], dtype=np.int64)}
+    except (TypeError, ValueError) as e:
+        raise PlanlmError(f"{path}: malformed row ({e}); rerun `planlm evaluate`") from e
+
+
+def _metrics(eval_dir: Path) -> dict:
+    path = eval_dir / "metrics.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def compare(a: str, b: str, num_samples: int = 1000, confidence: float = 0.95, seed: int = 0,
+            out_file: str | None = None) -> dict:
+    """Compare two evaluations of the same articles with a paired bootstrap over articles.
+
+    Reports ppl(B) - ppl(A) with its confidence interval (negative: B is better) and a bootstrap
+    p-value-ish number (how often a resample disagrees with the observed sign).
+
+    Args:
+        a: evaluation folder of the first model (written by ``planlm evaluate``).
+        b: evaluation folder of the second model, on the same split, articles and protocol.
+        num_samples: bootstrap resamples.
+        confidence: confidence level of the interval.
+        seed: seed of the resampling.
+        out_file: also write the result as JSON here.
+    """
+    dir_a, dir_b = Path(a), Path(b)
+    table_a, table_b = read_per_article(dir_a), read_per_article(dir_b)
+    if len(table_a["id"]) != len(table_b["id"]) or not (table_a["id"] == table_b["id"]).all():
+        mismatch = next((i for i, (x, y) in enumerate(zip(table_a["id"], table_b["id"])) if x != y),
+                        min(len(table_a["id"]), len(table_b["id"])))
+        raise PlanlmError(f"{dir_b / PER_ARTICLE}: not the same articles as {dir_a / PER_ARTICLE} (first difference at "
+                          f"row {mismatch}: {len(table_a['id'])} vs {len(table_b['id'])} articles); evaluate both on "
+                          f"the same --split and --max_articles")
+    if not (table_a["tokens"] == table_b["tokens"]).all():
+        row = int(np.flatnonzero(table_a["tokens"] != table_b["tokens"])[0])
+        raise PlanlmError(f"{dir_b / PER_ARTICLE}: article {table_b['id'][row]} (row {row}) has {table_b['tokens'][row]} "
+                          f"scored tokens vs {table_a['tokens'][row]} in {dir_a}; compare evaluations with the same "
+                          f"tokenizer and --stride")
+    result = paired_bootstrap(table_a["nll_sum"], table_b["nll_sum"], table_a["tokens"], num_samples, confidence, seed)
+    metrics_a, metrics_b = _metrics(dir_a), _metrics(dir_b)
+    result = {"a": str(dir_a), "b": str(dir_b), "articles": int(len(table_a["id"])),
+              "tokens": int(table_a["tokens"].sum()), "protocol": metrics_a.get("protocol"),
+              "conditioning_a": metrics_a.get("conditioning"), "conditioning_b": metrics_b.get("conditioning"),
+              **result}
+    level = int(round(confidence * 100))
+    print(f"A {dir_a}: ppl {result['ppl_a']:.4f}\nB {dir_b}: ppl {result['ppl_b']:.4f}\n"
+          f"B - A = {result['diff']:+.4f} ({level}% CI [{result['ci_low']:+.4f}, {result['ci_high']:+.4f}], "
+          f"p~{result['p_value']:.3g}, B better in {100 * result['fraction_b_better']:.1f}% of resamples; "
+          f"{result['articles']} articles, {result['tokens']} tokens)")
+    if out_file:
+        write_json(out_file, result)
+    return result
