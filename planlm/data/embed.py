@@ -1,0 +1,144 @@
+"""Sentence embeddings streamed to a memory-mappable ``.npy`` file, in resumable chunks.
+
+The output is created with ``np.lib.format.open_memmap`` and filled chunk by chunk, so the only
+copy of the embeddings is the file itself (a chunk of ``chunk_size`` rows lives in RAM at a time).
+After every chunk the file is flushed and ``<name>.progress.json`` records how many chunks are done
+together with a fingerprint of (encoder, its settings, the exact sentence texts): an interrupted
+run resumes after the last finished chunk, and a run on other sentences or with another encoder
+starts over. Within a chunk sentences are encoded longest first (as ``SentenceTransformer.encode``
+does), so batches hold sentences of similar length and padding stays small. With several CUDA
+devices the chunks go through sentence-transformers' multi-process pool (one process per GPU).
+
+Letters: N sentences, E embedding width.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from planlm.data.resources import DEFAULT_ENCODER, load_sentence_encoder
+from planlm.utils import PlanlmError, fingerprint, write_json
+
+
+@dataclass
+class EmbedConfig:
+    """Sentence encoder and batching."""
+
+    encoder: str = DEFAULT_ENCODER
+    """SentenceTransformer name or folder (``all-MiniLM-L6-v2`` resolves to the offline copy; the paper
+    uses ``sentence-transformers/all-mpnet-base-v2``)."""
+    batch_size: int = 64
+    """Sentences per forward pass (the paper: 256 on GPU)."""
+    device: str | None = None
+    """``cpu``, ``cuda``, ``cuda:1`` ...; None picks CUDA when present."""
+    normalize: bool = False
+    """L2-normalise the embeddings (k-means then clusters by cosine similarity)."""
+    chunk_size: int = 8192
+    """Sentences per resumable chunk (the unit written to disk and recorded as done)."""
+    multi_gpu: bool = True
+    """Use every CUDA device through sentence-transformers' multi-process pool when there are several."""
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise PlanlmError(f"--embedding.batch_size must be >= 1 (got {self.batch_size})")
+        if self.chunk_size < 1:
+            raise PlanlmError(f"--embedding.chunk_size must be >= 1 (got {self.chunk_size})")
+
+
+def texts_hash(texts: Sequence[str]) -> str:
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _progress_path(out_path: Path) -> Path:
+    return out_path.with_name(out_path.name + ".progress.json")
+
+
+def _read_progress(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _target_devices(config: EmbedConfig) -> list[str] | None:
+    """The CUDA devices for the multi-process pool, or None for a single device."""
+    import torch
+
+    if not config.multi_gpu or (config.device and config.device != "cuda") or not torch.cuda.is_available():
+        return None
+    count = torch.cuda.device_count()
+    return [f"cuda:{i}" for i in range(count)] if count > 1 else None
+
+
+def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedConfig | None = None,
+                    desc: str = "embedding") -> np.ndarray:
+    """Encode ``texts`` into ``out_path`` (an (N, E) float32 ``.npy``) and return it memory-mapped.
+
+    Resumes a previous interrupted call on the same texts and encoder; returns at once when the
+    file is already complete.
+    """
+    config = config or EmbedConfig()
+    out_path = Path(out_path)
+    progress_path = _progress_path(out_path)
+    num_sentences = len(texts)
+    key = {"encoder": config.encoder, "normalize": config.normalize, "chunk_size": config.chunk_size,
+           "texts": texts_hash(texts), "num_sentences": num_sentences}
+    num_chunks = -(-num_sentences // config.chunk_size)
+    progress = _read_progress(progress_path)
+    resumable = progress.get("key") == fingerprint(key) and out_path.is_file()
+    if resumable and progress.get("done") == num_chunks:
+        return np.load(out_path, mmap_mode="r")
+
+    model = load_sentence_encoder(config.encoder, config.device)
+    dim = model.get_embedding_dimension()
+    if resumable:
+        out = np.lib.format.open_memmap(out_path, mode="r+")
+        if out.shape != (num_sentences, dim):
+            resumable = False
+    if not resumable:
+        progress = {"key": fingerprint(key), "done": 0, "num_sentences": num_sentences, "dim": dim}
+        write_json(progress_path, progress)
+        out = np.lib.format.open_memmap(out_path, mode="w+", dtype=np.float32, shape=(num_sentences, dim))
+    done = int(progress["done"])
+    devices = _target_devices(config)
+    pool = model.start_multi_process_pool(devices) if devices and done < num_chunks else None
+    bar = tqdm(total=num_sentences, initial=min(done * config.chunk_size, num_sentences), desc=desc,
+               unit="sent", dynamic_ncols=True)
+    try:
+        for chunk in range(done, num_chunks):
+            start = chunk * config.chunk_size
+            stop = min(start + config.chunk_size, num_sentences)
+            chunk_texts = list(texts[start:stop])
+            if pool is not None:
+                out[start:stop] = model.encode(chunk_texts, pool=pool, batch_size=config.batch_size,
+                                               normalize_embeddings=config.normalize, convert_to_numpy=True)
+                bar.update(stop - start)
+            else:
+                # longest first, like SentenceTransformer.encode, but one batch at a time for the bar
+                order = np.argsort([-len(t) for t in chunk_texts], kind="stable")
+                for b in range(0, len(order), config.batch_size):
+                    rows = order[b:b + config.batch_size]
+                    batch = [chunk_texts[i] for i in rows]
+                    out[start + rows] = model.encode(batch, batch_size=len(batch), show_progress_bar=False,
+                                                     normalize_embeddings=config.normalize, convert_to_numpy=True)
+                    bar.update(len(rows))
+            out.flush()
+            progress["done"] = chunk + 1
+            write_json(progress_path, progress)
+    finally:
+        bar.close()
+        if pool is not None:
+            model.stop_multi_process_pool(pool)
+    del out
+    return np.load(out_path, mmap_mode="r")
