@@ -1,0 +1,217 @@
+"""Plans for every sentence boundary of a prepared split, and the on-disk plan cache.
+
+Boundary s (split-global sentence index) is the point before sentence s; its context is the true
+sentences of the same article before s (the last ``max_sentences`` of them) and its plan is the
+actions of sentences s, s+1, ..., s+T-1.
+
+Plan cache folder (``planlm sample-plans``; default ``<planner_dir>/plans/K{K}-T{T}-tau{tau}-seed{seed}``)::
+
+    manifest.json        written last: num_paths, horizon, temperature, seed, planner_hash (sha256 of the
+                         planner's model.safetensors), codebook_hash, num_actions, prepared_dir, counts
+    <split>.npy          (N_sent, K, T) int64  sampled paths; row s = the paths for boundary s
+    <split>.argmax.npy   (N_sent, T) int64     the greedy path of boundary s
+
+Letters: B boundaries, S context sentences, E embedding width, K paths, T horizon, N_sent sentences.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.planner import WEIGHTS_FILE, Planner
+from planlm.utils import PlanlmError, file_sha256, prepare_stage_dir, read_manifest, write_manifest
+
+IGNORE_INDEX = -100  # target of a step beyond the article's end (ignored by the loss)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def boundary_contexts(split: PreparedSplit, sentences: np.ndarray, max_sentences: int,
+                      embeddings: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """sentences (B,) boundaries -> context_embeds (B, S, E) float32, context_mask (B, S) bool (right-padded).
+
+    The context of boundary s is the sentences of s's article before s, the last ``max_sentences`` of
+    them; S is the longest context in the batch (0 when every boundary opens its article).
+    ``embeddings`` replaces the split's cached embeddings (a planner that finetunes its encoder).
+    """
+    sentences = np.asarray(sentences, dtype=np.int64)
+    embeddings = split.embeddings if embeddings is None else embeddings
+    article_start = split.sentence_offsets[split.sentence_article[sentences]]  # (B,)
+    begin = np.maximum(article_start, sentences - max_sentences)  # (B,)
+    lengths = sentences - begin  # (B,)
+    num_context = int(lengths.max()) if len(lengths) else 0
+    positions = np.arange(num_context)
+    context_mask = positions[None, :] < lengths[:, None]  # (B, S)
+    index = np.where(context_mask, begin[:, None] + positions[None, :], 0)  # (B, S)
+    context = np.asarray(embeddings[index.reshape(-1)], dtype=np.float32) if index.size else \
+        np.zeros((0, embeddings.shape[1]), dtype=np.float32)
+    context = context.reshape(len(sentences), num_context, -1) * context_mask[..., None]  # (B, S, E)
+    return torch.from_numpy(context), torch.from_numpy(context_mask)
+
+
+def boundary_targets(split: PreparedSplit, sentences: np.ndarray, horizon: int) -> torch.Tensor:
+    """sentences (B,) -> target_actions (B, T) long: actions of s .. s+T-1, IGNORE_INDEX past the article's end."""
+    sentences = np.asarray(sentences, dtype=np.int64)
+    article_end = split.sentence_offsets[split.sentence_article[sentences] + 1]  # (B,)
+    index = sentences[:, None] + np.arange(horizon)[None, :]  # (B, T)
+    valid = index < article_end[:, None]  # (B, T)
+    actions = np.asarray(split.actions[np.where(valid, index, 0).reshape(-1)]).reshape(index.shape)
+    return torch.from_numpy(np.where(valid, actions, IGNORE_INDEX).astype(np.int64))
+
+
+@torch.no_grad()
+def embed_split(planner: Planner, split: PreparedSplit, batch_size: int = 64) -> np.ndarray:
+    """(N_sent, E) embeddings of every sentence of the split by the planner's own (finetuned) encoder."""
+    planner.eval()
+    out = np.zeros((split.num_sentences, planner.config.embedding_dim), dtype=np.float32)
+    for start in range(0, split.num_sentences, batch_size):
+        texts = [split.sentence_text(s) for s in range(start, min(start + batch_size, split.num_sentences))]
+        out[start:start + len(texts)] = planner.embed_sentences(texts).float().cpu().numpy()
+    return out
+
+
+def check_split(split: PreparedSplit, where: str) -> None:
+    if split.num_sentences == 0:
+        raise PlanlmError(f"{split.path}: split {split.name!r} has no sentences; prepare it with articles or "
+                          f"leave it out of {where}")
+
+
+@torch.no_grad()
+def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizon: int, temperature: float,
+                  seed: int, batch_size: int = 256, device: str = "cpu", sentences: np.ndarray | None = None,
+                  out: np.ndarray | None = None, argmax_out: np.ndarray | None = None) -> np.ndarray:
+    """Sampled paths for every boundary of ``split`` (or the given sentence indices) -> (N, K, T) int64.
+
+    Reproducible: one torch.Generator seeded with ``seed`` walks the boundaries in order, batch by batch
+    (so the result depends on batch_size and the device type, both part of the cache key). ``out`` and
+    ``argmax_out`` ((N, T)) receive the results in place (e.g. memory-mapped files).
+    """
+    check_split(split, "the plans")
+    torch_device = resolve_device(device)
+    planner = planner.to(torch_device).eval()
+    sentences = np.arange(split.num_sentences) if sentences is None else np.asarray(sentences, dtype=np.int64)
+    if out is None:
+        out = np.zeros((len(sentences), num_paths, horizon), dtype=np.int64)
+    embeddings = embed_split(planner, split) if planner.config.finetune_encoder else None
+    generator = torch.Generator(device=torch_device).manual_seed(seed)
+    for start in range(0, len(sentences), batch_size):
+        batch = sentences[start:start + batch_size]
+        context_embeds, context_mask = boundary_contexts(split, batch, planner.config.max_sentences, embeddings)
+        context_embeds, context_mask = context_embeds.to(torch_device), context_mask.to(torch_device)
+        paths = planner.sample_paths(context_embeds, context_mask, num_paths, horizon, temperature, generator)
+        out[start:start + len(batch)] = paths.cpu().numpy()  # (B, K, T)
+        if argmax_out is not None:
+            argmax_out[start:start + len(batch)] = planner.argmax_path(context_embeds, context_mask, horizon).cpu().numpy()
+    return out
+
+
+def default_plans_dir(planner_dir: str | Path, num_paths: int, horizon: int, temperature: float, seed: int) -> Path:
+    return Path(planner_dir) / "plans" / f"K{num_paths}-T{horizon}-tau{temperature:g}-seed{seed}"
+
+
+def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]] = None, num_paths: int = 10,
+                 horizon: Optional[int] = None, temperature: float = 1.0, seed: int = 0,
+                 out_dir: Optional[str] = None, batch_size: int = 256, device: str = "auto") -> Path:
+    """Sample K action paths of T steps for every sentence boundary and cache them on disk.
+
+    Each boundary's paths come from the true text before it. The cache folder is keyed by the planner's
+    weights (sha256), the prepared corpus, K, T, tau, seed and batch size; rerunning with the same key
+    reuses it, a different key recomputes it.
+
+    Args:
+        planner_dir: Folder of a trained planner (``planlm train-planner``).
+        prepared_dir: Prepared corpus whose boundaries get plans (same codebook as the planner's).
+        splits: Splits to cover; default: every split of the prepared corpus.
+        num_paths: K, sampled paths per boundary.
+        horizon: T, actions per path; default: the planner's trained horizon.
+        temperature: Softmax temperature tau (0 = argmax, every path the greedy one).
+        seed: Seed of the sampling generator.
+        out_dir: Cache folder; default ``<planner_dir>/plans/K{K}-T{T}-tau{tau}-seed{seed}``.
+        batch_size: Boundaries per forward pass.
+        device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1`` ...
+
+    Returns:
+        The plan cache folder.
+    """
+    planner = Planner.from_pretrained(planner_dir)
+    prepared = PreparedDataset(prepared_dir)
+    planner.check_matches(prepared, where=str(planner_dir))
+    horizon = planner.config.horizon if horizon is None else horizon
+    if num_paths < 1:
+        raise PlanlmError(f"sample-plans: --num_paths={num_paths} must be >= 1")
+    if horizon < 1:
+        raise PlanlmError(f"sample-plans: --horizon={horizon} must be >= 1")
+    if temperature < 0:
+        raise PlanlmError(f"sample-plans: --temperature={temperature} must be >= 0 (0 = argmax)")
+    if batch_size < 1:
+        raise PlanlmError(f"sample-plans: --batch_size={batch_size} must be >= 1")
+    splits = list(prepared.manifest.get("splits", ["train", "validation", "test"])) if splits is None else splits
+    split_views = {name: prepared.split(name) for name in splits}
+    for split in split_views.values():
+        check_split(split, "--splits")
+    out = Path(out_dir) if out_dir else default_plans_dir(planner_dir, num_paths, horizon, temperature, seed)
+    planner_hash = file_sha256(Path(planner_dir) / WEIGHTS_FILE)
+    torch_device = resolve_device(device)
+    config = {"planner_hash": planner_hash, "prepared_dir": str(Path(prepared_dir).resolve()),
+              "codebook_hash": prepared.codebook_hash, "num_paths": num_paths, "horizon": horizon,
+              "temperature": temperature, "seed": seed, "splits": splits, "batch_size": batch_size,
+              "device_type": torch_device.type}
+    if prepare_stage_dir(out, config):
+        return out
+    counts = {}
+    for name, split in split_views.items():
+        sampled = np.lib.format.open_memmap(out / f"{name}.npy", mode="w+", dtype=np.int64,
+                                            shape=(split.num_sentences, num_paths, horizon))
+        greedy = np.lib.format.open_memmap(out / f"{name}.argmax.npy", mode="w+", dtype=np.int64,
+                                           shape=(split.num_sentences, horizon))
+        compute_plans(planner, split, num_paths, horizon, temperature, seed, batch_size=batch_size,
+                      device=str(torch_device), out=sampled, argmax_out=greedy)
+        sampled.flush()
+        greedy.flush()
+        del sampled, greedy
+        counts[name] = split.num_sentences
+    write_manifest(out, config, num_paths=num_paths, horizon=horizon, temperature=temperature, seed=seed,
+                   planner_hash=planner_hash, planner_dir=str(Path(planner_dir).resolve()),
+                   codebook_hash=prepared.codebook_hash, num_actions=prepared.num_actions,
+                   prepared_dir=str(Path(prepared_dir).resolve()), splits=splits, counts=counts)
+    return out
+
+
+def load_plans(plans_dir: str | Path, split: str, *, prepared: PreparedDataset | None = None,
+               argmax: bool = False) -> np.ndarray:
+    """Memory-mapped cached plans of one split: (N_sent, K, T) int64, or (N_sent, T) with ``argmax``.
+
+    With ``prepared``, checks that the plans were made for its actions (codebook and num_actions) and
+    cover every sentence of the split.
+    """
+    plans_dir = Path(plans_dir)
+    manifest = read_manifest(plans_dir)
+    if manifest is None:
+        raise PlanlmError(f"{plans_dir}: no complete plan cache here (manifest.json missing); run "
+                          f"`planlm sample-plans` to build it")
+    path = plans_dir / (f"{split}.argmax.npy" if argmax else f"{split}.npy")
+    if not path.is_file():
+        raise PlanlmError(f"{plans_dir}: no plans for split {split!r} (has {manifest.get('splits')}); rerun "
+                          f"`planlm sample-plans --splits` with it")
+    if prepared is not None:
+        if manifest.get("num_actions") != prepared.num_actions:
+            raise PlanlmError(f"{plans_dir}/manifest.json: plans use num_actions={manifest.get('num_actions')} but "
+                              f"{prepared.path} has {prepared.num_actions}; sample plans with a planner trained on it")
+        if manifest.get("codebook_hash") != prepared.codebook_hash:
+            raise PlanlmError(f"{plans_dir}/manifest.json: plans were made for codebook "
+                              f"{str(manifest.get('codebook_hash'))[:12]} but {prepared.path} has "
+                              f"{prepared.codebook_hash[:12]}; sample plans with a planner trained on it")
+    plans = np.load(path, mmap_mode="r")
+    if prepared is not None and len(plans) != prepared.split(split).num_sentences:
+        raise PlanlmError(f"{path}: {len(plans)} rows but {prepared.path}/{split} has "
+                          f"{prepared.split(split).num_sentences} sentences; rerun `planlm sample-plans`")
+    return plans
