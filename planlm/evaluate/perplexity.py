@@ -1,0 +1,410 @@
+"""Perplexity of a (planned) LM on a prepared split: the reference protocol and its faster variants.
+
+Reference protocol (ANCHORS.md): every token of an article but its first (it has no context) is
+scored with up to 127 tokens of in-article context, i.e. by the last position of a stride-1 window
+of at most 128 tokens. ``--stride S`` scores S tokens per 128-token window; ``--stride 128`` gives
+plain non-overlapping windows. PPL = exp(total NLL / scored tokens).
+
+How the windows are computed (exact, batched):
+
+- Window w of an article covers tokens [start, end) and scores the targets [first, end). The LM
+  reads tokens [start, end - 1) (the last token is only a target) and only the logits of the last
+  ``end - first`` positions are computed (``logits_to_keep``): the vocabulary projection is the
+  most expensive part of a small LM, and stride 1 needs one position of 127.
+- The first window of an article scores all of its targets at once: with a causal LM, target t of
+  window [a0, a0 + 128) sees exactly the tokens [a0, t), the same as its own stride-1 window.
+- Windows are grouped by (input length, scored positions), so a batch needs no padding (no
+  attention mask, no position ids to fix) and many windows share one forward pass.
+- A plan vector per sentence is computed *once* for the whole evaluation (planner paths -> adapter),
+  then gathered onto tokens (``plan_embeds``): the LM runs once per window whatever K is.
+- At each boundary the planner sees only the true sentences before it (``planlm.plans.compute_plans``).
+
+Letters: B windows in a batch, L input tokens, P scored positions, K paths, T horizon, D LM width,
+N sentences, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
+from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_json, write_manifest
+
+Conditioning = Literal["none", "fixed", "oracle", "planner_argmax", "planner_sampled"]
+CONDITIONINGS = ("none", "fixed", "oracle", "planner_argmax", "planner_sampled")
+UNSCORED_NOTE = "the first token of every article is not scored (it has no context)"
+
+
+def protocol_label(stride: int, context_length: int = 128) -> str:
+    if stride == 1:
+        return f"reference stride-1, {context_length - 1}-token context"
+    if stride >= context_length:
+        return f"non-overlapping {context_length}-token windows (the first token of each window is not scored)"
+    return f"strided {stride}: {context_length}-token windows scoring their last {stride} tokens"
+
+
+def scoring_windows(token_offsets: np.ndarray, articles: range | np.ndarray, context_length: int = 128,
+                    stride: int = 1) -> np.ndarray:
+    """(W, 4) int64 rows (article, start, first, end) of split-global token indices.
+
+    The LM reads [start, end - 1) and scores the targets [first, end); every window stays inside its
+    article. Articles with fewer than 2 tokens give none."""
+    rows = []
+    for article in articles:
+        a0, a1 = int(token_offsets[article]), int(token_offsets[article + 1])
+        if a1 - a0 < 2:
+            continue
+        end = min(a0 + context_length, a1)
+        rows.append((article, a0, a0 + 1, end))
+        while end < a1:
+            new_end = min(end + stride, a1)
+            start = max(a0, new_end - context_length)
+            rows.append((article, start, max(end, start + 1), new_end))
+            end = new_end
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+
+
+def window_batches(windows: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Row indices of ``windows`` grouped by (input length, scored positions), batch_size at most."""
+    lengths = windows[:, 3] - 1 - windows[:, 1]  # (W,) tokens the LM reads
+    scored = windows[:, 3] - windows[:, 2]  # (W,) positions whose logits are needed
+    order = np.lexsort((np.arange(len(windows)), scored, lengths))  # stable: windows stay in article order
+    batches = []
+    for key in np.unique(np.stack([lengths[order], scored[order]], 1), axis=0):
+        members = order[(lengths[order] == key[0]) & (scored[order] == key[1])]
+        batches.extend(members[i:i + batch_size] for i in range(0, len(members), batch_size))
+    return batches
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast on CUDA by default (``auto``), fp32 elsewhere."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def score_windows(model, split: PreparedSplit, windows: np.ndarray, plan_table: torch.Tensor | None = None,
+                  batch_size: int = 32, device: str | torch.device = "cpu", precision: str = "auto") -> np.ndarray:
+    """Summed NLL of the scored targets of every window -> (W,) float64.
+
+    ``model`` is a PlannedLM (or any callable with its forward signature); ``plan_table`` (N_sent, D)
+    holds the plan vector of every sentence (None: no conditioning)."""
+    device = torch.device(device)
+    input_ids_all = torch.from_numpy(np.array(split.input_ids))  # (N_tok,) in memory: gathered every batch
+    plan_sentence_all = torch.from_numpy(np.array(split.token_plan_sentence))  # (N_tok,)
+    nll = np.zeros(len(windows), dtype=np.float64)
+    for rows in window_batches(windows, batch_size):
+        batch = windows[rows]
+        start, first, end = batch[:, 1], batch[:, 2], batch[:, 3]
+        length, num_scored = int(end[0] - 1 - start[0]), int(end[0] - first[0])
+        positions = torch.from_numpy(start)[:, None] + torch.arange(length + 1)  # (B, L+1) tokens incl. targets
+        tokens = input_ids_all[positions]  # (B, L+1)
+        input_ids = tokens[:, :-1].to(device)  # (B, L)
+        targets = tokens[:, -num_scored:].to(device)  # (B, P)
+        kwargs = {}
+        if plan_table is not None:
+            kwargs["plan_embeds"] = plan_table[plan_sentence_all[positions[:, :-1]].to(plan_table.device)]  # (B, L, D)
+        with autocast(device, precision):
+            logits = model(input_ids=input_ids, logits_to_keep=num_scored, **kwargs).logits  # (B, P, V)
+        token_nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")  # (B*P,)
+        nll[rows] = token_nll.view(len(rows), num_scored).sum(1).double().cpu().numpy()
+    return nll
+
+
+@torch.no_grad()
+def plan_vector_table(model, source, sentences: np.ndarray, num_sentences: int, chunk_size: int = 256,
+                      device: str | torch.device = "cpu", precision: str = "auto") -> torch.Tensor:
+    """(num_sentences, D) plan vector of each of ``sentences`` (other rows zero): one adapter call per
+    sentence, in chunks, whatever K is."""
+    device = torch.device(device)
+    table = torch.zeros(num_sentences, model.hidden_size, device=device)
+    for i in range(0, len(sentences), chunk_size):
+        chunk = np.asarray(sentences[i:i + chunk_size], dtype=np.int64)
+        action_paths, path_mask = source(chunk)  # (N, K, T) each
+        with autocast(device, precision):
+            vectors = model.plan_vectors(action_paths.to(device), path_mask.to(device))  # (N, D)
+        table[torch.from_numpy(chunk).to(device)] = vectors.float()
+    return table
+
+
+def load_model(model_dir: str | Path):
+    """A PlannedLM from a ``train-lm`` folder, or a bare HF causal-LM folder wrapped as conditioning ``none``."""
+    from planlm.lm import PlannedLM, PlannedLMConfig
+
+    model_dir = Path(model_dir)
+    if (model_dir / "planned_lm.json").is_file():
+        return PlannedLM.from_pretrained(model_dir)
+    if (model_dir / "config.json").is_file():
+        from transformers import AutoModelForCausalLM
+
+        return PlannedLM(PlannedLMConfig(conditioning="none", tokenizer=str(model_dir)),
+                         AutoModelForCausalLM.from_pretrained(str(model_dir)))
+    raise PlanlmError(f"{model_dir}: no model here (neither planned_lm.json nor an HF config.json); give the out_dir "
+                      f"of a finished `planlm train-lm` or an HF model folder")
+
+
+def model_fingerprint(model_dir: str | Path) -> str:
+    """Identity of a model folder for the evaluation cache key: the hashes of its weight files."""
+    model_dir = Path(model_dir)
+    files = sorted(p for p in model_dir.rglob("*.safetensors") if "checkpoints" not in p.parts)
+    files += sorted(model_dir.rglob("*.json")) if not files else []
+    return fingerprint({str(p.relative_to(model_dir)): file_sha256(p) for p in files})
+
+
+@dataclass
+class EvalConditioning:
+    """The conditioning of one evaluation: the model's training settings with evaluation-time overrides."""
+
+    conditioning: str
+    num_paths: int
+    horizon: int
+    temperature: float
+    seed: int
+    fixed_action: int
+    planner_dir: Optional[str]
+    plans_dir: Optional[str]
+
+
+def resolve_conditioning(model, conditioning: Optional[str], num_paths: Optional[int], horizon: Optional[int],
+                         temperature: Optional[float], seed: Optional[int], fixed_action: Optional[int],
+                         planner_dir: Optional[str], plans_dir: Optional[str], model_dir: str) -> EvalConditioning:
+    config = model.config
+    kind = config.conditioning if conditioning is None else conditioning
+    if kind not in CONDITIONINGS:
+        raise PlanlmError(f"--conditioning {kind!r}: choose one of {', '.join(CONDITIONINGS)}")
+    if kind != "none" and model.adapter is None:
+        raise PlanlmError(f"{model_dir}: the model was trained with conditioning none (no adapter); evaluate it with "
+                          f"--conditioning none")
+    resolved = EvalConditioning(
+        conditioning=kind,
+        num_paths=config.num_paths if num_paths is None else num_paths,
+        horizon=config.horizon if horizon is None else horizon,
+        temperature=config.temperature if temperature is None else temperature,
+        seed=config.seed if seed is None else seed,
+        fixed_action=config.fixed_action if fixed_action is None else fixed_action,
+        planner_dir=planner_dir or config.planner_dir,
+        plans_dir=plans_dir)
+    if resolved.num_paths < 1:
+        raise PlanlmError(f"--num_paths {resolved.num_paths} must be >= 1")
+    if resolved.horizon < 1:
+        raise PlanlmError(f"--horizon {resolved.horizon} must be >= 1")
+    if model.adapter is not None and resolved.horizon > model.adapter.config.horizon:
+        raise PlanlmError(f"--horizon {resolved.horizon} exceeds the horizon the adapter of {model_dir} accepts "
+                          f"({model.adapter.config.horizon}); choose --horizon <= {model.adapter.config.horizon}")
+    if resolved.temperature < 0:
+        raise PlanlmError(f"--temperature {resolved.temperature} must be >= 0 (0 = argmax)")
+    if kind == "fixed" and not 0 <= resolved.fixed_action < max(config.num_actions, 1):
+        raise PlanlmError(f"--fixed_action {resolved.fixed_action} must be in [0, {config.num_actions})")
+    if kind.startswith("planner") and not (resolved.planner_dir or resolved.plans_dir):
+        raise PlanlmError(f"--conditioning {kind} needs a planner: the model records none; set --planner_dir")
+    if kind not in ("planner_sampled", "planner_argmax"):
+        resolved.planner_dir = resolved.plans_dir = None
+    if kind != "planner_sampled":
+        resolved.temperature = 0.0 if kind == "planner_argmax" else resolved.temperature
+    return resolved
+
+
+def action_source(cond: EvalConditioning, prepared: PreparedDataset, split: PreparedSplit, sentences: np.ndarray,
+                  device: torch.device, plan_batch_size: int = 256):
+    """The ActionSource of an evaluation; planner plans are computed for ``sentences`` only (the other
+    rows of the full-size plan arrays stay zero and are never read)."""
+    from planlm.data.windows import make_action_source
+
+    plans = argmax_plans = None
+    if cond.conditioning in ("planner_sampled", "planner_argmax"):
+        if cond.plans_dir:
+            from planlm.plans import load_plans
+
+            plans = load_plans(cond.plans_dir, split.name, prepared=prepared,
+                               argmax=cond.conditioning == "planner_argmax")
+            if cond.conditioning == "planner_argmax":
+                plans, argmax_plans = None, plans
+        else:
+            plans, argmax_plans = compute_planner_plans(cond, prepared, split, sentences, device, plan_batch_size)
+    return make_action_source(cond.conditioning, split, num_paths=cond.num_paths, horizon=cond.horizon,
+                              fixed_action=cond.fixed_action, plans=plans, argmax_plans=argmax_plans)
+
+
+def load_planner(planner_dir: str, prepared: PreparedDataset, device: torch.device):
+    from planlm.planner import Planner
+
+    planner = Planner.from_pretrained(planner_dir, map_location=device)
+    planner.check_matches(prepared, where=str(planner_dir))
+    return planner.eval()
+
+
+def compute_planner_plans(cond: EvalConditioning, prepared: PreparedDataset, split: PreparedSplit,
+                          sentences: np.ndarray, device: torch.device, batch_size: int = 256):
+    """Full-size (N_sent, K, T) sampled and (N_sent, T) argmax arrays, filled for ``sentences``."""
+    from planlm.plans import compute_plans
+
+    planner = load_planner(cond.planner_dir, prepared, device)
+    sentences = np.asarray(sentences, dtype=np.int64)
+    if cond.conditioning == "planner_argmax":
+        argmax_plans = np.zeros((split.num_sentences, cond.horizon), dtype=np.int64)
+        greedy = compute_plans(planner, split, 1, cond.horizon, 0.0, cond.seed, batch_size=batch_size,
+                               device=str(device), sentences=sentences)  # (N, 1, T)
+        argmax_plans[sentences] = greedy[:, 0]
+        return None, argmax_plans
+    plans = np.zeros((split.num_sentences, cond.num_paths, cond.horizon), dtype=np.int64)
+    plans[sentences] = compute_plans(planner, split, cond.num_paths, cond.horizon, cond.temperature, cond.seed,
+                                     batch_size=batch_size, device=str(device), sentences=sentences)
+    return plans, None
+
+
+def check_compatible(model, prepared: PreparedDataset, split: PreparedSplit, model_dir: str) -> None:
+    config = model.config
+    vocab = model.lm.get_input_embeddings().num_embeddings
+    if split.num_tokens and int(np.max(split.input_ids)) >= vocab:
+        raise PlanlmError(f"{split.path}/input_ids.npy: token id {int(np.max(split.input_ids))} is outside the "
+                          f"{vocab}-token vocabulary of {model_dir}; evaluate on a corpus prepared with the model's "
+                          f"tokenizer")
+    if (Path(model_dir) / "planned_lm.json").is_file() and config.tokenizer != prepared.tokenizer_name:
+        raise PlanlmError(f"{model_dir}/planned_lm.json: tokenizer {config.tokenizer!r} differs from the prepared "
+                          f"corpus's {prepared.tokenizer_name!r} ({prepared.path}); evaluate on a corpus prepared "
+                          f"with the model's tokenizer")
+    if model.adapter is not None:
+        if config.codebook_hash and config.codebook_hash != prepared.codebook_hash:
+            raise PlanlmError(f"{model_dir}/planned_lm.json: the adapter was trained on codebook "
+                              f"{config.codebook_hash[:12]} but {prepared.path} has {prepared.codebook_hash[:12]}; "
+                              f"evaluate on the prepared corpus the model was trained on")
+        if model.adapter.config.num_actions != prepared.num_actions:
+            raise PlanlmError(f"{model_dir}: the adapter knows {model.adapter.config.num_actions} actions but "
+                              f"{prepared.path} has {prepared.num_actions}; evaluate on the corpus it was trained on")
+
+
+def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, cond: EvalConditioning,
+                   num_articles: int, stride: int = 1, context_length: int = 128, batch_size: int = 32,
+                   device: str | torch.device = "cpu", precision: str = "auto") -> dict:
+    """In-memory evaluation of the first ``num_articles`` articles -> per-article arrays and timings."""
+    device = torch.device(device)
+    model = model.to(device).eval()
+    began = time.perf_counter()
+    num_sentences = int(split.sentence_offsets[num_articles])
+    sentences = np.arange(num_sentences)
+    plan_table = None
+    if cond.conditioning != "none":
+        source = action_source(cond, prepared, split, sentences, device)
+        plan_table = plan_vector_table(model, source, sentences, split.num_sentences, device=device,
+                                       precision=precision)
+    plans_done = time.perf_counter()
+    windows = scoring_windows(split.token_offsets, range(num_articles), context_length, stride)
+    window_nll = score_windows(model, split, windows, plan_table, batch_size, device, precision)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    finished = time.perf_counter()
+    nll_sums = np.bincount(windows[:, 0], weights=window_nll, minlength=num_articles)[:num_articles]
+    tokens = np.bincount(windows[:, 0], weights=windows[:, 3] - windows[:, 2], minlength=num_articles)[:num_articles]
+    return {"nll_sums": nll_sums, "tokens": tokens.astype(np.int64), "windows": len(windows),
+            "wall_time_s": finished - began, "plan_time_s": plans_done - began, "lm_time_s": finished - plans_done}
+
+
+def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test",
+             conditioning: Optional[Conditioning] = None, num_paths: Optional[int] = None,
+             horizon: Optional[int] = None, temperature: Optional[float] = None, seed: Optional[int] = None,
+             fixed_action: Optional[int] = None, planner_dir: Optional[str] = None, plans_dir: Optional[str] = None,
+             stride: int = 1, context_length: int = 128, max_articles: Optional[int] = None, batch_size: int = 32,
+             device: str = "auto", precision: Literal["auto", "fp32", "bf16"] = "auto",
+             bootstrap_samples: int = 1000, confidence: float = 0.95) -> dict:
+    """Perplexity of a trained (planned) LM on a prepared split, with a bootstrap CI over articles.
+
+    Writes ``metrics.json`` (ppl, ci_low, ci_high, nll, tokens, articles, protocol, wall_time_s,
+    tokens_per_s, conditioning, K, T, tau), ``per_article.csv`` (article, id, nll_sum, tokens) and,
+    last, ``manifest.json``; a complete folder for the same settings and weights is reused.
+
+    Args:
+        model_dir: Folder of a finished ``planlm train-lm`` (or a plain HF causal-LM folder: conditioning none).
+        prepared_dir: Prepared corpus (same tokenizer and codebook as the model's).
+        out_dir: Evaluation folder to write.
+        split: Split to evaluate.
+        conditioning: none, fixed, oracle, planner_argmax or planner_sampled; default: the model's own.
+        num_paths: K sampled paths per boundary (may differ from training); default: the model's.
+        horizon: T actions per path; default: the model's.
+        temperature: Planner sampling temperature tau; default: the model's.
+        seed: Seed of the planner's sampling; default: the model's.
+        fixed_action: Action of the fixed baseline; default: the model's.
+        planner_dir: Planner folder; default: the one the model was trained with.
+        plans_dir: Read plans from this plan cache (``planlm sample-plans``) instead of running the planner.
+        stride: 1 = the reference protocol (every token with up to context_length - 1 tokens of context);
+            S scores the last S tokens of each context_length window; context_length = non-overlapping.
+        context_length: Window length in tokens (context + scored token).
+        max_articles: Evaluate only the first N articles of the split.
+        batch_size: Windows per LM forward pass.
+        device: auto (CUDA when available), cpu, cuda, cuda:1 ...
+        precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
+        bootstrap_samples: Bootstrap resamples of the confidence interval.
+        confidence: Confidence level of the interval.
+
+    Returns:
+        The metrics dict (also in ``<out_dir>/metrics.json``).
+    """
+    if not 1 <= stride <= context_length:
+        raise PlanlmError(f"--stride {stride} must be in [1, --context_length={context_length}]")
+    if context_length < 2:
+        raise PlanlmError(f"--context_length {context_length} must be >= 2")
+    if batch_size < 1:
+        raise PlanlmError(f"--batch_size {batch_size} must be >= 1")
+    if max_articles is not None and max_articles < 1:
+        raise PlanlmError(f"--max_articles {max_articles} must be >= 1")
+    prepared = PreparedDataset(prepared_dir)
+    split_view = prepared.split(split)
+    model = load_model(model_dir)
+    check_compatible(model, prepared, split_view, model_dir)
+    cond = resolve_conditioning(model, conditioning, num_paths, horizon, temperature, seed, fixed_action,
+                                planner_dir, plans_dir, model_dir)
+    torch_device = resolve_device(device)
+    num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
+    config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
+              "split": split, "conditioning": cond, "stride": stride, "context_length": context_length,
+              "articles": num_articles, "device_type": torch_device.type, "precision": precision,
+              "bootstrap_samples": bootstrap_samples, "confidence": confidence,
+              "planner": file_sha256(Path(cond.planner_dir) / "model.safetensors") if cond.planner_dir else None}
+    out = Path(out_dir)
+    if prepare_stage_dir(out, config):
+        import json
+
+        return json.loads((out / "metrics.json").read_text())
+    result = evaluate_split(model, prepared, split_view, cond, num_articles, stride, context_length, batch_size,
+                            torch_device, precision)
+    interval = bootstrap_perplexity(result["nll_sums"], result["tokens"], bootstrap_samples, confidence)
+    total_tokens = int(result["tokens"].sum())
+    metrics = {
+        "ppl": interval["ppl"], "ci_low": interval["ci_low"], "ci_high": interval["ci_high"],
+        "confidence": confidence, "nll": float(result["nll_sums"].sum() / total_tokens), "tokens": total_tokens,
+        "articles": num_articles, "unscored_tokens": int(split_view.token_offsets[num_articles]) - total_tokens,
+        "protocol": protocol_label(stride, context_length), "note": UNSCORED_NOTE, "stride": stride,
+        "context_length": context_length, "windows": result["windows"],
+        "wall_time_s": result["wall_time_s"], "plan_time_s": result["plan_time_s"], "lm_time_s": result["lm_time_s"],
+        "tokens_per_s": total_tokens / max(result["wall_time_s"], 1e-9),
+        "conditioning": cond.conditioning, "K": cond.num_paths, "T": cond.horizon, "tau": cond.temperature,
+        "seed": cond.seed, "fixed_action": cond.fixed_action if cond.conditioning == "fixed" else None,
+        "planner_dir": cond.planner_dir, "plans_dir": cond.plans_dir, "model_dir": str(model_dir),
+        "prepared_dir": str(prepared_dir), "split": split, "device": str(torch_device), "precision": precision,
+    }
+    articles = split_view.articles
+    write_per_article(out / "per_article.csv", [
+        {"article": a, "id": articles[a]["id"], "nll_sum": repr(float(result["nll_sums"][a])),
+         "tokens": int(result["tokens"][a])} for a in range(num_articles)])
+    write_json(out / "metrics.json", metrics)
+    write_manifest(out, config, metrics=metrics)
+    print(f"{model_dir} on {split} ({num_articles} articles, {total_tokens} tokens, {metrics['protocol']}; "
+          f"conditioning {cond.conditioning}, K={cond.num_paths}, T={cond.horizon}, tau={cond.temperature:g}): "
+          f"ppl {metrics['ppl']:.3f} [{metrics['ci_low']:.3f}, {metrics['ci_high']:.3f}] "
+          f"in {metrics['wall_time_s']:.1f}s ({metrics['tokens_per_s']:.0f} tokens/s)")
+    return metrics

@@ -1,0 +1,182 @@
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from planlm.data.artifacts import PreparedDataset
+from planlm.data.windows import OracleActions
+from planlm.evaluate.perplexity import (EvalConditioning, evaluate, evaluate_split, protocol_label,
+                                        scoring_windows, window_batches)
+from planlm.lm import PlannedLM, PlannedLMConfig
+from planlm.utils import PlanlmError
+
+
+def tiny_gpt2(seed=0, n_positions=128):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=n_positions, vocab_size=50257)).eval()
+
+
+def tiny_planned_lm(prepared: PreparedDataset, adapter="project_avg", seed=0):
+    from planlm.adapter import AdapterConfig
+
+    adapter_config = AdapterConfig(adapter=adapter, num_actions=prepared.num_actions, action_dim=prepared.embedding_dim,
+                                   hidden_size=32, horizon=4, num_heads=2, init_no_op=False)
+    config = PlannedLMConfig(conditioning="oracle", adapter=adapter_config, num_paths=2, horizon=3,
+                             num_actions=prepared.num_actions, codebook_hash=prepared.codebook_hash,
+                             tokenizer=prepared.tokenizer_name, base_model_config={"model_type": "gpt2"})
+    model = PlannedLM(config, tiny_gpt2(seed), prepared.codebook)
+    torch.manual_seed(seed + 1)
+    with torch.no_grad():  # a trained-looking adapter: plan vectors that really move the logits
+        model.adapter.projection.weight.normal_(std=0.5)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def bare_lm_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bare_lm")
+    tiny_gpt2().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def planned_lm_dir(tmp_path_factory, synthetic_random):
+    path = tmp_path_factory.mktemp("planned_lm")
+    tiny_planned_lm(PreparedDataset(synthetic_random)).save_pretrained(path)
+    return path
+
+
+def per_article(out_dir):
+    with open(out_dir / "per_article.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_windows_score_every_token_but_the_first_once_with_the_longest_allowed_context():
+    offsets = np.array([0, 1, 40, 45, 300])  # an article of 1 token scores nothing
+    for stride, context_length in [(1, 16), (5, 16), (16, 16), (1, 128), (127, 128)]:
+        windows = scoring_windows(offsets, range(4), context_length, stride)
+        scored = np.concatenate([np.arange(first, end) for _, _, first, end in windows])
+        starts = np.concatenate([np.full(end - first, start) for _, start, first, end in windows])
+        expected = np.concatenate([np.arange(a + 1, b) for a, b in zip(offsets[:-1], offsets[1:])])
+        assert np.array_equal(np.sort(scored), expected) if stride < context_length else \
+            set(scored) <= set(expected)
+        article_start = offsets[np.searchsorted(offsets, scored, side="right") - 1]
+        assert (starts >= article_start).all() and (scored - starts <= context_length - 1).all()
+        if stride == 1:  # the reference protocol: exactly min(127, position in article) tokens of context
+            assert np.array_equal(scored - starts, np.minimum(scored - article_start, context_length - 1))
+    non_overlapping = scoring_windows(offsets, range(4), 16, 16)
+    assert [tuple(w) for w in non_overlapping if w[0] == 3][:2] == [(3, 45, 46, 61), (3, 61, 62, 77)]
+    assert protocol_label(1).startswith("reference stride-1, 127-token context")
+    assert protocol_label(128).startswith("non-overlapping") and protocol_label(8).startswith("strided 8")
+
+
+def independent_nll(lm, token_ids, context_length):
+    """Token by token, one window per token, log-softmax by hand."""
+    total = 0.0
+    for t in range(1, len(token_ids)):
+        context = torch.tensor(token_ids[max(0, t - context_length + 1):t])[None]
+        with torch.no_grad():
+            logits = lm(input_ids=context).logits[0, -1].double()  # (V,)
+        log_probs = logits - torch.logsumexp(logits, -1)
+        total -= float(log_probs[token_ids[t]])
+    return total
+
+
+@pytest.mark.parametrize("stride", [1, 16])
+def test_reference_protocol_matches_an_independent_token_by_token_computation(synthetic_cycle, bare_lm_dir,
+                                                                              tmp_path, stride):
+    out = tmp_path / "eval"
+    metrics = evaluate(str(bare_lm_dir), str(synthetic_cycle), str(out), max_articles=3, context_length=16,
+                       stride=stride, batch_size=4, bootstrap_samples=50)
+    split = PreparedDataset(synthetic_cycle)["test"]
+    lm = tiny_gpt2()
+    rows = per_article(out)
+    total_nll, total_tokens = 0.0, 0
+    for article, row in enumerate(rows):
+        ids = [int(i) for i in split.input_ids[split.token_range(article)]]
+        expected = independent_nll(lm, ids, 16) if stride == 1 else None
+        if stride == 1:
+            assert float(row["nll_sum"]) == pytest.approx(expected, rel=1e-5)
+        # non-overlapping: the first token of each full window [16j, 16j + 16) has no context; a shorter last
+        # window is moved back to 16 tokens, so its first target has context
+        no_context = sum(1 for p in range(16, len(ids), 16) if p + 16 <= len(ids)) if stride == 16 else 0
+        assert int(row["tokens"]) == len(ids) - 1 - no_context
+        total_nll += float(row["nll_sum"])
+        total_tokens += int(row["tokens"])
+    assert metrics["ppl"] == pytest.approx(np.exp(total_nll / total_tokens))
+    assert metrics["ci_low"] <= metrics["ppl"] <= metrics["ci_high"]
+    assert metrics["tokens"] == total_tokens and metrics["articles"] == 3 and metrics["conditioning"] == "none"
+    assert metrics["wall_time_s"] > 0 and metrics["tokens_per_s"] > 0
+    assert json.loads((out / "manifest.json").read_text())["metrics"]["ppl"] == metrics["ppl"]
+
+
+def test_conditioned_perplexity_matches_a_direct_planned_lm_forward(synthetic_random, planned_lm_dir, tmp_path):
+    prepared = PreparedDataset(synthetic_random)
+    split = prepared["test"]
+    model = PlannedLM.from_pretrained(planned_lm_dir).eval()
+    oracle = OracleActions(split, num_paths=2, horizon=3)
+    metrics = evaluate(str(planned_lm_dir), str(synthetic_random), str(tmp_path / "oracle"), max_articles=4,
+                       batch_size=3, bootstrap_samples=50)
+    assert metrics["conditioning"] == "oracle" and metrics["K"] == 2 and metrics["T"] == 3
+    for article, row in enumerate(per_article(tmp_path / "oracle")):
+        tokens = split.token_range(article)
+        assert len(tokens) < 128  # one window: the direct forward sees the same context
+        plan_sentence = np.asarray(split.token_plan_sentence[tokens.start:tokens.stop])
+        sentences, plan_index = np.unique(plan_sentence, return_inverse=True)
+        action_paths, path_mask = oracle(sentences)
+        input_ids = torch.from_numpy(np.array(split.input_ids[tokens.start:tokens.stop]))[None]
+        with torch.no_grad():
+            out = model(input_ids=input_ids, labels=input_ids, action_paths=action_paths, path_mask=path_mask,
+                        plan_index=torch.from_numpy(plan_index)[None])
+        assert float(row["nll_sum"]) == pytest.approx(float(out.loss) * (len(tokens) - 1), rel=1e-4)
+    unconditioned = evaluate(str(planned_lm_dir), str(synthetic_random), str(tmp_path / "none"), max_articles=4,
+                             conditioning="none", bootstrap_samples=50)
+    assert unconditioned["ppl"] != pytest.approx(metrics["ppl"], rel=1e-3)  # the plans do reach the LM
+
+
+def test_raising_num_paths_does_not_multiply_lm_forward_passes(synthetic_random, tmp_path):
+    from planlm.planner import Planner, PlannerConfig
+
+    prepared = PreparedDataset(synthetic_random)
+    torch.manual_seed(0)
+    planner = Planner(PlannerConfig(num_actions=8, embedding_dim=16, d_model=16, num_heads=2, dim_feedforward=32,
+                                    horizon=3), prepared.codebook)
+    planner.save_pretrained(tmp_path / "planner")
+    model = tiny_planned_lm(prepared, adapter="multipath")
+    calls = []
+    model.lm.register_forward_hook(lambda *args: calls.append(1))
+    results = {}
+    for num_paths in (1, 8):
+        calls.clear()
+        cond = EvalConditioning("planner_sampled", num_paths, 3, 1.0, 0, 0, str(tmp_path / "planner"), None)
+        results[num_paths] = evaluate_split(model, prepared, prepared["test"], cond, num_articles=6, batch_size=4)
+        results[num_paths]["lm_calls"] = len(calls)
+    expected_calls = len(window_batches(scoring_windows(prepared["test"].token_offsets, range(6)), 4))
+    assert results[1]["lm_calls"] == results[8]["lm_calls"] == expected_calls
+    assert not np.allclose(results[1]["nll_sums"], results[8]["nll_sums"])  # K did change the plans
+
+
+def test_cli_reuses_a_complete_evaluation_and_reports_user_errors_in_one_line(synthetic_cycle, bare_lm_dir,
+                                                                              planned_lm_dir, tmp_path, capsys):
+    from planlm.cli import main
+
+    out = tmp_path / "eval"
+    args = ["evaluate", "--model_dir", str(bare_lm_dir), "--prepared_dir", str(synthetic_cycle), "--out_dir", str(out),
+            "--max_articles", "2", "--stride", "128", "--bootstrap_samples", "20"]
+    main(args)
+    first = json.loads((out / "metrics.json").read_text())
+    assert first["protocol"].startswith("non-overlapping")
+    main(args)  # complete: reused, not recomputed
+    assert json.loads((out / "metrics.json").read_text())["wall_time_s"] == first["wall_time_s"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(args[:-4] + ["--stride", "0"])
+    assert capsys.readouterr().err.strip() == "planlm: error: --stride 0 must be in [1, --context_length=128]"
+    with pytest.raises(PlanlmError, match="codebook"):  # a model trained on other actions
+        evaluate(str(planned_lm_dir), str(synthetic_cycle), str(tmp_path / "x"))
+    with pytest.raises(PlanlmError, match="no adapter"):
+        evaluate(str(bare_lm_dir), str(synthetic_cycle), str(tmp_path / "y"), conditioning="oracle")
+    assert not (tmp_path / "y" / "manifest.json").exists()
