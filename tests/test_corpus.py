@@ -1,0 +1,159 @@
+"""Corpus sources, seeded drawing and bad-record handling (planlm.data.corpus), on tiny hand-written files."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from planlm.data.corpus import CorpusConfig, Skips, read_articles, resolve_kind
+from planlm.data.prepare import SentencesConfig, take_articles
+from planlm.utils import PlanlmError
+
+ARTICLES = [
+    {"id": f"a{i}", "title": f"Title {i}", "text": f"Article {i} starts here. It has a second sentence. And a third one {i}."}
+    for i in range(12)
+]
+
+
+def write_jsonl(path, rows, extra_lines: list[bytes] = ()):
+    with open(path, "wb") as f:
+        for row in rows:
+            f.write((json.dumps(row) + "\n").encode())
+        for line in extra_lines:
+            f.write(line + b"\n")
+    return path
+
+
+@pytest.fixture
+def bad_jsonl(tmp_path):
+    """6 good articles and one of each bad record kind."""
+    return write_jsonl(tmp_path / "bad.jsonl", ARTICLES[:6], [
+        b'{"id": "broken", "text": "no closing brace"',          # malformed JSON (line 7)
+        b'{"id": "latin1", "text": "caf\xe9 au lait."}',          # undecodable bytes (line 8)
+        b'{"id": "empty", "text": ""}',                          # empty (line 9)
+        b'{"id": "blank", "text": "   \\n\\t "}',                # whitespace only (line 10)
+        json.dumps(ARTICLES[0]).encode(),                        # duplicate id a0 (line 11)
+        b'{"id": "notext", "body": "the text is elsewhere."}',   # missing text column (line 12)
+        b'{"id": "surrogate", "text": "bad \\ud800 escape."}',   # lone surrogate (line 13)
+        b'["a", "list"]',                                        # not an object (line 14)
+    ])
+
+
+def ids(config: CorpusConfig, skips: Skips | None = None) -> list[str]:
+    return [a["id"] for a in read_articles(config, skips if skips is not None else Skips())]
+
+
+def test_jsonl_bad_records_are_counted_skips(bad_jsonl, capsys):
+    skips = Skips()
+    got = ids(CorpusConfig(source=str(bad_jsonl)), skips)
+    assert sorted(got) == sorted(a["id"] for a in ARTICLES[:6])
+    assert dict(skips) == {"malformed_json": 1, "undecodable": 2, "empty_text": 2, "duplicate_id": 1,
+                           "missing_text": 1, "malformed_record": 1}
+    err = capsys.readouterr().err
+    assert f"{bad_jsonl} line 7" in err and "line 8 (byte" in err  # each skip names file and record
+
+
+@pytest.mark.parametrize("line, reason", [(7, "malformed json"), (8, "undecodable"), (9, "empty text")])
+def test_jsonl_bad_records_error_mode_names_file_and_line(tmp_path, bad_jsonl, line, reason):
+    lines = bad_jsonl.read_bytes().splitlines()
+    path = tmp_path / "one_bad.jsonl"
+    path.write_bytes(b"\n".join(lines[:6] + [lines[line - 1]]) + b"\n")
+    with pytest.raises(PlanlmError) as e:
+        ids(CorpusConfig(source=str(path), on_bad_record="error"))
+    message = str(e.value)
+    assert f"{path} line 7" in message and reason in message and "on_bad_record skip" in message
+    assert "\n" not in message
+
+
+def test_duplicate_id_error_mode(tmp_path):
+    path = write_jsonl(tmp_path / "dup.jsonl", ARTICLES[:3] + [ARTICLES[1]])
+    with pytest.raises(PlanlmError, match="id 'a1'.*duplicate id.*unique"):
+        ids(CorpusConfig(source=str(path), on_bad_record="error"))
+
+
+def test_seeded_order_is_reproducible_and_uses_all(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", ARTICLES)
+    first = ids(CorpusConfig(source=str(path), seed=3))
+    assert first == ids(CorpusConfig(source=str(path), seed=3))
+    assert first != ids(CorpusConfig(source=str(path), seed=4))
+    assert sorted(first) == sorted(a["id"] for a in ARTICLES)
+
+
+def test_parquet_and_missing_column(tmp_path):
+    table = pa.table({"id": [a["id"] for a in ARTICLES], "text": [a["text"] for a in ARTICLES],
+                      "title": [a["title"] for a in ARTICLES]})
+    pq.write_table(table, tmp_path / "c.parquet")
+    arts = list(read_articles(CorpusConfig(source=str(tmp_path / "c.parquet")), Skips()))
+    assert {a["id"]: a["text"] for a in arts} == {a["id"]: a["text"] for a in ARTICLES}
+    assert {a["title"] for a in arts} == {a["title"] for a in ARTICLES}
+    with pytest.raises(PlanlmError, match="no column 'body'.*text_column"):
+        ids(CorpusConfig(source=str(tmp_path / "c.parquet"), text_column="body"))
+
+
+def test_plain_text_blank_lines_and_one_per_file(tmp_path):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "one.txt").write_text("First article. Two sentences.\n\n  \nSecond article\nspans lines.\n")
+    (folder / "two.txt").write_text("Third article here. Yes.")
+    (folder / "bad.txt").write_bytes(b"Not \xff utf-8.")
+    skips = Skips()
+    arts = {a["id"]: a["text"] for a in read_articles(CorpusConfig(source=str(folder)), skips)}
+    assert arts == {"one.txt:1": "First article. Two sentences.", "one.txt:4": "Second article\nspans lines.",
+                    "two.txt:1": "Third article here. Yes."}
+    assert skips == {"undecodable": 1}
+    per_file = {a["id"] for a in read_articles(CorpusConfig(source=str(folder / "*.txt"), text_articles="file"),
+                                               Skips())}
+    assert per_file == {"one.txt", "two.txt"}
+
+
+def test_huggingface_streamed_json_and_save_to_disk(tmp_path):
+    import datasets
+
+    path = write_jsonl(tmp_path / "hf.jsonl", ARTICLES)
+    config = CorpusConfig(source="json", hf_data_files=str(path), seed=1, shuffle_buffer=4)
+    assert resolve_kind(config) == "huggingface"
+    streamed = ids(config)
+    assert sorted(streamed) == sorted(a["id"] for a in ARTICLES) and streamed == ids(config)
+    datasets.Dataset.from_list(ARTICLES).save_to_disk(str(tmp_path / "saved"))
+    saved = CorpusConfig(source=str(tmp_path / "saved"))
+    assert resolve_kind(saved) == "huggingface"
+    assert sorted(ids(saved)) == sorted(a["id"] for a in ARTICLES)
+
+
+def test_unknown_sources_are_one_line_errors(tmp_path):
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    (tmp_path / "b.parquet").write_text("x")
+    with pytest.raises(PlanlmError, match="mixed or unknown file types"):
+        resolve_kind(CorpusConfig(source=str(tmp_path)))
+    with pytest.raises(PlanlmError, match="no .jsonl/.parquet/.txt files"):
+        resolve_kind(CorpusConfig(source=str(tmp_path / "missing" / "*.jsonl")))
+    with pytest.raises(PlanlmError, match="could not open Hugging Face dataset"):
+        ids(CorpusConfig(source="no-such-owner/no-such-dataset"))
+    with pytest.raises(PlanlmError, match="--corpus.num_test"):
+        CorpusConfig(num_test=-1)
+
+
+def test_take_articles_splits_and_counts_one_sentence_articles(tmp_path):
+    rows = ARTICLES + [{"id": "short", "text": "Only one sentence here."}]
+    path = write_jsonl(tmp_path / "c.jsonl", rows)
+    skips = Skips()
+    drawn = take_articles(CorpusConfig(source=str(path), num_validation=2, num_test=3), SentencesConfig(), skips,
+                          progress=False)
+    assert {s: len(a) for s, (a, _) in drawn.items()} == {"test": 3, "validation": 2, "train": 7}
+    assert skips == {"too_few_sentences": 1}
+    articles, spans = drawn["train"]
+    for art, article_spans in zip(articles, spans):
+        assert [art["text"][s:e] for s, e in article_spans][1] == "It has a second sentence."
+    every = [a["id"] for split in ("test", "validation", "train") for a in drawn[split][0]]
+    assert sorted(every) == sorted(a["id"] for a in ARTICLES)  # disjoint and complete
+    # capped training split: the evaluation splits stay the same articles
+    capped = take_articles(CorpusConfig(source=str(path), num_train=2, num_validation=2, num_test=3),
+                           SentencesConfig(), Skips(), progress=False)
+    assert [a["id"] for a in capped["test"][0]] == [a["id"] for a in drawn["test"][0]]
+    assert len(capped["train"][0]) == 2
+    with pytest.raises(PlanlmError, match="only 12 usable articles.*--corpus.num_test"):
+        take_articles(CorpusConfig(source=str(path), num_validation=6, num_test=6), SentencesConfig(), Skips(),
+                      progress=False)
