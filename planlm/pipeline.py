@@ -1,0 +1,232 @@
+"""`planlm run`: the whole pipeline from one YAML file.
+
+Stages and their folders under ``out_dir`` (each folder is self-describing, with a manifest written
+last, so a stage is reused when its inputs and settings are unchanged and resumed when it was
+interrupted)::
+
+    prepared/                  planlm prepare
+    planner/                   planlm train-planner (+ planner/plans/... caches, planlm sample-plans)
+    lm/_base/                  optional: a plain LM pretrained once, the start of every condition
+    lm/<condition>/            planlm train-lm, one per experiment condition
+    eval/<condition>/          planlm evaluate (perplexity with a bootstrap CI)
+    edit/<condition>/          planlm edit-distance (optional)
+    sweeps/                    planlm sweep: K sweep and temperature sweep (optional)
+    report.md, results.json, results.csv, figures/   planlm.report
+
+A condition that fails is recorded (``results.json``, the report) and the others go on. Each YAML
+section is validated against the signature of the command it feeds before anything runs
+(``dry_run: true`` stops after that check), so a config for a GPU machine with a hub connection
+can be checked offline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from planlm.sections import bind_section, deep_merge
+from planlm.utils import PlanlmError, read_manifest, write_json
+
+_IO = {"prepare": {"out_dir", "progress"}, "train_planner": {"prepared_dir", "out_dir"},
+       "train_lm": {"prepared_dir", "out_dir"}, "evaluate": {"model_dir", "prepared_dir", "out_dir"},
+       "edit_distance": {"model_dir", "prepared_dir", "out_dir"}, "sweep": {"model_dir", "prepared_dir", "out_dir"}}
+
+
+@dataclass
+class Stage:
+    """One unit of work of the run: a command function with its bound arguments."""
+
+    name: str
+    command: str
+    kwargs: dict[str, Any]
+    condition: Optional[str] = None
+    needs: list[str] = field(default_factory=list)
+
+
+def _command(name: str):
+    from planlm.cli import load_command
+
+    return load_command(name.replace("_", "-"))
+
+
+class Progress:
+    """Prints which stage runs, how far the run is, elapsed and estimated remaining time."""
+
+    def __init__(self, total: int, state: dict):
+        from rich.console import Console
+
+        self.console = Console(stderr=True, highlight=False)
+        self.total = total
+        self.start = time.time()
+        self.state = state
+        self.done = 0
+
+    def begin(self, index: int, stage: Stage) -> None:
+        elapsed = time.time() - self.start
+        eta = ""
+        measured = [s["wall_time_s"] for s in self.state["stages"].values() if s.get("status") == "done"
+                    and s.get("ran_now")]
+        if self.done and measured:
+            eta = f", about {_fmt(elapsed / self.done * (self.total - index))} left"
+        self.console.rule(f"[bold]planlm run[/] stage {index + 1}/{self.total}: {stage.name}  "
+                          f"(elapsed {_fmt(elapsed)}{eta})")
+
+    def end(self, stage: Stage, status: str, seconds: float, reused: bool) -> None:
+        self.done += 1
+        how = "reused" if reused else f"{_fmt(seconds)}"
+        color = "green" if status == "done" else "red"
+        self.console.print(f"[{color}]{stage.name}: {status}[/] ({how})")
+
+
+def _fmt(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Optional[dict], conditions: list[dict],
+                evaluate: dict, edit_distance: Optional[dict], sweeps: Optional[dict], where: str) -> list[Stage]:
+    """Validate every section and return the stages in order (nothing runs here)."""
+    if not conditions:
+        raise PlanlmError(f"{where}: conditions is empty; list at least one LM condition (e.g. name: none)")
+    names = [c.get("name") for c in conditions]
+    if any(not isinstance(n, str) or not n or n.startswith("_") for n in names) or len(set(names)) != len(names):
+        raise PlanlmError(f"{where}: conditions need unique names not starting with '_' (got {names})")
+    prepared_dir, planner_dir = out / "prepared", out / "planner"
+    stages = [
+        Stage("prepare", "prepare", {"out_dir": str(prepared_dir), **bind_section(
+            _command("prepare"), prepare, skip=_IO["prepare"], where=f"{where}: prepare")}),
+    ]
+    uses_planner = any(str(deep_merge(lm, c).get("conditioning", {}).get("conditioning", "none")).startswith("planner")
+                       for c in conditions)
+    if uses_planner or (sweeps or {}).get("condition"):
+        stages.append(Stage("train-planner", "train_planner", {
+            "prepared_dir": str(prepared_dir), "out_dir": str(planner_dir),
+            **bind_section(_command("train_planner"), planner, skip=_IO["train_planner"], where=f"{where}: planner")},
+            needs=["prepare"]))
+    base_dir = None
+    if base_lm:
+        base_dir = out / "lm" / "_base"
+        section = deep_merge(lm, base_lm)
+        section["conditioning"] = {"conditioning": "none"}
+        stages.append(Stage("train-lm _base", "train_lm", {
+            "prepared_dir": str(prepared_dir), "out_dir": str(base_dir),
+            **bind_section(_command("train_lm"), section, skip=_IO["train_lm"], where=f"{where}: base_lm")},
+            needs=["prepare"]))
+    for cond in conditions:
+        name = cond["name"]
+        section = deep_merge(lm, {k: v for k, v in cond.items() if k in ("model", "conditioning", "train")})
+        conditioning = section.setdefault("conditioning", {})
+        if str(conditioning.get("conditioning", "none")).startswith("planner") and not conditioning.get("plans_dir"):
+            conditioning.setdefault("planner_dir", str(planner_dir))
+        if base_dir is not None:
+            section.setdefault("model", {}).setdefault("init_from", str(base_dir))
+        model_dir = out / "lm" / name
+        needs = ["prepare"] + (["train-planner"] if conditioning.get("planner_dir") else []) + \
+                (["train-lm _base"] if base_dir else [])
+        stages.append(Stage(f"train-lm {name}", "train_lm", {
+            "prepared_dir": str(prepared_dir), "out_dir": str(model_dir),
+            **bind_section(_command("train_lm"), section, skip=_IO["train_lm"], where=f"{where}: conditions[{name}]")},
+            condition=name, needs=needs))
+        ev = deep_merge(evaluate, cond.get("evaluate") or {})
+        stages.append(Stage(f"evaluate {name}", "evaluate", {
+            "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "out_dir": str(out / "eval" / name),
+            **bind_section(_command("evaluate"), ev, skip=_IO["evaluate"], where=f"{where}: evaluate[{name}]")},
+            condition=name, needs=[f"train-lm {name}"]))
+        if edit_distance is not None:
+            stages.append(Stage(f"edit-distance {name}", "edit_distance", {
+                "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "out_dir": str(out / "edit" / name),
+                **bind_section(_command("edit_distance"), edit_distance, skip=_IO["edit_distance"],
+                               where=f"{where}: edit_distance")},
+                condition=name, needs=[f"train-lm {name}"]))
+    if sweeps:
+        sweeps = dict(sweeps)
+        target = sweeps.pop("condition", None)
+        if target not in names:
+            raise PlanlmError(f"{where}: sweeps.condition {target!r} is not one of the conditions {names}")
+        stages.append(Stage(f"sweep {target}", "sweep", {
+            "model_dir": str(out / "lm" / target), "prepared_dir": str(prepared_dir), "out_dir": str(out / "sweeps"),
+            **bind_section(_command("sweep"), sweeps, skip=_IO["sweep"], where=f"{where}: sweeps")},
+            condition=target, needs=[f"train-lm {target}"]))
+    return stages
+
+
+def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Optional[dict] = None,
+        lm: Optional[dict] = None, base_lm: Optional[dict] = None, conditions: Optional[list[dict]] = None,
+        evaluate: Optional[dict] = None, edit_distance: Optional[dict] = None, sweeps: Optional[dict] = None,
+        report: Optional[dict] = None, dry_run: bool = False) -> Path:
+    """Run the whole pipeline: prepare, train the planner, train one LM per condition, evaluate, report.
+
+    Every section holds the arguments of the command it feeds (see `planlm CMD --help`); paths between
+    stages are filled in. Rerunning the same config reuses finished stages and resumes interrupted ones.
+
+    Args:
+        out_dir: Run folder; every stage writes a subfolder, the report lands at its top.
+        prepare: Arguments of `planlm prepare` (corpus, sentences, embedding, actions, tokenizer).
+        planner: Arguments of `planlm train-planner` (model, train).
+        lm: Arguments of `planlm train-lm` shared by all conditions (model, conditioning, train).
+        base_lm: Optional `train-lm` overrides for a plain LM trained once and used as the start of every
+            condition (for from-scratch LMs; leave empty when `lm.model.name_or_path` is a pretrained LM).
+        conditions: One LM per entry: {name, label, paper (a row of the paper's table to show beside),
+            model/conditioning/train (merged over `lm`), evaluate (merged over `evaluate`)}.
+        evaluate: Arguments of `planlm evaluate` shared by all conditions (split, stride, max_articles ...).
+        edit_distance: Arguments of `planlm edit-distance`, run for every condition; null to skip.
+        sweeps: Arguments of `planlm sweep` plus `condition` (the LM whose K and temperature are swept); null to skip.
+        report: Options of the report: {actions_shown: int}.
+        dry_run: Validate every section and list the stages without running anything.
+    """
+    out = Path(out_dir)
+    conditions = conditions or []
+    stages = plan_stages(out, prepare or {}, planner or {}, lm or {}, base_lm, conditions, evaluate or {},
+                         edit_distance, sweeps, where=f"run {out}")
+    if dry_run:
+        for i, stage in enumerate(stages):
+            print(f"{i + 1:>2}. {stage.name}  ->  {stage.kwargs.get('out_dir', '')}")
+        print(f"config valid: {len(stages)} stages (dry run: nothing was run)")
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    state_path = out / "run_state.json"
+    state = {"stages": {}, "config": {"prepare": prepare, "planner": planner, "lm": lm, "base_lm": base_lm,
+                                      "conditions": conditions, "evaluate": evaluate, "edit_distance": edit_distance,
+                                      "sweeps": sweeps}}
+    progress = Progress(len(stages), state)
+    results: dict[str, Any] = {}
+    for index, stage in enumerate(stages):
+        failed_needs = [n for n in stage.needs if state["stages"].get(n, {}).get("status") != "done"]
+        progress.begin(index, stage)
+        if failed_needs:
+            state["stages"][stage.name] = {"status": "skipped", "error": f"needs {failed_needs}"}
+            progress.end(stage, "skipped (an earlier stage failed)", 0, False)
+            write_json(state_path, state)
+            continue
+        out_path = Path(stage.kwargs["out_dir"])
+        reused = read_manifest(out_path) is not None
+        started = time.time()
+        try:
+            result = _command(stage.command)(**stage.kwargs)
+            status, error = "done", None
+        except (Exception, SystemExit) as e:  # one failed condition must not lose the others
+            if stage.condition is None:
+                state["stages"][stage.name] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+                write_json(state_path, state)
+                raise
+            result, status, error = None, "failed", f"{type(e).__name__}: {e}"
+            (out / "logs").mkdir(exist_ok=True)
+            (out / "logs" / f"{stage.name.replace(' ', '_')}.txt").write_text(traceback.format_exc())
+        seconds = time.time() - started
+        state["stages"][stage.name] = {"status": status, "error": error, "wall_time_s": round(seconds, 2),
+                                       "ran_now": not reused, "out_dir": str(out_path)}
+        if isinstance(result, dict):
+            results[stage.name] = result
+        progress.end(stage, status, seconds, reused and status == "done" and seconds < 5)
+        write_json(state_path, state)
+    from planlm.report import write_report
+
+    report_path = write_report(out, stages=stages, state=state, conditions=conditions, **(report or {}))
+    failed = [n for n, s in state["stages"].items() if s["status"] != "done"]
+    progress.console.print(f"[bold]report:[/] {report_path}" + (f"  ([red]not done: {', '.join(failed)}[/])"
+                                                                  if failed else ""))
+    return out

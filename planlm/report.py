@@ -1,0 +1,223 @@
+"""The run report: ``report.md`` + PNG figures + machine-readable ``results.json`` / ``results.csv``.
+
+It only reads what the stages wrote (``eval/<condition>/metrics.json``, ``edit/<condition>/metrics.json``,
+``planner/summary.json``, ``sweeps/``, ``prepared/``), so it can be rebuilt at any time with
+``python -m planlm.report RUN_DIR``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+# Table 1 of the paper (GPT-2 small, Wikipedia, test set): (perplexity, edit distance).
+PAPER_TABLE: dict[str, tuple[float, float]] = {
+    "Fixed": (26.67, 4.67),
+    "Cornille et al. (T=1, K=1)": (25.54, 4.48),
+    "Ours T=1, K=10": (25.56, 4.53),
+    "Ours T=5, K=1": (25.88, 4.47),
+    "Ours T=5, K=5": (25.44, 4.52),
+    "Ours T=5, K=10": (25.35, 4.47),
+    "Ours T=10, K=1": (25.76, 4.51),
+    "Ours T=10, K=5": (25.40, 4.41),
+    "Ours T=10, K=10": (25.32, 4.45),
+    "Ablation T=5, K=10: Project and Avg": (25.49, 4.44),
+    "Ablation T=5, K=10: no ReZero": (25.78, 4.30),
+}
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _fmt_ci(value: Optional[float], low: Optional[float], high: Optional[float], digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    if low is None or high is None:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict] = None) -> list[dict]:
+    """One row per condition: its settings, perplexity with CI, edit distance with CI, timing, status."""
+    rows = []
+    stages = (state or {}).get("stages", {})
+    for cond in conditions:
+        name = cond["name"]
+        metrics = _read_json(run_dir / "eval" / name / "metrics.json") or {}
+        edit = _read_json(run_dir / "edit" / name / "metrics.json") or {}
+        errors = [f"{stage}: {info.get('error')}" for stage, info in stages.items()
+                  if stage.endswith(f" {name}") and info.get("status") != "done"]
+        rows.append({
+            "name": name,
+            "label": cond.get("label", name),
+            "paper": cond.get("paper"),
+            "conditioning": metrics.get("conditioning", (cond.get("conditioning") or {}).get("conditioning")),
+            "K": metrics.get("K"), "T": metrics.get("T"), "tau": metrics.get("tau"),
+            "ppl": metrics.get("ppl"), "ppl_ci_low": metrics.get("ci_low"), "ppl_ci_high": metrics.get("ci_high"),
+            "tokens": metrics.get("tokens"), "articles": metrics.get("articles"), "protocol": metrics.get("protocol"),
+            "eval_wall_time_s": metrics.get("wall_time_s"), "tokens_per_s": metrics.get("tokens_per_s"),
+            "edit": edit.get("edit_distance", edit.get("mean")),
+            "edit_ci_low": edit.get("ci_low"), "edit_ci_high": edit.get("ci_high"),
+            "edit_normalized": edit.get("normalized_edit_distance", edit.get("normalized_mean")),
+            "status": "failed" if errors else ("done" if metrics else "missing"),
+            "error": "; ".join(errors) or None,
+        })
+    base = next((r["eval_wall_time_s"] for r in rows if r["eval_wall_time_s"]), None)
+    for row in rows:
+        row["relative_eval_time"] = (row["eval_wall_time_s"] / base) if base and row["eval_wall_time_s"] else None
+    return rows
+
+
+def results_table(rows: list[dict]) -> list[str]:
+    lines = ["| Model | conditioning | K | T | PPL [95% CI] | Edit [95% CI] | rel. eval time | paper PPL | paper Edit |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        paper = PAPER_TABLE.get(r["paper"] or "")
+        if r["status"] == "failed":
+            lines.append(f"| {r['label']} | {r['conditioning']} | | | failed | | | | |")
+            continue
+        rel = "" if r["relative_eval_time"] is None else f"{r['relative_eval_time']:.2f}x"
+        lines.append(
+            f"| {r['label']} | {r['conditioning'] or ''} | {r['K'] if r['K'] is not None else ''} | "
+            f"{r['T'] if r['T'] is not None else ''} | {_fmt_ci(r['ppl'], r['ppl_ci_low'], r['ppl_ci_high'])} | "
+            f"{_fmt_ci(r['edit'], r['edit_ci_low'], r['edit_ci_high'])} | "
+            f"{rel} | "
+            f"{paper[0] if paper else ''} | {paper[1] if paper else ''} |")
+    return lines
+
+
+def _planner_section(run_dir: Path, figures: Path) -> list[str]:
+    summary = _read_json(run_dir / "planner" / "summary.json")
+    if not summary:
+        return []
+    metrics = summary["metrics"]
+    names = list(metrics)
+    lines = ["## Planner: next-action accuracy per horizon step", "",
+             f"{summary.get('num_boundaries')} boundaries of the {summary.get('eval_split')} split, "
+             f"{summary.get('num_actions')} actions; baselines fitted on {summary.get('train_split')}.", "",
+             "| step | " + " | ".join(f"{n} top-1" for n in names) + " |", "|---" * (len(names) + 1) + "|"]
+    for step in range(summary["horizon"]):
+        cells = ["n/a" if metrics[n].get("top1") is None else f"{metrics[n]['top1'][step]:.3f}" for n in names]
+        lines.append(f"| {step + 1} | " + " | ".join(cells) + " |")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    steps = list(range(1, summary["horizon"] + 1))
+    for n in names:
+        if metrics[n].get("top1") is not None:
+            ax.plot(steps, metrics[n]["top1"], marker="o", label=n)
+    ax.set_xlabel("horizon step")
+    ax.set_ylabel("top-1 accuracy")
+    ax.set_title("Planner vs baselines")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(figures / "planner_accuracy.png", dpi=120)
+    plt.close(fig)
+    return lines + ["", "![planner accuracy](figures/planner_accuracy.png)", ""]
+
+
+def _sweeps_section(run_dir: Path, figures: Path) -> list[str]:
+    sweeps = run_dir / "sweeps"
+    if not sweeps.is_dir():
+        return []
+    lines = ["## Sweeps at inference", ""]
+    for csv_path in sorted(sweeps.glob("*.csv")):
+        with open(csv_path) as f:
+            rows = list(csv.DictReader(f))
+        if not rows:
+            continue
+        lines += [f"### {csv_path.stem.replace('_', ' ')}", "", "| " + " | ".join(rows[0]) + " |",
+                  "|---" * len(rows[0]) + "|"]
+        lines += ["| " + " | ".join(_short(v) for v in row.values()) + " |" for row in rows]
+        png = csv_path.with_suffix(".png")
+        if png.is_file():
+            shutil.copyfile(png, figures / png.name)
+            lines += ["", f"![{csv_path.stem}](figures/{png.name})"]
+        lines.append("")
+    return lines
+
+
+def _short(value: str) -> str:
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return f"{number:.4g}"
+
+
+def _actions_section(run_dir: Path, figures: Path, actions_shown: int) -> list[str]:
+    prepared = run_dir / "prepared"
+    if not (prepared / "manifest.json").is_file() or actions_shown <= 0:
+        return []
+    import contextlib
+    import io
+
+    from planlm.data.inspect import actions
+
+    with contextlib.redirect_stdout(io.StringIO()):  # the report shows them; the terminal need not
+        folder = actions(str(prepared), out_dir=str(run_dir / "actions"), num_nearest=3, max_print=0)
+    described = _read_json(folder / "actions.json") or {"actions": []}
+    lines = ["## A few writing actions and their nearest sentences", "",
+             f"The largest {actions_shown} of {described.get('num_actions')} actions (all of them: "
+             f"[actions/actions.md](actions/actions.md)).", ""]
+    for item in described["actions"][:actions_shown]:
+        texts = " / ".join(f"\u201c{' '.join(n['text'].split())[:140]}\u201d" for n in item["nearest"])
+        lines.append(f"- **action {item['action']}** ({item['size']} train sentences): {texts}")
+    if (folder / "cluster_sizes.png").is_file():
+        shutil.copyfile(folder / "cluster_sizes.png", figures / "cluster_sizes.png")
+        lines += ["", "![cluster sizes](figures/cluster_sizes.png)"]
+    return lines + [""]
+
+
+def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional[dict] = None,
+                 stages: Any = None, actions_shown: int = 5) -> Path:
+    """Write report.md, results.json, results.csv and figures/ in ``run_dir``; return report.md's path."""
+    run_dir = Path(run_dir)
+    figures = run_dir / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    rows = collect_results(run_dir, conditions, state)
+    (run_dir / "results.json").write_text(json.dumps({"conditions": rows, "paper": PAPER_TABLE,
+                                                     "stages": (state or {}).get("stages", {})}, indent=2))
+    with open(run_dir / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["name"])
+        writer.writeheader()
+        writer.writerows(rows)
+    protocol = next((r["protocol"] for r in rows if r["protocol"]), "n/a")
+    lines = [f"# planlm report: {run_dir.name}", "",
+             f"Test perplexity ({protocol}; 95% bootstrap intervals over articles) and action edit distance. "
+             "The paper's GPT-2-small numbers are shown beside ours for orientation only: a different model "
+             "size, corpus and budget.", ""]
+    lines += results_table(rows)
+    failed = [r for r in rows if r["status"] == "failed"]
+    if failed:
+        lines += ["", "Failed conditions (the others ran; see logs/):"]
+        lines += [f"- {r['name']}: {r['error']}" for r in failed]
+    lines.append("")
+    lines += _planner_section(run_dir, figures)
+    lines += _sweeps_section(run_dir, figures)
+    lines += _actions_section(run_dir, figures, actions_shown)
+    stage_info = (state or {}).get("stages", {})
+    if stage_info:
+        lines += ["## Stages", "", "| stage | status | wall time |", "|---|---|---|"]
+        lines += [f"| {name} | {info.get('status')} | {info.get('wall_time_s', '')} s |"
+                  for name, info in stage_info.items()]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+if __name__ == "__main__":  # rebuild a report: python -m planlm.report RUN_DIR
+    run = Path(sys.argv[1])
+    state = _read_json(run / "run_state.json") or {}
+    print(write_report(run, conditions=(state.get("config") or {}).get("conditions") or [], state=state))
