@@ -146,7 +146,9 @@ class Representation(nn.Module):
         if self.encoder is None:
             raise PlanlmError("planner: embed_sentences needs a planner built with finetune_encoder=True")
         device = self.projection.weight.device
-        features = {name: value.to(device) for name, value in self.encoder.tokenize(texts).items()}
+        preprocess = getattr(self.encoder, "preprocess", None) or self.encoder.tokenize  # renamed in s-t 6
+        features = {name: value.to(device) if torch.is_tensor(value) else value
+                    for name, value in preprocess(texts).items()}
         return self.encoder(features)["sentence_embedding"]  # (N, E)
 
     def forward(self, context_embeds: torch.Tensor, context_mask: torch.Tensor):

