@@ -52,9 +52,10 @@ def boundary_contexts(split: PreparedSplit, sentences: np.ndarray, max_sentences
     positions = np.arange(num_context)
     context_mask = positions[None, :] < lengths[:, None]  # (B, S)
     index = np.where(context_mask, begin[:, None] + positions[None, :], 0)  # (B, S)
+    width = embeddings.shape[1]
     context = np.asarray(embeddings[index.reshape(-1)], dtype=np.float32) if index.size else \
-        np.zeros((0, embeddings.shape[1]), dtype=np.float32)
-    context = context.reshape(len(sentences), num_context, -1) * context_mask[..., None]  # (B, S, E)
+        np.zeros((0, width), dtype=np.float32)
+    context = context.reshape(len(sentences), num_context, width) * context_mask[..., None]  # (B, S, E)
     return torch.from_numpy(context), torch.from_numpy(context_mask)
 
 

@@ -1,0 +1,148 @@
+"""Boundary contexts, plan sampling over a split, the plan cache and its checks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from planlm.cli import main as cli_main
+from planlm.data.artifacts import PreparedDataset
+from planlm.data.synthetic import make_synthetic_prepared
+from planlm.planner import Planner, PlannerConfig
+from planlm.plans import (IGNORE_INDEX, boundary_contexts, boundary_targets, compute_plans, load_plans,
+                          sample_plans)
+from planlm.utils import PlanlmError
+
+
+def save_planner(folder, prepared_dir, seed: int = 0, **overrides):
+    prepared = PreparedDataset(prepared_dir)
+    torch.manual_seed(seed)
+    config = PlannerConfig(**{"num_actions": prepared.num_actions, "embedding_dim": prepared.embedding_dim,
+                              "d_model": 16, "num_heads": 2, "dim_feedforward": 32, "horizon": 3,
+                              "max_sentences": 4, **overrides})
+    planner = Planner(config, codebook=prepared.codebook)
+    planner.prepared_info = {"num_actions": prepared.num_actions, "embedding_dim": prepared.embedding_dim,
+                             "codebook_hash": prepared.codebook_hash, "encoder": prepared.encoder_name}
+    return planner.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def planner_dir(synthetic_cycle, tmp_path_factory):
+    return save_planner(tmp_path_factory.mktemp("planner") / "planner", synthetic_cycle)
+
+
+def test_boundary_contexts_are_the_true_sentences_before_each_boundary(synthetic_cycle):
+    split = PreparedDataset(synthetic_cycle)["validation"]
+    first, second = split.sentence_range(0), split.sentence_range(1)
+    boundaries = np.array([first[0], first[3], second[0], second[6] if len(second) > 6 else second[-1]])
+    embeds, mask = boundary_contexts(split, boundaries, max_sentences=4)
+    assert mask.sum(1).tolist() == [0, 3, 0, min(4, len(second) - 1 if len(second) <= 6 else 4)]
+    np.testing.assert_array_equal(embeds[1, :3].numpy(), split.embeddings[first[0]:first[3]])
+    assert (embeds[~mask] == 0).all()
+    last = boundaries[3]
+    np.testing.assert_array_equal(embeds[3, :int(mask[3].sum())].numpy(),
+                                  split.embeddings[max(second[0], last - 4):last])  # the last 4 only
+    empty_embeds, empty_mask = boundary_contexts(split, np.array([first[0], second[0]]), max_sentences=4)
+    assert empty_embeds.shape == (2, 0, split.embeddings.shape[1]) and empty_mask.shape == (2, 0)
+
+
+def test_boundary_targets_mask_steps_past_the_article_end(synthetic_cycle):
+    split = PreparedDataset(synthetic_cycle)["validation"]
+    article = split.sentence_range(2)
+    last = article[-1]
+    targets = boundary_targets(split, np.array([article[0], last]), horizon=3)
+    np.testing.assert_array_equal(targets[0].numpy(), split.actions[article[0]:article[0] + 3])
+    assert targets[1].tolist() == [int(split.actions[last]), IGNORE_INDEX, IGNORE_INDEX]
+
+
+def test_compute_plans_is_reproducible_and_seeded(planner_dir, synthetic_cycle):
+    planner = Planner.from_pretrained(planner_dir)
+    split = PreparedDataset(synthetic_cycle)["validation"]
+    plans = compute_plans(planner, split, num_paths=5, horizon=3, temperature=1.0, seed=0, batch_size=32)
+    assert plans.shape == (split.num_sentences, 5, 3) and plans.dtype == np.int64
+    assert plans.min() >= 0 and plans.max() < 8
+    np.testing.assert_array_equal(plans, compute_plans(planner, split, 5, 3, 1.0, seed=0, batch_size=32))
+    assert not np.array_equal(plans, compute_plans(planner, split, 5, 3, 1.0, seed=1, batch_size=32))
+    subset = np.array([3, 10, 11])
+    greedy = compute_plans(planner, split, 2, 3, temperature=0.0, seed=0, sentences=subset)
+    embeds, mask = boundary_contexts(split, subset, planner.config.max_sentences)
+    expected = planner.argmax_path(embeds, mask, 3).numpy()
+    np.testing.assert_array_equal(greedy, np.repeat(expected[:, None], 2, axis=1))
+
+
+def test_sample_plans_writes_reuses_and_rekeys_the_cache(planner_dir, synthetic_cycle):
+    out = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation", "test"], num_paths=4,
+                       horizon=3, temperature=1.0, seed=0, batch_size=16)
+    assert out == planner_dir / "plans" / "K4-T3-tau1-seed0"
+    manifest = json.loads((out / "manifest.json").read_text())
+    for key in ("num_paths", "horizon", "temperature", "seed", "planner_hash", "codebook_hash", "num_actions",
+                "prepared_dir"):
+        assert key in manifest
+    prepared = PreparedDataset(synthetic_cycle)
+    plans = load_plans(out, "validation", prepared=prepared)
+    greedy = load_plans(out, "validation", prepared=prepared, argmax=True)
+    assert isinstance(plans, np.memmap)
+    assert plans.shape == (prepared["validation"].num_sentences, 4, 3) and greedy.shape == (len(plans), 3)
+    expected = compute_plans(Planner.from_pretrained(planner_dir), prepared["validation"], 4, 3, 1.0, seed=0,
+                             batch_size=16)
+    np.testing.assert_array_equal(plans, expected)
+    # Same key: reused (files untouched). Another seed: another folder with other samples.
+    stamp = (out / "validation.npy").stat().st_mtime_ns
+    assert sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation", "test"], num_paths=4,
+                        horizon=3, seed=0, batch_size=16) == out
+    assert (out / "validation.npy").stat().st_mtime_ns == stamp
+    other = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=4, horizon=3,
+                         seed=1, batch_size=16)
+    assert other != out and not np.array_equal(load_plans(other, "validation"), plans)
+    # Same folder, changed key (K): recomputed in place.
+    fixed_dir = planner_dir / "plans" / "fixed"
+    sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=2, out_dir=str(fixed_dir))
+    assert load_plans(fixed_dir, "validation").shape[1:] == (2, 3)
+    sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=3, out_dir=str(fixed_dir))
+    assert load_plans(fixed_dir, "validation").shape[1:] == (3, 3)
+
+
+def test_mismatched_planner_or_plans_give_one_line_errors(planner_dir, synthetic_cycle, synthetic_random,
+                                                          tmp_path):
+    with pytest.raises(PlanlmError, match="codebook") as error:
+        sample_plans(str(planner_dir), str(synthetic_random), splits=["validation"], num_paths=1)
+    assert "\n" not in str(error.value)
+    other_actions = make_synthetic_prepared(tmp_path / "six", num_actions=6, num_articles={"train": 10,
+                                            "validation": 3, "test": 3})
+    with pytest.raises(PlanlmError, match="num_actions"):
+        sample_plans(str(planner_dir), str(other_actions), splits=["validation"], num_paths=1)
+    out = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=1, horizon=2)
+    with pytest.raises(PlanlmError, match="codebook"):
+        load_plans(out, "validation", prepared=PreparedDataset(synthetic_random))
+    with pytest.raises(PlanlmError, match="no plans for split 'test'"):
+        load_plans(out, "test")
+    with pytest.raises(PlanlmError, match="no complete plan cache"):
+        load_plans(tmp_path / "nothing", "validation")
+
+
+def test_empty_split_and_bad_arguments(planner_dir, tmp_path):
+    prepared = make_synthetic_prepared(tmp_path / "no_test", num_articles={"train": 10, "validation": 3, "test": 0})
+    planner = save_planner(tmp_path / "planner", prepared)
+    with pytest.raises(PlanlmError, match="no sentences"):
+        sample_plans(str(planner), str(prepared), splits=["test"], num_paths=2)
+    with pytest.raises(PlanlmError, match="--num_paths"):
+        sample_plans(str(planner), str(prepared), splits=["validation"], num_paths=0)
+    assert not (planner / "plans").exists()  # nothing half-written
+
+
+def test_cli_sample_plans(planner_dir, synthetic_cycle, tmp_path, capsys):
+    out = tmp_path / "cli_plans"
+    cli_main(["sample-plans", "--planner_dir", str(planner_dir), "--prepared_dir", str(synthetic_cycle),
+              "--splits", "[validation]", "--num_paths", "3", "--horizon", "2", "--temperature", "0.5",
+              "--out_dir", str(out)])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["num_paths"] == 3 and manifest["temperature"] == 0.5
+    assert load_plans(out, "validation").shape[1:] == (3, 2)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["sample-plans", "--planner_dir", str(tmp_path / "missing"), "--prepared_dir",
+                  str(synthetic_cycle)])
+    assert exit_info.value.code == 2
+    assert "no trained planner" in capsys.readouterr().err
