@@ -1,0 +1,454 @@
+"""``planlm train-lm``: finetune a causal LM conditioned on plans (section 3.3 of the paper).
+
+``LightningLM`` holds only the steps and the optimiser; the network is ``planlm.lm.PlannedLM``.
+The output folder is a ``PlannedLM`` folder (reload it with ``PlannedLM.from_pretrained(out_dir)``)
+plus ``checkpoints/`` (best + last, for resume), ``logs/`` (CSV) and ``tb/`` (TensorBoard), and is
+complete only once its ``manifest.json`` is written.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from planlm.adapter import AdapterConfig
+from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.data.windows import WindowCollator, article_windows, make_action_source
+from planlm.lm import Conditioning, PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_manifest
+
+TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
+
+
+@dataclass
+class LMModelConfig:
+    """Which LM to condition and how to finetune it."""
+
+    name_or_path: str | None = None
+    """Pretrained LM: hub name (e.g. gpt2, the paper's) or local folder; takes precedence over model_config."""
+    model_config: dict | None = field(default_factory=lambda: dict(TINY_GPT2))
+    """Random-init LM config (AutoConfig.for_model keys incl. model_type), used when name_or_path and init_from are null."""
+    init_from: str | None = None
+    """A finished planned-LM folder to start from (its LM; also its adapter when the adapter shape matches)."""
+    finetune: Literal["full", "frozen", "lora"] = "full"
+    """full (the paper), frozen (base LM frozen, only the conditioning trained) or lora (peft)."""
+    lora_rank: int = 8
+    """LoRA rank r."""
+    lora_alpha: int = 16
+    """LoRA scaling alpha."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    lora_target_modules: list[str] | None = None
+    """Modules LoRA wraps (None: peft's default for the architecture)."""
+
+    def __post_init__(self):
+        if self.finetune not in ("full", "frozen", "lora"):
+            raise PlanlmError(f"--model.finetune {self.finetune!r}: choose full, frozen or lora")
+        if not (self.name_or_path or self.model_config or self.init_from):
+            raise PlanlmError("--model: set name_or_path, model_config or init_from")
+        if self.lora_rank < 1:
+            raise PlanlmError(f"--model.lora_rank must be >= 1 (got {self.lora_rank})")
+
+
+@dataclass
+class ConditioningConfig:
+    """Where the plans come from and how the adapter folds them into one vector per sentence."""
+
+    conditioning: Conditioning = "none"
+    """none (plain LM), fixed (one constant action), oracle (true actions), planner_argmax, planner_sampled."""
+    adapter: Literal["project_avg", "multipath"] = "project_avg"
+    """project_avg (Project and Avg) or multipath (PathTransformer + SampleTransformer)."""
+    rezero: bool = True
+    """multipath: ReZero scalars initialised to zero around Project-and-Avg (False: the paper's ablation)."""
+    num_paths: int = 1
+    """K paths per plan."""
+    horizon: int = 1
+    """T steps per path."""
+    temperature: float = 1.0
+    """Planner sampling temperature (planner_sampled with planner_dir)."""
+    fixed_action: int = 0
+    """The action of the fixed baseline."""
+    plans_dir: str | None = None
+    """A plan cache folder (`planlm sample-plans`); for planner_* conditioning."""
+    planner_dir: str | None = None
+    """A planner folder: its plan cache is sampled (or reused) when plans_dir is not given."""
+    seed: int = 0
+    """Seed of the sampled plans."""
+    action_dim: int | None = None
+    """Width of the action embedding (None: the codebook width)."""
+    num_layers: int = 1
+    """multipath: layers of PathTransformer and SampleTransformer."""
+    num_heads: int = 2
+    """multipath: attention heads (must divide the LM width)."""
+    dim_feedforward: int | None = None
+    """multipath: feed-forward width (None: 2 x the LM width)."""
+    init_from_codebook: bool = True
+    """Initialise the action embedding from the codebook centroids."""
+    init_no_op: bool = True
+    """Zero-initialise the adapter's projection so training starts from the unconditioned LM."""
+
+    def __post_init__(self):
+        kinds = ("none", "fixed", "oracle", "planner_argmax", "planner_sampled")
+        if self.conditioning not in kinds:
+            raise PlanlmError(f"--conditioning.conditioning {self.conditioning!r}: choose one of {', '.join(kinds)}")
+        if self.num_paths < 1 or self.horizon < 1:
+            raise PlanlmError(f"--conditioning.num_paths ({self.num_paths}) and horizon ({self.horizon}) must be >= 1")
+        if self.temperature < 0:
+            raise PlanlmError(f"--conditioning.temperature must be >= 0 (got {self.temperature})")
+        if self.conditioning.startswith("planner") and not (self.plans_dir or self.planner_dir):
+            raise PlanlmError(f"--conditioning.conditioning {self.conditioning} needs --conditioning.plans_dir "
+                              f"or --conditioning.planner_dir")
+
+
+@dataclass
+class LMTrainConfig:
+    """Run knobs (the paper's defaults: context 128, stride 127, batch 32, lr 1e-4)."""
+
+    context_length: int = 128
+    """Tokens per window (windows never cross articles)."""
+    stride: int = 127
+    """Tokens between window starts (context_length - 1: every token predicted once)."""
+    batch_size: int = 32
+    """Windows per batch (per device)."""
+    accumulate_grad_batches: int = 1
+    """Gradient accumulation steps."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up steps (constant afterwards)."""
+    max_epochs: int = 1
+    """Epochs over the training windows (ignored when max_steps > 0 ends training first)."""
+    max_steps: int = -1
+    """Optimiser steps (-1: no limit)."""
+    val_check_interval: float | int | None = None
+    """Validate every this many training batches (int) or fraction of an epoch (float); None: each epoch."""
+    limit_train_batches: float | int | None = None
+    """Use only this many (int) or this fraction (float) of training batches per epoch."""
+    limit_val_batches: float | int | None = None
+    """Use only this many (int) or this fraction (float) of validation batches."""
+    gradient_clip_val: float | None = 1.0
+    """Clip the gradient norm (None: no clipping)."""
+    train_split: str = "train"
+    """Prepared split to train on."""
+    val_split: str = "validation"
+    """Held-out prepared split for validation loss / perplexity (best checkpoint)."""
+    seed: int = 0
+    """Seed of initialisation and shuffling."""
+    accelerator: str = "auto"
+    """Lightning accelerator (auto, cpu, gpu, ...)."""
+    devices: int | str = "auto"
+    """Lightning devices."""
+    strategy: str = "auto"
+    """Lightning strategy (auto, ddp, ...)."""
+    num_nodes: int = 1
+    """Lightning nodes."""
+    precision: str | None = None
+    """Lightning precision (None: bf16-mixed on CUDA, 32-true on CPU)."""
+    num_workers: int = 0
+    """DataLoader worker processes."""
+    log_every_n_steps: int = 50
+    """Logging interval in steps."""
+    progress_bar: bool = True
+    """Show the progress bar."""
+    resume: bool = True
+    """Resume from checkpoints/last.ckpt of an interrupted run with the same config."""
+
+    def __post_init__(self):
+        if self.context_length < 2:
+            raise PlanlmError(f"--train.context_length must be >= 2 (got {self.context_length})")
+        if not 1 <= self.stride <= self.context_length - 1:
+            raise PlanlmError(f"--train.stride {self.stride} must be in [1, context_length - 1]")
+        for name in ("batch_size", "accumulate_grad_batches", "max_epochs", "num_nodes", "log_every_n_steps"):
+            if getattr(self, name) < 1:
+                raise PlanlmError(f"--train.{name} must be >= 1 (got {getattr(self, name)})")
+        if self.lr <= 0:
+            raise PlanlmError(f"--train.lr must be > 0 (got {self.lr})")
+
+
+class LightningLM(L.LightningModule):
+    """Training / validation steps and the optimiser of a PlannedLM."""
+
+    def __init__(self, model: PlannedLM, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0):
+        super().__init__()
+        from torchmetrics import SumMetric
+
+        self.model = model
+        self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
+        # Perplexity = exp(total NLL / total tokens) over the whole validation split (not a mean of batch means).
+        self.val_nll_sum = SumMetric()
+        self.val_tokens = SumMetric()
+
+    def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean NLL over the batch's predicted tokens, their number)."""
+        out = self.model(**batch)
+        num_tokens = (batch["labels"][:, 1:] != -100).sum()
+        return out.loss, num_tokens
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, num_tokens = self.model_step(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=int(num_tokens))
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, num_tokens = self.model_step(batch)
+        self.val_nll_sum.update(loss.float() * num_tokens)
+        self.val_tokens.update(num_tokens.float())
+
+    def on_validation_epoch_end(self) -> None:
+        tokens = self.val_tokens.compute()
+        if tokens > 0:
+            val_loss = self.val_nll_sum.compute() / tokens
+            self.log("val/loss", val_loss, prog_bar=True, sync_dist=False)  # already summed across processes
+            self.log("val/ppl", torch.exp(val_loss), sync_dist=False)
+        self.val_nll_sum.reset()
+        self.val_tokens.reset()
+
+    def configure_optimizers(self):
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        warmup = max(1, self.warmup_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+# --------------------------------------------------------------------------------------------- inputs
+def _check_tokenizer(prepared: PreparedDataset, model: LMModelConfig, init_config: PlannedLMConfig | None):
+    """The corpus tokenizer, after checking that the LM was built for the same token ids."""
+    from planlm.data.resources import load_tokenizer
+
+    tokenizer = load_tokenizer(prepared.tokenizer_name)
+    manifest = prepared.path / "manifest.json"
+    if init_config is not None and init_config.tokenizer != prepared.tokenizer_name:
+        raise PlanlmError(f"{manifest}: tokenizer {prepared.tokenizer_name!r} but --model.init_from {model.init_from} "
+                          f"was trained with {init_config.tokenizer!r}; prepare the corpus with that tokenizer")
+    if model.name_or_path and not model.init_from and model.name_or_path != prepared.tokenizer_name:
+        try:
+            model_tokenizer = load_tokenizer(model.name_or_path)
+        except PlanlmError:
+            model_tokenizer = None  # a weights-only folder: the vocabulary-size check below still applies
+        if model_tokenizer is not None and model_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise PlanlmError(f"{manifest}: tokenizer {prepared.tokenizer_name!r} does not match the tokenizer of "
+                              f"--model.name_or_path {model.name_or_path}; prepare the corpus with "
+                              f"`planlm prepare --tokenizer {model.name_or_path}`")
+    return tokenizer
+
+
+def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: list[str]):
+    """(plans_dir, plan-cache manifest, {split: sampled (N, K, T) or argmax (N, T) array})."""
+    if not cond.conditioning.startswith("planner"):
+        return None, None, {}
+    plans_dir = cond.plans_dir
+    if plans_dir is None:
+        from planlm.plans import sample_plans
+
+        plans_dir = str(sample_plans(planner_dir=cond.planner_dir, prepared_dir=str(prepared.path), splits=splits,
+                                     num_paths=cond.num_paths, horizon=cond.horizon,
+                                     temperature=cond.temperature, seed=cond.seed))
+    plans_path = Path(plans_dir)
+    manifest = read_manifest(plans_path)
+    if manifest is None:
+        raise PlanlmError(f"{plans_path}: not a complete plan cache (manifest.json missing); "
+                          f"run `planlm sample-plans --out_dir {plans_path}` first")
+    where = plans_path / "manifest.json"
+    if manifest.get("codebook_hash") != prepared.codebook_hash or int(manifest.get("num_actions", -1)) != prepared.num_actions:
+        raise PlanlmError(f"{where}: plans come from a planner with another codebook (codebook_hash "
+                          f"{str(manifest.get('codebook_hash'))[:12]}, {manifest.get('num_actions')} actions) than "
+                          f"{prepared.path} ({prepared.codebook_hash[:12]}, {prepared.num_actions}); resample the plans "
+                          f"with a planner trained on this corpus")
+    if int(manifest["horizon"]) != cond.horizon:
+        raise PlanlmError(f"{where}: cached horizon T={manifest['horizon']} but --conditioning.horizon "
+                          f"{cond.horizon}; set horizon: {manifest['horizon']} or sample plans with T={cond.horizon}")
+    if cond.conditioning == "planner_sampled" and int(manifest["num_paths"]) != cond.num_paths:
+        raise PlanlmError(f"{where}: cached K={manifest['num_paths']} paths but --conditioning.num_paths "
+                          f"{cond.num_paths}; set num_paths: {manifest['num_paths']} or sample plans with K={cond.num_paths}")
+    arrays = {}
+    for split in splits:
+        if cond.conditioning == "planner_sampled":
+            arrays[split] = _load_sampled(plans_path, split, prepared)
+        else:
+            path = plans_path / f"{split}.argmax.npy"
+            if not path.is_file():
+                raise PlanlmError(f"{path}: missing; sample plans for split {split!r} (`planlm sample-plans --splits`)")
+            arrays[split] = np.load(path, mmap_mode="r")
+    return str(plans_path), manifest, arrays
+
+
+def _load_sampled(plans_path: Path, split: str, prepared: PreparedDataset) -> np.ndarray:
+    try:
+        from planlm.plans import load_plans
+    except ImportError:  # the planner stage is optional for oracle/fixed runs; the format is documented
+        path = plans_path / f"{split}.npy"
+        if not path.is_file():
+            raise PlanlmError(f"{path}: missing; sample plans for split {split!r} (`planlm sample-plans --splits`)")
+        return np.load(path, mmap_mode="r")
+    return load_plans(plans_path, split, prepared=prepared)
+
+
+def _loader(split: PreparedSplit, windows: list, source, batch_size: int, shuffle: bool, num_workers: int,
+            pad_token_id: int) -> DataLoader:
+    return DataLoader(windows, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
+                      collate_fn=WindowCollator(split, source, pad_token_id), drop_last=False)
+
+
+def _build_model(prepared: PreparedDataset, model: LMModelConfig, cond: ConditioningConfig, tokenizer,
+                 provenance: dict, train_split_name: str) -> PlannedLM:
+    init = PlannedLM.from_pretrained(model.init_from) if model.init_from else None
+    if init is not None and init.config.codebook_hash not in (None, prepared.codebook_hash) \
+            and cond.conditioning != "none":
+        raise PlanlmError(f"{Path(model.init_from) / 'planned_lm.json'}: trained on another codebook than "
+                          f"{prepared.path}; start from a model of this corpus or from a plain LM")
+    lm = init.lm if init is not None else load_causal_lm(model.name_or_path, model.model_config, len(tokenizer))
+    train_split = prepared[train_split_name]
+    max_id = int(np.max(train_split.input_ids)) if train_split.num_tokens else 0
+    if max_id >= lm.get_input_embeddings().num_embeddings:
+        raise PlanlmError(f"{prepared.path}: token id {max_id} does not fit the LM's "
+                          f"{lm.get_input_embeddings().num_embeddings} embeddings; use an LM of tokenizer "
+                          f"{prepared.tokenizer_name!r}")
+    adapter = None
+    if cond.conditioning != "none":
+        adapter = AdapterConfig(
+            adapter=cond.adapter, num_actions=prepared.num_actions,
+            action_dim=cond.action_dim or prepared.embedding_dim,
+            hidden_size=lm.get_input_embeddings().embedding_dim, horizon=cond.horizon, num_layers=cond.num_layers,
+            num_heads=cond.num_heads, dim_feedforward=cond.dim_feedforward, rezero=cond.rezero,
+            init_from_codebook=cond.init_from_codebook, init_no_op=cond.init_no_op)
+    config = PlannedLMConfig(
+        conditioning=cond.conditioning, adapter=adapter, num_paths=cond.num_paths, horizon=cond.horizon,
+        temperature=cond.temperature, fixed_action=cond.fixed_action, seed=cond.seed,
+        tokenizer=prepared.tokenizer_name, num_actions=prepared.num_actions, codebook_hash=prepared.codebook_hash,
+        base_model=model.name_or_path or (init.config.base_model if init else None),
+        base_model_config=None if model.name_or_path else (init.config.base_model_config if init else model.model_config),
+        **provenance)
+    planned = PlannedLM(config, lm, prepared.codebook)
+    if init is not None and init.adapter is not None and planned.adapter is not None \
+            and asdict(init.config.adapter) == asdict(adapter):
+        planned.adapter.load_state_dict(init.adapter.state_dict())
+    planned.apply_finetune(model.finetune, model.lora_rank, model.lora_alpha, model.lora_dropout,
+                           model.lora_target_modules)
+    return planned
+
+
+def _checkpoints_match(checkpoints: Path, run_config: dict) -> bool:
+    """Whether checkpoints/ was written by a run that differs at most in its length (then resume it);
+    checkpoints of any other config are deleted, never resumed."""
+    lengthless = {**run_config, "train": {k: v for k, v in run_config["train"].items() if k not in _LENGTH_KNOBS}}
+    key = fingerprint(lengthless)
+    stamp = checkpoints / "run_fingerprint.txt"
+    if stamp.is_file() and stamp.read_text().strip() == key:
+        return True
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    checkpoints.mkdir(parents=True)
+    stamp.write_text(key + "\n")
+    return False
+
+
+# Knobs that only say how long to train: a finished shorter run resumes into a longer one.
+_LENGTH_KNOBS = ("max_epochs", "max_steps", "val_check_interval", "limit_train_batches", "limit_val_batches")
+
+
+# --------------------------------------------------------------------------------------------- command
+def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConfig(),
+             conditioning: ConditioningConfig = ConditioningConfig(), train: LMTrainConfig = LMTrainConfig()) -> Path:
+    """Finetune a causal LM conditioned on plans (fixed / oracle / planner actions) or on nothing.
+
+    The output folder reloads with ``PlannedLM.from_pretrained(out_dir)``; it is reused when complete
+    for the same config and resumed from checkpoints/last.ckpt when interrupted.
+
+    Args:
+        prepared_dir: A prepared corpus folder (`planlm prepare`).
+        out_dir: The model folder to write.
+        model: Which LM to condition (pretrained, random init or a planned-LM folder) and the finetuning mode.
+        conditioning: Where the plans come from (none, fixed, oracle, planner_argmax, planner_sampled) and the adapter.
+        train: Run knobs (window, batch, optimiser, Lightning trainer).
+
+    Returns:
+        The model folder.
+    """
+    from planlm.data.resources import use_offline_mode_if_no_hub
+
+    use_offline_mode_if_no_hub()
+    prepared = PreparedDataset(prepared_dir)
+    out = Path(out_dir)
+    splits = [train.train_split, train.val_split]
+    for split in splits:
+        prepared.split(split)  # one-line error for a missing split
+    run_config = {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
+                  "model": asdict(model), "conditioning": asdict(conditioning),
+                  "train": {k: v for k, v in asdict(train).items() if k not in ("progress_bar", "num_workers")}}
+    if prepare_stage_dir(out, run_config, keep_partial=True):
+        return out
+
+    init_config = PlannedLM.from_pretrained(model.init_from).config if model.init_from else None
+    tokenizer = _check_tokenizer(prepared, model, init_config)
+    plans_dir, plans_manifest, plan_arrays = _plan_arrays(conditioning, prepared, splits)
+    provenance = {"plans_dir": plans_dir,
+                  "planner_dir": (plans_manifest or {}).get("planner_dir") or conditioning.planner_dir,
+                  "planner_hash": (plans_manifest or {}).get("planner_hash")}
+
+    L.seed_everything(train.seed, verbose=False)
+    planned = _build_model(prepared, model, conditioning, tokenizer, provenance, train.train_split)
+
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    loaders = {}
+    for split_name, shuffle in ((train.train_split, True), (train.val_split, False)):
+        split = prepared[split_name]
+        windows = article_windows(split, train.context_length, train.stride)
+        source = make_action_source(conditioning.conditioning, split, num_paths=conditioning.num_paths,
+                                    horizon=conditioning.horizon, fixed_action=conditioning.fixed_action,
+                                    plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_sampled" else None,
+                                    argmax_plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_argmax" else None)
+        loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers, pad_token_id)
+    if not len(loaders[train.train_split]):
+        raise PlanlmError(f"{prepared.path / train.train_split}: no training window (articles with >= 2 tokens)")
+    has_val = len(loaders[train.val_split]) > 0
+
+    precision = train.precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
+    checkpoints = out / "checkpoints"
+    checkpoint = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=checkpoints, filename="step{step}", auto_insert_metric_name=False,
+        monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=True)
+    trainer = L.Trainer(
+        accelerator=train.accelerator, devices=train.devices, strategy=train.strategy, num_nodes=train.num_nodes,
+        precision=precision, max_epochs=train.max_epochs, max_steps=train.max_steps,
+        val_check_interval=train.val_check_interval, limit_train_batches=train.limit_train_batches,
+        limit_val_batches=train.limit_val_batches if has_val else 0,
+        accumulate_grad_batches=train.accumulate_grad_batches, gradient_clip_val=train.gradient_clip_val,
+        callbacks=[checkpoint], log_every_n_steps=train.log_every_n_steps,
+        logger=[L.pytorch.loggers.CSVLogger(out, name="logs"), L.pytorch.loggers.TensorBoardLogger(out, name="tb")],
+        enable_progress_bar=train.progress_bar, enable_model_summary=False, num_sanity_val_steps=0,
+        default_root_dir=out)
+    module = LightningLM(planned, lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps)
+    last = checkpoints / "last.ckpt"
+    ckpt_path = str(last) if train.resume and _checkpoints_match(checkpoints, run_config) and last.is_file() else None
+    start = time.time()
+    trainer.fit(module, loaders[train.train_split], loaders[train.val_split] if has_val else None, ckpt_path=ckpt_path)
+
+    best_path = checkpoint.best_model_path
+    if has_val and best_path and Path(best_path).is_file():
+        state = torch.load(best_path, map_location="cpu", weights_only=True)["state_dict"]
+        module.load_state_dict(state)
+    best_score = checkpoint.best_model_score
+    val_loss = float(best_score) if best_score is not None else None
+    if trainer.is_global_zero:
+        planned.cpu().save_pretrained(out, tokenizer=tokenizer)
+        write_manifest(out, run_config, prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
+                       conditioning=conditioning.conditioning, adapter=conditioning.adapter if
+                       conditioning.conditioning != "none" else None, **provenance,
+                       plans_manifest=plans_manifest, global_step=trainer.global_step,
+                       best_checkpoint=best_path or None, val_loss=val_loss,
+                       val_ppl=math.exp(val_loss) if val_loss is not None else None,
+                       train_wall_time_s=time.time() - start,
+                       trainable_parameters=sum(p.numel() for p in planned.parameters() if p.requires_grad),
+                       lm_hash=file_sha256(next((out / "lm").glob("*.safetensors"))))
+    return out
