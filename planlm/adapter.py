@@ -26,6 +26,8 @@ Design decisions the paper leaves open, made here:
 - The SampleTransformer runs at width D over the K path vectors, without position embeddings (the
   paths are an unordered sample), and is pooled by a masked mean over the valid paths.
 - Both are bidirectional ``nn.TransformerEncoder`` stacks (pre-norm).
+- With the ReZero scalars at zero, alpha_2 gets a gradient at once and alpha_1 once alpha_2 has
+  moved (eq. 2 adds c^, the mean of c~^j, so at alpha_2 = 0 the path vectors c^j do not reach c).
 - ``rezero=False`` (the paper's "no ReZero" ablation) drops both scalars *and* both skip connections
   to the Project-and-Avg solution: c^j = PT(c_{1:T}^j + p_{1:T}), c = ST(c^1, ..., c^K): a plain
   stack of two transformers on the projected action embeddings.

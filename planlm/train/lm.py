@@ -248,10 +248,10 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
     """(plans_dir, plan-cache manifest, {split: sampled (N, K, T) or argmax (N, T) array})."""
     if not cond.conditioning.startswith("planner"):
         return None, None, {}
+    from planlm.plans import sample_plans
+
     plans_dir = cond.plans_dir
     if plans_dir is None:
-        from planlm.plans import sample_plans
-
         plans_dir = str(sample_plans(planner_dir=cond.planner_dir, prepared_dir=str(prepared.path), splits=splits,
                                      num_paths=cond.num_paths, horizon=cond.horizon,
                                      temperature=cond.temperature, seed=cond.seed))
@@ -272,27 +272,11 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
     if cond.conditioning == "planner_sampled" and int(manifest["num_paths"]) != cond.num_paths:
         raise PlanlmError(f"{where}: cached K={manifest['num_paths']} paths but --conditioning.num_paths "
                           f"{cond.num_paths}; set num_paths: {manifest['num_paths']} or sample plans with K={cond.num_paths}")
-    arrays = {}
-    for split in splits:
-        if cond.conditioning == "planner_sampled":
-            arrays[split] = _load_sampled(plans_path, split, prepared)
-        else:
-            path = plans_path / f"{split}.argmax.npy"
-            if not path.is_file():
-                raise PlanlmError(f"{path}: missing; sample plans for split {split!r} (`planlm sample-plans --splits`)")
-            arrays[split] = np.load(path, mmap_mode="r")
+    from planlm.plans import load_plans
+
+    arrays = {split: load_plans(plans_path, split, prepared=prepared, argmax=cond.conditioning == "planner_argmax")
+              for split in splits}
     return str(plans_path), manifest, arrays
-
-
-def _load_sampled(plans_path: Path, split: str, prepared: PreparedDataset) -> np.ndarray:
-    try:
-        from planlm.plans import load_plans
-    except ImportError:  # the planner stage is optional for oracle/fixed runs; the format is documented
-        path = plans_path / f"{split}.npy"
-        if not path.is_file():
-            raise PlanlmError(f"{path}: missing; sample plans for split {split!r} (`planlm sample-plans --splits`)")
-        return np.load(path, mmap_mode="r")
-    return load_plans(plans_path, split, prepared=prepared)
 
 
 def _loader(split: PreparedSplit, windows: list, source, batch_size: int, shuffle: bool, num_workers: int,

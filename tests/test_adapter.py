@@ -1,0 +1,128 @@
+"""The adapters: Project-and-Avg matches its formula; a fresh multipath adapter is exactly Project-and-Avg."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from planlm.adapter import AdapterConfig, MultiPath, ProjectAvg, build_adapter
+from planlm.utils import PlanlmError
+
+NUM_ACTIONS, ACTION_DIM, WIDTH, HORIZON = 8, 6, 16, 4
+
+
+def config(**overrides) -> AdapterConfig:
+    base = dict(num_actions=NUM_ACTIONS, action_dim=ACTION_DIM, hidden_size=WIDTH, horizon=HORIZON, num_heads=2,
+                init_no_op=False)
+    return AdapterConfig(**{**base, **overrides})
+
+
+def paths_and_mask(seed: int = 0, num_sentences: int = 5, num_paths: int = 3, horizon: int = HORIZON):
+    gen = torch.Generator().manual_seed(seed)
+    action_paths = torch.randint(0, NUM_ACTIONS, (num_sentences, num_paths, horizon), generator=gen)  # (N, K, T)
+    path_mask = torch.rand(num_sentences, num_paths, horizon, generator=gen) > 0.4  # (N, K, T)
+    path_mask[..., 0] = True
+    path_mask[0, 1] = False  # one path with no valid step: must not count in the average over paths
+    return action_paths, path_mask
+
+
+def test_project_avg_matches_the_paper_formula():
+    adapter = ProjectAvg(config())
+    action_paths, path_mask = paths_and_mask()
+    got = adapter(action_paths, path_mask)  # (N, D)
+    W, b = adapter.projection.weight, adapter.projection.bias
+    for n in range(action_paths.shape[0]):
+        path_vectors = []
+        for j in range(action_paths.shape[1]):
+            steps = [W @ adapter.action_embedding.weight[a] + b
+                     for a, valid in zip(action_paths[n, j], path_mask[n, j]) if valid]
+            if steps:
+                path_vectors.append(torch.stack(steps).mean(0))  # c~^j
+        torch.testing.assert_close(got[n], torch.stack(path_vectors).mean(0), atol=1e-5, rtol=1e-5)
+
+
+def test_fresh_multipath_equals_project_avg_exactly():
+    torch.manual_seed(0)
+    multipath = MultiPath(config(adapter="multipath"))
+    project_avg = ProjectAvg(config())
+    result = project_avg.load_state_dict(multipath.state_dict(), strict=False)
+    assert not result.missing_keys  # the shared Emb, W, b
+    for seed in range(3):
+        action_paths, path_mask = paths_and_mask(seed)
+        torch.testing.assert_close(multipath(action_paths, path_mask), project_avg(action_paths, path_mask),
+                                   atol=1e-6, rtol=1e-6)
+    # ... but not a frozen copy: alpha_2 gets a gradient at once; alpha_1 once alpha_2 is not zero (eq. 2
+    # adds c^ = mean of c~^j, not of c^j, so at alpha_2 = 0 the path vectors c^j do not reach the output).
+    multipath(*paths_and_mask()).pow(2).sum().backward()
+    assert multipath.alpha_sample.grad.abs() > 0 and multipath.alpha_path.grad == 0
+    with torch.no_grad():
+        multipath.alpha_sample.fill_(0.1)
+    multipath.zero_grad()
+    multipath(*paths_and_mask()).pow(2).sum().backward()
+    assert multipath.alpha_path.grad.abs() > 0
+    with torch.no_grad():
+        multipath.alpha_path.fill_(1.0)
+        multipath.alpha_sample.fill_(1.0)
+    assert not torch.allclose(multipath(*paths_and_mask()), project_avg(*paths_and_mask()), atol=1e-4)
+
+
+def test_multipath_reads_order_within_a_path_but_not_order_of_paths():
+    torch.manual_seed(0)
+    adapter = MultiPath(config(adapter="multipath")).eval()
+    with torch.no_grad():
+        adapter.alpha_path.fill_(1.0)
+        adapter.alpha_sample.fill_(1.0)
+    action_paths = torch.tensor([[[0, 1, 2, 3], [4, 5, 6, 7]]])  # (1, 2, 4)
+    mask = torch.ones_like(action_paths, dtype=torch.bool)
+    reference = adapter(action_paths, mask)
+    # Paths are an unordered sample: swapping them changes nothing.
+    torch.testing.assert_close(adapter(action_paths.flip(1), mask), reference, atol=1e-5, rtol=1e-5)
+    # Steps are a sequence: reversing a path changes the plan vector (Project-and-Avg could not tell).
+    assert not torch.allclose(adapter(action_paths.flip(2), mask), reference, atol=1e-4)
+    plain = ProjectAvg(config())
+    plain.load_state_dict(adapter.state_dict(), strict=False)
+    torch.testing.assert_close(plain(action_paths.flip(2), mask), plain(action_paths, mask))
+
+
+def test_no_rezero_ablation_drops_the_scalars_and_the_skip():
+    torch.manual_seed(0)
+    ablation = MultiPath(config(adapter="multipath", rezero=False))
+    assert not hasattr(ablation, "alpha_path")
+    project_avg = ProjectAvg(config())
+    project_avg.load_state_dict(ablation.state_dict(), strict=False)
+    action_paths, path_mask = paths_and_mask()
+    out = ablation(action_paths, path_mask)
+    assert out.shape == (5, WIDTH) and torch.isfinite(out).all()
+    assert not torch.allclose(out, project_avg(action_paths, path_mask), atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["project_avg", "multipath"])
+def test_no_op_init_and_codebook_init(kind):
+    codebook = torch.randn(NUM_ACTIONS, ACTION_DIM)
+    adapter = build_adapter(config(adapter=kind, init_no_op=True), codebook)
+    torch.testing.assert_close(adapter.action_embedding.weight.detach(), codebook)
+    action_paths, path_mask = paths_and_mask()
+    out = adapter(action_paths, path_mask)
+    assert torch.count_nonzero(out) == 0  # a fresh adapter leaves the LM unchanged ...
+    out.sum().backward()
+    assert adapter.projection.weight.grad.abs().sum() > 0  # ... and still learns
+    with pytest.raises(PlanlmError, match="action_dim"):
+        build_adapter(config(adapter=kind), torch.randn(NUM_ACTIONS, ACTION_DIM + 1))
+
+
+def test_all_paths_masked_gives_finite_output():
+    adapter = MultiPath(config(adapter="multipath", rezero=False))
+    action_paths = torch.zeros(2, 3, HORIZON, dtype=torch.long)
+    mask = torch.zeros_like(action_paths, dtype=torch.bool)
+    assert torch.isfinite(adapter(action_paths, mask)).all()
+
+
+def test_config_errors_name_the_flag():
+    with pytest.raises(PlanlmError, match="--num_heads"):
+        config(adapter="multipath", num_heads=3)
+    with pytest.raises(PlanlmError, match="--horizon"):
+        config(horizon=0)
+    with pytest.raises(PlanlmError, match="--adapter"):
+        config(adapter="mean")
+    with pytest.raises(PlanlmError, match="horizon"):
+        MultiPath(config(adapter="multipath"))(torch.zeros(1, 1, HORIZON + 1, dtype=torch.long))
