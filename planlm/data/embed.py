@@ -82,7 +82,7 @@ def _target_devices(config: EmbedConfig) -> list[str] | None:
 
 
 def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedConfig | None = None,
-                    desc: str = "embedding") -> np.ndarray:
+                    desc: str = "embedding", progress: bool = True) -> np.ndarray:
     """Encode ``texts`` into ``out_path`` (an (N, E) float32 ``.npy``) and return it memory-mapped.
 
     Resumes a previous interrupted call on the same texts and encoder; returns at once when the
@@ -114,7 +114,7 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
     devices = _target_devices(config)
     pool = model.start_multi_process_pool(devices) if devices and done < num_chunks else None
     bar = tqdm(total=num_sentences, initial=min(done * config.chunk_size, num_sentences), desc=desc,
-               unit="sent", dynamic_ncols=True)
+               unit="sent", dynamic_ncols=True, disable=not progress)
     try:
         for chunk in range(done, num_chunks):
             start = chunk * config.chunk_size

@@ -188,7 +188,8 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
         sentence_offsets = np.concatenate([[0], np.cumsum([len(s) for s in spans], dtype=np.int64)]).astype(np.int64)
         texts = [art["text"][start:end] for art, article_spans in zip(articles, spans) for start, end in article_spans]
         (out / split).mkdir(parents=True, exist_ok=True)
-        embeddings = embed_sentences(texts, out / split / "embeddings.npy", embedding, desc=f"embedding {split}")
+        embeddings = embed_sentences(texts, out / split / "embeddings.npy", embedding, desc=f"embedding {split}",
+                                    progress=progress)
         layout[split] = (sentence_offsets, embeddings)
 
     codebook = fit_codebook(layout["train"][1], actions, progress=progress)  # (A, E)

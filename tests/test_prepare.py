@@ -1,0 +1,274 @@
+"""``planlm prepare`` end to end on tiny corpora with the real offline MiniLM encoder and GPT-2 tokenizer:
+offsets, token alignment, codebook, nearest-centroid actions, k-means backends, resume / reuse /
+rebuild, bad inputs and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from planlm.cli import main as cli_main
+from planlm.data.actions import ActionsConfig, assign_actions, fit_codebook, inertia
+from planlm.data.artifacts import ARRAYS, SPLITS, PreparedDataset
+from planlm.data.corpus import CorpusConfig
+from planlm.data.embed import EmbedConfig, embed_sentences
+from planlm.data.prepare import prepare
+from planlm.data.resources import load_sentence_encoder, load_tokenizer, split_sentences
+from planlm.utils import PlanlmError, file_sha256, is_complete, read_manifest
+
+SENTENCES = ["The river rises in the north.", "It flows south for two hundred miles.",
+             "Many towns stand on its banks.", "The king built a tower.", "His son added a wall.",
+             "The tower still stands today.", "Music was played at court.", "Songs told of old battles."]
+
+
+def tiny_jsonl(path, num_articles: int = 10):
+    """Articles of 3 sentences each, built from a small pool so k-means has structure."""
+    rng = np.random.default_rng(0)
+    with open(path, "w") as f:
+        for i in range(num_articles):
+            picked = rng.choice(len(SENTENCES), size=3, replace=False)
+            text = " ".join(SENTENCES[j] for j in picked) + f" Article {i} ends."
+            f.write(json.dumps({"id": f"t{i}", "title": f"T{i}", "text": text}) + "\n")
+    return path
+
+
+def tiny_config(source, **actions) -> dict:
+    return dict(corpus=CorpusConfig(source=str(source), num_validation=2, num_test=2),
+                embedding=EmbedConfig(chunk_size=16), actions=ActionsConfig(**{"num_actions": 3, **actions}),
+                progress=False)
+
+
+@pytest.fixture(scope="module")
+def wiki_slice(tmp_path_factory):
+    """30 articles of the embedded Wikipedia corpus, 4 actions, chunked embedding."""
+    out = tmp_path_factory.mktemp("wiki") / "prepared"
+    return prepare(str(out), corpus=CorpusConfig(num_train=24, num_validation=3, num_test=3),
+                   embedding=EmbedConfig(chunk_size=32), actions=ActionsConfig(num_actions=4), progress=False)
+
+
+def test_manifest_counts_and_codebook(wiki_slice):
+    ds = PreparedDataset(wiki_slice)
+    manifest = ds.manifest
+    assert ds.num_actions == 4 and ds.embedding_dim == 384
+    assert ds.tokenizer_name == "gpt2" and ds.encoder_name == "all-MiniLM-L6-v2"
+    assert manifest["splits"] == list(SPLITS)
+    assert {s: c["articles"] for s, c in manifest["counts"].items()} == {"train": 24, "validation": 3, "test": 3}
+    assert tuple(ds.codebook.shape) == (4, 384)
+    assert ds.codebook_hash == file_sha256(wiki_slice / "codebook.safetensors")
+    for split in SPLITS:
+        data = ds[split]
+        assert manifest["counts"][split] == {"articles": data.num_articles, "sentences": data.num_sentences,
+                                             "tokens": data.num_tokens}
+        assert data.embeddings.shape == (data.num_sentences, 384) and data.embeddings.dtype == np.float32
+        assert isinstance(data.embeddings, np.memmap)
+        for name in ARRAYS:
+            assert manifest["hashes"][f"{split}/{name}.npy"] == file_sha256(data.path / f"{name}.npy")
+    assert manifest["skipped"].get("too_few_sentences", 0) >= 0
+    ids = [a["id"] for split in SPLITS for a in ds[split].articles]
+    assert len(ids) == len(set(ids)) == 30
+
+
+def test_sentences_keep_spacy_offsets(wiki_slice):
+    ds = PreparedDataset(wiki_slice)
+    for split in SPLITS:
+        data = ds[split]
+        texts = [a["text"] for a in data.articles]
+        for article, spans in enumerate(split_sentences(texts)):
+            assert len(spans) >= 2  # min_sentences
+            got = [data.sentence_text(s) for s in data.sentence_range(article)]
+            assert got == [texts[article][start:end] for start, end in spans]
+
+
+def test_tokens_reproduce_articles_and_follow_the_anchor_convention(wiki_slice):
+    ds = PreparedDataset(wiki_slice)
+    tok = load_tokenizer("gpt2")
+    for split in SPLITS:
+        data = ds[split]
+        for article in range(data.num_articles):
+            tokens = data.token_range(article)
+            assert tok.decode(data.input_ids[tokens.start:tokens.stop]) == data.articles[article]["text"]
+            sentence = data.token_sentence[tokens.start:tokens.stop]
+            assert sentence[0] == data.sentence_range(article).start
+            assert sentence[-1] == data.sentence_range(article).stop - 1
+            assert np.all(np.diff(sentence) >= 0) and np.all(np.diff(sentence) <= 1)
+            plan = data.token_plan_sentence[tokens.start:tokens.stop]
+            ends = np.flatnonzero(np.diff(sentence) == 1)  # last token of a sentence, not of the article
+            assert np.array_equal(plan[ends], sentence[ends] + 1)
+            others = np.setdiff1d(np.arange(len(sentence)), ends)
+            assert np.array_equal(plan[others], sentence[others])
+        assert np.array_equal(data.token_actions, np.asarray(data.actions)[data.token_plan_sentence])
+
+
+def test_actions_are_nearest_centroids_and_embeddings_match_encoder(wiki_slice):
+    ds = PreparedDataset(wiki_slice)
+    codebook = ds.codebook.numpy()
+    encoder = load_sentence_encoder("all-MiniLM-L6-v2")
+    for split in SPLITS:
+        data = ds[split]
+        emb = np.asarray(data.embeddings)
+        distances = ((emb[:, None, :] - codebook[None]) ** 2).sum(-1)  # (N, A)
+        assert np.array_equal(np.asarray(data.actions), distances.argmin(1))
+    data = ds["validation"]
+    texts = [data.sentence_text(s) for s in range(data.num_sentences)]
+    np.testing.assert_allclose(np.asarray(data.embeddings), encoder.encode(texts), atol=1e-4)
+
+
+def test_faiss_agrees_with_sklearn_on_clustered_data():
+    from sklearn.metrics import adjusted_rand_score
+
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(6, 8)) * 6
+    truth = rng.integers(6, size=600)
+    x = (centers[truth] + rng.normal(size=(600, 8))).astype(np.float32)
+    results = {}
+    for backend in ("faiss", "sklearn"):
+        config = ActionsConfig(num_actions=6, backend=backend)
+        codebook = fit_codebook(x, config, progress=False)
+        labels = assign_actions(x, codebook, progress=False)
+        assert adjusted_rand_score(truth, labels) == 1.0
+        results[backend] = inertia(x, codebook, labels)
+    assert results["faiss"] <= 1.01 * results["sklearn"]
+    sampled = fit_codebook(x, ActionsConfig(num_actions=6, fit_sample=120, init_sample=60, seed=1), progress=False)
+    assert adjusted_rand_score(truth, assign_actions(x, sampled, progress=False)) == 1.0
+    again = fit_codebook(x, ActionsConfig(num_actions=6, fit_sample=120, init_sample=60, seed=1), progress=False)
+    assert np.array_equal(sampled, again)  # seeded
+    random_init = fit_codebook(x, ActionsConfig(num_actions=6, init="random", seed=1), progress=False)
+    assert inertia(x, random_init, assign_actions(x, random_init, progress=False)) >= results["faiss"] * 0.999
+    with pytest.raises(PlanlmError, match="num_actions \\(601\\) is larger than the number of training sentences"):
+        fit_codebook(x, ActionsConfig(num_actions=601), progress=False)
+
+
+class CountingEncoder:
+    """The real MiniLM encoder, counting encode calls and failing after ``fail_after`` of them."""
+
+    def __init__(self, fail_after: int | None = None):
+        self.model = load_sentence_encoder("all-MiniLM-L6-v2")
+        self.calls = 0
+        self.fail_after = fail_after
+
+    def get_embedding_dimension(self):
+        return self.model.get_embedding_dimension()
+
+    def encode(self, texts, **kwargs):
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return self.model.encode(texts, **kwargs)
+
+
+def test_embedding_resumes_after_an_interrupt(tmp_path, monkeypatch):
+    texts = SENTENCES * 2  # 16 sentences, 4 chunks of 4, batches of 2
+    config = EmbedConfig(chunk_size=4, batch_size=2)
+    broken = CountingEncoder(fail_after=5)  # dies inside chunk 3
+    monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: broken)
+    with pytest.raises(KeyboardInterrupt):
+        embed_sentences(texts, tmp_path / "e.npy", config)
+    assert json.loads((tmp_path / "e.npy.progress.json").read_text())["done"] == 2
+    resumed = CountingEncoder()
+    monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: resumed)
+    out = embed_sentences(texts, tmp_path / "e.npy", config)
+    assert resumed.calls == 4  # chunks 3 and 4 only
+    np.testing.assert_allclose(out, resumed.model.encode(texts), atol=1e-4)
+    # complete file: nothing is encoded again; other texts start over
+    assert embed_sentences(texts, tmp_path / "e.npy", config) is not None and resumed.calls == 4
+    embed_sentences(texts[:6], tmp_path / "e.npy", config)
+    assert resumed.calls == 4 + 3 and np.load(tmp_path / "e.npy").shape == (6, 384)
+
+
+def test_reuse_rebuild_and_interrupted_runs(tmp_path, monkeypatch):
+    source = tiny_jsonl(tmp_path / "c.jsonl")
+    out = tmp_path / "prepared"
+    prepare(str(out), **tiny_config(source))
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    stamps = {p: p.stat().st_mtime_ns for p in files}
+
+    # same config: reused, nothing recomputed or rewritten
+    monkeypatch.setattr("planlm.data.prepare.take_articles", lambda *a, **k: pytest.fail("recomputed"))
+    assert prepare(str(out), **{**tiny_config(source), "embedding": EmbedConfig(batch_size=7)}) == out
+    assert {p: p.stat().st_mtime_ns for p in files} == stamps
+    monkeypatch.undo()
+
+    # changed k-means config: rebuilt, the embeddings are resumed (not re-encoded)
+    encoder = CountingEncoder()
+    monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: encoder)
+    prepare(str(out), **tiny_config(source, num_actions=2))
+    assert PreparedDataset(out).num_actions == 2 and tuple(PreparedDataset(out).codebook.shape) == (2, 384)
+    assert encoder.calls == 0
+    assert (out / "train" / "embeddings.npy").stat().st_mtime_ns == stamps[out / "train" / "embeddings.npy"]
+
+    # interrupted after embedding: no manifest, not complete, not loadable; the rerun completes
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    config = {**tiny_config(source), "embedding": EmbedConfig(chunk_size=16, normalize=True)}
+    monkeypatch.setattr("planlm.data.prepare.fit_codebook", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(str(out), **config)
+    assert read_manifest(out) is None
+    with pytest.raises(PlanlmError, match="manifest.json missing"):
+        PreparedDataset(out)
+    calls_after_interrupt = encoder.calls
+    assert calls_after_interrupt > 0  # normalize changes the embeddings: re-encoded
+    monkeypatch.undo()
+    monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: encoder)
+    prepare(str(out), **config)
+    assert encoder.calls == calls_after_interrupt  # resumed from the finished embedding files
+    emb = np.asarray(PreparedDataset(out)["train"].embeddings)
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+
+
+def test_bad_inputs(tmp_path):
+    source = tiny_jsonl(tmp_path / "c.jsonl")
+    with open(source, "ab") as f:
+        f.write(b'{"id": "broken"\n{"id": "t1", "text": "A duplicate. Of an id."}\n{"id": "e", "text": " "}\n'
+                b'{"id": "one", "text": "Just one sentence."}\n{"id": "x", "text": "Bad \xff byte. Here."}\n')
+    out = prepare(str(tmp_path / "ok"), **tiny_config(source))
+    assert read_manifest(out)["skipped"] == {"malformed_json": 1, "duplicate_id": 1, "empty_text": 1,
+                                             "too_few_sentences": 1, "undecodable": 1}
+
+    strict = tiny_config(source)
+    strict["corpus"] = CorpusConfig(source=str(source), num_validation=2, num_test=2, on_bad_record="error")
+    with pytest.raises(PlanlmError, match=f"{source} line 11 .*: malformed json; fix or delete that line"):
+        prepare(str(tmp_path / "strict"), **strict)
+    assert read_manifest(tmp_path / "strict") is None
+
+    with pytest.raises(PlanlmError, match="num_actions \\(500\\) is larger than the number of training sentences "
+                                          "\\(24\\); lower --actions.num_actions"):
+        prepare(str(tmp_path / "many"), **tiny_config(source, num_actions=500))
+    assert not is_complete(tmp_path / "many", {}) and not (tmp_path / "many" / "train").exists()
+
+
+def test_cli_help_print_config_and_run(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["prepare", "--help"])
+    assert e.value.code == 0
+    help_text = capsys.readouterr().out
+    for flag in ("--corpus.source", "--corpus.num_test", "--embedding.encoder", "--actions.num_actions",
+                 "--actions.backend", "--tokenizer", "Turn a corpus into sentences"):
+        assert flag in help_text
+
+    with pytest.raises(SystemExit) as e:
+        cli_main(["prepare", "--print_config"])
+    assert e.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["actions"]["num_actions"] == ActionsConfig().num_actions
+    assert printed["corpus"]["source"] == "wiki-offline"
+
+    source = tiny_jsonl(tmp_path / "c.jsonl")
+    printed.update(out_dir=str(tmp_path / "cli"), progress=False)
+    printed["corpus"].update(source=str(source), num_validation=2, num_test=2)
+    printed["actions"]["num_actions"] = 3
+    (tmp_path / "prepare.yaml").write_text(yaml.safe_dump(printed))
+    cli_main(["prepare", "--config", str(tmp_path / "prepare.yaml")])
+    assert "planlm prepare: wrote" in capsys.readouterr().out
+    assert PreparedDataset(tmp_path / "cli").num_actions == 3
+
+    with pytest.raises(SystemExit) as e:
+        cli_main(["prepare", "--config", str(tmp_path / "prepare.yaml"), "--out_dir", str(tmp_path / "bad"),
+                  "--actions.num_actions", "500"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("planlm: error: --actions.num_actions (500)") and "\n" not in err
