@@ -1,0 +1,190 @@
+"""PlannedLM on tiny random HF models, and the windows / action sources that feed it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from planlm.adapter import AdapterConfig
+from planlm.data.artifacts import PreparedDataset
+from planlm.data.windows import (WindowCollator, article_windows, collate_windows, make_action_source)
+from planlm.lm import PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.utils import PlanlmError
+
+VOCAB, WIDTH = 120, 32
+ARCHITECTURES = {
+    "gpt2": {"model_type": "gpt2", "n_layer": 2, "n_embd": WIDTH, "n_head": 2, "n_positions": 64,
+             "bos_token_id": 0, "eos_token_id": 0},
+    "llama": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": WIDTH, "intermediate_size": 64,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64},
+    "gpt_neox": {"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": WIDTH, "intermediate_size": 64,
+                 "num_attention_heads": 2, "max_position_embeddings": 64, "bos_token_id": 0, "eos_token_id": 0},
+    "opt": {"model_type": "opt", "num_hidden_layers": 2, "hidden_size": WIDTH, "ffn_dim": 64, "num_attention_heads": 2,
+            "max_position_embeddings": 64, "word_embed_proj_dim": WIDTH, "bos_token_id": 0, "eos_token_id": 0,
+            "pad_token_id": 0},
+}
+
+
+def planned(model_type: str = "gpt2", adapter: str = "multipath", init_no_op: bool = True, seed: int = 0):
+    torch.manual_seed(seed)
+    lm = load_causal_lm(None, ARCHITECTURES[model_type], vocab_size=VOCAB).eval()
+    adapter_config = AdapterConfig(adapter=adapter, num_actions=8, action_dim=6, hidden_size=WIDTH, horizon=3,
+                                   init_no_op=init_no_op)
+    config = PlannedLMConfig(conditioning="oracle", adapter=adapter_config, num_paths=2, horizon=3, num_actions=8)
+    return PlannedLM(config, lm, codebook=torch.randn(8, 6)).eval()
+
+
+def inputs(seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, VOCAB, (2, 12), generator=gen)  # (B, L)
+    action_paths = torch.randint(0, 8, (3, 2, 3), generator=gen)  # (N, K, T)
+    plan_index = torch.tensor([[-1] * 6 + [0] * 3 + [1] * 3, [1] * 4 + [2] * 8])  # (B, L)
+    return input_ids, action_paths, plan_index
+
+
+@pytest.mark.parametrize("model_type", list(ARCHITECTURES))
+def test_conditioning_off_and_fresh_adapter_leave_the_lm_unchanged(model_type):
+    model = planned(model_type)
+    input_ids, action_paths, plan_index = inputs()
+    with torch.no_grad():
+        bare = model.lm(input_ids=input_ids).logits
+        torch.testing.assert_close(model(input_ids).logits, bare, rtol=0, atol=0)  # no plans: the bare LM
+        # A fresh adapter (projection at zero) enters through inputs_embeds and changes nothing either.
+        fresh = model(input_ids, action_paths=action_paths, plan_index=plan_index).logits
+        torch.testing.assert_close(fresh, bare, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+def test_plans_change_exactly_the_conditioned_tokens_and_later(model_type):
+    model = planned(model_type, init_no_op=False)
+    input_ids, action_paths, plan_index = inputs()
+    with torch.no_grad():
+        bare = model.lm(input_ids=input_ids).logits  # (B, L, V)
+        conditioned = model(input_ids, action_paths=action_paths, plan_index=plan_index).logits
+    # Row 0: tokens 0..5 carry no plan, so (causal LM) their logits are the bare LM's; token 6 on differs.
+    torch.testing.assert_close(conditioned[0, :6], bare[0, :6], rtol=1e-5, atol=1e-5)
+    assert (conditioned[0, 6:] - bare[0, 6:]).abs().amax(-1).min() > 1e-4
+    assert (conditioned[1] - bare[1]).abs().amax(-1).min() > 1e-4
+    # Precomputed plan_embeds (B, L, D) are the same thing.
+    plan_embeds = model.token_plan_embeds(model.plan_vectors(action_paths), plan_index)
+    assert plan_embeds.shape == (2, 12, WIDTH) and torch.count_nonzero(plan_embeds[0, :6]) == 0
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids, plan_embeds=plan_embeds).logits, conditioned)
+
+
+def test_labels_are_shifted_inside_and_ignore_padding():
+    model = planned(init_no_op=False)
+    input_ids, action_paths, plan_index = inputs()
+    labels = input_ids.clone()
+    labels[1, 8:] = -100
+    with torch.no_grad():
+        out = model(input_ids, labels=labels, action_paths=action_paths, plan_index=plan_index)
+    expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1),
+                                                 ignore_index=-100)
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_kv_cache_with_plans_matches_a_full_forward():
+    model = planned(init_no_op=False)
+    input_ids, action_paths, plan_index = inputs()
+    plan_embeds = model.token_plan_embeds(model.plan_vectors(action_paths), plan_index)
+    with torch.no_grad():
+        full = model(input_ids, plan_embeds=plan_embeds).logits
+        first = model(input_ids[:, :7], plan_embeds=plan_embeds[:, :7], use_cache=True)
+        rest = model(input_ids[:, 7:], plan_embeds=plan_embeds[:, 7:], past_key_values=first.past_key_values,
+                     use_cache=True).logits
+    torch.testing.assert_close(torch.cat([first.logits, rest], 1), full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "gpt_neox"])
+def test_save_and_reload_round_trip(tmp_path, model_type):
+    model = planned(model_type, init_no_op=False)
+    input_ids, action_paths, plan_index = inputs()
+    model.save_pretrained(tmp_path / "model")
+    assert {p.name for p in (tmp_path / "model").iterdir()} >= {"lm", "adapter.safetensors", "planned_lm.json",
+                                                                "codebook.safetensors"}
+    reloaded = PlannedLM.from_pretrained(tmp_path / "model").eval()
+    assert reloaded.config == model.config
+    torch.testing.assert_close(reloaded.codebook, model.codebook)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids, action_paths=action_paths, plan_index=plan_index).logits,
+                                   model(input_ids, action_paths=action_paths, plan_index=plan_index).logits)
+    with pytest.raises(PlanlmError, match="planned_lm.json missing"):
+        PlannedLM.from_pretrained(tmp_path)
+
+
+def test_load_causal_lm_errors_are_one_line():
+    with pytest.raises(PlanlmError, match="model_type"):
+        load_causal_lm(None, {"n_layer": 2})
+    with pytest.raises(PlanlmError, match="token embeddings"):
+        load_causal_lm(None, {**ARCHITECTURES["gpt2"], "vocab_size": 50}, vocab_size=VOCAB)
+    with pytest.raises(PlanlmError, match="could not be loaded"):
+        load_causal_lm("/nonexistent/model-folder")
+    with pytest.raises(PlanlmError, match="no LM given"):
+        load_causal_lm(None, None)
+
+
+# ---------------------------------------------------------------------------------------------- windows
+def test_windows_never_cross_articles_and_predict_every_token_once(synthetic_random):
+    split = PreparedDataset(synthetic_random)["validation"]
+    windows = article_windows(split, context_length=16, stride=15)
+    predicted = np.zeros(split.num_tokens, dtype=int)
+    for article, start, end in windows:
+        tokens = split.token_range(article)
+        assert tokens.start <= start < end <= tokens.stop and end - start <= 16
+        predicted[start + 1:end] += 1  # the first token of a window is context only
+    firsts = np.asarray(split.token_offsets[:-1])
+    expected = np.ones(split.num_tokens, dtype=int)
+    expected[firsts] = 0
+    np.testing.assert_array_equal(predicted, expected)
+    with pytest.raises(PlanlmError, match="--stride"):
+        article_windows(split, context_length=16, stride=16)
+
+
+def test_collate_dedupes_sentences_and_follows_the_alignment(synthetic_random):
+    split = PreparedDataset(synthetic_random)["validation"]
+    windows = article_windows(split, context_length=16, stride=15)[:5]
+    source = make_action_source("oracle", split, num_paths=2, horizon=3)
+    batch = WindowCollator(split, source)(windows)
+    assert set(batch) == {"input_ids", "attention_mask", "labels", "plan_index", "action_paths", "path_mask"}
+    num_sentences = batch["action_paths"].shape[0]
+    assert batch["action_paths"].shape == batch["path_mask"].shape == (num_sentences, 2, 3)
+    assert num_sentences == len(torch.unique(batch["plan_index"][batch["plan_index"] >= 0]))  # deduplicated
+    for row, (_, start, end) in enumerate(windows):
+        length = end - start
+        np.testing.assert_array_equal(batch["input_ids"][row, :length], split.input_ids[start:end])
+        assert (batch["labels"][row, length:] == -100).all() and (batch["plan_index"][row, length:] == -1).all()
+        # The first step of token t's plan is the action of token_plan_sentence[t] (ANCHORS convention).
+        first_step = batch["action_paths"][batch["plan_index"][row, :length], 0, 0]
+        np.testing.assert_array_equal(first_step, split.token_actions[start:end])
+    none_batch = collate_windows(split, windows, None)
+    assert "action_paths" not in none_batch and (none_batch["plan_index"] == -1).all()
+
+
+def test_action_sources(synthetic_random, tmp_path):
+    split = PreparedDataset(synthetic_random)["validation"]
+    last_of_first_article = split.sentence_range(0).stop - 1
+    sentences = np.array([0, last_of_first_article])
+    paths, mask = make_action_source("oracle", split, num_paths=2, horizon=3)(sentences)
+    np.testing.assert_array_equal(paths[0, 1], split.actions[0:3])
+    assert mask[0].all() and mask[1, :, 0].all() and not mask[1, :, 1:].any()  # cut at the article's end
+    assert (paths[:, 0] == paths[:, 1]).all()  # repeated over K
+    paths, mask = make_action_source("fixed", split, num_paths=2, horizon=3, fixed_action=5)(sentences)
+    assert (paths == 5).all() and mask.all()
+    assert make_action_source("none", split, num_paths=1, horizon=1) is None
+
+    plans = np.random.default_rng(0).integers(0, 8, (split.num_sentences, 4, 3))
+    paths, mask = make_action_source("planner_sampled", split, num_paths=4, horizon=3, plans=plans)(sentences)
+    np.testing.assert_array_equal(paths, plans[sentences])
+    assert mask.all()
+    paths, _ = make_action_source("planner_argmax", split, num_paths=2, horizon=3, argmax_plans=plans[:, 0])(sentences)
+    assert paths.shape == (2, 2, 3) and (paths[:, 1] == torch.from_numpy(plans[sentences, 0])).all()
+    with pytest.raises(PlanlmError, match="num_paths"):
+        make_action_source("planner_sampled", split, num_paths=2, horizon=3, plans=plans)
+    with pytest.raises(PlanlmError, match="horizon"):
+        make_action_source("planner_sampled", split, num_paths=4, horizon=5, plans=plans)
+    with pytest.raises(PlanlmError, match="rows"):
+        make_action_source("planner_sampled", split, num_paths=4, horizon=3, plans=plans[:-1])
+    with pytest.raises(PlanlmError, match="plan cache"):
+        make_action_source("planner_sampled", split, num_paths=4, horizon=3)
