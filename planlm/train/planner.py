@@ -429,6 +429,7 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerArgs = PlannerA
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*number of training batches.*")
+        warnings.filterwarnings("ignore", message=".*exists and is not empty.*")  # resuming into our own folder
         trainer.fit(module, loader(train_split, True), loader(val_split, False),
                     ckpt_path=str(last) if last.is_file() else None)
     if not trainer.is_global_zero:

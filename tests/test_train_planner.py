@@ -1,0 +1,159 @@
+"""``train_planner`` end to end on synthetic corpora: learning the rule, baselines, summary, resume, errors, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from planlm.cli import main as cli_main
+from planlm.data.artifacts import PreparedDataset, PreparedSplit, write_split
+from planlm.data.synthetic import make_synthetic_prepared
+from planlm.planner import Planner
+from planlm.plans import load_plans, sample_plans
+from planlm.train.planner import PlannerArgs, PlannerTrainArgs, baseline_metrics, evaluate_planner, train_planner
+from planlm.utils import PlanlmError
+
+TINY_MODEL = PlannerArgs(d_model=32, num_heads=2, dim_feedforward=64, horizon=4, dropout=0.0)
+
+
+def tiny_train(**overrides) -> PlannerTrainArgs:
+    return PlannerTrainArgs(**{"batch_size": 64, "lr": 1e-2, "max_epochs": 5, "progress_bar": False, **overrides})
+
+
+def with_context(split: PreparedSplit, min_context: int) -> np.ndarray:
+    """Boundaries with at least ``min_context`` sentences before them in their article."""
+    sentences = np.arange(split.num_sentences)
+    return sentences[sentences - split.sentence_offsets[split.sentence_article] >= min_context]
+
+
+@pytest.fixture(scope="module")
+def cycle_planner(synthetic_cycle, tmp_path_factory):
+    return train_planner(str(synthetic_cycle), str(tmp_path_factory.mktemp("cycle") / "planner"), TINY_MODEL,
+                         tiny_train())
+
+
+def test_planner_learns_the_cycle_rule_several_steps_ahead(cycle_planner, synthetic_cycle):
+    expected = {"model.safetensors", "config.json", "prepared.json", "summary.json", "summary.md", "manifest.json"}
+    assert expected <= {p.name for p in cycle_planner.iterdir()}
+    assert (cycle_planner / "checkpoints" / "last.ckpt").is_file() and (cycle_planner / "checkpoints" / "best.ckpt").is_file()
+    planner = Planner.from_pretrained(cycle_planner)
+    split = PreparedDataset(synthetic_cycle)["validation"]
+    # The first sentence of an article is random; every later action follows from the one before.
+    metrics = evaluate_planner(planner, split, horizon=4, sentences=with_context(split, 1))
+    for mode in ("planner_teacher_forced", "planner_free_running"):
+        assert min(metrics[mode]["top1"][:3]) >= 0.95, metrics[mode]
+    # The argmax plans of a trained planner follow the rule: a_{t+1} = a_t + 1 mod 8.
+    plans_dir = sample_plans(str(cycle_planner), str(synthetic_cycle), splits=["validation"], num_paths=2,
+                             temperature=0.0)
+    greedy = np.asarray(load_plans(plans_dir, "validation", argmax=True))[with_context(split, 1)]
+    assert np.mean(greedy[:, 1:] == (greedy[:, :-1] + 1) % 8) >= 0.95
+
+
+def test_summary_reports_planner_and_baselines_per_step(cycle_planner):
+    summary = json.loads((cycle_planner / "summary.json").read_text())
+    metrics = summary["metrics"]
+    assert set(metrics) == {"planner_teacher_forced", "planner_free_running", "majority", "unigram", "bigram"}
+    for name, values in metrics.items():
+        assert len(values["top1"]) == len(values["top5"]) == summary["horizon"] == 4
+        assert values["count"][0] == summary["num_boundaries"] == 20 * 0 + values["count"][0]
+    assert metrics["majority"]["nll"] is None
+    # Step 1 over all boundaries (first sentences included): far above frequency baselines.
+    assert metrics["planner_teacher_forced"]["top1"][0] > metrics["unigram"]["top1"][0] + 0.5
+    assert metrics["planner_teacher_forced"]["nll"][0] < metrics["unigram"]["nll"][0]
+    markdown = (cycle_planner / "summary.md").read_text()
+    assert "Top-1 accuracy per step" in markdown and "| 1 |" in markdown and "bigram" in markdown
+
+
+def test_planner_learns_the_skip_rule_and_beats_the_bigram(tmp_path):
+    prepared = make_synthetic_prepared(tmp_path / "skip", rule="skip", seed=2)
+    out = train_planner(str(prepared), str(tmp_path / "planner"), TINY_MODEL, tiny_train(max_epochs=20))
+    split = PreparedDataset(prepared)["validation"]
+    metrics = evaluate_planner(Planner.from_pretrained(out), split, horizon=4, sentences=with_context(split, 1))
+    assert min(metrics["planner_free_running"]["top1"][:3]) >= 0.95, metrics
+    summary = json.loads((out / "summary.json").read_text())["metrics"]
+    # a_{i+1} = a_i + a_{i-1}: the previous action alone (bigram) cannot know it.
+    for step in range(3):
+        assert summary["planner_free_running"]["top1"][step] > summary["bigram"]["top1"][step] + 0.3
+        assert summary["planner_free_running"]["top1"][step] > summary["majority"]["top1"][step] + 0.3
+
+
+def _hand_split(path, articles: list[list[int]]) -> PreparedSplit:
+    actions = np.concatenate([np.asarray(a) for a in articles])
+    sentence_offsets = np.concatenate([[0], np.cumsum([len(a) for a in articles])])
+    num = len(actions)
+    write_split(path, [{"id": str(i), "text": "x" * len(a)} for i, a in enumerate(articles)], {
+        "sentence_offsets": sentence_offsets, "sentence_spans": np.zeros((num, 2)),
+        "embeddings": np.zeros((num, 2)), "actions": actions,
+        "token_offsets": sentence_offsets, "input_ids": np.zeros(num), "token_sentence": np.arange(num)})
+    return PreparedSplit(path)
+
+
+def test_baselines_on_a_hand_checkable_case(tmp_path):
+    train = _hand_split(tmp_path / "train", [[0, 1, 0, 1], [0, 1, 1], [1, 0]])
+    evaluation = _hand_split(tmp_path / "eval", [[1, 0]])
+    # counts: a0 = 4, a1 = 5, a2 = 0 -> unigram (add-one) = [5, 6, 1] / 12, majority = 1.
+    # pairs: 0->1 x3, 1->0 x2, 1->1 x1 -> rows (add-one): P0 = [1, 4, 1]/6, P1 = [3, 2, 1]/6, P2 = [1, 1, 1]/3.
+    metrics = baseline_metrics(train, evaluation, horizon=2, num_actions=3)
+    # Boundary 0 (opens the article): targets 1, 0; boundary 1 (previous action 1): target 0, then past the end.
+    assert metrics["majority"]["count"] == [2, 1]
+    assert metrics["majority"]["top1"] == [0.5, 0.0]
+    assert metrics["unigram"]["nll"][0] == pytest.approx((-math.log(6 / 12) - math.log(5 / 12)) / 2)
+    assert metrics["unigram"]["nll"][1] == pytest.approx(-math.log(5 / 12))
+    # bigram: step 1 of boundary 0 = unigram (argmax 1, right), of boundary 1 = P1 (argmax 0, right);
+    # step 2 of boundary 0 = unigram @ P: [25, 34, 13] / 72 -> argmax 1, wrong; p(0) = 25/72.
+    assert metrics["bigram"]["top1"] == [1.0, 0.0]
+    assert metrics["bigram"]["nll"][0] == pytest.approx((-math.log(6 / 12) - math.log(3 / 6)) / 2)
+    assert metrics["bigram"]["nll"][1] == pytest.approx(-math.log(25 / 72))
+    assert metrics["bigram"]["top5"] == [1.0, 1.0]  # only 3 actions: every target is in the top 3
+
+
+def test_rerun_reuses_a_complete_folder_and_resumes_an_interrupted_one(synthetic_cycle, tmp_path):
+    args = (str(synthetic_cycle), str(tmp_path / "planner"), TINY_MODEL, tiny_train(max_epochs=1))
+    out = train_planner(*args)
+    weights = out / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert train_planner(*args) == out and weights.stat().st_mtime_ns == stamp  # complete: reused
+    # Interrupted after training but before the manifest: the rerun resumes from last.ckpt (no new epoch).
+    (out / "manifest.json").unlink()
+    train_planner(*args)
+    assert (out / "manifest.json").is_file()
+    versions = sorted((out / "logs").glob("version_*/metrics.csv"))
+    assert "val/loss" in versions[0].read_text()  # the first run trained and validated ...
+    assert not any("val/loss" in v.read_text() for v in versions[1:])  # ... the resumed one had nothing left
+    # A changed configuration retrains from scratch (stale checkpoints are not resumed).
+    out2 = train_planner(str(synthetic_cycle), str(tmp_path / "planner"), TINY_MODEL, tiny_train(max_epochs=2))
+    assert json.loads((out2 / "summary.json").read_text())["epochs"] == 2
+    assert len(list((out / "logs").glob("version_*/metrics.csv"))) == 1
+
+
+def test_bad_input_gives_one_line_errors(synthetic_cycle, tmp_path):
+    with pytest.raises(PlanlmError, match="horizon") as error:
+        train_planner(str(synthetic_cycle), str(tmp_path / "p"), PlannerArgs(horizon=50), tiny_train())
+    assert "longest article" in str(error.value) and "\n" not in str(error.value)
+    empty = make_synthetic_prepared(tmp_path / "empty", num_articles={"train": 0, "validation": 3, "test": 3})
+    with pytest.raises(PlanlmError, match="no sentences"):
+        train_planner(str(empty), str(tmp_path / "p"), TINY_MODEL, tiny_train())
+    with pytest.raises(PlanlmError, match="not a complete prepared corpus"):
+        train_planner(str(tmp_path / "nowhere"), str(tmp_path / "p"), TINY_MODEL, tiny_train())
+    with pytest.raises(PlanlmError, match="batch_size"):
+        PlannerTrainArgs(batch_size=0)
+    assert not (tmp_path / "p" / "manifest.json").exists()
+
+
+def test_cli_train_planner(synthetic_cycle, tmp_path, capsys):
+    out = tmp_path / "cli"
+    cli_main(["train-planner", "--prepared_dir", str(synthetic_cycle), "--out_dir", str(out),
+              "--model.d_model", "16", "--model.num_heads", "2", "--model.dim_feedforward", "32",
+              "--model.horizon", "2", "--train.max_epochs", "1", "--train.batch_size", "128",
+              "--train.progress_bar", "false"])
+    assert (out / "manifest.json").is_file()
+    assert Planner.from_pretrained(out).config.horizon == 2
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["train-planner", "--prepared_dir", str(synthetic_cycle), "--out_dir", str(tmp_path / "bad"),
+                  "--model.horizon", "99"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("planlm: error:") and "horizon" in err[-1]
