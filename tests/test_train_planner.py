@@ -58,7 +58,7 @@ def test_summary_reports_planner_and_baselines_per_step(cycle_planner):
     assert set(metrics) == {"planner_teacher_forced", "planner_free_running", "majority", "unigram", "bigram"}
     for name, values in metrics.items():
         assert len(values["top1"]) == len(values["top5"]) == summary["horizon"] == 4
-        assert values["count"][0] == summary["num_boundaries"] == 20 * 0 + values["count"][0]
+        assert values["count"][0] == summary["num_boundaries"]
     assert metrics["majority"]["nll"] is None
     # Step 1 over all boundaries (first sentences included): far above frequency baselines.
     assert metrics["planner_teacher_forced"]["top1"][0] > metrics["unigram"]["top1"][0] + 0.5
@@ -67,6 +67,7 @@ def test_summary_reports_planner_and_baselines_per_step(cycle_planner):
     assert "Top-1 accuracy per step" in markdown and "| 1 |" in markdown and "bigram" in markdown
 
 
+@pytest.mark.slow  # 10-20 s on one core: the two-sentence rule needs 20 epochs
 def test_planner_learns_the_skip_rule_and_beats_the_bigram(tmp_path):
     prepared = make_synthetic_prepared(tmp_path / "skip", rule="skip", seed=2)
     out = train_planner(str(prepared), str(tmp_path / "planner"), TINY_MODEL, tiny_train(max_epochs=20))
