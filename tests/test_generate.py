@@ -1,0 +1,189 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from planlm.data.artifacts import PreparedDataset
+from planlm.data.resources import load_tokenizer, split_sentences
+from planlm.data.tokens import assign_tokens_to_sentences
+from planlm.evaluate.generate import (PlannedGenerator, SamplingConfig, _plan_alignment, generate, generate_text,
+                                      synthetic_embed_fn)
+from planlm.evaluate.perplexity import EvalConditioning
+from planlm.planner import Planner, PlannerConfig
+from planlm.utils import PlanlmError
+from test_perplexity import tiny_planned_lm
+
+WORDS = (" red", " water", ".")
+
+
+def chatty_planned_lm(prepared, period_bias=0.66, seed=0):
+    """A tiny planned LM that mostly writes " red", " water" and "." (so sentences end), still
+    depending (weakly) on its input and its plans: the final layer norm keeps 30% of its gain."""
+    model = tiny_planned_lm(prepared, seed=seed)
+    tok = load_tokenizer("gpt2")
+    ids = [tok.encode(w)[0] for w in WORDS]
+    direction = torch.zeros(32)
+    direction[0] = 1.0
+    with torch.no_grad():
+        model.lm.transformer.ln_f.weight.mul_(0.3)
+        model.lm.transformer.ln_f.bias.copy_(20 * direction)
+        wte = model.lm.transformer.wte.weight  # tied with the output projection
+        wte[ids[0]] += 0.7 * direction
+        wte[ids[1]] += 0.7 * direction
+        wte[ids[2]] += period_bias * direction
+    return model
+
+
+def tiny_planner(prepared, seed=0):
+    torch.manual_seed(seed)
+    return Planner(PlannerConfig(num_actions=8, embedding_dim=16, d_model=16, num_heads=2, dim_feedforward=32,
+                                 horizon=3), prepared.codebook).eval()
+
+
+class CountingPlanner:
+    """Records the context of every sample_paths call (the planner itself does the work)."""
+
+    def __init__(self, planner):
+        self.planner, self.contexts = planner, []
+        original = planner.sample_paths
+
+        def sample_paths(context_embeds, context_mask, *args, **kwargs):
+            for row, mask in zip(context_embeds, context_mask):
+                self.contexts.append(row[mask].clone())
+            return original(context_embeds, context_mask, *args, **kwargs)
+
+        planner.sample_paths = sample_paths
+
+
+def sampled(num_paths=2):
+    return EvalConditioning("planner_sampled", num_paths, 3, 1.0, 0, 0, "unused", None)
+
+
+def test_synthetic_embeddings_land_on_the_centroid_of_the_sentence_action(synthetic_cycle):
+    prepared = PreparedDataset(synthetic_cycle)
+    embed = synthetic_embed_fn(prepared)
+    test = prepared["test"]
+    texts = [test.sentence_text(s) for s in range(20)]
+    nearest = np.argmin(((embed(texts)[:, None] - prepared.codebook.numpy()[None]) ** 2).sum(-1), 1)
+    assert np.array_equal(nearest, np.asarray(test.actions[:20]))
+
+
+def test_replans_exactly_at_generated_sentence_ends_with_the_generated_sentences_as_context(synthetic_cycle):
+    prepared = PreparedDataset(synthetic_cycle)
+    tok = load_tokenizer("gpt2")
+    embed = synthetic_embed_fn(prepared)
+    counter = CountingPlanner(tiny_planner(prepared))
+    generator = PlannedGenerator(chatty_planned_lm(prepared), tok, sampled(), planner=counter.planner,
+                                 embed_fn=embed, seed=3)
+    result = generator.generate(generator.prompt_from_text("Red water red."), SamplingConfig(max_new_tokens=40))
+    final = [s["text"] for s in result.sentences]
+    assert len(final) >= 4 and result.rollbacks >= 1
+    document = result.prompt + result.text  # the prompt is one open sentence: all of it is re-split
+    assert final == [document[a:b] for a, b in split_sentences([document])[0]]
+    # one call for the prompt, then one per sentence end (a rollback can un-end a sentence and re-end it)
+    assert len(counter.contexts) == result.planner_calls
+    assert 1 + (len(final) - 1) <= result.planner_calls <= 1 + (len(final) - 1) + result.rollbacks
+    for j, sentence in enumerate(result.sentences):
+        # the plan of sentence j was made after exactly the j sentences before it, from their embeddings
+        assert sentence["plan"]["context_sentences"] == j
+        seen = [c for c in counter.contexts if len(c) == j][-1]
+        if j:
+            assert torch.allclose(seen, torch.from_numpy(embed(final[:j])))
+    # the ANCHORS alignment holds in the generated text: every token is conditioned on its sentence's plan,
+    # except the last token of a sentence, which carries the next one's (thanks to the rollbacks)
+    ids = generator.prompt_from_text("Red water red.").input_ids + result.token_ids
+    ends = [len(tok.decode(ids[:i + 1])) for i in range(len(ids))]
+    offsets = np.stack([[0] + ends[:-1], ends], 1)
+    spans = np.asarray(split_sentences([document])[0])
+    expected = _plan_alignment(assign_tokens_to_sentences(offsets, spans))
+    mismatched = np.flatnonzero(np.asarray(result.token_plan_sentence) != expected)
+    assert set(mismatched) <= set(result.unaligned_positions)  # only where the splitter merged an end away
+    assert len(mismatched) <= 2
+    # no sentence end, no re-planning: an LM that never writes a period
+    quiet = CountingPlanner(tiny_planner(prepared))
+    generator = PlannedGenerator(chatty_planned_lm(prepared, period_bias=0.0), tok, sampled(), planner=quiet.planner,
+                                 embed_fn=embed, seed=3)
+    result = generator.generate(generator.prompt_from_text("Red water"), SamplingConfig(max_new_tokens=30))
+    assert "." not in result.text and result.planner_calls == 1 and len(quiet.contexts) == 1
+
+
+@pytest.mark.parametrize("chatty", [False, True])
+def test_kv_cache_gives_the_same_tokens_as_rerunning_the_window(synthetic_cycle, chatty):
+    prepared = PreparedDataset(synthetic_cycle)
+    tok = load_tokenizer("gpt2")
+    model = chatty_planned_lm(prepared) if chatty else tiny_planned_lm(prepared)
+    outputs = []
+    for use_cache in (True, False):
+        generator = PlannedGenerator(model, tok, sampled(), planner=tiny_planner(prepared),
+                                     embed_fn=synthetic_embed_fn(prepared), seed=5)
+        # greedy for the plain tiny LM; sampling (same seed) for the chatty one, to cross sentence ends
+        config = SamplingConfig(max_new_tokens=60, temperature=1.0 if chatty else 0.0, use_cache=use_cache)
+        outputs.append(generator.generate(generator.prompt_from_text("Red water red. Water"), config))
+    cached, rerun = outputs
+    assert cached.token_ids == rerun.token_ids and cached.planner_calls == rerun.planner_calls
+    assert cached.lm_calls == rerun.lm_calls
+    assert np.allclose(cached.token_logprobs, rerun.token_logprobs, atol=1e-5)  # the same conditioning everywhere
+    if chatty:
+        assert cached.rollbacks >= 1  # the cache was cropped and extended again
+
+
+def test_window_slides_past_the_position_limit(synthetic_cycle):
+    from test_perplexity import tiny_gpt2
+
+    prepared = PreparedDataset(synthetic_cycle)
+    tok = load_tokenizer("gpt2")
+    model = tiny_planned_lm(prepared)
+    model.lm = tiny_gpt2(n_positions=16)
+    results = []
+    for use_cache in (True, False):
+        result = generate_text(model, tok, "Red water red.", sampling=SamplingConfig(max_new_tokens=40, temperature=0,
+                                                                                      use_cache=use_cache))
+        results.append(result.token_ids)
+    assert len(results[0]) == 40 and results[0] == results[1]
+
+
+def test_oracle_generation_from_an_article_prefix_plans_the_true_future(synthetic_random):
+    prepared = PreparedDataset(synthetic_random)
+    split = prepared["test"]
+    tok = load_tokenizer("gpt2")
+    cond = EvalConditioning("oracle", 2, 3, 1.0, 0, 0, None, None)
+    generator = PlannedGenerator(chatty_planned_lm(prepared), tok, cond, split=split,
+                                 embed_fn=synthetic_embed_fn(prepared), seed=0)
+    prompt = generator.prompt_from_article(split, article=0, boundary=2)
+    sentences = split.sentence_range(0)
+    assert tok.decode(prompt.input_ids).strip() == split.articles[0]["text"][:int(split.sentence_spans[
+        sentences.start + 1][1])].strip()
+    result = generator.generate(prompt, SamplingConfig(max_new_tokens=30))
+    actions = np.asarray(split.actions[sentences.start:sentences.stop])
+    for j, sentence in enumerate(result.sentences):
+        boundary = 2 + j
+        expected = actions[boundary:boundary + 3]
+        paths = np.asarray(sentence["plan"]["action_paths"])
+        mask = np.asarray(sentence["plan"]["path_mask"])
+        for path, valid in zip(paths, mask):
+            assert list(path[valid]) == list(expected)
+    with pytest.raises(PlanlmError, match="boundary"):
+        generator.prompt_from_article(split, article=0, boundary=0)
+
+
+def test_generate_command_shows_plans_with_example_sentences(synthetic_cycle, tmp_path, capsys):
+    from planlm.cli import main
+
+    prepared = PreparedDataset(synthetic_cycle)
+    model_dir = tmp_path / "model"
+    chatty_planned_lm(prepared).save_pretrained(model_dir)
+    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
+    main(["generate", "--model_dir", str(model_dir), "--prepared_dir", str(synthetic_cycle), "--article", "3",
+          "--boundary", "2", "--conditioning", "planner_sampled", "--planner_dir", str(tmp_path / "planner"),
+          "--sampling.max_new_tokens", "24", "--out_file", str(tmp_path / "gen.json"), "--device", "cpu"])
+    printed = capsys.readouterr().out
+    result = json.loads((tmp_path / "gen.json").read_text())
+    assert "path 1:" in printed and "action " in printed
+    examples = result["sentences"][0]["plan"]["actions"]
+    train = prepared["train"]
+    for action, text in examples.items():  # each example is a train sentence of that action
+        index = next(s for s in range(train.num_sentences) if train.sentence_text(s) == text)
+        assert int(train.actions[index]) == int(action)
+    with pytest.raises(PlanlmError, match="exactly one"):
+        generate(str(model_dir), str(synthetic_cycle))
