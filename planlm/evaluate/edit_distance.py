@@ -1,0 +1,177 @@
+"""Edit distance between the action sequences of generated and true continuations (ANCHORS.md).
+
+At sentence starts of evaluation articles: the context is the <= 128-token window of the article
+ending at the boundary; the planned LM samples 128 new tokens (temperature 1.0, re-planning at every
+generated sentence end, ``planlm.evaluate.generate``); the generated text and the true continuation
+(the next 128 true tokens of the article) are split into sentences with the corpus's splitter,
+embedded with the corpus's encoder and assigned to their nearest centroid. The score is the
+Levenshtein distance of the two action sequences (rapidfuzz), raw and divided by the reference
+length, averaged over boundaries with a bootstrap confidence interval.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+from rapidfuzz.distance import Levenshtein
+
+from planlm.data.resources import split_sentences
+from planlm.evaluate.bootstrap import bootstrap_mean
+from planlm.evaluate.generate import SamplingConfig, build_generator, encoder_embed_fn
+from planlm.evaluate.perplexity import Conditioning, model_fingerprint
+from planlm.utils import PlanlmError, prepare_stage_dir, write_json, write_manifest
+
+
+def action_edit_distance(generated: Sequence[int], reference: Sequence[int]) -> tuple[int, float]:
+    """Levenshtein distance of two action sequences, raw and divided by the reference length."""
+    distance = Levenshtein.distance(list(generated), list(reference))
+    return distance, distance / max(len(reference), 1)
+
+
+def nearest_actions(embeddings: np.ndarray, codebook: np.ndarray) -> np.ndarray:
+    """(N, E) embeddings -> (N,) index of the nearest centroid of codebook (A, E) (squared L2, as k-means)."""
+    embeddings = np.asarray(embeddings, dtype=np.float32).reshape(-1, codebook.shape[1])
+    distances = (embeddings ** 2).sum(1)[:, None] - 2 * embeddings @ codebook.T + (codebook ** 2).sum(1)[None]
+    return distances.argmin(1).astype(np.int64)
+
+
+def text_actions(texts: list[str], embed_fn: Callable[[list[str]], np.ndarray], codebook: np.ndarray,
+                 sentence_splitter: str = "sentencizer") -> list[list[int]]:
+    """The action sequence of each text: its sentences, embedded, each at its nearest centroid."""
+    spans = split_sentences(texts, sentence_splitter)
+    sentences = [text[a:b] for text, text_spans in zip(texts, spans) for a, b in text_spans]
+    actions = nearest_actions(embed_fn(sentences), codebook) if sentences else np.zeros(0, np.int64)
+    out, i = [], 0
+    for text_spans in spans:
+        out.append([int(a) for a in actions[i:i + len(text_spans)]])
+        i += len(text_spans)
+    return out
+
+
+def select_boundaries(sentence_offsets: np.ndarray, num_articles: int, max_boundaries_per_article: Optional[int],
+                      seed: int) -> list[tuple[int, int]]:
+    """(article, article-local sentence) boundaries: every sentence start but the first of each article
+    (it has no context), at most ``max_boundaries_per_article`` per article drawn with ``seed``."""
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for article in range(num_articles):
+        count = int(sentence_offsets[article + 1] - sentence_offsets[article])
+        local = np.arange(1, count)
+        if max_boundaries_per_article is not None and len(local) > max_boundaries_per_article:
+            local = np.sort(rng.choice(local, size=max_boundaries_per_article, replace=False))
+        chosen.extend((article, int(b)) for b in local)
+    return chosen
+
+
+FIELDS = ("article", "id", "boundary", "distance", "normalized", "generated_actions", "reference_actions",
+          "generated_text", "reference_text")
+
+
+def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test",
+                  max_articles: Optional[int] = 100, max_boundaries_per_article: Optional[int] = 2, seed: int = 0,
+                  context_length: int = 128, new_tokens: int = 128, temperature: float = 1.0,
+                  top_k: Optional[int] = None, top_p: Optional[float] = None,
+                  conditioning: Optional[Conditioning] = None, num_paths: Optional[int] = None,
+                  horizon: Optional[int] = None, plan_temperature: Optional[float] = None,
+                  fixed_action: Optional[int] = None, planner_dir: Optional[str] = None, device: str = "auto",
+                  bootstrap_samples: int = 1000, confidence: float = 0.95) -> dict:
+    """Edit distance between the action sequences of generated and true continuations at sentence starts.
+
+    Writes ``per_boundary.csv``, ``metrics.json`` (mean distance and normalised distance with bootstrap
+    CIs, wall time, generated tokens/s) and, last, ``manifest.json``; a complete folder is reused.
+
+    Args:
+        model_dir: Folder of a finished ``planlm train-lm``.
+        prepared_dir: Prepared corpus (encoder, splitter, codebook).
+        out_dir: Output folder.
+        split: Split whose articles are continued.
+        max_articles: Use the first N articles (None: all).
+        max_boundaries_per_article: Sentence starts drawn per article (None: all).
+        seed: Seed of the boundary subsampling and of generation.
+        context_length: Context tokens before the boundary (at most).
+        new_tokens: Tokens generated, and true tokens taken as the reference.
+        temperature: LM sampling temperature (the protocol: 1.0).
+        top_k: Top-k sampling (the protocol: off).
+        top_p: Nucleus sampling (the protocol: off).
+        conditioning: none, fixed, oracle, planner_argmax or planner_sampled; default: the model's.
+        num_paths: K paths per plan; default: the model's.
+        horizon: T actions per path; default: the model's.
+        plan_temperature: Planner sampling temperature tau; default: the model's.
+        fixed_action: Action of the fixed baseline; default: the model's.
+        planner_dir: Planner folder; default: the model's.
+        device: auto, cpu, cuda ...
+        bootstrap_samples: Bootstrap resamples of the confidence intervals.
+        confidence: Confidence level.
+
+    Returns:
+        The metrics dict.
+    """
+    sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    if context_length < 1:
+        raise PlanlmError(f"--context_length {context_length} must be >= 1")
+    if max_articles is not None and max_articles < 1:
+        raise PlanlmError(f"--max_articles {max_articles} must be >= 1")
+    if max_boundaries_per_article is not None and max_boundaries_per_article < 1:
+        raise PlanlmError(f"--max_boundaries_per_article {max_boundaries_per_article} must be >= 1")
+    generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, conditioning, num_paths, horizon,
+                                                      plan_temperature, None, fixed_action, planner_dir, device, seed)
+    embed_fn = generator.embed_fn or encoder_embed_fn(prepared)
+    codebook = prepared.codebook.numpy()
+    num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
+    cond = generator.cond
+    config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
+              "split": split, "articles": num_articles, "max_boundaries_per_article": max_boundaries_per_article,
+              "seed": seed, "context_length": context_length, "sampling": sampling, "conditioning": cond,
+              "device_type": generator.device.type, "bootstrap_samples": bootstrap_samples, "confidence": confidence}
+    out = Path(out_dir)
+    if prepare_stage_dir(out, config):
+        import json
+
+        return json.loads((out / "metrics.json").read_text())
+    boundaries = select_boundaries(split_view.sentence_offsets, num_articles, max_boundaries_per_article, seed)
+    if not boundaries:
+        raise PlanlmError(f"{split_view.path}: no sentence start with context in the first {num_articles} articles "
+                          f"(every article has one sentence); raise --max_articles or use another --split")
+    rows, began, generated_tokens = [], time.perf_counter(), 0
+    tokenizer = generator.tokenizer
+    for article, boundary in boundaries:
+        prompt = generator.prompt_from_article(split_view, article, boundary, context_length)
+        result = generator.generate(prompt, sampling)
+        generated_tokens += len(result.token_ids)
+        tokens = split_view.token_range(article)
+        token_sentence = np.asarray(split_view.token_sentence[tokens.start:tokens.stop])
+        begin = tokens.start + int(np.searchsorted(token_sentence, split_view.sentence_range(article).start + boundary))
+        reference = tokenizer.decode([int(t) for t in split_view.input_ids[begin:min(begin + new_tokens, tokens.stop)]])
+        generated_actions, reference_actions = text_actions([result.text, reference], embed_fn, codebook,
+                                                            generator.sentence_splitter)
+        distance, normalized = action_edit_distance(generated_actions, reference_actions)
+        rows.append({"article": article, "id": split_view.articles[article]["id"], "boundary": boundary,
+                     "distance": distance, "normalized": normalized,
+                     "generated_actions": " ".join(map(str, generated_actions)),
+                     "reference_actions": " ".join(map(str, reference_actions)),
+                     "generated_text": result.text, "reference_text": reference})
+    wall_time = time.perf_counter() - began
+    raw = bootstrap_mean(np.array([r["distance"] for r in rows], float), bootstrap_samples, confidence, seed)
+    norm = bootstrap_mean(np.array([r["normalized"] for r in rows], float), bootstrap_samples, confidence, seed)
+    metrics = {"edit_distance": raw["mean"], "ci_low": raw["ci_low"], "ci_high": raw["ci_high"],
+               "normalized": norm["mean"], "normalized_ci_low": norm["ci_low"], "normalized_ci_high": norm["ci_high"],
+               "confidence": confidence, "boundaries": len(rows), "articles": num_articles,
+               "generated_tokens": generated_tokens, "wall_time_s": wall_time,
+               "tokens_per_s": generated_tokens / max(wall_time, 1e-9), "conditioning": cond.conditioning,
+               "K": cond.num_paths, "T": cond.horizon, "tau": cond.temperature, "temperature": temperature,
+               "top_k": top_k, "top_p": top_p, "new_tokens": new_tokens, "context_length": context_length,
+               "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "split": split}
+    with open(out / "per_boundary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    write_json(out / "metrics.json", metrics)
+    write_manifest(out, config, metrics=metrics)
+    print(f"{model_dir} on {split} ({len(rows)} boundaries; conditioning {cond.conditioning}, K={cond.num_paths}, "
+          f"T={cond.horizon}): edit distance {metrics['edit_distance']:.3f} [{raw['ci_low']:.3f}, {raw['ci_high']:.3f}], "
+          f"normalised {metrics['normalized']:.3f} in {wall_time:.1f}s")
+    return metrics

@@ -1,0 +1,93 @@
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from planlm.data.artifacts import PreparedDataset
+from planlm.evaluate.edit_distance import (action_edit_distance, edit_distance, nearest_actions, select_boundaries,
+                                           text_actions)
+from planlm.evaluate.generate import synthetic_embed_fn
+from planlm.utils import PlanlmError
+
+
+def dynamic_programming_levenshtein(a, b):
+    table = np.zeros((len(a) + 1, len(b) + 1), dtype=int)
+    table[:, 0], table[0, :] = np.arange(len(a) + 1), np.arange(len(b) + 1)
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            table[i, j] = min(table[i - 1, j] + 1, table[i, j - 1] + 1, table[i - 1, j - 1] + (a[i - 1] != b[j - 1]))
+    return int(table[-1, -1])
+
+
+@pytest.mark.parametrize("generated, reference, distance, normalized", [
+    ([3, 7, 1], [3, 7, 1], 0, 0.0),
+    ([3, 7, 1], [3, 1], 1, 0.5),          # one insertion
+    ([3, 7, 1], [3, 5, 1], 1, 1 / 3),     # one substitution
+    ([1, 2], [2, 1], 2, 1.0),             # a swap costs two (Levenshtein, not Damerau)
+    ([], [4, 4], 2, 1.0),                 # nothing generated
+    ([4, 4, 4], [], 3, 3.0),              # an empty reference counts as length 1
+    ([1000, 1023], [1000, 1023, 12], 1, 1 / 3),  # action ids beyond a byte
+])
+def test_edit_distance_of_hand_made_action_sequences(generated, reference, distance, normalized):
+    assert action_edit_distance(generated, reference) == (distance, pytest.approx(normalized))
+
+
+def test_edit_distance_matches_dynamic_programming_on_random_sequences():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        a = rng.integers(0, 6, size=rng.integers(0, 9)).tolist()
+        b = rng.integers(0, 6, size=rng.integers(0, 9)).tolist()
+        assert action_edit_distance(a, b)[0] == dynamic_programming_levenshtein(a, b)
+
+
+def test_texts_become_the_action_sequences_of_their_sentences(synthetic_cycle):
+    prepared = PreparedDataset(synthetic_cycle)
+    codebook = prepared.codebook.numpy()
+    assert np.array_equal(nearest_actions(codebook[[5, 2, 2]] + 0.01, codebook), [5, 2, 2])
+    # synthetic wording: red/blue/green belong to action 0, black/white/gold to 1, water/fire/river to 2
+    texts = [" Red blue. White gold gold. Water fire", "Black.", ""]
+    assert text_actions(texts, synthetic_embed_fn(prepared), codebook) == [[0, 1, 2], [1], []]
+
+
+def test_boundaries_skip_article_starts_and_subsample_reproducibly():
+    offsets = np.array([0, 1, 6, 9])
+    every = select_boundaries(offsets, 3, None, seed=0)
+    assert every == [(1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2)]
+    some = select_boundaries(offsets, 3, 2, seed=1)
+    assert len(some) == 4 and set(some) <= set(every) and some == select_boundaries(offsets, 3, 2, seed=1)
+
+
+def test_edit_distance_command_scores_true_reference_actions(synthetic_cycle, tmp_path):
+    from test_generate import chatty_planned_lm
+
+    from planlm.cli import main
+
+    prepared = PreparedDataset(synthetic_cycle)
+    model_dir = tmp_path / "model"
+    chatty_planned_lm(prepared).save_pretrained(model_dir)
+    out = tmp_path / "edit"
+    main(["edit-distance", "--model_dir", str(model_dir), "--prepared_dir", str(synthetic_cycle), "--out_dir", str(out),
+          "--conditioning", "fixed", "--max_articles", "3", "--max_boundaries_per_article", "1", "--new_tokens", "12",
+          "--bootstrap_samples", "50", "--device", "cpu"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    with open(out / "per_boundary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == metrics["boundaries"] == 3 and metrics["conditioning"] == "fixed"
+    test = prepared["test"]
+    for row in rows:
+        article, boundary = int(row["article"]), int(row["boundary"])
+        assert boundary >= 1
+        reference = [int(a) for a in row["reference_actions"].split()]
+        first = test.sentence_range(article).start + boundary
+        # 12 true tokens cover the first sentences from the boundary on: their true actions, in order
+        assert reference == [int(a) for a in test.actions[first:first + len(reference)]] and reference
+        generated = [int(a) for a in row["generated_actions"].split()]
+        assert int(row["distance"]) == action_edit_distance(generated, reference)[0]
+        assert set(generated) <= {0, 2}  # the chatty LM writes "red" (action 0) and "water" (action 2)
+    distances = [int(r["distance"]) for r in rows]
+    assert metrics["edit_distance"] == pytest.approx(np.mean(distances))
+    assert metrics["ci_low"] <= metrics["edit_distance"] <= metrics["ci_high"]
+    assert metrics["tokens_per_s"] > 0 and metrics["generated_tokens"] == 36
+    with pytest.raises(PlanlmError, match="max_boundaries_per_article"):
+        edit_distance(str(model_dir), str(synthetic_cycle), str(tmp_path / "x"), max_boundaries_per_article=0)
