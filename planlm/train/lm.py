@@ -131,11 +131,11 @@ class LMTrainConfig:
     """Epochs over the training windows (ignored when max_steps > 0 ends training first)."""
     max_steps: int = -1
     """Optimiser steps (-1: no limit)."""
-    val_check_interval: float | int | None = None
+    val_check_interval: int | float | None = None
     """Validate every this many training batches (int) or fraction of an epoch (float); None: each epoch."""
-    limit_train_batches: float | int | None = None
+    limit_train_batches: int | float | None = None
     """Use only this many (int) or this fraction (float) of training batches per epoch."""
-    limit_val_batches: float | int | None = None
+    limit_val_batches: int | float | None = None
     """Use only this many (int) or this fraction (float) of validation batches."""
     gradient_clip_val: float | None = 1.0
     """Clip the gradient norm (None: no clipping)."""
@@ -328,11 +328,10 @@ def _checkpoints_match(checkpoints: Path, run_config: dict) -> bool:
     checkpoints of any other config are deleted, never resumed."""
     lengthless = {**run_config, "train": {k: v for k, v in run_config["train"].items() if k not in _LENGTH_KNOBS}}
     key = fingerprint(lengthless)
-    stamp = checkpoints / "run_fingerprint.txt"
+    stamp = checkpoints.parent / "checkpoints.fingerprint"
     if stamp.is_file() and stamp.read_text().strip() == key:
         return True
     shutil.rmtree(checkpoints, ignore_errors=True)
-    checkpoints.mkdir(parents=True)
     stamp.write_text(key + "\n")
     return False
 

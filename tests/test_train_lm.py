@@ -1,0 +1,243 @@
+"""`planlm train-lm` end to end on tiny models: every adapter and action source, learning, resume,
+finetuning modes, bad input and the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from planlm.cli import main as cli_main
+from planlm.data.artifacts import PreparedDataset
+from planlm.lm import PlannedLM
+from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
+from planlm.utils import PlanlmError, read_manifest, write_manifest
+
+TINY = {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128}
+
+
+def quick(**overrides) -> LMTrainConfig:
+    """One epoch of two optimiser steps, then validation on one batch."""
+    base = dict(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1, lr=1e-3, progress_bar=False, log_every_n_steps=1)
+    return LMTrainConfig(**{**base, **overrides})
+
+
+def write_plan_cache(folder: Path, prepared_dir: Path, num_paths: int, horizon: int,
+                     codebook_hash: str | None = None) -> Path:
+    """A plan cache in the documented format (random paths), as `planlm sample-plans` writes it."""
+    prepared = PreparedDataset(prepared_dir)
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split in ("train", "validation"):
+        num_sentences = prepared[split].num_sentences
+        np.save(folder / f"{split}.npy", rng.integers(0, prepared.num_actions, (num_sentences, num_paths, horizon)))
+        np.save(folder / f"{split}.argmax.npy", rng.integers(0, prepared.num_actions, (num_sentences, horizon)))
+    write_manifest(folder, {"test": True}, num_paths=num_paths, horizon=horizon, temperature=1.0, seed=0,
+                   planner_hash="feedbeef", planner_dir="/somewhere/planner",
+                   codebook_hash=codebook_hash or prepared.codebook_hash, num_actions=prepared.num_actions,
+                   prepared_dir=str(prepared_dir), splits=["train", "validation"])
+    return folder
+
+
+def val_loss(folder: Path) -> float:
+    return read_manifest(folder)["val_loss"]
+
+
+@pytest.mark.slow
+def test_oracle_plans_beat_the_fixed_action_on_plan_determined_wording_long(synthetic_random, tmp_path):
+    """The full-length version of the learning test below (3 epochs)."""
+    losses = {}
+    for kind in ("oracle", "fixed"):
+        out = train_lm(str(synthetic_random), str(tmp_path / kind), model=LMModelConfig(model_config=TINY),
+                       conditioning=ConditioningConfig(conditioning=kind, adapter="multipath", num_paths=2, horizon=2),
+                       train=LMTrainConfig(batch_size=8, lr=1e-2, max_epochs=3, progress_bar=False))
+        losses[kind] = val_loss(out)
+    assert losses["oracle"] < losses["fixed"] - 1.0, losses
+
+
+def test_oracle_plans_beat_the_fixed_action_on_plan_determined_wording(synthetic_random, tmp_path):
+    """synthetic_random: each sentence's words are drawn from its action's words and actions are random,
+    so only a model that reads the plan can tell which words come next."""
+    losses = {}
+    for kind in ("oracle", "fixed"):
+        out = train_lm(str(synthetic_random), str(tmp_path / kind), model=LMModelConfig(model_config=TINY),
+                       conditioning=ConditioningConfig(conditioning=kind),
+                       train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
+                                           progress_bar=False))
+        losses[kind] = val_loss(out)
+    assert losses["oracle"] < losses["fixed"] - 0.7, losses
+
+
+@pytest.mark.parametrize("conditioning,adapter,rezero,num_paths,horizon", [
+    ("none", "project_avg", True, 1, 1),
+    ("fixed", "project_avg", True, 1, 1),
+    ("oracle", "multipath", True, 3, 2),
+    ("planner_argmax", "project_avg", True, 1, 2),
+    ("planner_sampled", "multipath", False, 3, 2),
+])
+def test_every_adapter_and_source_trains_end_to_end(synthetic_random, tmp_path, conditioning, adapter, rezero,
+                                                    num_paths, horizon):
+    plans_dir = None
+    if conditioning.startswith("planner"):
+        plans_dir = str(write_plan_cache(tmp_path / "plans", synthetic_random, num_paths=3, horizon=horizon))
+    cond = ConditioningConfig(conditioning=conditioning, adapter=adapter, rezero=rezero, num_paths=num_paths,
+                              horizon=horizon, plans_dir=plans_dir, init_no_op=False)
+    out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
+                   conditioning=cond, train=quick())
+    manifest = read_manifest(out)
+    assert manifest["global_step"] == 2 and np.isfinite(manifest["val_loss"])
+    assert manifest["val_ppl"] == pytest.approx(np.exp(manifest["val_loss"]))
+    assert (out / "checkpoints" / "last.ckpt").is_file() and list((out / "logs").rglob("metrics.csv"))
+    assert list((out / "tb").rglob("events.out.tfevents*"))
+    model = PlannedLM.from_pretrained(out)
+    assert model.config.conditioning == conditioning and (model.adapter is None) == (conditioning == "none")
+    if conditioning != "none":
+        assert model.config.adapter.adapter == adapter and model.config.adapter.rezero == rezero
+        assert model.config.codebook_hash == PreparedDataset(synthetic_random).codebook_hash
+    if plans_dir:  # which planner and plans produced the training plans
+        assert model.config.plans_dir == plans_dir and model.config.planner_hash == "feedbeef"
+        assert model.config.planner_dir == "/somewhere/planner"
+    # The folder reloads with its tokenizer, and the reloaded model scores text.
+    tokenizer = model.load_tokenizer(out)
+    ids = torch.tensor([tokenizer("Red blue green.")["input_ids"]])
+    assert torch.isfinite(model(ids, labels=ids).loss)
+    # Same config again: the complete folder is reused, not retrained.
+    stamp = (out / "manifest.json").stat().st_mtime_ns
+    assert train_lm(str(synthetic_random), str(out), model=LMModelConfig(model_config=TINY), conditioning=cond,
+                    train=quick()) == out
+    assert (out / "manifest.json").stat().st_mtime_ns == stamp
+
+
+def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
+    from planlm.planner import Planner, PlannerConfig
+
+    prepared = PreparedDataset(synthetic_random)
+    planner = Planner(PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim, d_model=16,
+                                    num_heads=2, dim_feedforward=32, max_sentences=8, horizon=2), prepared.codebook)
+    planner.prepared_info = {"codebook_hash": prepared.codebook_hash, "num_actions": prepared.num_actions}
+    planner.save_pretrained(tmp_path / "planner")
+    out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
+                   conditioning=ConditioningConfig(conditioning="planner_sampled", adapter="multipath", num_paths=2,
+                                                   horizon=2, planner_dir=str(tmp_path / "planner")),
+                   train=quick())
+    config = PlannedLM.from_pretrained(out).config
+    assert Path(config.plans_dir).parent.parent == (tmp_path / "planner").resolve() or \
+        Path(config.plans_dir).is_relative_to(tmp_path / "planner")
+    assert config.planner_hash == read_manifest(config.plans_dir)["planner_hash"] and len(config.planner_hash) == 64
+
+
+def test_resume_continues_from_last_checkpoint(synthetic_random, tmp_path):
+    kwargs = dict(model=LMModelConfig(model_config=TINY), conditioning=ConditioningConfig(conditioning="oracle"))
+    out = train_lm(str(synthetic_random), str(tmp_path / "model"), train=quick(), **kwargs)
+    first = load_file(str(out / "adapter.safetensors"))
+    # A longer run of the same config resumes at step 2 instead of starting over.
+    train_lm(str(synthetic_random), str(out), train=quick(max_epochs=2), **kwargs)
+    assert read_manifest(out)["global_step"] == 4
+    logged_steps = []
+    for path in sorted((out / "logs").glob("version_*/metrics.csv")):
+        with open(path) as f:
+            logged_steps.append([int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")])
+    assert logged_steps[0] == [0, 1] and logged_steps[1] == [2, 3]
+    assert not torch.equal(first["projection.weight"], load_file(str(out / "adapter.safetensors"))["projection.weight"])
+    # Another config never resumes a foreign checkpoint: it starts from step 0.
+    train_lm(str(synthetic_random), str(out), model=LMModelConfig(model_config=TINY),
+             conditioning=ConditioningConfig(conditioning="fixed"), train=quick(limit_train_batches=1))
+    assert read_manifest(out)["global_step"] == 1
+
+
+def test_frozen_trains_only_the_conditioning_and_lora_merges(synthetic_random, tmp_path):
+    import lightning as L
+
+    from planlm.data.resources import load_tokenizer
+    from planlm.lm import load_causal_lm
+
+    cond = ConditioningConfig(conditioning="oracle", init_no_op=False)
+    folders = {mode: train_lm(str(synthetic_random), str(tmp_path / mode), conditioning=cond, train=quick(),
+                              model=LMModelConfig(model_config=TINY, finetune=mode, lora_rank=2))
+               for mode in ("frozen", "full", "lora")}
+    L.seed_everything(0)  # train_lm seeds with train.seed (0) right before it builds the LM: the same init
+    init = load_causal_lm(None, TINY, vocab_size=len(load_tokenizer("gpt2"))).state_dict()
+    weights = {mode: load_file(str(folder / "lm" / "model.safetensors")) for mode, folder in folders.items()}
+    for name, tensor in weights["frozen"].items():  # frozen: the base LM is exactly its init
+        torch.testing.assert_close(tensor, init[name], rtol=0, atol=0)
+    attention, mlp = "transformer.h.0.attn.c_attn.weight", "transformer.h.0.mlp.c_fc.weight"
+    assert not torch.equal(weights["full"][mlp], init[mlp])  # full: everything moves
+    assert not torch.equal(weights["lora"][attention], init[attention])  # lora: merged into c_attn ...
+    torch.testing.assert_close(weights["lora"][mlp], init[mlp], rtol=0, atol=0)  # ... the rest of the base is intact
+    for mode in ("frozen", "lora"):  # the conditioning trained in every mode
+        adapter = load_file(str(folders[mode] / "adapter.safetensors"))
+        assert not torch.equal(adapter["action_embedding.weight"], PreparedDataset(synthetic_random).codebook)
+    trainable = {mode: read_manifest(folder)["trainable_parameters"] for mode, folder in folders.items()}
+    assert trainable["frozen"] < trainable["lora"] < trainable["full"]
+    assert PlannedLM.from_pretrained(folders["lora"]).config.finetune == "lora"
+    with pytest.raises(PlanlmError, match="nothing to train"):
+        train_lm(str(synthetic_random), str(tmp_path / "bad"), train=quick(),
+                 model=LMModelConfig(model_config=TINY, finetune="frozen"), conditioning=ConditioningConfig())
+
+
+def test_bad_input_gives_one_line_errors(synthetic_random, tmp_path):
+    model = LMModelConfig(model_config=TINY)
+    other_codebook = write_plan_cache(tmp_path / "other", synthetic_random, 2, 2, codebook_hash="0" * 64)
+    with pytest.raises(PlanlmError, match="codebook") as err:
+        train_lm(str(synthetic_random), str(tmp_path / "m1"), model=model, train=quick(),
+                 conditioning=ConditioningConfig(conditioning="planner_sampled", num_paths=2, horizon=2,
+                                                 plans_dir=str(other_codebook)))
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "m1" / "manifest.json").exists()
+    plans = write_plan_cache(tmp_path / "plans", synthetic_random, 2, 2)
+    with pytest.raises(PlanlmError, match="num_paths"):
+        train_lm(str(synthetic_random), str(tmp_path / "m2"), model=model, train=quick(),
+                 conditioning=ConditioningConfig(conditioning="planner_sampled", num_paths=3, horizon=2,
+                                                 plans_dir=str(plans)))
+    with pytest.raises(PlanlmError, match="horizon"):
+        train_lm(str(synthetic_random), str(tmp_path / "m3"), model=model, train=quick(),
+                 conditioning=ConditioningConfig(conditioning="planner_argmax", horizon=3, plans_dir=str(plans)))
+    # An LM whose vocabulary cannot hold the corpus' GPT-2 token ids.
+    with pytest.raises(PlanlmError, match="token embeddings|does not fit"):
+        train_lm(str(synthetic_random), str(tmp_path / "m4"), train=quick(),
+                 model=LMModelConfig(model_config={**TINY, "vocab_size": 1000}))
+    # A model folder trained with another tokenizer than the prepared corpus'.
+    base = train_lm(str(synthetic_random), str(tmp_path / "base"), model=model, train=quick(limit_train_batches=1))
+    config = json.loads((base / "planned_lm.json").read_text())
+    config["tokenizer"] = "some-other-tokenizer"
+    (base / "planned_lm.json").write_text(json.dumps(config))
+    with pytest.raises(PlanlmError, match="tokenizer"):
+        train_lm(str(synthetic_random), str(tmp_path / "m5"), train=quick(), model=LMModelConfig(init_from=str(base)))
+    with pytest.raises(PlanlmError, match="plans_dir"):
+        ConditioningConfig(conditioning="planner_sampled")
+
+
+def test_init_from_a_planned_lm_folder_keeps_its_weights(synthetic_random, tmp_path):
+    base = train_lm(str(synthetic_random), str(tmp_path / "base"), model=LMModelConfig(model_config=TINY),
+                    train=quick(limit_train_batches=1))
+    out = train_lm(str(synthetic_random), str(tmp_path / "next"), model=LMModelConfig(init_from=str(base),
+                   finetune="frozen"), conditioning=ConditioningConfig(conditioning="oracle"), train=quick())
+    torch.testing.assert_close(load_file(str(out / "lm" / "model.safetensors")),
+                               load_file(str(base / "lm" / "model.safetensors")))
+    assert PlannedLM.from_pretrained(out).config.base_model_config == TINY
+
+
+def test_cli_train_lm(synthetic_random, tmp_path, capsys):
+    out = tmp_path / "cli-model"
+    args = ["train-lm", "--prepared_dir", str(synthetic_random), "--out_dir", str(out),
+            "--model.model_config", json.dumps(TINY), "--conditioning.conditioning", "oracle",
+            "--conditioning.adapter", "multipath", "--conditioning.num_paths", "2", "--conditioning.horizon", "2",
+            "--train.limit_train_batches", "1", "--train.batch_size", "4", "--train.limit_val_batches", "1",
+            "--train.progress_bar", "false"]
+    cli_main(args)
+    model = PlannedLM.from_pretrained(out)
+    assert model.config.adapter.adapter == "multipath" and model.config.num_paths == 2
+    assert read_manifest(out)["global_step"] == 1
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["train-lm", "--prepared_dir", str(tmp_path / "missing"), "--out_dir", str(tmp_path / "x")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("planlm: error:") and "manifest.json missing" in err and "\n" not in err
+    shutil.rmtree(tmp_path / "x", ignore_errors=True)
