@@ -1,0 +1,126 @@
+"""Inference-time sweeps: perplexity and wall time as K (paths) or tau (planner temperature) changes.
+
+The K sweep is the paper's inference-only experiment (the model is trained with one K and evaluated
+with others); the temperature sweep is its appendix. Each point is a full ``planlm evaluate`` in
+``<out_dir>/<kind>-<value>/`` (reused when complete), and the sweep writes ``sweep_<kind>.csv``
+and ``sweep_<kind>.png`` (perplexity with its bootstrap CI, and wall time relative to the first
+point: K = 1 when it is swept).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Literal, Optional
+
+from planlm.evaluate.perplexity import Conditioning, evaluate
+from planlm.utils import PlanlmError, prepare_stage_dir, write_manifest
+
+COLUMNS = ("value", "ppl", "ci_low", "ci_high", "wall_time_s", "relative_wall_time", "plan_time_s", "lm_time_s",
+           "tokens_per_s", "tokens", "articles", "conditioning", "K", "T", "tau", "eval_dir")
+
+
+def plot_sweep(rows: list[dict], kind: str, path: str | Path, title: str = "") -> None:
+    """Perplexity (with CI error bars) and relative wall time against the swept value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values = [float(r["value"]) for r in rows]
+    ppl = [r["ppl"] for r in rows]
+    errors = [[r["ppl"] - r["ci_low"] for r in rows], [r["ci_high"] - r["ppl"] for r in rows]]
+    fig, left = plt.subplots(figsize=(6, 4))
+    left.errorbar(values, ppl, yerr=errors, marker="o", capsize=3, color="tab:blue", label="perplexity (95% CI)")
+    left.set_xlabel("K (sampled paths)" if kind == "num_paths" else "tau (planner temperature)")
+    left.set_ylabel("perplexity", color="tab:blue")
+    if kind == "num_paths" and min(values) > 0 and max(values) / min(values) >= 10:
+        left.set_xscale("log")
+    right = left.twinx()
+    right.plot(values, [r["relative_wall_time"] for r in rows], marker="s", linestyle="--", color="tab:red",
+               label="wall time (relative)")
+    right.set_ylabel(f"wall time relative to {rows[0]['value']:g}", color="tab:red")
+    left.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def sweep(model_dir: str, prepared_dir: str, out_dir: str, kind: Literal["num_paths", "temperature"] = "num_paths",
+          num_paths: list[int] = [1, 2, 5, 10, 20, 50], temperatures: list[float] = [0.25, 0.5, 1.0, 2.0, 4.0],
+          conditioning: Conditioning = "planner_sampled", split: str = "test", fixed_num_paths: Optional[int] = None,
+          horizon: Optional[int] = None, temperature: Optional[float] = None, seed: Optional[int] = None,
+          planner_dir: Optional[str] = None, stride: int = 1, context_length: int = 128,
+          max_articles: Optional[int] = None, batch_size: int = 32, device: str = "auto",
+          precision: Literal["auto", "fp32", "bf16"] = "auto", bootstrap_samples: int = 1000) -> Path:
+    """Sweep K (sampled paths) or tau (planner temperature) at inference: perplexity and wall time per point.
+
+    Args:
+        model_dir: Folder of a finished ``planlm train-lm``.
+        prepared_dir: Prepared corpus.
+        out_dir: Sweep folder (one evaluation folder per point, plus CSV and PNG).
+        kind: num_paths (the K sweep) or temperature (the tau sweep).
+        num_paths: K values of the K sweep.
+        temperatures: tau values of the temperature sweep.
+        conditioning: Conditioning of every point (the sweeps are about planner_sampled).
+        split: Split to evaluate.
+        fixed_num_paths: K of the temperature sweep; default: the model's.
+        horizon: T; default: the model's.
+        temperature: tau of the K sweep; default: the model's.
+        seed: Planner sampling seed; default: the model's.
+        planner_dir: Planner folder; default: the model's.
+        stride: Perplexity protocol (1 = reference).
+        context_length: Window length in tokens.
+        max_articles: Evaluate only the first N articles.
+        batch_size: Windows per LM forward pass.
+        device: auto, cpu, cuda ...
+        precision: auto, fp32 or bf16.
+        bootstrap_samples: Bootstrap resamples of each interval.
+
+    Returns:
+        The sweep folder.
+    """
+    values = list(num_paths if kind == "num_paths" else temperatures)
+    if kind not in ("num_paths", "temperature"):
+        raise PlanlmError(f"--kind {kind!r}: choose num_paths or temperature")
+    if not values:
+        raise PlanlmError(f"--{'num_paths' if kind == 'num_paths' else 'temperatures'} is empty: give values to sweep")
+    if kind == "num_paths" and min(values) < 1:
+        raise PlanlmError(f"--num_paths {values}: every K must be >= 1")
+    if kind == "temperature" and min(values) < 0:
+        raise PlanlmError(f"--temperatures {values}: every tau must be >= 0")
+    out = Path(out_dir)
+    config = {"model_dir": str(Path(model_dir).resolve()), "prepared_dir": str(Path(prepared_dir).resolve()),
+              "kind": kind, "values": values, "conditioning": conditioning, "split": split,
+              "fixed_num_paths": fixed_num_paths, "horizon": horizon, "temperature": temperature, "seed": seed,
+              "planner_dir": planner_dir, "stride": stride, "context_length": context_length,
+              "max_articles": max_articles, "batch_size": batch_size, "device": device, "precision": precision,
+              "bootstrap_samples": bootstrap_samples}
+    if prepare_stage_dir(out, config, keep_partial=True):  # keep_partial: finished points are reused
+        return out
+    rows = []
+    for value in values:
+        point = out / f"{kind}-{value:g}"
+        metrics = evaluate(model_dir, prepared_dir, str(point), split=split, conditioning=conditioning,
+                           num_paths=int(value) if kind == "num_paths" else fixed_num_paths, horizon=horizon,
+                           temperature=float(value) if kind == "temperature" else temperature, seed=seed,
+                           planner_dir=planner_dir, stride=stride, context_length=context_length,
+                           max_articles=max_articles, batch_size=batch_size, device=device, precision=precision,
+                           bootstrap_samples=bootstrap_samples)
+        rows.append({"value": value, **{c: metrics[c] for c in COLUMNS if c in metrics}, "eval_dir": str(point)})
+    base = rows[0]["wall_time_s"]
+    for row in rows:
+        row["relative_wall_time"] = row["wall_time_s"] / base if base > 0 else float("nan")
+    csv_path, png_path = out / f"sweep_{kind}.csv", out / f"sweep_{kind}.png"
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    plot_sweep(rows, kind, png_path, title=f"{Path(model_dir).name}: {conditioning}, {kind} sweep")
+    write_manifest(out, config, rows=rows)
+    label = "K" if kind == "num_paths" else "tau"
+    print(f"{label:>6} {'ppl':>9} {'95% CI':>21} {'time (rel.)':>12}")
+    for row in rows:
+        print(f"{row['value']:>6g} {row['ppl']:>9.3f} [{row['ci_low']:>8.3f}, {row['ci_high']:>8.3f}] "
+              f"{row['relative_wall_time']:>11.2f}x")
+    return out
