@@ -3,7 +3,7 @@
 Backends:
 
 - ``faiss`` (default): Lloyd iterations with faiss (on every GPU when faiss was built with CUDA),
-  run one iteration at a time so that a progress bar can show the inertia. faiss's own silent
+  run a few iterations per call so that a progress bar can show the inertia. faiss's own silent
   subsampling (``max_points_per_centroid``) is switched off: the fit uses every train embedding,
   or exactly ``fit_sample`` of them when that is set. Empty clusters are re-seeded by faiss (it
   splits the largest cluster).
@@ -67,6 +67,9 @@ class ActionsConfig:
                               f"({self.num_actions})")
 
 
+_ITERATIONS_PER_CALL = 5
+
+
 def _faiss_gpus(config: ActionsConfig) -> int:
     import faiss
 
@@ -97,7 +100,8 @@ def initial_centroids(x: np.ndarray, config: ActionsConfig) -> np.ndarray:
     sample = x
     if len(x) > config.init_sample:
         sample = x[np.sort(rng.choice(len(x), size=config.init_sample, replace=False))]
-    centers, _ = kmeans_plusplus(np.asarray(sample), config.num_actions, random_state=config.seed)
+    # float64: scikit-learn computes float32 distances through a much slower upcasting path
+    centers, _ = kmeans_plusplus(np.asarray(sample, dtype=np.float64), config.num_actions, random_state=config.seed)
     return np.ascontiguousarray(centers, dtype=np.float32)
 
 
@@ -106,23 +110,29 @@ def _fit_faiss(x: np.ndarray, config: ActionsConfig, progress: bool) -> tuple[np
 
     num_gpus = _faiss_gpus(config)
     params = faiss.ClusteringParameters()
-    params.niter = 1  # one Lloyd step per call: the bar advances and shows the inertia
     params.seed = config.seed
     params.max_points_per_centroid = 1 << 30  # no silent subsampling: fit_sample says what is used
     params.min_points_per_centroid = 1
     params.verbose = False
     centroids = initial_centroids(x, config)
     index = _flat_index(x.shape[1], num_gpus)
-    bar = tqdm(range(config.num_iterations), desc=f"k-means (faiss{', gpu' if num_gpus else ''})",
+    bar = tqdm(total=config.num_iterations, desc=f"k-means (faiss{', gpu' if num_gpus else ''})",
                disable=not progress, dynamic_ncols=True)
     inertia = float("nan")
-    for _ in bar:
+    done = 0
+    while done < config.num_iterations:
+        # a few Lloyd steps per call: the bar advances and shows the inertia, at a small fixed cost per call
+        params.niter = min(_ITERATIONS_PER_CALL, config.num_iterations - done)
         clustering = faiss.Clustering(x.shape[1], config.num_actions, params)
         faiss.copy_array_to_vector(centroids.ravel(), clustering.centroids)
         clustering.train(x, index)
         centroids = faiss.vector_float_to_array(clustering.centroids).reshape(config.num_actions, x.shape[1])
-        inertia = float(clustering.iteration_stats.at(0).obj)  # of the assignment before this update
+        stats = clustering.iteration_stats
+        inertia = float(stats.at(stats.size() - 1).obj)  # of the last assignment step
+        done += params.niter
+        bar.update(params.niter)
         bar.set_postfix(inertia=f"{inertia:.4g}", refresh=False)
+    bar.close()
     return np.ascontiguousarray(centroids, dtype=np.float32), inertia
 
 

@@ -1,0 +1,160 @@
+"""Benchmark of the two heavy steps of ``planlm prepare``, each against a baseline measured in the same run.
+
+1. Sentence embedding: ``planlm.data.embed.embed_sentences`` (chunked, resumable, streamed to a
+   memory-mapped file) against one bare ``SentenceTransformer.encode`` call on the same sentences.
+   Target: at least 0.9x the baseline throughput.
+2. k-means: planlm's faiss backend (k-means++ seeds on a subsample, then Lloyd iterations) against
+   scikit-learn ``KMeans(init="k-means++")`` (the paper's reference) on the same embeddings.
+   Target: at least 5x faster at no more than 1% higher inertia.
+
+Sentences come from the embedded Wikipedia corpus. The k-means data are the embeddings of a
+prepared folder (``--prepared_dir``, e.g. the default ``planlm prepare`` output) or, without one,
+the embeddings computed in step 1. Each timing is the best of ``--repeats`` interleaved runs, so
+that load from other processes on a shared machine hits both sides alike.
+
+    python benchmarks/bench_prepare.py                                   # about two minutes on 2 cores
+    python benchmarks/bench_prepare.py --num_sentences 20000 --prepared_dir runs/prepared --num_actions 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def corpus_sentences(num_sentences: int, seed: int = 0) -> list[str]:
+    from planlm.data.resources import offline_corpus_path, split_sentences
+
+    data = json.loads(offline_corpus_path().read_text())
+    texts = [entry["extract"] for entry in data.values() if entry.get("extract", "").strip()]
+    order = np.random.default_rng(seed).permutation(len(texts))
+    sentences: list[str] = []
+    for start in range(0, len(order), 512):
+        batch = [texts[i] for i in order[start:start + 512]]
+        for text, spans in zip(batch, split_sentences(batch)):
+            sentences += [text[s:e] for s, e in spans]
+        if len(sentences) >= num_sentences:
+            break
+    return sentences[:num_sentences]
+
+
+def best_of(repeats: int, runs: dict) -> dict[str, float]:
+    """Interleave the runs ``repeats`` times; best wall time of each."""
+    best = {name: float("inf") for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            started = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - started)
+    return best
+
+
+def bench_embedding(sentences: list[str], batch_size: int, repeats: int) -> tuple[dict, np.ndarray]:
+    from planlm.data.embed import EmbedConfig, embed_sentences
+    from planlm.data.resources import load_sentence_encoder
+
+    model = load_sentence_encoder("all-MiniLM-L6-v2")
+    model.encode(sentences[:batch_size], batch_size=batch_size)  # warm-up
+    out = Path(tempfile.mkdtemp(prefix="bench_prepare_")) / "embeddings.npy"
+    result = {}
+
+    def bare():
+        result["bare"] = model.encode(sentences, batch_size=batch_size, show_progress_bar=False)
+
+    def pipeline():
+        for stale in (out, out.with_name(out.name + ".progress.json")):
+            stale.unlink(missing_ok=True)
+        result["pipeline"] = np.asarray(embed_sentences(sentences, out, EmbedConfig(batch_size=batch_size),
+                                                        progress=False))
+
+    times = best_of(repeats, {"bare": bare, "pipeline": pipeline})
+    max_diff = float(np.abs(result["bare"] - result["pipeline"]).max())
+    return {"bare_s": times["bare"], "pipeline_s": times["pipeline"], "max_abs_diff": max_diff}, result["pipeline"]
+
+
+def bench_kmeans(x: np.ndarray, num_actions: int, repeats: int, seed: int) -> dict:
+    from sklearn.cluster import KMeans
+
+    from planlm.data.actions import ActionsConfig, assign_actions, fit_codebook, inertia
+
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    centroids = {}
+
+    def sklearn_kmeans_pp():
+        km = KMeans(n_clusters=num_actions, init="k-means++", n_init=1, random_state=seed).fit(x)
+        centroids["sklearn"] = km.cluster_centers_.astype(np.float32)
+
+    def faiss_kmeans_pp():
+        centroids["faiss"] = fit_codebook(x, ActionsConfig(num_actions=num_actions, seed=seed), progress=False)
+
+    def faiss_random():
+        centroids["faiss_random"] = fit_codebook(x, ActionsConfig(num_actions=num_actions, init="random", seed=seed),
+                                                 progress=False)
+
+    times = best_of(repeats, {"sklearn": sklearn_kmeans_pp, "faiss": faiss_kmeans_pp, "faiss_random": faiss_random})
+    inertias = {name: inertia(x, c, assign_actions(x, c, progress=False)) for name, c in centroids.items()}
+    return {"times": times, "inertia": inertias}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num_sentences", type=int, default=1500, help="sentences to embed")
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--prepared_dir", default=None, help="k-means on this prepared folder's train embeddings")
+    parser.add_argument("--kmeans_points", type=int, default=None, help="cap on the k-means points")
+    parser.add_argument("--num_actions", type=int, default=None, help="clusters (default: points / 40, <= 1024)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    import torch
+
+    print(f"torch threads {torch.get_num_threads()}, cuda {torch.cuda.is_available()}")
+    sentences = corpus_sentences(args.num_sentences, args.seed)
+    emb_result, embeddings = bench_embedding(sentences, args.batch_size, args.repeats)
+    if args.prepared_dir:
+        from planlm.data.artifacts import PreparedDataset
+
+        x = np.asarray(PreparedDataset(args.prepared_dir)["train"].embeddings)
+        source = f"{args.prepared_dir} train"
+    else:
+        x, source = embeddings, "step 1 embeddings"
+    if args.kmeans_points and len(x) > args.kmeans_points:
+        x = x[np.random.default_rng(args.seed).choice(len(x), args.kmeans_points, replace=False)]
+    num_actions = args.num_actions or int(min(1024, max(8, len(x) // 40)))
+    km = bench_kmeans(x, num_actions, args.repeats, args.seed)
+
+    n = len(sentences)
+    bare_rate, pipe_rate = n / emb_result["bare_s"], n / emb_result["pipeline_s"]
+    t, inert = km["times"], km["inertia"]
+    rows = [
+        ("embedding throughput (sent/s)", f"bare encode {bare_rate:.1f}", f"pipeline {pipe_rate:.1f}",
+         f"{pipe_rate / bare_rate:.2f}x", ">= 0.9x", pipe_rate / bare_rate >= 0.9),
+        ("k-means time (s)", f"sklearn k-means++ {t['sklearn']:.2f}", f"faiss k-means++ {t['faiss']:.2f}",
+         f"{t['sklearn'] / t['faiss']:.1f}x faster", ">= 5x", t["sklearn"] / t["faiss"] >= 5),
+        ("k-means inertia", f"sklearn {inert['sklearn']:.5g}", f"faiss {inert['faiss']:.5g}",
+         f"{inert['faiss'] / inert['sklearn']:.4f}", "<= 1.01", inert["faiss"] / inert["sklearn"] <= 1.01),
+        ("k-means time (s), random init", f"sklearn k-means++ {t['sklearn']:.2f}", f"faiss random {t['faiss_random']:.2f}",
+         f"{t['sklearn'] / t['faiss_random']:.1f}x faster", "(info)", None),
+        ("k-means inertia, random init", f"sklearn {inert['sklearn']:.5g}", f"faiss random {inert['faiss_random']:.5g}",
+         f"{inert['faiss_random'] / inert['sklearn']:.4f}", "(info)", None),
+    ]
+    print(f"\nembedding: {n:,} sentences, batch {args.batch_size}, best of {args.repeats}; "
+          f"max |pipeline - bare| = {emb_result['max_abs_diff']:.2e}")
+    print(f"k-means: {len(x):,} x {x.shape[1]} points ({source}), {num_actions} actions, best of {args.repeats}\n")
+    header = ("measurement", "baseline", "planlm", "ratio", "target", "met")
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(5)] + [4]
+    print(" | ".join(h.ljust(w) for h, w in zip(header, widths)))
+    print("-+-".join("-" * w for w in widths))
+    for row in rows:
+        met = "" if row[5] is None else ("yes" if row[5] else "NO")
+        print(" | ".join(str(c).ljust(w) for c, w in zip(row[:5] + (met,), widths)))
+
+
+if __name__ == "__main__":
+    main()
