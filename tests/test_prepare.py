@@ -160,9 +160,9 @@ class CountingEncoder:
 
 
 def test_embedding_resumes_after_an_interrupt(tmp_path, monkeypatch):
-    texts = SENTENCES * 2  # 16 sentences, 4 chunks of 4, batches of 2
-    config = EmbedConfig(chunk_size=4, batch_size=2)
-    broken = CountingEncoder(fail_after=5)  # dies inside chunk 3
+    texts = SENTENCES * 2  # 16 sentences, 4 chunks of 4, one encode call per chunk
+    config = EmbedConfig(chunk_size=4, batch_size=1)
+    broken = CountingEncoder(fail_after=2)  # dies in chunk 3
     monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: broken)
     with pytest.raises(KeyboardInterrupt):
         embed_sentences(texts, tmp_path / "e.npy", config)
@@ -170,12 +170,12 @@ def test_embedding_resumes_after_an_interrupt(tmp_path, monkeypatch):
     resumed = CountingEncoder()
     monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: resumed)
     out = embed_sentences(texts, tmp_path / "e.npy", config)
-    assert resumed.calls == 4  # chunks 3 and 4 only
+    assert resumed.calls == 2  # chunks 3 and 4 only
     np.testing.assert_allclose(out, resumed.model.encode(texts), atol=1e-4)
     # complete file: nothing is encoded again; other texts start over
-    assert embed_sentences(texts, tmp_path / "e.npy", config) is not None and resumed.calls == 4
+    assert embed_sentences(texts, tmp_path / "e.npy", config) is not None and resumed.calls == 2
     embed_sentences(texts[:6], tmp_path / "e.npy", config)
-    assert resumed.calls == 4 + 3 and np.load(tmp_path / "e.npy").shape == (6, 384)
+    assert resumed.calls == 2 + 2 and np.load(tmp_path / "e.npy").shape == (6, 384)
 
 
 def test_reuse_rebuild_and_interrupted_runs(tmp_path, monkeypatch):

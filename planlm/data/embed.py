@@ -27,6 +27,9 @@ from planlm.data.resources import DEFAULT_ENCODER, load_sentence_encoder
 from planlm.utils import PlanlmError, fingerprint, write_json
 
 
+_BATCHES_PER_CALL = 4  # encode() calls carry a small fixed cost; the bar still moves often
+
+
 @dataclass
 class EmbedConfig:
     """Sentence encoder and batching."""
@@ -95,9 +98,9 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
     key = {"encoder": config.encoder, "normalize": config.normalize, "chunk_size": config.chunk_size,
            "texts": texts_hash(texts), "num_sentences": num_sentences}
     num_chunks = -(-num_sentences // config.chunk_size)
-    progress = _read_progress(progress_path)
-    resumable = progress.get("key") == fingerprint(key) and out_path.is_file()
-    if resumable and progress.get("done") == num_chunks:
+    record = _read_progress(progress_path)
+    resumable = record.get("key") == fingerprint(key) and out_path.is_file()
+    if resumable and record.get("done") == num_chunks:
         return np.load(out_path, mmap_mode="r")
 
     model = load_sentence_encoder(config.encoder, config.device)
@@ -107,10 +110,10 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
         if out.shape != (num_sentences, dim):
             resumable = False
     if not resumable:
-        progress = {"key": fingerprint(key), "done": 0, "num_sentences": num_sentences, "dim": dim}
-        write_json(progress_path, progress)
+        record = {"key": fingerprint(key), "done": 0, "num_sentences": num_sentences, "dim": dim}
+        write_json(progress_path, record)
         out = np.lib.format.open_memmap(out_path, mode="w+", dtype=np.float32, shape=(num_sentences, dim))
-    done = int(progress["done"])
+    done = int(record["done"])
     devices = _target_devices(config)
     pool = model.start_multi_process_pool(devices) if devices and done < num_chunks else None
     bar = tqdm(total=num_sentences, initial=min(done * config.chunk_size, num_sentences), desc=desc,
@@ -125,17 +128,18 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
                                                normalize_embeddings=config.normalize, convert_to_numpy=True)
                 bar.update(stop - start)
             else:
-                # longest first, like SentenceTransformer.encode, but one batch at a time for the bar
+                # longest first, like SentenceTransformer.encode, a few batches per call for the bar
                 order = np.argsort([-len(t) for t in chunk_texts], kind="stable")
-                for b in range(0, len(order), config.batch_size):
-                    rows = order[b:b + config.batch_size]
-                    batch = [chunk_texts[i] for i in rows]
-                    out[start + rows] = model.encode(batch, batch_size=len(batch), show_progress_bar=False,
-                                                     normalize_embeddings=config.normalize, convert_to_numpy=True)
+                group = config.batch_size * _BATCHES_PER_CALL
+                for b in range(0, len(order), group):
+                    rows = order[b:b + group]
+                    out[start + rows] = model.encode([chunk_texts[i] for i in rows], batch_size=config.batch_size,
+                                                     show_progress_bar=False, normalize_embeddings=config.normalize,
+                                                     convert_to_numpy=True)
                     bar.update(len(rows))
             out.flush()
-            progress["done"] = chunk + 1
-            write_json(progress_path, progress)
+            record["done"] = chunk + 1
+            write_json(progress_path, record)
     finally:
         bar.close()
         if pool is not None:

@@ -18,6 +18,7 @@ config fingerprint.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -172,6 +173,7 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
             if name != "embeddings":
                 (out / split / f"{name}.npy").unlink(missing_ok=True)
     (out / "codebook.safetensors").unlink(missing_ok=True)
+    shutil.rmtree(out / "actions", ignore_errors=True)  # `planlm actions` output of the old codebook
 
     skips = Skips()
     drawn = take_articles(corpus, sentences, skips, progress)
