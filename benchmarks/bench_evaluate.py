@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-LMS = {"tiny": dict(n_layer=2, n_embd=128, n_head=2), "gpt2": dict(n_layer=12, n_embd=768, n_head=12)}
+LMS = {"tiny": dict(n_layer=2, n_embd=128, n_head=2), "small": dict(n_layer=6, n_embd=384, n_head=6),
+       "gpt2": dict(n_layer=12, n_embd=768, n_head=12)}
 
 
 def build(root: Path, lm_size: str, num_articles: int):
@@ -98,12 +99,12 @@ def main() -> None:
         windows = scoring_windows(split.token_offsets, range(args.articles), 128, 1)
         scored = int((windows[:, 3] - windows[:, 2]).sum())
 
-        def run(num_paths: int) -> dict:
+        def run(num_paths: int, num_articles: int = args.articles) -> dict:
             cond = EvalConditioning("planner_sampled", num_paths, 10, 1.0, 0, 0, str(root / "planner"), None)
-            return evaluate_split(model, prepared, split, cond, args.articles, stride=1, batch_size=args.batch_size,
+            return evaluate_split(model, prepared, split, cond, num_articles, stride=1, batch_size=args.batch_size,
                                   device=device, precision=args.precision)
 
-        run(1)  # warm-up (allocator, kernels, lazy imports)
+        run(1, num_articles=1)  # warm-up (allocator, kernels, lazy imports)
         results = {num_paths: run(num_paths) for num_paths in (1, 50)}
         bare_full = bare_forward(model.lm, split, windows, args.batch_size, device, args.precision, keep_scored=False)
         bare_kept = bare_forward(model.lm, split, windows, args.batch_size, device, args.precision, keep_scored=True)

@@ -17,7 +17,10 @@ generator *rolls back*: it drops the tokens of the new sentence, crops the KV ca
 previous sentence's last token, feeds that token again with the new plan and samples on. Nothing
 already kept changes its conditioning silently: the only position whose plan changes is re-run.
 A rollback happens at most once per position (a later re-plan for the same spot only conditions the
-following tokens), so generation always progresses.
+following tokens), so generation always progresses. The splitter can also take a sentence end back
+("red." + "." reads as one sentence "red.."): the next tokens then return to the open sentence's
+plan, and the positions already fed with the later plan keep it and are listed in
+``GenerationResult.unaligned_positions`` (``token_plan_sentence`` records every position's plan).
 
 With ``use_cache`` the KV cache (``past_key_values``) is extended token by token; without it, every
 step re-runs the whole window (the reference the cache is tested against). When the sequence
