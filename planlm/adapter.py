@@ -164,31 +164,47 @@ class MultiPath(ProjectAvg):
             self.alpha_sample = nn.Parameter(torch.zeros(()))  # alpha_2
         self.reset_parameters(codebook)
 
+    def project_actions(self, actions: Tensor) -> Tensor:
+        """W Emb(a) + b for actions (...,) -> (..., D); projects the whole table once when that is cheaper."""
+        if actions.numel() > self.config.num_actions:
+            table = self.projection(self.action_embedding.weight)  # (A, D)
+            return table[actions]
+        return self.projection(self.action_embedding(actions))
+
     def forward(self, action_paths: Tensor, path_mask: Tensor | None = None) -> Tensor:
         path_mask = _default_mask(action_paths, path_mask)
         num_sentences, num_paths, horizon = action_paths.shape
         if horizon > self.config.horizon:
             raise PlanlmError(f"paths of horizon {horizon} exceed the adapter's horizon {self.config.horizon}")
         path_valid = path_mask.any(-1)  # (N, K)
-        steps = self.step_vectors(action_paths)  # (N, K, T, D)
-        path_avg = masked_mean(steps, path_mask, dim=-2)  # c~^j (N, K, D)
-        sample_avg = masked_mean(path_avg, path_valid, dim=-2)  # c^ (N, D)
 
-        # PathTransformer over every path at once; a path with no valid step attends to all its
-        # (padding) steps instead of none (which would give NaN) and is dropped by path_valid below.
-        tokens = (steps + self.step_position.weight[:horizon]).flatten(0, 1)  # (N*K, T, D)
-        padding = ~(path_mask | ~path_valid.unsqueeze(-1)).flatten(0, 1)  # (N*K, T)
-        path_out = self.path_transformer(tokens, src_key_padding_mask=padding)  # (N*K, T, D)
-        path_out = masked_mean(path_out, ~padding, dim=-2).view(num_sentences, num_paths, -1)  # (N, K, D)
+        # A path's vector depends only on its valid actions, so each distinct path is encoded once
+        # (oracle / argmax plans repeat one path K times; confident planners repeat paths too).
+        path_keys = torch.where(path_mask, action_paths, -1).flatten(0, 1)  # (N*K, T), -1 = masked step
+        unique_paths, path_of = torch.unique(path_keys, dim=0, return_inverse=True)  # (U, T), (N*K,)
+        step_mask = unique_paths >= 0  # (U, T)
+        steps = self.project_actions(unique_paths.clamp(min=0))  # c_t^j (U, T, D)
+        path_avg = masked_mean(steps, step_mask, dim=-2)  # c~^j (U, D)
+
+        # PathTransformer. A path with no valid step attends to all its (padding) steps instead of
+        # none (which would give NaN); such paths are dropped by path_valid below.
+        step_mask = step_mask | ~step_mask.any(-1, keepdim=True)  # (U, T)
+        tokens = steps + self.step_position.weight[:horizon]  # (U, T, D)
+        padding = None if bool(step_mask.all()) else ~step_mask  # no mask: the fast attention kernels
+        path_out = self.path_transformer(tokens, src_key_padding_mask=padding)  # (U, T, D)
+        path_out = masked_mean(path_out, step_mask, dim=-2)  # (U, D)
 
         if self.config.rezero:
-            path_vectors = path_out * self.alpha_path + path_avg  # c^j, eq. 1 (N, K, D)
+            path_vectors = path_out * self.alpha_path + path_avg  # c^j, eq. 1 (U, D)
         else:
             path_vectors = path_out
-        no_path = ~path_valid.any(-1, keepdim=True)  # (N, 1): same NaN guard as above
-        sample_padding = ~(path_valid | no_path)  # (N, K)
-        sample_out = self.sample_transformer(path_vectors, src_key_padding_mask=sample_padding)  # (N, K, D)
-        sample_out = masked_mean(sample_out, ~sample_padding, dim=-2)  # (N, D)
+        path_vectors = path_vectors[path_of].view(num_sentences, num_paths, -1)  # (N, K, D)
+        sample_avg = masked_mean(path_avg[path_of].view(num_sentences, num_paths, -1), path_valid, dim=-2)  # c^ (N, D)
+
+        sample_mask = path_valid | ~path_valid.any(-1, keepdim=True)  # (N, K), same NaN guard as above
+        padding = None if bool(sample_mask.all()) else ~sample_mask
+        sample_out = self.sample_transformer(path_vectors, src_key_padding_mask=padding)  # (N, K, D)
+        sample_out = masked_mean(sample_out, sample_mask, dim=-2)  # (N, D)
         if self.config.rezero:
             return sample_out * self.alpha_sample + sample_avg  # c, eq. 2 (N, D)
         return sample_out

@@ -126,3 +126,20 @@ def test_config_errors_name_the_flag():
         config(adapter="mean")
     with pytest.raises(PlanlmError, match="horizon"):
         MultiPath(config(adapter="multipath"))(torch.zeros(1, 1, HORIZON + 1, dtype=torch.long))
+
+
+def test_multipath_encodes_each_distinct_path_once_without_changing_results():
+    torch.manual_seed(0)
+    adapter = MultiPath(config(adapter="multipath")).eval()
+    with torch.no_grad():
+        adapter.alpha_path.fill_(0.5)
+        adapter.alpha_sample.fill_(0.5)
+    action_paths, path_mask = paths_and_mask(num_sentences=4)
+    action_paths[1] = action_paths[0]  # repeated paths across sentences ...
+    path_mask[1] = path_mask[0]
+    action_paths[2, 1] = torch.where(path_mask[2, 0], action_paths[2, 0], 7)  # ... and a path differing only
+    path_mask[2, 1] = path_mask[2, 0]                                          # at masked steps
+    batched = adapter(action_paths, path_mask)
+    one_by_one = torch.cat([adapter(action_paths[n:n + 1], path_mask[n:n + 1]) for n in range(4)])
+    torch.testing.assert_close(batched, one_by_one, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batched[0], batched[1])

@@ -1,0 +1,126 @@
+"""Training throughput of the plan-conditioned LM against the same LM without conditioning.
+
+One run measures, on the same batches (B windows of L tokens, ~S sentences per window, so N = B * S
+unique plans per batch), the tokens per second of a full training step (forward, backward, AdamW)
+of: the bare LM (the baseline), Project-and-Avg and the multi-path adapter at K paths x T steps.
+Steps of the variants are interleaved so that drifting machine load hits all of them alike.
+The target of the issue: multipath at T = 10, K = 10 keeps >= 0.85x of the baseline's tokens/s.
+
+    python benchmarks/bench_lm.py                  # GPT-2 architecture, 2 layers x 128, CPU
+    python benchmarks/bench_lm.py --gpt2-small     # the paper's GPT-2 small shape (use a GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from planlm.adapter import AdapterConfig
+from planlm.lm import PlannedLM, PlannedLMConfig, load_causal_lm
+
+GPT2_VOCAB = 50257
+
+
+def make_batch(batch_size: int, context_length: int, sentence_tokens: int, num_paths: int, horizon: int,
+               num_actions: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random tokens; windows cut into sentences of ``sentence_tokens`` tokens, one plan per sentence."""
+    input_ids = torch.randint(0, GPT2_VOCAB, (batch_size, context_length), generator=gen)  # (B, L)
+    per_window = -(-context_length // sentence_tokens)
+    local = torch.arange(context_length) // sentence_tokens  # (L,)
+    plan_index = local[None, :] + per_window * torch.arange(batch_size)[:, None]  # (B, L)
+    num_sentences = per_window * batch_size
+    return {"input_ids": input_ids, "labels": input_ids.clone(), "attention_mask": torch.ones_like(input_ids),
+            "plan_index": plan_index,
+            "action_paths": torch.randint(0, num_actions, (num_sentences, num_paths, horizon), generator=gen),
+            "path_mask": torch.ones(num_sentences, num_paths, horizon, dtype=torch.bool)}
+
+
+def build(kind: str, lm_config: dict, args, device: torch.device) -> tuple[PlannedLM, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    lm = load_causal_lm(None, lm_config, vocab_size=GPT2_VOCAB)
+    width = lm.get_input_embeddings().embedding_dim
+    if kind == "none":
+        config = PlannedLMConfig(conditioning="none")
+    else:
+        adapter = AdapterConfig(adapter=kind, num_actions=args.num_actions, action_dim=args.action_dim,
+                                hidden_size=width, horizon=args.horizon, num_heads=args.num_heads,
+                                init_no_op=False)
+        config = PlannedLMConfig(conditioning="planner_sampled", adapter=adapter, num_paths=args.num_paths,
+                                 horizon=args.horizon, num_actions=args.num_actions)
+    model = PlannedLM(config, lm).to(device).train()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def train_step(model: PlannedLM, optimizer, batch: dict, conditioned: bool, device: torch.device) -> None:
+    batch = {name: t.to(device, non_blocking=True) for name, t in batch.items()}
+    if not conditioned:
+        for name in ("plan_index", "action_paths", "path_mask"):
+            batch.pop(name)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpt2-small", action="store_true", help="GPT-2 small shape (12 x 768) instead of 2 x 128")
+    parser.add_argument("--batch-size", type=int, default=None, help="windows per batch (default 8 CPU, 32 GPU)")
+    parser.add_argument("--context-length", type=int, default=128)
+    parser.add_argument("--sentence-tokens", type=int, default=25, help="tokens per sentence (Wikipedia: ~25)")
+    parser.add_argument("--num-paths", type=int, default=10)
+    parser.add_argument("--horizon", type=int, default=10)
+    parser.add_argument("--num-actions", type=int, default=1024)
+    parser.add_argument("--action-dim", type=int, default=384, help="codebook width (MiniLM 384, MPNet 768)")
+    parser.add_argument("--num-heads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    batch_size = args.batch_size or (32 if device.type == "cuda" else 8)
+    if args.gpt2_small:
+        lm_config = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024}
+    else:
+        lm_config = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
+
+    variants = ["none", "project_avg", "multipath"]
+    models = {kind: build(kind, lm_config, args, device) for kind in variants}
+    gen = torch.Generator().manual_seed(0)
+    batches = [make_batch(batch_size, args.context_length, args.sentence_tokens, args.num_paths, args.horizon,
+                          args.num_actions, gen) for _ in range(4)]
+    elapsed = {kind: 0.0 for kind in variants}
+    for step in range(args.warmup + args.steps):
+        for kind in variants:  # interleaved
+            model, optimizer = models[kind]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            train_step(model, optimizer, batches[step % len(batches)], kind != "none", device)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if step >= args.warmup:
+                elapsed[kind] += time.perf_counter() - start
+
+    tokens = batch_size * args.context_length * args.steps
+    num_plans = batches[0]["action_paths"].shape[0]
+    shape = f"{lm_config['n_layer']} layers x {lm_config['n_embd']}"
+    print(f"GPT-2 architecture {shape}, vocab {GPT2_VOCAB}; device {device}; batch {batch_size} x "
+          f"{args.context_length} tokens; {num_plans} plans/batch of K={args.num_paths} paths x T={args.horizon}; "
+          f"{args.steps} timed steps each (threads: {torch.get_num_threads()})")
+    print(f"| {'variant':<12} | {'conditioning params':>19} | {'s/step':>7} | {'tokens/s':>9} | {'vs none':>7} |")
+    print(f"|{'-' * 14}|{'-' * 21}|{'-' * 9}|{'-' * 11}|{'-' * 9}|")
+    baseline = tokens / elapsed["none"]
+    for kind in variants:
+        model = models[kind][0]
+        params = sum(p.numel() for p in model.adapter.parameters()) if model.adapter is not None else 0
+        rate = tokens / elapsed[kind]
+        print(f"| {kind:<12} | {params:>19,} | {elapsed[kind] / args.steps:>7.3f} | {rate:>9,.0f} | "
+              f"{rate / baseline:>6.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
