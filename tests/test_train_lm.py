@@ -213,6 +213,31 @@ def test_bad_input_gives_one_line_errors(synthetic_random, tmp_path):
         ConditioningConfig(conditioning="planner_sampled")
 
 
+def test_a_pretrained_lm_with_another_tokenizer_is_refused(synthetic_random, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from planlm.lm import load_causal_lm
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "red": 1, "blue": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "other-lm"
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(folder)
+    load_causal_lm(None, {**TINY, "vocab_size": 50257}).save_pretrained(folder)
+    with pytest.raises(PlanlmError, match="does not match the tokenizer") as err:
+        train_lm(str(synthetic_random), str(tmp_path / "model"), train=quick(),
+                 model=LMModelConfig(name_or_path=str(folder)))
+    assert "manifest.json" in str(err.value) and "\n" not in str(err.value)
+    # The same folder without its tokenizer is accepted: its vocabulary holds the corpus' ids.
+    weights_only = tmp_path / "weights-only"
+    weights_only.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(folder / name, weights_only / name)
+    out = train_lm(str(synthetic_random), str(tmp_path / "model"), train=quick(limit_train_batches=1),
+                   model=LMModelConfig(name_or_path=str(weights_only)))
+    assert PlannedLM.from_pretrained(out).config.base_model == str(weights_only)
+
+
 def test_init_from_a_planned_lm_folder_keeps_its_weights(synthetic_random, tmp_path):
     base = train_lm(str(synthetic_random), str(tmp_path / "base"), model=LMModelConfig(model_config=TINY),
                     train=quick(limit_train_batches=1))

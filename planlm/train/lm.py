@@ -236,7 +236,10 @@ def _check_tokenizer(prepared: PreparedDataset, model: LMModelConfig, init_confi
         try:
             model_tokenizer = load_tokenizer(model.name_or_path)
         except PlanlmError:
-            model_tokenizer = None  # a weights-only folder: the vocabulary-size check below still applies
+            model_tokenizer = None
+        if model_tokenizer is not None and len(model_tokenizer) <= 1:
+            model_tokenizer = None  # transformers builds an empty tokenizer from a folder without tokenizer files
+        # Without a tokenizer (a weights-only folder) the check of the vocabulary size still applies.
         if model_tokenizer is not None and model_tokenizer.get_vocab() != tokenizer.get_vocab():
             raise PlanlmError(f"{manifest}: tokenizer {prepared.tokenizer_name!r} does not match the tokenizer of "
                               f"--model.name_or_path {model.name_or_path}; prepare the corpus with "
