@@ -27,6 +27,7 @@ from planlm.planner import WEIGHTS_FILE, Planner
 from planlm.utils import PlanlmError, file_sha256, prepare_stage_dir, read_manifest, write_manifest
 
 IGNORE_INDEX = -100  # target of a step beyond the article's end (ignored by the loss)
+MAX_ROWS = 4096  # most paths (B*K) per forward in compute_plans: bounds activation memory, keeps caches warm
 
 
 def resolve_device(device: str) -> torch.device:
@@ -89,12 +90,15 @@ def check_split(split: PreparedSplit, where: str) -> None:
 @torch.no_grad()
 def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizon: int, temperature: float,
                   seed: int, batch_size: int = 256, device: str = "cpu", sentences: np.ndarray | None = None,
-                  out: np.ndarray | None = None, argmax_out: np.ndarray | None = None) -> np.ndarray:
+                  out: np.ndarray | None = None, argmax_out: np.ndarray | None = None,
+                  max_rows: int = MAX_ROWS) -> np.ndarray:
     """Sampled paths for every boundary of ``split`` (or the given sentence indices) -> (N, K, T) int64.
 
-    Reproducible: one torch.Generator seeded with ``seed`` walks the boundaries in order, batch by batch
-    (so the result depends on batch_size and the device type, both part of the cache key). ``out`` and
-    ``argmax_out`` ((N, T)) receive the results in place (e.g. memory-mapped files).
+    Boundaries are processed in order of context length (little padding), at most ``batch_size``
+    boundaries and ``max_rows`` paths (B*K) per forward. Reproducible: one torch.Generator seeded with
+    ``seed`` walks that fixed order (so the result depends on batch_size, max_rows and the device type,
+    all part of the cache key). ``out`` and ``argmax_out`` ((N, T)) receive the results in place
+    (e.g. memory-mapped files).
     """
     check_split(split, "the plans")
     torch_device = resolve_device(device)
@@ -104,14 +108,18 @@ def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizo
         out = np.zeros((len(sentences), num_paths, horizon), dtype=np.int64)
     embeddings = embed_split(planner, split) if planner.config.finetune_encoder else None
     generator = torch.Generator(device=torch_device).manual_seed(seed)
-    for start in range(0, len(sentences), batch_size):
-        batch = sentences[start:start + batch_size]
+    context_lengths = sentences - split.sentence_offsets[split.sentence_article[sentences]]
+    order = np.argsort(np.minimum(context_lengths, planner.config.max_sentences), kind="stable")
+    per_forward = max(1, min(batch_size, max_rows // num_paths))
+    for start in range(0, len(order), per_forward):
+        rows = np.sort(order[start:start + per_forward])  # positions in ``sentences``
+        batch = sentences[rows]
         context_embeds, context_mask = boundary_contexts(split, batch, planner.config.max_sentences, embeddings)
         context_embeds, context_mask = context_embeds.to(torch_device), context_mask.to(torch_device)
         paths = planner.sample_paths(context_embeds, context_mask, num_paths, horizon, temperature, generator)
-        out[start:start + len(batch)] = paths.cpu().numpy()  # (B, K, T)
+        out[rows] = paths.cpu().numpy()  # (B, K, T)
         if argmax_out is not None:
-            argmax_out[start:start + len(batch)] = planner.argmax_path(context_embeds, context_mask, horizon).cpu().numpy()
+            argmax_out[rows] = planner.argmax_path(context_embeds, context_mask, horizon).cpu().numpy()
     return out
 
 
@@ -164,7 +172,7 @@ def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]
     torch_device = resolve_device(device)
     config = {"planner_hash": planner_hash, "prepared_dir": str(Path(prepared_dir).resolve()),
               "codebook_hash": prepared.codebook_hash, "num_paths": num_paths, "horizon": horizon,
-              "temperature": temperature, "seed": seed, "splits": splits, "batch_size": batch_size,
+              "temperature": temperature, "seed": seed, "splits": splits, "batch_size": batch_size, "max_rows": MAX_ROWS,
               "device_type": torch_device.type}
     if prepare_stage_dir(out, config):
         return out

@@ -1,0 +1,106 @@
+"""Planner throughput: training (boundaries/s) and path sampling for K = 1, 10, 50 at T = 10.
+
+Prints one table; every sampling row is compared with K = 1 measured in the same run (per-boundary
+cost ratio; the issue's target is K = 50 <= 3x K = 1 on CPU). Uses a synthetic prepared corpus shaped
+like the offline default (384-d embeddings, 128 actions, articles of 2-15 sentences) unless
+``--prepared_dir`` is given.
+
+    python benchmarks/bench_planner.py [--prepared_dir DIR] [--d_model 256] [--boundaries 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from planlm.data.artifacts import PreparedDataset
+from planlm.data.synthetic import make_synthetic_prepared
+from planlm.planner import Planner, PlannerConfig
+from planlm.plans import boundary_contexts, compute_plans
+from planlm.train.planner import BoundaryCollate, LightningPlanner
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prepared_dir", default=None)
+    parser.add_argument("--d_model", type=int, default=256)
+    parser.add_argument("--num_heads", type=int, default=4)
+    parser.add_argument("--dim_feedforward", type=int, default=1024)
+    parser.add_argument("--horizon", type=int, default=10)
+    parser.add_argument("--batch_size", type=int, default=512, help="training batch (boundaries)")
+    parser.add_argument("--boundaries", type=int, default=256, help="boundaries sampled per timing")
+    parser.add_argument("--sample_batch_size", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prepared_dir = args.prepared_dir or make_synthetic_prepared(
+            Path(tmp) / "bench", num_actions=16, rule="random", embedding_dim=384, min_sentences=2,
+            max_sentences=15, num_articles={"train": 300, "validation": 10, "test": 10}, seed=0)
+        prepared = PreparedDataset(prepared_dir)
+        split = prepared["train"]
+        config = PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim,
+                               d_model=args.d_model, num_heads=args.num_heads, dim_feedforward=args.dim_feedforward,
+                               horizon=args.horizon, dropout=0.1)
+        planner = Planner(config, codebook=prepared.codebook)
+        rng = np.random.default_rng(0)
+
+        # Training: collate + forward + backward + AdamW step on one batch of boundaries.
+        module = LightningPlanner(planner)
+        optimizer = module.configure_optimizers()
+        collate = BoundaryCollate(split.path, config.horizon, config.max_sentences)
+        batch_size = min(args.batch_size, split.num_sentences)
+
+        def train_step():
+            batch = collate(rng.choice(split.num_sentences, batch_size, replace=False).tolist())
+            loss = module.model_step(batch)[0]
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+        planner.train()
+        train_time = timed(train_step, args.repeats)
+        rows = [("train step (teacher forcing, fwd+bwd+AdamW)", batch_size, train_time, None)]
+
+        # Sampling: K paths of T steps for the same boundaries, through compute_plans (contexts included).
+        planner.eval()
+        sentences = rng.choice(split.num_sentences, min(args.boundaries, split.num_sentences), replace=False)
+        sentences.sort()
+
+        def sample(num_paths: int, temperature: float = 1.0):
+            return lambda: compute_plans(planner, split, num_paths, args.horizon, temperature, seed=0,
+                                         batch_size=args.sample_batch_size, sentences=sentences)
+
+        base = timed(sample(1), args.repeats)
+        rows.append(("argmax path (T=%d)" % args.horizon, len(sentences), timed(sample(1, 0.0), args.repeats), base))
+        for num_paths in (1, 10, 50):
+            seconds = base if num_paths == 1 else timed(sample(num_paths), args.repeats)
+            rows.append((f"sample K={num_paths} (T={args.horizon})", len(sentences), seconds, base))
+        context_only = timed(lambda: boundary_contexts(split, sentences, config.max_sentences), args.repeats)
+        rows.append(("contexts only (gather embeddings)", len(sentences), context_only, base))
+
+    print(f"planner d_model={args.d_model} heads={args.num_heads} ff={args.dim_feedforward} A={config.num_actions} "
+          f"E={config.embedding_dim} T={args.horizon}; torch threads={torch.get_num_threads()}; "
+          f"corpus={'given' if args.prepared_dir else 'synthetic'}")
+    print(f"{'what':48s} {'boundaries':>10s} {'seconds':>9s} {'boundaries/s':>13s} {'cost vs K=1':>12s}")
+    for name, count, seconds, reference in rows:
+        ratio = "" if reference is None else f"{seconds / reference:.2f}x"
+        print(f"{name:48s} {count:10d} {seconds:9.3f} {count / seconds:13.1f} {ratio:>12s}")
+
+
+if __name__ == "__main__":
+    main()
