@@ -178,6 +178,16 @@ def test_embedding_resumes_after_an_interrupt(tmp_path, monkeypatch):
     assert resumed.calls == 2 + 2 and np.load(tmp_path / "e.npy").shape == (6, 384)
 
 
+@pytest.mark.slow
+def test_multi_process_pool_matches_single_process(tmp_path):
+    """The multi-GPU route (sentence-transformers' multi-process pool), exercised with two CPU workers."""
+    texts = SENTENCES * 3
+    pooled = embed_sentences(texts, tmp_path / "pool.npy", EmbedConfig(chunk_size=10, pool_devices=["cpu", "cpu"]),
+                             progress=False)
+    single = embed_sentences(texts, tmp_path / "one.npy", EmbedConfig(chunk_size=10), progress=False)
+    np.testing.assert_allclose(np.asarray(pooled), np.asarray(single), atol=1e-4)
+
+
 def test_reuse_rebuild_and_interrupted_runs(tmp_path, monkeypatch):
     source = tiny_jsonl(tmp_path / "c.jsonl")
     out = tmp_path / "prepared"

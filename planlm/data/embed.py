@@ -47,6 +47,9 @@ class EmbedConfig:
     """Sentences per resumable chunk (the unit written to disk and recorded as done)."""
     multi_gpu: bool = True
     """Use every CUDA device through sentence-transformers' multi-process pool when there are several."""
+    pool_devices: list[str] | None = None
+    """Explicit devices for the multi-process pool (``[cuda:0, cuda:2]``; ``[cpu, cpu]`` also works);
+    None: every CUDA device when there are several and ``multi_gpu``."""
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -78,6 +81,8 @@ def _target_devices(config: EmbedConfig) -> list[str] | None:
     """The CUDA devices for the multi-process pool, or None for a single device."""
     import torch
 
+    if config.pool_devices:
+        return list(config.pool_devices)
     if not config.multi_gpu or (config.device and config.device != "cuda") or not torch.cuda.is_available():
         return None
     count = torch.cuda.device_count()

@@ -36,7 +36,7 @@ from planlm.data.tokens import tokenize_articles
 from planlm.utils import PlanlmError, file_sha256, prepare_stage_dir, write_manifest
 
 # Fields that change how fast the result is made, not what it is.
-_RUNTIME_FIELDS = {"embedding": ("batch_size", "device", "chunk_size", "multi_gpu"), "actions": ("use_gpu",)}
+_RUNTIME_FIELDS = {"embedding": ("batch_size", "device", "chunk_size", "multi_gpu", "pool_devices"), "actions": ("use_gpu",)}
 
 
 @dataclass
