@@ -180,3 +180,31 @@ def test_cli_reuses_a_complete_evaluation_and_reports_user_errors_in_one_line(sy
     with pytest.raises(PlanlmError, match="no adapter"):
         evaluate(str(bare_lm_dir), str(synthetic_cycle), str(tmp_path / "y"), conditioning="oracle")
     assert not (tmp_path / "y" / "manifest.json").exists()
+
+
+def test_a_plan_cache_gives_the_same_perplexity_as_running_the_planner(synthetic_random, tmp_path):
+    from planlm.planner import Planner, PlannerConfig
+    from planlm.plans import sample_plans
+
+    prepared = PreparedDataset(synthetic_random)
+    torch.manual_seed(0)
+    Planner(PlannerConfig(num_actions=8, embedding_dim=16, d_model=16, num_heads=2, dim_feedforward=32, horizon=3),
+            prepared.codebook).save_pretrained(tmp_path / "planner")
+    model = tiny_planned_lm(prepared, adapter="multipath")
+    model.config.conditioning, model.config.planner_dir = "planner_sampled", str(tmp_path / "planner")
+    model.save_pretrained(tmp_path / "model")
+    plans = sample_plans(str(tmp_path / "planner"), str(synthetic_random), splits=["test"], num_paths=2, horizon=3,
+                         device="cpu")
+    common = dict(num_paths=2, horizon=3, temperature=1.0, seed=0, device="cpu", bootstrap_samples=20)
+    live = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "live"), **common)
+    cached = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "cached"), plans_dir=str(plans),
+                      **common)
+    assert cached["plans_dir"] == str(plans) and cached["planner_dir"] is None
+    assert cached["ppl"] == pytest.approx(live["ppl"], rel=1e-6)
+    greedy = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "greedy"),
+                      conditioning="planner_argmax", **common)
+    greedy_cached = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "greedy_cached"),
+                             conditioning="planner_argmax", plans_dir=str(plans), **common)
+    assert greedy["ppl"] == pytest.approx(greedy_cached["ppl"], rel=1e-6) and greedy["ppl"] != live["ppl"]
+    with pytest.raises(PlanlmError, match="no trained planner here"):
+        evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "x"), planner_dir=str(tmp_path))

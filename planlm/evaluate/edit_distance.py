@@ -110,7 +110,10 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     Returns:
         The metrics dict.
     """
-    sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    try:
+        sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    except PlanlmError as e:  # name this command's flags
+        raise PlanlmError(str(e).replace("--sampling.max_new_tokens", "--new_tokens").replace("--sampling.", "--")) from None
     if context_length < 1:
         raise PlanlmError(f"--context_length {context_length} must be >= 1")
     if max_articles is not None and max_articles < 1:

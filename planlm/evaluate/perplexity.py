@@ -198,7 +198,7 @@ def resolve_conditioning(model, conditioning: Optional[str], num_paths: Optional
         temperature=config.temperature if temperature is None else temperature,
         seed=config.seed if seed is None else seed,
         fixed_action=config.fixed_action if fixed_action is None else fixed_action,
-        planner_dir=planner_dir or config.planner_dir,
+        planner_dir=None if plans_dir else planner_dir or config.planner_dir,  # a plan cache replaces the planner
         plans_dir=plans_dir)
     if resolved.num_paths < 1:
         raise PlanlmError(f"--num_paths {resolved.num_paths} must be >= 1")
@@ -215,6 +215,12 @@ def resolve_conditioning(model, conditioning: Optional[str], num_paths: Optional
         raise PlanlmError(f"--conditioning {kind} needs a planner: the model records none; set --planner_dir")
     if kind not in ("planner_sampled", "planner_argmax"):
         resolved.planner_dir = resolved.plans_dir = None
+    if resolved.planner_dir and not (Path(resolved.planner_dir) / "model.safetensors").is_file():
+        raise PlanlmError(f"{resolved.planner_dir}: no trained planner here (model.safetensors missing); set "
+                          f"--planner_dir to a `planlm train-planner` folder or --plans_dir to a plan cache")
+    if resolved.plans_dir and read_manifest(resolved.plans_dir) is None:
+        raise PlanlmError(f"{resolved.plans_dir}: no complete plan cache here (manifest.json missing); run "
+                          f"`planlm sample-plans` first")
     if kind != "planner_sampled":
         resolved.temperature = 0.0 if kind == "planner_argmax" else resolved.temperature
     return resolved
@@ -374,7 +380,8 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
               "split": split, "conditioning": cond, "stride": stride, "context_length": context_length,
               "articles": num_articles, "device_type": torch_device.type, "precision": precision,
               "bootstrap_samples": bootstrap_samples, "confidence": confidence,
-              "planner": file_sha256(Path(cond.planner_dir) / "model.safetensors") if cond.planner_dir else None}
+              "planner": file_sha256(Path(cond.planner_dir) / "model.safetensors") if cond.planner_dir else None,
+              "plans": read_manifest(cond.plans_dir)["config_fingerprint"] if cond.plans_dir else None}
     out = Path(out_dir)
     if prepare_stage_dir(out, config):
         import json
