@@ -10,7 +10,7 @@ interrupted)::
     lm/<condition>/            planlm train-lm, one per experiment condition
     eval/<condition>/          planlm evaluate (perplexity with a bootstrap CI)
     edit/<condition>/          planlm edit-distance (optional)
-    sweeps/                    planlm sweep: K sweep and temperature sweep (optional)
+    sweeps/<condition>-<kind>/ planlm sweep: K sweep and temperature sweep (optional)
     report.md, results.json, results.csv, figures/   planlm.report
 
 A condition that fails is recorded (``results.json``, the report) and the others go on. Each YAML
@@ -65,15 +65,22 @@ class Progress:
         self.state = state
         self.done = 0
 
-    def begin(self, index: int, stage: Stage) -> None:
+    def begin(self, index: int, stages: list[Stage]) -> None:
         elapsed = time.time() - self.start
-        eta = ""
-        measured = [s["wall_time_s"] for s in self.state["stages"].values() if s.get("status") == "done"
-                    and s.get("ran_now")]
-        if self.done and measured:
-            eta = f", about {_fmt(elapsed / self.done * (self.total - index))} left"
-        self.console.rule(f"[bold]planlm run[/] stage {index + 1}/{self.total}: {stage.name}  "
-                          f"(elapsed {_fmt(elapsed)}{eta})")
+        self.console.rule(f"[bold]planlm run[/] stage {index + 1}/{self.total}: {stages[index].name}  "
+                          f"(elapsed {_fmt(elapsed)}{self._eta(stages[index:])})")
+
+    def _eta(self, remaining: list[Stage]) -> str:
+        """Remaining time from the stages measured so far in this process, by command."""
+        measured: dict[str, list[float]] = {}
+        for info in self.state["stages"].values():
+            if info.get("status") == "done" and info.get("ran_now"):
+                measured.setdefault(info["command"], []).append(info["wall_time_s"])
+        if not any(cmd != "prepare" for cmd in measured):
+            return ""
+        fallback = [t for cmd, times in measured.items() if cmd != "prepare" for t in times]
+        left = sum(_mean(measured.get(stage.command, fallback)) for stage in remaining)
+        return f", about {_fmt(left)} left"
 
     def end(self, stage: Stage, status: str, seconds: float, reused: bool) -> None:
         self.done += 1
@@ -82,13 +89,17 @@ class Progress:
         self.console.print(f"[{color}]{stage.name}: {status}[/] ({how})")
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
 def _fmt(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Optional[dict], conditions: list[dict],
-                evaluate: dict, edit_distance: Optional[dict], sweeps: Optional[dict], where: str) -> list[Stage]:
+                evaluate: dict, edit_distance: Optional[dict], sweeps: Optional[list[dict]], where: str) -> list[Stage]:
     """Validate every section and return the stages in order (nothing runs here)."""
     if not conditions:
         raise PlanlmError(f"{where}: conditions is empty; list at least one LM condition (e.g. name: none)")
@@ -102,7 +113,7 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
     ]
     uses_planner = any(str(deep_merge(lm, c).get("conditioning", {}).get("conditioning", "none")).startswith("planner")
                        for c in conditions)
-    if uses_planner or (sweeps or {}).get("condition"):
+    if uses_planner or sweeps:
         stages.append(Stage("train-planner", "train_planner", {
             "prepared_dir": str(prepared_dir), "out_dir": str(planner_dir),
             **bind_section(_command("train_planner"), planner, skip=_IO["train_planner"], where=f"{where}: planner")},
@@ -142,21 +153,23 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
                 **bind_section(_command("edit_distance"), edit_distance, skip=_IO["edit_distance"],
                                where=f"{where}: edit_distance")},
                 condition=name, needs=[f"train-lm {name}"]))
-    if sweeps:
-        sweeps = dict(sweeps)
-        target = sweeps.pop("condition", None)
+    for index, sweep in enumerate(sweeps or []):
+        sweep = dict(sweep)
+        target = sweep.pop("condition", None)
         if target not in names:
-            raise PlanlmError(f"{where}: sweeps.condition {target!r} is not one of the conditions {names}")
-        stages.append(Stage(f"sweep {target}", "sweep", {
-            "model_dir": str(out / "lm" / target), "prepared_dir": str(prepared_dir), "out_dir": str(out / "sweeps"),
-            **bind_section(_command("sweep"), sweeps, skip=_IO["sweep"], where=f"{where}: sweeps")},
+            raise PlanlmError(f"{where}: sweeps[{index}].condition {target!r} is not one of the conditions {names}")
+        kind = sweep.get("kind", "num_paths")
+        stages.append(Stage(f"sweep {kind} {target}", "sweep", {
+            "model_dir": str(out / "lm" / target), "prepared_dir": str(prepared_dir),
+            "out_dir": str(out / "sweeps" / f"{target}-{kind}"),
+            **bind_section(_command("sweep"), sweep, skip=_IO["sweep"], where=f"{where}: sweeps[{index}]")},
             condition=target, needs=[f"train-lm {target}"]))
     return stages
 
 
 def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Optional[dict] = None,
         lm: Optional[dict] = None, base_lm: Optional[dict] = None, conditions: Optional[list[dict]] = None,
-        evaluate: Optional[dict] = None, edit_distance: Optional[dict] = None, sweeps: Optional[dict] = None,
+        evaluate: Optional[dict] = None, edit_distance: Optional[dict] = None, sweeps: Optional[list[dict]] = None,
         report: Optional[dict] = None, dry_run: bool = False) -> Path:
     """Run the whole pipeline: prepare, train the planner, train one LM per condition, evaluate, report.
 
@@ -174,7 +187,8 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
             model/conditioning/train (merged over `lm`), evaluate (merged over `evaluate`)}.
         evaluate: Arguments of `planlm evaluate` shared by all conditions (split, stride, max_articles ...).
         edit_distance: Arguments of `planlm edit-distance`, run for every condition; null to skip.
-        sweeps: Arguments of `planlm sweep` plus `condition` (the LM whose K and temperature are swept); null to skip.
+        sweeps: Sweeps at inference, each the arguments of `planlm sweep` (kind: num_paths or temperature)
+            plus `condition` (the LM swept); empty to skip.
         report: Options of the report: {actions_shown: int}.
         dry_run: Validate every section and list the stages without running anything.
     """
@@ -196,32 +210,35 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
     results: dict[str, Any] = {}
     for index, stage in enumerate(stages):
         failed_needs = [n for n in stage.needs if state["stages"].get(n, {}).get("status") != "done"]
-        progress.begin(index, stage)
+        progress.begin(index, stages)
         if failed_needs:
-            state["stages"][stage.name] = {"status": "skipped", "error": f"needs {failed_needs}"}
+            state["stages"][stage.name] = {"status": "skipped", "error": f"needs {failed_needs}",
+                                           "command": stage.command}
             progress.end(stage, "skipped (an earlier stage failed)", 0, False)
             write_json(state_path, state)
             continue
         out_path = Path(stage.kwargs["out_dir"])
-        reused = read_manifest(out_path) is not None
+        manifest_before = read_manifest(out_path)
         started = time.time()
         try:
             result = _command(stage.command)(**stage.kwargs)
             status, error = "done", None
         except (Exception, SystemExit) as e:  # one failed condition must not lose the others
             if stage.condition is None:
-                state["stages"][stage.name] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+                state["stages"][stage.name] = {"status": "failed", "error": f"{type(e).__name__}: {e}",
+                                               "command": stage.command}
                 write_json(state_path, state)
                 raise
             result, status, error = None, "failed", f"{type(e).__name__}: {e}"
             (out / "logs").mkdir(exist_ok=True)
             (out / "logs" / f"{stage.name.replace(' ', '_')}.txt").write_text(traceback.format_exc())
         seconds = time.time() - started
+        reused = status == "done" and manifest_before is not None and manifest_before == read_manifest(out_path)
         state["stages"][stage.name] = {"status": status, "error": error, "wall_time_s": round(seconds, 2),
-                                       "ran_now": not reused, "out_dir": str(out_path)}
+                                       "ran_now": not reused, "command": stage.command, "out_dir": str(out_path)}
         if isinstance(result, dict):
             results[stage.name] = result
-        progress.end(stage, status, seconds, reused and status == "done" and seconds < 5)
+        progress.end(stage, status, seconds, reused)
         write_json(state_path, state)
     from planlm.report import write_report
 

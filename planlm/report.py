@@ -64,9 +64,9 @@ def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict]
             "ppl": metrics.get("ppl"), "ppl_ci_low": metrics.get("ci_low"), "ppl_ci_high": metrics.get("ci_high"),
             "tokens": metrics.get("tokens"), "articles": metrics.get("articles"), "protocol": metrics.get("protocol"),
             "eval_wall_time_s": metrics.get("wall_time_s"), "tokens_per_s": metrics.get("tokens_per_s"),
-            "edit": edit.get("edit_distance", edit.get("mean")),
+            "edit": edit.get("edit_distance"),
             "edit_ci_low": edit.get("ci_low"), "edit_ci_high": edit.get("ci_high"),
-            "edit_normalized": edit.get("normalized_edit_distance", edit.get("normalized_mean")),
+            "edit_normalized": edit.get("normalized"),
             "status": "failed" if errors else ("done" if metrics else "missing"),
             "error": "; ".join(errors) or None,
         })
@@ -132,18 +132,19 @@ def _sweeps_section(run_dir: Path, figures: Path) -> list[str]:
     if not sweeps.is_dir():
         return []
     lines = ["## Sweeps at inference", ""]
-    for csv_path in sorted(sweeps.glob("*.csv")):
+    for csv_path in sorted(sweeps.glob("*/sweep_*.csv")):
         with open(csv_path) as f:
             rows = list(csv.DictReader(f))
         if not rows:
             continue
-        lines += [f"### {csv_path.stem.replace('_', ' ')}", "", "| " + " | ".join(rows[0]) + " |",
+        lines += [f"### {csv_path.parent.name}: {csv_path.stem.replace('_', ' ')}", "", "| " + " | ".join(rows[0]) + " |",
                   "|---" * len(rows[0]) + "|"]
         lines += ["| " + " | ".join(_short(v) for v in row.values()) + " |" for row in rows]
         png = csv_path.with_suffix(".png")
         if png.is_file():
-            shutil.copyfile(png, figures / png.name)
-            lines += ["", f"![{csv_path.stem}](figures/{png.name})"]
+            figure = f"{csv_path.parent.name}-{png.name}"
+            shutil.copyfile(png, figures / figure)
+            lines += ["", f"![{csv_path.stem}](figures/{figure})"]
         lines.append("")
     return lines
 

@@ -39,6 +39,10 @@ def tiny_config(out_dir: Path, **overrides) -> dict:
             {"name": "oracle", "conditioning": {"conditioning": "oracle"}},
         ],
         "evaluate": {"stride": 32, "context_length": 64, "batch_size": 32, "bootstrap_samples": 200},
+        "edit_distance": {"max_articles": 2, "max_boundaries_per_article": 1, "new_tokens": 12, "context_length": 64,
+                          "bootstrap_samples": 200},
+        "sweeps": [{"condition": "ours", "kind": "num_paths", "num_paths": [1, 3], "stride": 32, "context_length": 64,
+                    "bootstrap_samples": 200}],
         "report": {"actions_shown": 3},
     }
     config.update(overrides)
@@ -70,6 +74,8 @@ def test_run_writes_every_stage_and_the_report(tiny_run):
     assert "Planner: next-action accuracy" in report and (out / "figures" / "planner_accuracy.png").is_file()
     assert (out / "figures" / "cluster_sizes.png").is_file()
     assert (out / "results.csv").read_text().startswith("name,")
+    assert rows["ours"]["edit"] is not None and rows["ours"]["edit_ci_low"] <= rows["ours"]["edit"]
+    assert "ours-num_paths" in report and (out / "figures" / "ours-num_paths-sweep_num_paths.png").is_file()
 
 
 def test_rerun_reuses_every_stage(tiny_run):
