@@ -13,7 +13,7 @@ from planlm.data.artifacts import PreparedDataset, PreparedSplit, write_split
 from planlm.data.synthetic import make_synthetic_prepared
 from planlm.planner import Planner
 from planlm.plans import load_plans, sample_plans
-from planlm.train.planner import PlannerArgs, PlannerTrainArgs, baseline_metrics, evaluate_planner, train_planner
+from planlm.train.planner import LengthGroupedSampler, PlannerArgs, PlannerTrainArgs, baseline_metrics, evaluate_planner, train_planner
 from planlm.utils import PlanlmError
 
 TINY_MODEL = PlannerArgs(d_model=32, num_heads=2, dim_feedforward=64, horizon=4, dropout=0.0)
@@ -158,3 +158,16 @@ def test_cli_train_planner(synthetic_cycle, tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("planlm: error:") and "horizon" in err[-1]
+
+
+def test_length_grouped_sampler_is_a_shuffled_permutation_with_grouped_batches():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 15, size=1000)
+    sampler = LengthGroupedSampler(lengths, batch_size=20, seed=0, group=10)
+    order = list(sampler)
+    assert sorted(order) == list(range(1000))
+    sampler.set_epoch(1)
+    assert list(sampler) != order  # reshuffled per epoch
+    spread = np.mean([np.ptp(lengths[order[i:i + 20]]) for i in range(0, 1000, 20)])
+    random_spread = np.mean([np.ptp(lengths[i:i + 20]) for i in range(0, 1000, 20)])
+    assert spread < random_spread / 3

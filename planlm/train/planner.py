@@ -142,6 +142,36 @@ class BoundaryDataset(Dataset):
         return index
 
 
+class LengthGroupedSampler(torch.utils.data.Sampler):
+    """Shuffled boundaries in an order where each run of ``batch_size`` has similar context lengths.
+
+    Batches are padded to their longest context, so grouping cuts the padding several-fold (articles
+    of 1-15 sentences). Shuffle, cut into mega-batches of 50 batches, sort each by context length, then
+    shuffle the order of the batches. Under DDP Lightning swaps it for a DistributedSampler (still
+    correct, just without the grouping).
+    """
+
+    def __init__(self, context_lengths: np.ndarray, batch_size: int, seed: int = 0, group: int = 50):
+        self.context_lengths, self.batch_size, self.seed, self.group = context_lengths, batch_size, seed, group
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.context_lengths)
+
+    def __iter__(self):
+        rng = np.random.default_rng((self.seed, self.epoch))
+        order = rng.permutation(len(self.context_lengths))
+        mega = self.batch_size * self.group
+        chunks = [order[i:i + mega] for i in range(0, len(order), mega)]
+        chunks = [chunk[np.argsort(self.context_lengths[chunk], kind="stable")] for chunk in chunks]
+        batches = [chunk[i:i + self.batch_size] for chunk in chunks for i in range(0, len(chunk), self.batch_size)]
+        for index in rng.permutation(len(batches)):
+            yield from batches[index].tolist()
+
+
 class BoundaryCollate:
     """Boundary indices -> {context_embeds (B, S, E), context_mask (B, S), target_actions (B, T), sentences (B,)}.
 
@@ -271,6 +301,8 @@ def evaluate_planner(planner: Planner, split: PreparedSplit, horizon: int, batch
     embeddings = embed_split(planner, split) if planner.config.finetune_encoder else None
     teacher, free = _empty_metrics(horizon), _empty_metrics(horizon)
     boundaries = np.arange(split.num_sentences) if sentences is None else np.asarray(sentences, dtype=np.int64)
+    context_lengths = boundaries - split.sentence_offsets[split.sentence_article[boundaries]]
+    boundaries = boundaries[np.argsort(context_lengths, kind="stable")]  # little padding per batch
     for start in range(0, len(boundaries), batch_size):
         sentences = boundaries[start:start + batch_size]
         context_embeds, context_mask = boundary_contexts(split, sentences, planner.config.max_sentences, embeddings)
@@ -406,7 +438,11 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerArgs = PlannerA
 
     def loader(split: PreparedSplit, shuffle: bool) -> DataLoader:
         collate = BoundaryCollate(split.path, config.horizon, config.max_sentences, with_texts=config.finetune_encoder)
-        return DataLoader(BoundaryDataset(split.num_sentences), batch_size=train.batch_size, shuffle=shuffle,
+        sentences = np.arange(split.num_sentences)
+        context_lengths = np.minimum(sentences - split.sentence_offsets[split.sentence_article], config.max_sentences)
+        sampler = (LengthGroupedSampler(context_lengths, train.batch_size, train.seed) if shuffle
+                   else np.argsort(context_lengths, kind="stable").tolist())
+        return DataLoader(BoundaryDataset(split.num_sentences), batch_size=train.batch_size, sampler=sampler,
                           collate_fn=collate, num_workers=train.num_workers,
                           persistent_workers=train.num_workers > 0)
 
