@@ -171,3 +171,26 @@ def test_length_grouped_sampler_is_a_shuffled_permutation_with_grouped_batches()
     spread = np.mean([np.ptp(lengths[order[i:i + 20]]) for i in range(0, 1000, 20)])
     random_spread = np.mean([np.ptp(lengths[i:i + 20]) for i in range(0, 1000, 20)])
     assert spread < random_spread / 3
+
+
+@pytest.mark.slow  # prepares a tiny real corpus with MiniLM and finetunes it inside h (~1 min)
+def test_finetuned_encoder_planner_end_to_end(tmp_path):
+    from planlm.data.actions import ActionsConfig
+    from planlm.data.corpus import CorpusConfig
+    from planlm.data.prepare import prepare
+
+    prepared = prepare(str(tmp_path / "prepared"), corpus=CorpusConfig(num_train=12, num_validation=3, num_test=3),
+                       actions=ActionsConfig(num_actions=4, backend="sklearn"), progress=False)
+    model = PlannerArgs(d_model=16, num_heads=2, dim_feedforward=32, horizon=2, finetune_encoder=True)
+    out = train_planner(str(prepared), str(tmp_path / "planner"), model, tiny_train(max_epochs=1, batch_size=16))
+    planner = Planner.from_pretrained(out)
+    assert planner.representation.encoder is not None
+    # The finetuned encoder was saved with the planner: its weights differ from the original MiniLM's.
+    from planlm.data.resources import load_sentence_encoder
+
+    original = load_sentence_encoder("all-MiniLM-L6-v2")
+    changed = [not np.allclose(a.detach().numpy(), b.detach().numpy())
+               for a, b in zip(planner.representation.encoder.parameters(), original.parameters())]
+    assert any(changed)
+    plans_dir = sample_plans(str(out), str(prepared), splits=["validation"], num_paths=3)
+    assert load_plans(plans_dir, "validation").shape[1:] == (3, 2)

@@ -434,6 +434,7 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerArgs = PlannerA
     planner.prepared_info = {"num_actions": prepared.num_actions, "embedding_dim": prepared.embedding_dim,
                              "codebook_hash": prepared.codebook_hash, "encoder": prepared.encoder_name,
                              "prepared_dir": str(Path(prepared_dir).resolve())}
+    planner.train()  # the SentenceTransformer inside h (finetune_encoder) is built in eval mode
     module = LightningPlanner(planner, lr=train.lr, weight_decay=train.weight_decay, encoder_lr=train.encoder_lr)
 
     def loader(split: PreparedSplit, shuffle: bool) -> DataLoader:
