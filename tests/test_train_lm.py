@@ -51,14 +51,18 @@ def val_loss(folder: Path) -> float:
 
 @pytest.mark.slow
 def test_oracle_plans_beat_the_fixed_action_on_plan_determined_wording_long(synthetic_random, tmp_path):
-    """The full-length version of the learning test below (3 epochs)."""
+    """The converged version of the learning test below (3 epochs).
+
+    Once converged, a model without the plan still infers a sentence's action from its first word, so
+    only the first word of each sentence stays harder: about log(8) = 2.1 nats over ~6 tokens per
+    sentence, i.e. a gap of ~0.35 nats per token (measured: 0.32)."""
     losses = {}
     for kind in ("oracle", "fixed"):
         out = train_lm(str(synthetic_random), str(tmp_path / kind), model=LMModelConfig(model_config=TINY),
                        conditioning=ConditioningConfig(conditioning=kind, adapter="multipath", num_paths=2, horizon=2),
                        train=LMTrainConfig(batch_size=8, lr=1e-2, max_epochs=3, progress_bar=False))
         losses[kind] = val_loss(out)
-    assert losses["oracle"] < losses["fixed"] - 1.0, losses
+    assert losses["oracle"] < losses["fixed"] - 0.2, losses
 
 
 def test_oracle_plans_beat_the_fixed_action_on_plan_determined_wording(synthetic_random, tmp_path):
