@@ -106,24 +106,30 @@ def score_windows(model, split: PreparedSplit, windows: np.ndarray, plan_table: 
     ``model`` is a PlannedLM (or any callable with its forward signature); ``plan_table`` (N_sent, D)
     holds the plan vector of every sentence (None: no conditioning)."""
     device = torch.device(device)
-    input_ids_all = torch.from_numpy(np.array(split.input_ids))  # (N_tok,) in memory: gathered every batch
-    plan_sentence_all = torch.from_numpy(np.array(split.token_plan_sentence))  # (N_tok,)
-    nll = np.zeros(len(windows), dtype=np.float64)
-    for rows in window_batches(windows, batch_size):
-        batch = windows[rows]
-        start, first, end = batch[:, 1], batch[:, 2], batch[:, 3]
-        length, num_scored = int(end[0] - 1 - start[0]), int(end[0] - first[0])
-        positions = torch.from_numpy(start)[:, None] + torch.arange(length + 1)  # (B, L+1) tokens incl. targets
+    # Token arrays on the device once: every batch is a gather there (no host work, no sync per batch).
+    input_ids_all = torch.from_numpy(np.array(split.input_ids)).to(device)  # (N_tok,)
+    plan_sentence_all = torch.from_numpy(np.array(split.token_plan_sentence)).to(device)  # (N_tok,)
+    if plan_table is not None:
+        plan_table = plan_table.to(device)
+    batches = window_batches(windows, batch_size)
+    sums = []
+    for rows in batches:
+        start, first, end = windows[rows[0], 1], windows[rows[0], 2], windows[rows[0], 3]
+        length, num_scored = int(end - 1 - start), int(end - first)
+        starts = torch.from_numpy(windows[rows, 1]).to(device)
+        positions = starts[:, None] + torch.arange(length + 1, device=device)  # (B, L+1) tokens incl. targets
         tokens = input_ids_all[positions]  # (B, L+1)
-        input_ids = tokens[:, :-1].to(device)  # (B, L)
-        targets = tokens[:, -num_scored:].to(device)  # (B, P)
+        input_ids, targets = tokens[:, :-1], tokens[:, -num_scored:]  # (B, L), (B, P)
         kwargs = {}
         if plan_table is not None:
-            kwargs["plan_embeds"] = plan_table[plan_sentence_all[positions[:, :-1]].to(plan_table.device)]  # (B, L, D)
+            kwargs["plan_embeds"] = plan_table[plan_sentence_all[positions[:, :-1]]]  # (B, L, D)
         with autocast(device, precision):
             logits = model(input_ids=input_ids, logits_to_keep=num_scored, **kwargs).logits  # (B, P, V)
         token_nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")  # (B*P,)
-        nll[rows] = token_nll.view(len(rows), num_scored).sum(1).double().cpu().numpy()
+        sums.append(token_nll.view(len(rows), num_scored).double().sum(1))  # (B,)
+    nll = np.zeros(len(windows), dtype=np.float64)
+    if batches:
+        nll[np.concatenate(batches)] = torch.cat(sums).cpu().numpy()
     return nll
 
 
