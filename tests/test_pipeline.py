@@ -94,6 +94,7 @@ def test_failed_condition_is_reported_and_others_survive(tmp_path, tiny_run):
     # A fixed action outside the codebook fails in train-lm; the other conditions are reused.
     config["conditions"] = config["conditions"][:2] + [
         {"name": "broken", "conditioning": {"conditioning": "fixed", "fixed_action": 999}}]
+    config["sweeps"] = []
     run(**config)
     rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["conditions"]}
     assert rows["broken"]["status"] == "failed" and rows["broken"]["error"]
