@@ -123,6 +123,19 @@ def test_huggingface_streamed_json_and_save_to_disk(tmp_path):
     assert sorted(ids(saved)) == sorted(a["id"] for a in ARTICLES)
 
 
+def test_streamed_shards_are_interleaved(tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for shard in range(3):
+        write_jsonl(folder / f"part{shard}.jsonl", [{"id": f"s{shard}-{i}", "text": f"Shard {shard}. Row {i}."}
+                                                     for i in range(20)])
+    config = CorpusConfig(source="json", hf_data_files=str(folder / "*.jsonl"), shuffle_buffer=1)
+    first = ids(config)[:6]
+    assert len({i.split("-")[0] for i in first}) == 3  # every shard contributes from the start
+    everything = ids(config)
+    assert sorted(everything) == sorted(f"s{shard}-{i}" for shard in range(3) for i in range(20))
+
+
 def test_unknown_sources_are_one_line_errors(tmp_path):
     (tmp_path / "a.jsonl").write_text("{}\n")
     (tmp_path / "b.parquet").write_text("x")

@@ -14,8 +14,10 @@ Sources (``CorpusConfig.source``, kind guessed unless ``kind`` says otherwise):
   per file (``text_articles: file``).
 
 Drawing: finite sources (embedded, local files, ``save_to_disk`` folders) are read whole, duplicates
-dropped in file order, then shuffled with ``seed``; streamed hub datasets are shuffled with a seeded
-shard order + ``shuffle_buffer`` buffer (``IterableDataset.shuffle``). ``prepare`` then takes
+dropped in file order, then shuffled with ``seed``; streamed hub datasets are shuffled with
+``IterableDataset.shuffle`` (seeded shard order, shards read round-robin, a ``shuffle_buffer``
+buffer): a subsample spreads over every shard (``wikimedia/wikipedia`` has 41, ordered by article
+id) while no more than the buffer and the articles kept is ever held. ``prepare`` then takes
 articles from this order: the first ``num_test`` usable ones are the test split, the next
 ``num_validation`` the validation split, the rest (up to ``num_train``) the training split, so the
 evaluation splits do not move when the training size changes.
