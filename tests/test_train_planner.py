@@ -117,6 +117,8 @@ def test_rerun_reuses_a_complete_folder_and_resumes_an_interrupted_one(synthetic
     weights = out / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     assert train_planner(*args) == out and weights.stat().st_mtime_ns == stamp  # complete: reused
+    quieter = tiny_train(max_epochs=1, log_every_n_steps=7, eval_batch_size=33)  # display knobs: still reused
+    assert train_planner(args[0], args[1], TINY_MODEL, quieter) == out and weights.stat().st_mtime_ns == stamp
     # Interrupted after training but before the manifest: the rerun resumes from last.ckpt (no new epoch).
     (out / "manifest.json").unlink()
     train_planner(*args)
