@@ -70,7 +70,9 @@ def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict]
             "status": "failed" if errors else ("done" if metrics else "missing"),
             "error": "; ".join(errors) or None,
         })
-    base = next((r["eval_wall_time_s"] for r in rows if r["eval_wall_time_s"]), None)
+    # Evaluation time relative to the Cornille et al. baseline (one argmax path), as in the paper.
+    reference = [r for r in rows if r["paper"] == "Cornille et al. (T=1, K=1)" and r["eval_wall_time_s"]]
+    base = next((r["eval_wall_time_s"] for r in reference + rows if r["eval_wall_time_s"]), None)
     for row in rows:
         row["relative_eval_time"] = (row["eval_wall_time_s"] / base) if base and row["eval_wall_time_s"] else None
     return rows
@@ -137,9 +139,13 @@ def _sweeps_section(run_dir: Path, figures: Path) -> list[str]:
             rows = list(csv.DictReader(f))
         if not rows:
             continue
-        lines += [f"### {csv_path.parent.name}: {csv_path.stem.replace('_', ' ')}", "", "| " + " | ".join(rows[0]) + " |",
-                  "|---" * len(rows[0]) + "|"]
-        lines += ["| " + " | ".join(_short(v) for v in row.values()) + " |" for row in rows]
+        lines += [f"### {csv_path.parent.name}: {csv_path.stem.replace('_', ' ')}", "",
+                  "| value | PPL [95% CI] | wall time (rel. to first) | tokens/s | K | T | tau |", "|---|---|---|---|---|---|---|"]
+        for row in rows:
+            lines.append(f"| {_short(row['value'])} | "
+                         f"{_fmt_ci(float(row['ppl']), float(row['ci_low']), float(row['ci_high']))} | "
+                         f"{float(row['relative_wall_time']):.2f}x | {float(row['tokens_per_s']):.0f} | "
+                         f"{row['K']} | {row['T']} | {_short(row['tau'])} |")
         png = csv_path.with_suffix(".png")
         if png.is_file():
             figure = f"{csv_path.parent.name}-{png.name}"
