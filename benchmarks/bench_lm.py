@@ -3,7 +3,9 @@
 One run measures, on the same batches (B windows of L tokens, ~S sentences per window, so N = B * S
 unique plans per batch), the tokens per second of a full training step (forward, backward, AdamW)
 of: the bare LM (the baseline), Project-and-Avg and the multi-path adapter at K paths x T steps.
-Steps of the variants are interleaved so that drifting machine load hits all of them alike.
+Steps of the variants are interleaved so that drifting machine load hits all of them alike; on a
+shared CPU the process CPU time (all threads) is reported next to wall time, as it is far less
+sensitive to other jobs on the machine.
 The target of the issue: multipath at T = 10, K = 10 keeps >= 0.85x of the baseline's tokens/s.
 
     python benchmarks/bench_lm.py                  # GPT-2 architecture, 2 layers x 128, CPU
@@ -93,17 +95,19 @@ def main() -> None:
     batches = [make_batch(batch_size, args.context_length, args.sentence_tokens, args.num_paths, args.horizon,
                           args.num_actions, gen) for _ in range(4)]
     elapsed = {kind: 0.0 for kind in variants}
+    cpu_time = {kind: 0.0 for kind in variants}
     for step in range(args.warmup + args.steps):
         for kind in variants:  # interleaved
             model, optimizer = models[kind]
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             train_step(model, optimizer, batches[step % len(batches)], kind != "none", device)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             if step >= args.warmup:
                 elapsed[kind] += time.perf_counter() - start
+                cpu_time[kind] += time.process_time() - start_cpu
 
     tokens = batch_size * args.context_length * args.steps
     num_plans = batches[0]["action_paths"].shape[0]
@@ -111,15 +115,16 @@ def main() -> None:
     print(f"GPT-2 architecture {shape}, vocab {GPT2_VOCAB}; device {device}; batch {batch_size} x "
           f"{args.context_length} tokens; {num_plans} plans/batch of K={args.num_paths} paths x T={args.horizon}; "
           f"{args.steps} timed steps each (threads: {torch.get_num_threads()})")
-    print(f"| {'variant':<12} | {'conditioning params':>19} | {'s/step':>7} | {'tokens/s':>9} | {'vs none':>7} |")
-    print(f"|{'-' * 14}|{'-' * 21}|{'-' * 9}|{'-' * 11}|{'-' * 9}|")
-    baseline = tokens / elapsed["none"]
+    print(f"| {'variant':<12} | {'conditioning params':>19} | {'s/step':>7} | {'tokens/s':>9} | {'vs none':>7} "
+          f"| {'CPU s/step':>10} | {'tokens/CPU-s':>12} | {'vs none':>7} |")
+    print(f"|{'-' * 14}|{'-' * 21}|{'-' * 9}|{'-' * 11}|{'-' * 9}|{'-' * 12}|{'-' * 14}|{'-' * 9}|")
     for kind in variants:
         model = models[kind][0]
         params = sum(p.numel() for p in model.adapter.parameters()) if model.adapter is not None else 0
-        rate = tokens / elapsed[kind]
+        rate, cpu_rate = tokens / elapsed[kind], tokens / cpu_time[kind]
         print(f"| {kind:<12} | {params:>19,} | {elapsed[kind] / args.steps:>7.3f} | {rate:>9,.0f} | "
-              f"{rate / baseline:>6.2f}x |")
+              f"{elapsed['none'] / elapsed[kind]:>6.2f}x | {cpu_time[kind] / args.steps:>10.3f} | {cpu_rate:>12,.0f} | "
+              f"{cpu_time['none'] / cpu_time[kind]:>6.2f}x |")
 
 
 if __name__ == "__main__":

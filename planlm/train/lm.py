@@ -326,13 +326,13 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, cond: Conditio
     return planned
 
 
-def _checkpoints_match(checkpoints: Path, run_config: dict) -> bool:
+def _checkpoints_match(checkpoints: Path, run_config: dict, resume: bool) -> bool:
     """Whether checkpoints/ was written by a run that differs at most in its length (then resume it);
-    checkpoints of any other config are deleted, never resumed."""
+    checkpoints of any other config (or all of them, without ``resume``) are deleted, never resumed."""
     lengthless = {**run_config, "train": {k: v for k, v in run_config["train"].items() if k not in _LENGTH_KNOBS}}
     key = fingerprint(lengthless)
     stamp = checkpoints.parent / "checkpoints.fingerprint"
-    if stamp.is_file() and stamp.read_text().strip() == key:
+    if resume and stamp.is_file() and stamp.read_text().strip() == key:
         return True
     shutil.rmtree(checkpoints, ignore_errors=True)
     stamp.write_text(key + "\n")
@@ -371,7 +371,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         prepared.split(split)  # one-line error for a missing split
     run_config = {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
                   "model": asdict(model), "conditioning": asdict(conditioning),
-                  "train": {k: v for k, v in asdict(train).items() if k not in ("progress_bar", "num_workers")}}
+                  "train": {k: v for k, v in asdict(train).items() if k not in ("progress_bar", "num_workers", "resume")}}
     if prepare_stage_dir(out, run_config, keep_partial=True):
         return out
 
@@ -399,7 +399,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         raise PlanlmError(f"{prepared.path / train.train_split}: no training window (articles with >= 2 tokens)")
     has_val = len(loaders[train.val_split]) > 0
 
-    precision = train.precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
+    on_gpu = torch.cuda.is_available() and train.accelerator in ("auto", "gpu", "cuda")
+    precision = train.precision or ("bf16-mixed" if on_gpu else "32-true")
     checkpoints = out / "checkpoints"
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=checkpoints, filename="step{step}", auto_insert_metric_name=False,
@@ -416,7 +417,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         default_root_dir=out)
     module = LightningLM(planned, lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps)
     last = checkpoints / "last.ckpt"
-    ckpt_path = str(last) if train.resume and _checkpoints_match(checkpoints, run_config) and last.is_file() else None
+    ckpt_path = str(last) if _checkpoints_match(checkpoints, run_config, train.resume) and last.is_file() else None
     start = time.time()
     trainer.fit(module, loaders[train.train_split], loaders[train.val_split] if has_val else None, ckpt_path=ckpt_path)
 
