@@ -23,9 +23,13 @@ Design decisions the paper leaves open, made here:
   plus learned absolute position embeddings p_1..p_T (D wide). Its output is pooled into one
   vector per path by a masked mean over the valid steps, so it already lives in the LM's space and
   needs no extra projection; with alpha_1 = 0 the path vector is exactly the Project-and-Avg c~^j.
+  (The paper writes PT(Emb(a) + p); its action and LM widths are both 768, where feeding W Emb(a) + b
+  differs only by a learned linear map in front of the first layer.)
 - The SampleTransformer runs at width D over the K path vectors, without position embeddings (the
   paths are an unordered sample), and is pooled by a masked mean over the valid paths.
-- Both are bidirectional ``nn.TransformerEncoder`` stacks (pre-norm).
+- Both are bidirectional ``nn.TransformerEncoder`` stacks (pre-norm, GELU, feed-forward 2 D).
+- Each distinct path of a batch goes through the PathTransformer once (oracle and argmax plans
+  repeat one path K times); results do not depend on the batch (tested).
 - With the ReZero scalars at zero, alpha_2 gets a gradient at once and alpha_1 once alpha_2 has
   moved (eq. 2 adds c^, the mean of c~^j, so at alpha_2 = 0 the path vectors c^j do not reach c).
 - ``rezero=False`` (the paper's "no ReZero" ablation) drops both scalars *and* both skip connections
