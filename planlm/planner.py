@@ -8,7 +8,7 @@ A learned start latent is always prepended by h, so the first sentence of an art
 context) has a valid state. The state grows by one latent per step; g re-encodes the whole set each
 step (no KV cache is possible: every latent changes), which is cheap for T <= 10. Training uses
 teacher forcing (``forward``); ``sample_paths`` draws K paths autoregressively, batched over paths
-and boundaries (the B*K rows go through one forward per step).
+and boundaries (one forward per step for all of them; paths that share a prefix share its state).
 
 Letters: B batch (boundaries), S context sentences, T horizon, K paths, A actions, D width
 (d_model), E sentence-embedding width, N flattened rows, n latents in a state.
@@ -272,18 +272,23 @@ class Planner(nn.Module):
         try:
             latents, latent_mask, slot = self.representation(context_embeds, context_mask)
             batch_size = latents.shape[0]
-            step_logits = self.prediction(latents, latent_mask)  # (B, A): the first step is shared by all paths
-            # From here on every path has its own state: B*K rows, path-major within a boundary.
-            step_logits = step_logits.repeat_interleave(num_paths, dim=0)  # (B*K, A)
-            latents = latents.repeat_interleave(num_paths, dim=0)  # (B*K, n, D)
-            latent_mask = latent_mask.repeat_interleave(num_paths, dim=0)  # (B*K, n)
-            slot = slot.repeat_interleave(num_paths, dim=0)  # (B*K,)
+            # Paths that share a prefix share their state, so g and f run once per distinct
+            # (boundary, prefix): U <= B*K states. Each path samples from its own row of probabilities,
+            # so the draws are exactly those of B*K independent rollouts.
+            state_of_path = torch.arange(batch_size, device=latents.device).repeat_interleave(num_paths)  # (B*K,)
+            step_logits = self.prediction(latents, latent_mask)  # (U=B, A): step 0 is shared by a boundary's paths
             actions = []
             for step in range(horizon):
                 if step > 0:
-                    latents, latent_mask = self.dynamics(latents, latent_mask, actions[-1], slot + step - 1)
-                    step_logits = self.prediction(latents, latent_mask)  # (B*K, A)
-                probs = torch.softmax(step_logits.float() / temperature, dim=-1)  # (B*K, A)
+                    keys = state_of_path * self.config.num_actions + actions[-1]  # (B*K,) (parent state, action)
+                    unique_keys, state_of_path = torch.unique(keys, return_inverse=True)  # (U,), (B*K,)
+                    parent = unique_keys // self.config.num_actions  # (U,)
+                    latents, latent_mask = self.dynamics(latents[parent], latent_mask[parent],
+                                                         unique_keys % self.config.num_actions,
+                                                         slot[parent] + step - 1)  # (U, n+1, D)
+                    slot = slot[parent]  # (U,)
+                    step_logits = self.prediction(latents, latent_mask)  # (U, A)
+                probs = torch.softmax(step_logits.float() / temperature, dim=-1)[state_of_path]  # (B*K, A)
                 actions.append(torch.multinomial(probs, 1, generator=generator).squeeze(1))  # (B*K,)
             return torch.stack(actions, dim=1).view(batch_size, num_paths, horizon)  # (B, K, T)
         finally:

@@ -155,3 +155,23 @@ def test_finetuned_encoder_inside_h_trains_end_to_end():
     encoder_grads = [p.grad for p in planner.representation.encoder.parameters() if p.requires_grad]
     assert any(g is not None and g.abs().sum() > 0 for g in encoder_grads)
     assert time.perf_counter() - start < 60
+
+
+def test_shared_prefix_sampling_draws_exactly_what_independent_rollouts_draw():
+    planner = tiny_planner(seed=5)
+    embeds, mask = contexts(batch_size=4, num_sentences=3, seed=6)
+    num_paths, horizon, temperature = 6, 4, 0.7
+    got = planner.sample_paths(embeds, mask, num_paths, horizon, temperature, torch.Generator().manual_seed(11))
+    # Reference: every path its own full state (B*K rows), the same generator walk.
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        latents, latent_mask, slot = planner.representation(embeds, mask)
+        latents, latent_mask, slot = (x.repeat_interleave(num_paths, dim=0) for x in (latents, latent_mask, slot))
+        actions = []
+        for step in range(horizon):
+            if step > 0:
+                latents, latent_mask = planner.dynamics(latents, latent_mask, actions[-1], slot + step - 1)
+            probs = torch.softmax(planner.prediction(latents, latent_mask) / temperature, dim=-1)
+            actions.append(torch.multinomial(probs, 1, generator=generator).squeeze(1))
+    expected = torch.stack(actions, dim=1).view(4, num_paths, horizon)
+    assert torch.equal(got, expected)
