@@ -5,7 +5,10 @@ cost ratio; the issue's target is K = 50 <= 3x K = 1 on CPU). Uses a synthetic p
 like the offline default (384-d embeddings, 128 actions, articles of 2-15 sentences) unless
 ``--prepared_dir`` is given.
 
-    python benchmarks/bench_planner.py [--prepared_dir DIR] [--d_model 256] [--boundaries 512]
+    python benchmarks/bench_planner.py [--prepared_dir DIR [--planner_dir DIR]] [--d_model 256] [--boundaries 256]
+
+A fresh planner is near-uniform over actions (the worst case for sampling: K paths share no
+prefix); ``--planner_dir`` times a trained one (paths share prefixes, and so states, more often).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ def timed(fn, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prepared_dir", default=None)
+    parser.add_argument("--planner_dir", default=None, help="a trained planner for the sampling rows")
     parser.add_argument("--d_model", type=int, default=256)
     parser.add_argument("--num_heads", type=int, default=4)
     parser.add_argument("--dim_feedforward", type=int, default=1024)
@@ -77,6 +81,8 @@ def main() -> None:
         rows = [("train step (teacher forcing, fwd+bwd+AdamW)", batch_size, train_time, None)]
 
         # Sampling: K paths of T steps for the same boundaries, through compute_plans (contexts included).
+        if args.planner_dir:
+            planner = Planner.from_pretrained(args.planner_dir)
         planner.eval()
         sentences = rng.choice(split.num_sentences, min(args.boundaries, split.num_sentences), replace=False)
         sentences.sort()
@@ -93,9 +99,11 @@ def main() -> None:
         context_only = timed(lambda: boundary_contexts(split, sentences, config.max_sentences), args.repeats)
         rows.append(("contexts only (gather embeddings)", len(sentences), context_only, base))
 
-    print(f"planner d_model={args.d_model} heads={args.num_heads} ff={args.dim_feedforward} A={config.num_actions} "
-          f"E={config.embedding_dim} T={args.horizon}; torch threads={torch.get_num_threads()}; "
-          f"corpus={'given' if args.prepared_dir else 'synthetic'}")
+    sampled = planner.config
+    print(f"train: d_model={args.d_model} heads={args.num_heads} ff={args.dim_feedforward} A={config.num_actions} "
+          f"E={config.embedding_dim} T={args.horizon}; sampling: {'trained ' + args.planner_dir if args.planner_dir else 'fresh'} "
+          f"d_model={sampled.d_model} ff={sampled.dim_feedforward}; torch threads={torch.get_num_threads()}; "
+          f"corpus={args.prepared_dir or 'synthetic'}")
     print(f"{'what':48s} {'boundaries':>10s} {'seconds':>9s} {'boundaries/s':>13s} {'cost vs K=1':>12s}")
     for name, count, seconds, reference in rows:
         ratio = "" if reference is None else f"{seconds / reference:.2f}x"
