@@ -196,8 +196,8 @@ class LightningLM(L.LightningModule):
         return out.loss, num_tokens
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss, num_tokens = self.model_step(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=int(num_tokens))
+        loss, _ = self.model_step(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])  # per step: no sync
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
