@@ -213,6 +213,9 @@ def test_bad_input_gives_one_line_errors(synthetic_random, tmp_path):
     (base / "planned_lm.json").write_text(json.dumps(config))
     with pytest.raises(PlanlmError, match="tokenizer"):
         train_lm(str(synthetic_random), str(tmp_path / "m5"), train=quick(), model=LMModelConfig(init_from=str(base)))
+    with pytest.raises(PlanlmError, match="fixed_action"):
+        train_lm(str(synthetic_random), str(tmp_path / "m6"), model=model, train=quick(),
+                 conditioning=ConditioningConfig(conditioning="fixed", fixed_action=8))
     with pytest.raises(PlanlmError, match="plans_dir"):
         ConditioningConfig(conditioning="planner_sampled")
 

@@ -302,6 +302,9 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, cond: Conditio
         raise PlanlmError(f"{prepared.path}: token id {max_id} does not fit the LM's "
                           f"{lm.get_input_embeddings().num_embeddings} embeddings; use an LM of tokenizer "
                           f"{prepared.tokenizer_name!r}")
+    if cond.conditioning == "fixed" and not 0 <= cond.fixed_action < prepared.num_actions:
+        raise PlanlmError(f"--conditioning.fixed_action {cond.fixed_action}: {prepared.path} has actions "
+                          f"0..{prepared.num_actions - 1}")
     adapter = None
     if cond.conditioning != "none":
         adapter = AdapterConfig(
