@@ -246,9 +246,9 @@ class PlannedGenerator:
         """The <= context_length tokens of ``article`` before its sentence ``boundary`` (article-local),
         planned from the true sentences and their prepared embeddings."""
         sentences = split.sentence_range(article)
-        if not 1 <= boundary < len(sentences):
+        if not 1 <= boundary <= len(sentences):
             raise PlanlmError(f"{split.path}: article {article} has {len(sentences)} sentences; --boundary must be in "
-                              f"[1, {len(sentences) - 1}] (the generated text starts at that sentence)")
+                              f"[1, {len(sentences)}] (the number of true sentences before the generated text)")
         s = sentences.start + boundary
         tokens = split.token_range(article)
         token_sentence = np.asarray(split.token_sentence[tokens.start:tokens.stop])
