@@ -131,8 +131,9 @@ def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
                                                    horizon=2, planner_dir=str(tmp_path / "planner")),
                    train=quick())
     config = PlannedLM.from_pretrained(out).config
-    assert Path(config.plans_dir).parent.parent == (tmp_path / "planner").resolve() or \
-        Path(config.plans_dir).is_relative_to(tmp_path / "planner")
+    planner_dir = (tmp_path / "planner").resolve()
+    assert Path(config.plans_dir).resolve().is_relative_to(planner_dir)  # the default cache inside the planner
+    assert Path(config.planner_dir).resolve() == planner_dir
     assert config.planner_hash == read_manifest(config.plans_dir)["planner_hash"] and len(config.planner_hash) == 64
 
 
