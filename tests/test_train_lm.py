@@ -274,3 +274,13 @@ def test_cli_train_lm(synthetic_random, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("planlm: error:") and "manifest.json missing" in err and "\n" not in err
     shutil.rmtree(tmp_path / "x", ignore_errors=True)
+
+
+def test_a_llama_family_lm_trains_with_lora_and_plans(synthetic_random, tmp_path):
+    llama = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+             "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128}
+    out = train_lm(str(synthetic_random), str(tmp_path / "llama"), train=quick(limit_train_batches=1),
+                   model=LMModelConfig(model_config=llama, finetune="lora", lora_rank=2),
+                   conditioning=ConditioningConfig(conditioning="oracle", adapter="multipath", num_paths=2, horizon=2))
+    model = PlannedLM.from_pretrained(out)
+    assert model.lm.config.model_type == "llama" and np.isfinite(read_manifest(out)["val_loss"])
