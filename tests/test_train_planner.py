@@ -126,9 +126,13 @@ def test_rerun_reuses_a_complete_folder_and_resumes_an_interrupted_one(synthetic
     versions = sorted((out / "logs").glob("version_*/metrics.csv"))
     assert "val/loss" in versions[0].read_text()  # the first run trained and validated ...
     assert not any("val/loss" in v.read_text() for v in versions[1:])  # ... the resumed one had nothing left
-    # A changed configuration retrains from scratch (stale checkpoints are not resumed).
+    # More epochs: continues from last.ckpt (the first epoch is not trained again).
     out2 = train_planner(str(synthetic_cycle), str(tmp_path / "planner"), TINY_MODEL, tiny_train(max_epochs=2))
     assert json.loads((out2 / "summary.json").read_text())["epochs"] == 2
+    resumed = sorted((out / "logs").glob("version_*/metrics.csv"))[-1].read_text().splitlines()
+    assert resumed[1:] and all(line.startswith("1,") for line in resumed[1:])  # only epoch 1 was logged
+    # Another configuration (learning rate) retrains from scratch: stale checkpoints are not resumed.
+    train_planner(str(synthetic_cycle), str(tmp_path / "planner"), TINY_MODEL, tiny_train(max_epochs=1, lr=5e-3))
     assert len(list((out / "logs").glob("version_*/metrics.csv"))) == 1
 
 

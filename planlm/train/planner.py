@@ -389,7 +389,7 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerArgs = PlannerA
     """Train the multi-step planner on a prepared corpus and compare it with majority/unigram/bigram baselines.
 
     Rerunning the same command resumes from ``checkpoints/last.ckpt``; a complete folder with the same
-    configuration is reused as is.
+    configuration is reused as is; rerunning with only a larger max_epochs/max_steps continues training.
 
     Args:
         prepared_dir: Prepared corpus (``planlm prepare``): sentence embeddings, actions, codebook.
@@ -425,12 +425,15 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerArgs = PlannerA
                     "train": {key: value for key, value in asdict(train).items() if key not in display_only}}
     if prepare_stage_dir(out, stage_config, keep_partial=True):
         return out
-    # Checkpoints left by a run with another configuration must not be resumed.
+    # Checkpoints left by a run with another configuration must not be resumed; only the stopping knobs
+    # may change (rerun with a larger --train.max_epochs to continue a finished run from last.ckpt).
+    stopping = ("max_epochs", "max_steps", "early_stopping_patience", "val_check_interval")
+    run_config = {**stage_config, "train": {k: v for k, v in stage_config["train"].items() if k not in stopping}}
     run_file = out / "run_config.json"
-    if run_file.is_file() and fingerprint(stage_config) != _read_fingerprint(run_file):
+    if run_file.is_file() and fingerprint(run_config) != _read_fingerprint(run_file):
         shutil.rmtree(out)
         out.mkdir(parents=True)
-    write_json(run_file, {"config_fingerprint": fingerprint(stage_config), "config": stage_config})
+    write_json(run_file, {"config_fingerprint": fingerprint(run_config), "config": run_config})
 
     L.seed_everything(train.seed, verbose=False)
     planner = Planner(config, codebook=prepared.codebook)
