@@ -98,6 +98,59 @@ def _fmt(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+def _is_distributed(stage: Stage) -> bool:
+    """Whether a training stage would start several processes (Lightning's DDP launcher)."""
+    train = stage.kwargs.get("train")
+    if stage.command not in ("train_lm", "train_planner") or train is None:
+        return False
+    devices, strategy = getattr(train, "devices", 1), str(getattr(train, "strategy", "auto"))
+    if getattr(train, "num_nodes", 1) > 1 or "ddp" in strategy or "fsdp" in strategy or "deepspeed" in strategy:
+        return True
+    if isinstance(devices, int) or str(devices).lstrip("-").isdigit():
+        count = int(devices)
+        if count == -1:
+            return _accelerator_count(train) > 1
+        return count > 1
+    return str(devices) == "auto" and _accelerator_count(train) > 1
+
+
+def _accelerator_count(train: Any) -> int:
+    import torch
+
+    accelerator = str(getattr(train, "accelerator", "auto"))
+    return torch.cuda.device_count() if accelerator in ("auto", "gpu", "cuda") else 1
+
+
+def _run_distributed(stage: Stage) -> None:
+    """Run a multi-process training stage as its own `planlm` command in a child process.
+
+    Lightning's DDP launcher starts the other ranks by re-running the current command line; for
+    `planlm run` that would re-run the whole pipeline in every rank. Running the stage as a command
+    of its own confines the extra ranks to that stage, and they exit with it.
+    """
+    import dataclasses
+    import subprocess
+    import sys
+    import tempfile
+
+    import yaml
+
+    def plain(value: Any) -> Any:
+        return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+    config = {key: plain(value) for key, value in stage.kwargs.items()}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(config, f)
+    command = [sys.executable, "-m", "planlm.cli", stage.command.replace("_", "-"), "--config", f.name]
+    try:
+        result = subprocess.run(command)
+    finally:
+        Path(f.name).unlink(missing_ok=True)
+    if result.returncode != 0:
+        raise PlanlmError(f"{stage.name}: the distributed training command failed (exit {result.returncode}); "
+                          f"its output is above; rerun `planlm run` to resume")
+
+
 def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Optional[dict], conditions: list[dict],
                 evaluate: dict, edit_distance: Optional[dict], sweeps: Optional[list[dict]], where: str) -> list[Stage]:
     """Validate every section and return the stages in order (nothing runs here)."""
@@ -221,7 +274,7 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
         manifest_before = read_manifest(out_path)
         started = time.time()
         try:
-            result = _command(stage.command)(**stage.kwargs)
+            result = _run_distributed(stage) if _is_distributed(stage) else _command(stage.command)(**stage.kwargs)
             status, error = "done", None
         except (Exception, SystemExit) as e:  # one failed condition must not lose the others
             if stage.condition is None:
