@@ -30,9 +30,26 @@ def load_command(name: str):
     return getattr(importlib.import_module(module), func)
 
 
+def _quiet_library_noise() -> None:
+    """Drop advertising and deprecation chatter of our libraries that says nothing about the run."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+
+    class _NoTips(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "litlogger" not in record.getMessage()
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+                 "lightning.pytorch"):
+        logging.getLogger(name).addFilter(_NoTips())
+
+
 def main(argv: list[str] | None = None) -> None:
     from planlm.data.resources import use_offline_mode_if_no_hub
 
+    _quiet_library_noise()
     use_offline_mode_if_no_hub()  # before transformers is imported: no minute of hub retries offline
 
     from jsonargparse import CLI
