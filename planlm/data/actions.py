@@ -11,7 +11,7 @@ Backends:
 
 Initialisation: ``k-means++`` (the paper's choice) or ``random`` (``num_actions`` distinct training
 points). For faiss, k-means++ seeds are computed with ``sklearn.cluster.kmeans_plusplus`` on a
-seeded subsample of at most ``init_sample`` points: k-means++ is sequential and costs
+seeded subsample of at most ``init_sample`` points (32 per action by default): k-means++ is sequential and costs
 O(points x actions x log(actions)), which on the full corpus would take longer than the fit.
 
 Assignment: every sentence (train included) gets its nearest centroid (squared L2), computed in
@@ -42,9 +42,11 @@ class ActionsConfig:
     """faiss (fast, GPU when present) or scikit-learn (the reference)."""
     init: Literal["k-means++", "random"] = "k-means++"
     """Centroid initialisation."""
-    init_sample: int = 20_000
-    """faiss + k-means++: points the seeds are drawn from (a seeded subsample; the seeding costs
-    O(init_sample x num_actions x log num_actions), the Lloyd iterations then use every point)."""
+    init_sample: int | None = None
+    """faiss + k-means++: points the seeds are drawn from (a seeded subsample; None: 32 per action).
+    The seeding costs O(init_sample x num_actions x log num_actions); the Lloyd iterations then use
+    every point, so a larger sample buys nothing measurable (on the embedded corpus, 256 actions:
+    16 to 78 points per action give the same inertia within 0.1%)."""
     num_iterations: int = 25
     """Lloyd iterations (faiss) / the iteration cap (scikit-learn, which also stops on ``tol``)."""
     fit_sample: int | None = None
@@ -63,7 +65,7 @@ class ActionsConfig:
         if self.fit_sample is not None and self.fit_sample < self.num_actions:
             raise PlanlmError(f"--actions.fit_sample ({self.fit_sample}) must be >= --actions.num_actions "
                               f"({self.num_actions}) or null")
-        if self.init_sample < self.num_actions:
+        if self.init_sample is not None and self.init_sample < self.num_actions:
             raise PlanlmError(f"--actions.init_sample ({self.init_sample}) must be >= --actions.num_actions "
                               f"({self.num_actions})")
 
@@ -98,9 +100,10 @@ def initial_centroids(x: np.ndarray, config: ActionsConfig) -> np.ndarray:
         return np.ascontiguousarray(x[np.sort(rng.choice(len(x), size=config.num_actions, replace=False))])
     from sklearn.cluster import kmeans_plusplus
 
+    init_sample = config.init_sample or 32 * config.num_actions
     sample = x
-    if len(x) > config.init_sample:
-        sample = x[np.sort(rng.choice(len(x), size=config.init_sample, replace=False))]
+    if len(x) > init_sample:
+        sample = x[np.sort(rng.choice(len(x), size=init_sample, replace=False))]
     # float64: scikit-learn computes float32 distances through a much slower upcasting path
     centers, _ = kmeans_plusplus(np.asarray(sample, dtype=np.float64), config.num_actions, random_state=config.seed)
     return np.ascontiguousarray(centers, dtype=np.float32)
