@@ -308,7 +308,7 @@ class PlannedGenerator:
             context_embeds = torch.zeros(batch, longest, width)  # (B, S, E)
             context_mask = torch.zeros(batch, longest, dtype=torch.bool)  # (B, S)
             for i, c in enumerate(contexts):
-                context_embeds[i, :len(c)] = torch.from_numpy(np.asarray(c, np.float32))
+                context_embeds[i, :len(c)] = torch.from_numpy(np.array(c, np.float32))
                 context_mask[i, :len(c)] = True
             context_embeds, context_mask = context_embeds.to(self.device), context_mask.to(self.device)
             self.planner_calls += 1
