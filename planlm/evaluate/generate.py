@@ -31,17 +31,16 @@ Letters: K paths, T horizon, E sentence-embedding width, D LM width, V vocabular
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.resources import load_tokenizer, split_sentences
-from planlm.evaluate.perplexity import (CONDITIONINGS, Conditioning, EvalConditioning, check_compatible, load_model,
+from planlm.evaluate.perplexity import (Conditioning, EvalConditioning, check_compatible, load_model,
                                         load_planner, resolve_conditioning, resolve_device)
 from planlm.utils import PlanlmError, write_json
 
@@ -578,4 +577,4 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
 
 
 __all__ = ["PlannedGenerator", "SamplingConfig", "GenerationResult", "generate", "generate_text",
-           "encoder_embed_fn", "synthetic_embed_fn", "CONDITIONINGS"]
+           "encoder_embed_fn", "synthetic_embed_fn"]
