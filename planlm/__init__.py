@@ -25,6 +25,10 @@ _API = {
     "edit_distance": "planlm.evaluate.edit_distance",
     "sweep": "planlm.evaluate.sweeps",
     "run": "planlm.pipeline",
+    "generate_text": "planlm.evaluate.generate",
+    "PlannedGenerator": "planlm.evaluate.generate",
+    "compute_plans": "planlm.plans",
+    "load_plans": "planlm.plans",
     # data and networks
     "PreparedDataset": "planlm.data.artifacts",
     "Planner": "planlm.planner",
