@@ -34,13 +34,9 @@ PREPARED_FILE = "prepared.json"
 
 
 @dataclass
-class PlannerConfig:
-    """Shape of a planner (saved as ``config.json`` next to the weights)."""
+class PlannerShape:
+    """The planner's shape as a user chooses it; num_actions and embedding_dim come from the prepared corpus."""
 
-    num_actions: int = 1024
-    """A: number of abstract writing actions (codebook rows)."""
-    embedding_dim: int = 384
-    """E: width of the prepared sentence embeddings (the input of h)."""
     d_model: int = 256
     """D: width of the latents, of f and of g (the paper: 768)."""
     num_heads: int = 4
@@ -62,13 +58,11 @@ class PlannerConfig:
     dynamics_grad_scale: float = 0.5
     """Scale of the gradient that flows back through g into earlier states (MuZero: 0.5)."""
     finetune_encoder: bool = False
-    """h runs the sentence encoder on the sentence texts and trains it end to end (slow)."""
-    encoder_name: Optional[str] = None
-    """SentenceTransformer name or folder for finetune_encoder (the prepared corpus's encoder)."""
+    """h runs the prepared corpus's sentence encoder on the sentence texts and trains it end to end
+    (slow; the paper's 110M-parameter h)."""
 
     def __post_init__(self):
-        for name in ("num_actions", "embedding_dim", "d_model", "num_heads", "num_layers", "dim_feedforward",
-                     "max_sentences", "horizon"):
+        for name in ("d_model", "num_heads", "num_layers", "dim_feedforward", "max_sentences", "horizon"):
             if getattr(self, name) < 1:
                 raise PlanlmError(f"planner config: {name}={getattr(self, name)} must be >= 1; fix --model.{name}")
         if self.d_model % self.num_heads:
@@ -76,6 +70,24 @@ class PlannerConfig:
                               f"fix --model.d_model or --model.num_heads")
         if not 0.0 <= self.dropout < 1.0:
             raise PlanlmError(f"planner config: dropout={self.dropout} must be in [0, 1); fix --model.dropout")
+
+
+@dataclass
+class PlannerConfig(PlannerShape):
+    """Shape of a planner (saved as ``config.json`` next to the weights)."""
+
+    num_actions: int = 1024
+    """A: number of abstract writing actions (codebook rows)."""
+    embedding_dim: int = 384
+    """E: width of the prepared sentence embeddings (the input of h)."""
+    encoder_name: Optional[str] = None
+    """SentenceTransformer name or folder for finetune_encoder (the prepared corpus's encoder)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("num_actions", "embedding_dim"):
+            if getattr(self, name) < 1:
+                raise PlanlmError(f"planner config: {name}={getattr(self, name)} must be >= 1")
         if self.finetune_encoder and not self.encoder_name:
             raise PlanlmError("planner config: finetune_encoder needs encoder_name (the prepared corpus's encoder)")
 

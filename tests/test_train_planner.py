@@ -13,10 +13,11 @@ from planlm.data.artifacts import PreparedDataset, PreparedSplit, write_split
 from planlm.data.synthetic import make_synthetic_prepared
 from planlm.planner import Planner
 from planlm.plans import load_plans, sample_plans
-from planlm.train.planner import LengthGroupedSampler, PlannerArgs, PlannerTrainArgs, baseline_metrics, evaluate_planner, train_planner
+from planlm.planner import PlannerShape
+from planlm.train.planner import LengthGroupedSampler, PlannerTrainArgs, baseline_metrics, evaluate_planner, train_planner
 from planlm.utils import PlanlmError
 
-TINY_MODEL = PlannerArgs(d_model=32, num_heads=2, dim_feedforward=64, horizon=4, dropout=0.0)
+TINY_MODEL = PlannerShape(d_model=32, num_heads=2, dim_feedforward=64, horizon=4, dropout=0.0)
 
 
 def tiny_train(**overrides) -> PlannerTrainArgs:
@@ -139,7 +140,7 @@ def test_rerun_reuses_a_complete_folder_and_resumes_an_interrupted_one(synthetic
 
 def test_bad_input_gives_one_line_errors(synthetic_cycle, tmp_path):
     with pytest.raises(PlanlmError, match="horizon") as error:
-        train_planner(str(synthetic_cycle), str(tmp_path / "p"), PlannerArgs(horizon=50), tiny_train())
+        train_planner(str(synthetic_cycle), str(tmp_path / "p"), PlannerShape(horizon=50), tiny_train())
     assert "longest article" in str(error.value) and "\n" not in str(error.value)
     empty = make_synthetic_prepared(tmp_path / "empty", num_articles={"train": 0, "validation": 3, "test": 3})
     with pytest.raises(PlanlmError, match="no sentences"):
@@ -188,7 +189,7 @@ def test_finetuned_encoder_planner_end_to_end(tmp_path):
 
     prepared = prepare(str(tmp_path / "prepared"), corpus=CorpusConfig(num_train=12, num_validation=3, num_test=3),
                        actions=ActionsConfig(num_actions=4, backend="sklearn"), progress=False)
-    model = PlannerArgs(d_model=16, num_heads=2, dim_feedforward=32, horizon=2, finetune_encoder=True)
+    model = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2, finetune_encoder=True)
     out = train_planner(str(prepared), str(tmp_path / "planner"), model, tiny_train(max_epochs=1, batch_size=16))
     planner = Planner.from_pretrained(out)
     assert planner.representation.encoder is not None

@@ -33,39 +33,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
-from planlm.planner import Planner, PlannerConfig
+from planlm.planner import Planner, PlannerConfig, PlannerShape
 from planlm.plans import IGNORE_INDEX, boundary_contexts, boundary_targets, check_split, embed_split
 from planlm.utils import PlanlmError, fingerprint, prepare_stage_dir, write_json, write_manifest
 
 SUMMARY_MODELS = ("planner_teacher_forced", "planner_free_running", "majority", "unigram", "bigram")
-
-
-@dataclass
-class PlannerArgs:
-    """Planner shape; num_actions and embedding_dim come from the prepared corpus."""
-
-    d_model: int = 256
-    """Width of latents, f and g (the paper: 768)."""
-    num_heads: int = 4
-    """Attention heads in f and g (the paper: 2)."""
-    num_layers: int = 1
-    """Transformer layers in f and in g (the paper: 1)."""
-    dim_feedforward: int = 1024
-    """Feed-forward width in f and g (the paper: 2048)."""
-    max_sentences: int = 64
-    """Context: the last max_sentences sentences before the boundary."""
-    horizon: int = 10
-    """T: number of future actions predicted per boundary."""
-    dropout: float = 0.1
-    """Dropout in h, f and g."""
-    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
-    """Sentence-position encoding."""
-    init_from_codebook: bool = True
-    """Initialise f's classifier and g's action table from the codebook."""
-    dynamics_grad_scale: float = 0.5
-    """Gradient scale through g's recurrent state (MuZero: 0.5)."""
-    finetune_encoder: bool = False
-    """Run and finetune the prepared corpus's sentence encoder inside h (slow; the paper's 110M h)."""
 
 
 @dataclass
@@ -384,7 +356,7 @@ def write_summary(out_dir: Path, summary: dict) -> None:
 
 
 # ---- the command --------------------------------------------------------------------------------------
-def train_planner(prepared_dir: str, out_dir: str, model: PlannerArgs = PlannerArgs(),
+def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = PlannerShape(),
                   train: PlannerTrainArgs = PlannerTrainArgs()) -> Path:
     """Train the multi-step planner on a prepared corpus and compare it with majority/unigram/bigram baselines.
 
@@ -427,7 +399,9 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerArgs = PlannerA
         return out
     # Checkpoints left by a run with another configuration must not be resumed; only the stopping knobs
     # may change (rerun with a larger --train.max_epochs to continue a finished run from last.ckpt).
-    stopping = ("max_epochs", "max_steps", "early_stopping_patience", "val_check_interval")
+    # Not max_steps: a run stopped by max_steps inside an epoch is checkpointed as if that epoch were
+    # finished, so a resumed longer run would skip the epoch's remaining batches; it starts over instead.
+    stopping = ("max_epochs", "early_stopping_patience", "val_check_interval")
     run_config = {**stage_config, "train": {k: v for k, v in stage_config["train"].items() if k not in stopping}}
     run_file = out / "run_config.json"
     if run_file.is_file() and fingerprint(run_config) != _read_fingerprint(run_file):
