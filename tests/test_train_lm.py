@@ -156,6 +156,14 @@ def test_resume_continues_from_last_checkpoint(synthetic_random, tmp_path):
     assert read_manifest(out)["global_step"] == 1
 
 
+def test_more_max_steps_after_a_run_stopped_inside_an_epoch_trains_them_all(synthetic_random, tmp_path):
+    kwargs = dict(model=LMModelConfig(model_config=TINY), conditioning=ConditioningConfig(conditioning="oracle"))
+    out = train_lm(str(synthetic_random), str(tmp_path / "model"), train=quick(max_steps=2, max_epochs=1, limit_train_batches=None), **kwargs)
+    assert read_manifest(out)["global_step"] == 2
+    train_lm(str(synthetic_random), str(out), train=quick(max_steps=5, max_epochs=1, limit_train_batches=None), **kwargs)
+    assert read_manifest(out)["global_step"] == 5
+
+
 def test_frozen_trains_only_the_conditioning_and_lora_merges(synthetic_random, tmp_path):
     import lightning as L
 

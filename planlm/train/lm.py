@@ -342,8 +342,10 @@ def _checkpoints_match(checkpoints: Path, run_config: dict, resume: bool) -> boo
     return False
 
 
-# Knobs that only say how long to train: a finished shorter run resumes into a longer one.
-_LENGTH_KNOBS = ("max_epochs", "max_steps", "val_check_interval", "limit_train_batches", "limit_val_batches")
+# Knobs that only say how long to train: a finished shorter run resumes into a longer one. Not max_steps
+# nor limit_train_batches: Lightning checkpoints a run that they stopped inside an epoch as if the
+# epoch were finished, so a longer run resumed from it would train no more (it starts over instead).
+_LENGTH_KNOBS = ("max_epochs", "val_check_interval", "limit_val_batches")
 
 
 # --------------------------------------------------------------------------------------------- command
