@@ -52,8 +52,10 @@ def main(argv: list[str] | None = None) -> None:
     _quiet_library_noise()
     use_offline_mode_if_no_hub()  # before transformers is imported: no minute of hub retries offline
 
-    from jsonargparse import CLI
+    from jsonargparse import CLI, set_parsing_settings
 
+    # The config dataclasses document each field in a docstring under it: show those in --help.
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
     from planlm.utils import PlanlmError
 
     argv = sys.argv[1:] if argv is None else argv
