@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--boundaries", type=int, default=256, help="boundaries sampled per timing")
     parser.add_argument("--sample_batch_size", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--latency_boundaries", type=int, default=32,
+                        help="boundaries re-planned one at a time (B = 1, as during generation)")
     args = parser.parse_args()
     torch.manual_seed(0)
 
@@ -98,6 +100,24 @@ def main() -> None:
             rows.append((f"sample K={num_paths} (T={args.horizon})", len(sentences), seconds, base))
         context_only = timed(lambda: boundary_contexts(split, sentences, config.max_sentences), args.repeats)
         rows.append(("contexts only (gather embeddings)", len(sentences), context_only, base))
+
+        # Latency: one boundary per call (B = 1), as when generation re-plans at a generated sentence end.
+        # The K paths of one boundary run as one batch, so here K is nearly free.
+        single = sentences[: args.latency_boundaries]
+        contexts = [boundary_contexts(split, np.array([s]), config.max_sentences) for s in single]
+
+        def replan(num_paths: int):
+            def go():
+                with torch.no_grad():
+                    for context_embeds, context_mask in contexts:
+                        planner.sample_paths(context_embeds, context_mask, num_paths, args.horizon, 1.0,
+                                             generator=torch.Generator().manual_seed(0))
+            return go
+
+        latency_base = timed(replan(1), args.repeats)
+        for num_paths in (1, 10, 50):
+            seconds = latency_base if num_paths == 1 else timed(replan(num_paths), args.repeats)
+            rows.append((f"re-plan one boundary (B=1), K={num_paths}", len(single), seconds, latency_base))
 
     sampled = planner.config
     print(f"train: d_model={args.d_model} heads={args.num_heads} ff={args.dim_feedforward} A={config.num_actions} "
