@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_json, write_manifest
+from planlm.plans import resolve_device
 
 Conditioning = Literal["none", "fixed", "oracle", "planner_argmax", "planner_sampled"]
 CONDITIONINGS = ("none", "fixed", "oracle", "planner_argmax", "planner_sampled")
@@ -83,12 +84,6 @@ def window_batches(windows: np.ndarray, batch_size: int) -> list[np.ndarray]:
         members = order[(lengths[order] == key[0]) & (scored[order] == key[1])]
         batches.extend(members[i:i + batch_size] for i in range(0, len(members), batch_size))
     return batches
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def autocast(device: torch.device, precision: str):
