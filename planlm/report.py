@@ -119,6 +119,7 @@ def _planner_section(run_dir: Path, figures: Path) -> list[str]:
     for n in names:
         if metrics[n].get("top1") is not None:
             ax.plot(steps, metrics[n]["top1"], marker="o", label=n)
+    ax.set_xticks(steps)
     ax.set_xlabel("horizon step")
     ax.set_ylabel("top-1 accuracy")
     ax.set_title("Planner vs baselines")
