@@ -260,7 +260,6 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
                                       "conditions": conditions, "evaluate": evaluate, "edit_distance": edit_distance,
                                       "sweeps": sweeps}}
     progress = Progress(len(stages), state)
-    results: dict[str, Any] = {}
     for index, stage in enumerate(stages):
         failed_needs = [n for n in stage.needs if state["stages"].get(n, {}).get("status") != "done"]
         progress.begin(index, stages)
@@ -274,7 +273,7 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
         manifest_before = read_manifest(out_path)
         started = time.time()
         try:
-            result = _run_distributed(stage) if _is_distributed(stage) else _command(stage.command)(**stage.kwargs)
+            _run_distributed(stage) if _is_distributed(stage) else _command(stage.command)(**stage.kwargs)
             status, error = "done", None
         except (Exception, SystemExit) as e:  # one failed condition must not lose the others
             if stage.condition is None:
@@ -282,20 +281,18 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
                                                "command": stage.command}
                 write_json(state_path, state)
                 raise
-            result, status, error = None, "failed", f"{type(e).__name__}: {e}"
+            status, error = "failed", f"{type(e).__name__}: {e}"
             (out / "logs").mkdir(exist_ok=True)
             (out / "logs" / f"{stage.name.replace(' ', '_')}.txt").write_text(traceback.format_exc())
         seconds = time.time() - started
         reused = status == "done" and manifest_before is not None and manifest_before == read_manifest(out_path)
         state["stages"][stage.name] = {"status": status, "error": error, "wall_time_s": round(seconds, 2),
                                        "ran_now": not reused, "command": stage.command, "out_dir": str(out_path)}
-        if isinstance(result, dict):
-            results[stage.name] = result
         progress.end(stage, status, seconds, reused)
         write_json(state_path, state)
     from planlm.report import write_report
 
-    report_path = write_report(out, stages=stages, state=state, conditions=conditions, **(report or {}))
+    report_path = write_report(out, state=state, conditions=conditions, **(report or {}))
     failed = [n for n, s in state["stages"].items() if s["status"] != "done"]
     progress.console.print(f"[bold]report:[/] {report_path}" + (f"  ([red]not done: {', '.join(failed)}[/])"
                                                                   if failed else ""))

@@ -12,7 +12,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 # Table 1 of the paper (GPT-2 small, Wikipedia, test set): (perplexity, edit distance).
 PAPER_TABLE: dict[str, tuple[float, float]] = {
@@ -189,7 +189,7 @@ def _actions_section(run_dir: Path, figures: Path, actions_shown: int) -> list[s
 
 
 def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional[dict] = None,
-                 stages: Any = None, actions_shown: int = 5) -> Path:
+                 actions_shown: int = 5) -> Path:
     """Write report.md, results.json, results.csv and figures/ in ``run_dir``; return report.md's path."""
     run_dir = Path(run_dir)
     figures = run_dir / "figures"
