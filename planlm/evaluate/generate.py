@@ -40,8 +40,8 @@ import torch
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.resources import load_tokenizer, split_sentences
-from planlm.evaluate.perplexity import (Conditioning, EvalConditioning, check_compatible, load_model,
-                                        load_planner, resolve_conditioning, resolve_device)
+from planlm.evaluate.perplexity import (Conditioning, EvalConditioning, load_checked, load_planner,
+                                        resolve_conditioning, resolve_device)
 from planlm.utils import PlanlmError, write_json
 
 EmbedFn = Callable[[list[str]], np.ndarray]
@@ -497,10 +497,7 @@ def build_generator(model_dir: str, prepared_dir: str, split: str, conditioning:
                     plan_temperature, plan_seed, fixed_action, planner_dir, device: str, seed: int,
                     embed_fn: EmbedFn | None = None):
     """Load everything a command needs: (generator, prepared dataset, split view)."""
-    prepared = PreparedDataset(prepared_dir)
-    split_view = prepared.split(split)
-    model = load_model(model_dir)
-    check_compatible(model, prepared, split_view, model_dir)
+    prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
     cond = resolve_conditioning(model, conditioning, num_paths, horizon, plan_temperature, plan_seed, fixed_action,
                                 planner_dir, None, model_dir)
     torch_device = resolve_device(device)

@@ -275,6 +275,15 @@ def compute_planner_plans(cond: EvalConditioning, prepared: PreparedDataset, spl
     return plans, None
 
 
+def load_checked(model_dir: str, prepared_dir: str, split: str):
+    """(prepared dataset, split view, model) after checking that the model fits the prepared corpus."""
+    prepared = PreparedDataset(prepared_dir)
+    split_view = prepared.split(split)
+    model = load_model(model_dir)
+    check_compatible(model, prepared, split_view, model_dir)
+    return prepared, split_view, model
+
+
 def check_compatible(model, prepared: PreparedDataset, split: PreparedSplit, model_dir: str) -> None:
     config = model.config
     vocab = model.lm.get_input_embeddings().num_embeddings
@@ -369,10 +378,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         raise PlanlmError(f"--batch_size {batch_size} must be >= 1")
     if max_articles is not None and max_articles < 1:
         raise PlanlmError(f"--max_articles {max_articles} must be >= 1")
-    prepared = PreparedDataset(prepared_dir)
-    split_view = prepared.split(split)
-    model = load_model(model_dir)
-    check_compatible(model, prepared, split_view, model_dir)
+    prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
     cond = resolve_conditioning(model, conditioning, num_paths, horizon, temperature, seed, fixed_action,
                                 planner_dir, plans_dir, model_dir)
     torch_device = resolve_device(device)
