@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import platform
-import random
 import shutil
 import time
 from importlib import metadata
@@ -31,14 +30,6 @@ class PlanlmError(Exception):
     The CLI prints it as one line (no traceback). The message names the file, the record and
     the fix.
     """
-
-
-def seed_everything(seed: int) -> None:
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -133,14 +124,3 @@ def prepare_stage_dir(stage_dir: str | Path, config: Any, *, keep_partial: bool 
             shutil.rmtree(stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     return False
-
-
-def require_complete(stage_dir: str | Path, what: str) -> dict:
-    """Read the manifest of an input stage, or fail with a one-line error that says how to fix it."""
-    manifest = read_manifest(stage_dir)
-    if manifest is None:
-        raise PlanlmError(
-            f"{stage_dir}: no complete {what} here (manifest.json missing: the stage never ran or was "
-            f"interrupted); run the stage that produces it first"
-        )
-    return manifest
