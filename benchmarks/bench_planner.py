@@ -1,11 +1,13 @@
 """Planner throughput: training (boundaries/s) and path sampling for K = 1, 10, 50 at T = 10.
 
-Prints one table; every sampling row is compared with K = 1 measured in the same run (per-boundary
-cost ratio; the issue's target is K = 50 <= 3x K = 1 on CPU). Uses a synthetic prepared corpus shaped
+Prints one table per dynamics function (the paper's recurrent g and the cached prefix-causal g); every
+sampling row is compared with K = 1 of the same planner measured in the same run (per-boundary cost
+ratio; the issue's target is K = 50 <= 3x K = 1 on CPU). Uses a synthetic prepared corpus shaped
 like the offline default (384-d embeddings, 128 actions, articles of 2-15 sentences) unless
 ``--prepared_dir`` is given.
 
     python benchmarks/bench_planner.py [--prepared_dir DIR [--planner_dir DIR]] [--d_model 256] [--boundaries 256]
+        [--dynamics recurrent causal]
 
 A fresh planner is near-uniform over actions (the worst case for sampling: K paths share no
 prefix); ``--planner_dir`` times a trained one (paths share prefixes, and so states, more often).
@@ -44,6 +46,8 @@ def main() -> None:
     parser.add_argument("--num_heads", type=int, default=4)
     parser.add_argument("--dim_feedforward", type=int, default=1024)
     parser.add_argument("--horizon", type=int, default=10)
+    parser.add_argument("--dynamics", nargs="+", default=["recurrent", "causal"], choices=["recurrent", "causal"],
+                        help="dynamics functions to time (ignored for the sampling rows of --planner_dir)")
     parser.add_argument("--batch_size", type=int, default=512, help="training batch (boundaries)")
     parser.add_argument("--boundaries", type=int, default=256, help="boundaries sampled per timing")
     parser.add_argument("--sample_batch_size", type=int, default=256)
@@ -59,75 +63,88 @@ def main() -> None:
             max_sentences=15, num_articles={"train": 300, "validation": 10, "test": 10}, seed=0)
         prepared = PreparedDataset(prepared_dir)
         split = prepared["train"]
-        config = PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim,
-                               d_model=args.d_model, num_heads=args.num_heads, dim_feedforward=args.dim_feedforward,
-                               horizon=args.horizon, dropout=0.1)
-        planner = Planner(config, codebook=prepared.codebook)
-        rng = np.random.default_rng(0)
+        tables = []
+        for dynamics in args.dynamics:
+            config = PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim,
+                                   d_model=args.d_model, num_heads=args.num_heads,
+                                   dim_feedforward=args.dim_feedforward, horizon=args.horizon, dropout=0.1,
+                                   dynamics=dynamics)
+            torch.manual_seed(0)
+            planner = Planner(config, codebook=prepared.codebook)
+            trained = Planner.from_pretrained(args.planner_dir) if args.planner_dir else None
+            tables.append((dynamics, time_planner(planner, trained, split, args)))
+            if trained is not None:
+                break  # the trained planner's sampling rows would repeat
 
-        # Training: collate + forward + backward + AdamW step on one batch of boundaries.
-        module = LightningPlanner(planner)
-        optimizer = module.configure_optimizers()
-        collate = BoundaryCollate(split.path, config.horizon, config.max_sentences)
-        batch_size = min(args.batch_size, split.num_sentences)
-
-        def train_step():
-            batch = collate(rng.choice(split.num_sentences, batch_size, replace=False).tolist())
-            loss = module.model_step(batch)[0]
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-
-        planner.train()
-        train_time = timed(train_step, args.repeats)
-        rows = [("train step (teacher forcing, fwd+bwd+AdamW)", batch_size, train_time, None)]
-
-        # Sampling: K paths of T steps for the same boundaries, through compute_plans (contexts included).
-        if args.planner_dir:
-            planner = Planner.from_pretrained(args.planner_dir)
-        planner.eval()
-        sentences = rng.choice(split.num_sentences, min(args.boundaries, split.num_sentences), replace=False)
-        sentences.sort()
-
-        def sample(num_paths: int, temperature: float = 1.0):
-            return lambda: compute_plans(planner, split, num_paths, args.horizon, temperature, seed=0,
-                                         batch_size=args.sample_batch_size, sentences=sentences)
-
-        base = timed(sample(1), args.repeats)
-        rows.append(("argmax path (T=%d)" % args.horizon, len(sentences), timed(sample(1, 0.0), args.repeats), base))
-        for num_paths in (1, 10, 50):
-            seconds = base if num_paths == 1 else timed(sample(num_paths), args.repeats)
-            rows.append((f"sample K={num_paths} (T={args.horizon})", len(sentences), seconds, base))
-        context_only = timed(lambda: boundary_contexts(split, sentences, config.max_sentences), args.repeats)
-        rows.append(("contexts only (gather embeddings)", len(sentences), context_only, base))
-
-        # Latency: one boundary per call (B = 1), as when generation re-plans at a generated sentence end.
-        # The K paths of one boundary run as one batch, so here K is nearly free.
-        single = sentences[: args.latency_boundaries]
-        contexts = [boundary_contexts(split, np.array([s]), config.max_sentences) for s in single]
-
-        def replan(num_paths: int):
-            def go():
-                with torch.no_grad():
-                    for context_embeds, context_mask in contexts:
-                        planner.sample_paths(context_embeds, context_mask, num_paths, args.horizon, 1.0,
-                                             generator=torch.Generator().manual_seed(0))
-            return go
-
-        latency_base = timed(replan(1), args.repeats)
-        for num_paths in (1, 10, 50):
-            seconds = latency_base if num_paths == 1 else timed(replan(num_paths), args.repeats)
-            rows.append((f"re-plan one boundary (B=1), K={num_paths}", len(single), seconds, latency_base))
-
-    sampled = planner.config
-    print(f"train: d_model={args.d_model} heads={args.num_heads} ff={args.dim_feedforward} A={config.num_actions} "
-          f"E={config.embedding_dim} T={args.horizon}; sampling: {'trained ' + args.planner_dir if args.planner_dir else 'fresh'} "
-          f"d_model={sampled.d_model} ff={sampled.dim_feedforward}; torch threads={torch.get_num_threads()}; "
+    print(f"d_model={args.d_model} heads={args.num_heads} ff={args.dim_feedforward} T={args.horizon}; sampling: "
+          f"{'trained ' + args.planner_dir if args.planner_dir else 'fresh'}; torch threads={torch.get_num_threads()}; "
           f"corpus={args.prepared_dir or 'synthetic'}")
-    print(f"{'what':48s} {'boundaries':>10s} {'seconds':>9s} {'boundaries/s':>13s} {'cost vs K=1':>12s}")
-    for name, count, seconds, reference in rows:
-        ratio = "" if reference is None else f"{seconds / reference:.2f}x"
-        print(f"{name:48s} {count:10d} {seconds:9.3f} {count / seconds:13.1f} {ratio:>12s}")
+    for dynamics, rows in tables:
+        print()
+        print(f"dynamics={dynamics}")
+        print(f"{'what':48s} {'boundaries':>10s} {'seconds':>9s} {'boundaries/s':>13s} {'cost vs K=1':>12s}")
+        for name, count, seconds, reference in rows:
+            ratio = "" if reference is None else f"{seconds / reference:.2f}x"
+            print(f"{name:48s} {count:10d} {seconds:9.3f} {count / seconds:13.1f} {ratio:>12s}")
+
+
+def time_planner(planner: Planner, trained: Planner | None, split, args) -> list[tuple]:
+    """Rows (what, boundaries, seconds, K = 1 seconds or None) for one planner shape."""
+    rng = np.random.default_rng(0)
+    config = planner.config
+
+    # Training: collate + forward + backward + AdamW step on one batch of boundaries.
+    module = LightningPlanner(planner)
+    optimizer = module.configure_optimizers()
+    collate = BoundaryCollate(split.path, config.horizon, config.max_sentences)
+    batch_size = min(args.batch_size, split.num_sentences)
+
+    def train_step():
+        batch = collate(rng.choice(split.num_sentences, batch_size, replace=False).tolist())
+        loss = module.model_step(batch)[0]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    planner.train()
+    train_time = timed(train_step, args.repeats)
+    rows = [("train step (teacher forcing, fwd+bwd+AdamW)", batch_size, train_time, None)]
+
+    # Sampling: K paths of T steps for the same boundaries, through compute_plans (contexts included).
+    planner = (trained or planner).eval()
+    sentences = rng.choice(split.num_sentences, min(args.boundaries, split.num_sentences), replace=False)
+    sentences.sort()
+
+    def sample(num_paths: int, temperature: float = 1.0):
+        return lambda: compute_plans(planner, split, num_paths, args.horizon, temperature, seed=0,
+                                     batch_size=args.sample_batch_size, sentences=sentences)
+
+    base = timed(sample(1), args.repeats)
+    rows.append(("argmax path (T=%d)" % args.horizon, len(sentences), timed(sample(1, 0.0), args.repeats), base))
+    for num_paths in (1, 10, 50):
+        seconds = base if num_paths == 1 else timed(sample(num_paths), args.repeats)
+        rows.append((f"sample K={num_paths} (T={args.horizon})", len(sentences), seconds, base))
+    context_only = timed(lambda: boundary_contexts(split, sentences, config.max_sentences), args.repeats)
+    rows.append(("contexts only (gather embeddings)", len(sentences), context_only, base))
+
+    # Latency: one boundary per call (B = 1), as when generation re-plans at a generated sentence end.
+    # The K paths of one boundary run as one batch.
+    single = sentences[: args.latency_boundaries]
+    contexts = [boundary_contexts(split, np.array([s]), config.max_sentences) for s in single]
+
+    def replan(num_paths: int):
+        def go():
+            with torch.no_grad():
+                for context_embeds, context_mask in contexts:
+                    planner.sample_paths(context_embeds, context_mask, num_paths, args.horizon, 1.0,
+                                         generator=torch.Generator().manual_seed(0))
+        return go
+
+    latency_base = timed(replan(1), args.repeats)
+    for num_paths in (1, 10, 50):
+        seconds = latency_base if num_paths == 1 else timed(replan(num_paths), args.repeats)
+        rows.append((f"re-plan one boundary (B=1), K={num_paths}", len(single), seconds, latency_base))
+    return rows
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
     p(a_{i+k})  = f(z_{1:i+k})                0 <= k < T   transformer, masked mean pool, linear
 
 A learned start latent is always prepended by h, so the first sentence of an article (empty
-context) has a valid state. The state grows by one latent per step; g re-encodes the whole set each
-step (no KV cache is possible: every latent changes), which is cheap for T <= 10. Training uses
+context) has a valid state. The state grows by one latent per step; the paper's g re-encodes the whole
+set each step (no key/value cache is possible: every latent changes). ``dynamics="causal"`` swaps in a
+prefix-causal g and f with a cache (planlm.planner_causal), which makes extra paths cheap. Training uses
 teacher forcing (``forward``); ``sample_paths`` draws K paths autoregressively, batched over paths
 and boundaries (one forward per step for all of them; paths that share a prefix share its state).
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from planlm.planner_causal import CausalDynamics, CausalPrediction, causal_decode, causal_teacher_forcing
 from planlm.utils import PlanlmError, write_json
 
 CONFIG_FILE = "config.json"
@@ -55,8 +57,12 @@ class PlannerShape:
     """Sentence-position encoding added to the latents."""
     init_from_codebook: bool = True
     """Initialise the classifier of f and the action table of g from the codebook."""
+    dynamics: Literal["recurrent", "causal"] = "recurrent"
+    """g and f: "recurrent" is the paper's (g re-encodes the grown set of latents at every step); "causal"
+    encodes the set with a prefix-causal mask and a key/value cache (planlm.planner_causal): the same
+    parameter counts, all T steps trained in one pass, and sampling costs one token per path and step."""
     dynamics_grad_scale: float = 0.5
-    """Scale of the gradient that flows back through g into earlier states (MuZero: 0.5)."""
+    """Scale of the gradient that flows back through g into earlier states (MuZero: 0.5; recurrent only)."""
     finetune_encoder: bool = False
     """h runs the prepared corpus's sentence encoder on the sentence texts and trains it end to end
     (slow; the paper's 110M-parameter h)."""
@@ -70,6 +76,9 @@ class PlannerShape:
                               f"fix --model.d_model or --model.num_heads")
         if not 0.0 <= self.dropout < 1.0:
             raise PlanlmError(f"planner config: dropout={self.dropout} must be in [0, 1); fix --model.dropout")
+        if self.dynamics not in ("recurrent", "causal"):
+            raise PlanlmError(f"planner config: dynamics={self.dynamics!r}; choose recurrent or causal "
+                              f"(fix --model.dynamics)")
 
 
 @dataclass
@@ -214,6 +223,11 @@ class Prediction(nn.Module):
         return self.classifier(pooled)  # (N, A)
 
 
+def greedy(logits: torch.Tensor, draws: int) -> torch.Tensor:
+    """logits (N, A) -> the argmax action ``draws`` times (N, draws)."""
+    return logits.argmax(dim=-1, keepdim=True).expand(-1, draws)
+
+
 class Planner(nn.Module):
     """p(a_i .. a_{i+T-1} | t_1 .. t_{i-1}) factorised autoregressively over the T steps."""
 
@@ -221,8 +235,12 @@ class Planner(nn.Module):
         super().__init__()
         self.config = config
         self.representation = Representation(config)  # h
-        self.dynamics = Dynamics(config, self.representation.positions)  # g
-        self.prediction = Prediction(config)  # f
+        if config.dynamics == "causal":
+            self.dynamics = CausalDynamics(config, self.representation.positions)  # g
+            self.prediction = CausalPrediction(config)  # f
+        else:
+            self.dynamics = Dynamics(config, self.representation.positions)  # g
+            self.prediction = Prediction(config)  # f
         self.prepared_info: dict = {}  # num_actions, embedding_dim, codebook_hash, encoder of the training corpus
         if codebook is not None and config.init_from_codebook:
             self.init_from_codebook(codebook)
@@ -251,6 +269,12 @@ class Planner(nn.Module):
         """Run h, then f and g for ``horizon`` steps: feed ``target_actions`` (teacher forcing) or, when None,
         the planner's own argmax actions. Returns logits (B, T, A) and the fed/argmax actions (B, T)."""
         latents, latent_mask, slot = self.representation(context_embeds, context_mask)
+        if self.config.dynamics == "causal":
+            if target_actions is not None:
+                fed = target_actions[:, :horizon].clamp(min=0)  # masked steps (-100) feed action 0
+                return causal_teacher_forcing(self, latents, latent_mask, slot, fed), fed
+            paths, logits = causal_decode(self, latents, latent_mask, slot, 1, horizon, greedy, keep_logits=True)
+            return logits, paths[:, 0]
         logits, actions = [], []
         for step in range(horizon):
             if step > 0:
@@ -283,6 +307,12 @@ class Planner(nn.Module):
         self.eval()
         try:
             latents, latent_mask, slot = self.representation(context_embeds, context_mask)
+            if self.config.dynamics == "causal":
+                def draw(logits: torch.Tensor, draws: int) -> torch.Tensor:  # (N, A) -> (N, draws)
+                    probs = torch.softmax(logits / temperature, dim=-1)
+                    return torch.multinomial(probs, draws, replacement=True, generator=generator)
+
+                return causal_decode(self, latents, latent_mask, slot, num_paths, horizon, draw)
             batch_size = latents.shape[0]
             # Paths that share a prefix share their state, so g and f run once per distinct
             # (boundary, prefix): U <= B*K states. Each path samples from its own row of probabilities,

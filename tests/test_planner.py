@@ -31,17 +31,19 @@ def count(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def test_paper_configuration_has_the_papers_parameter_counts():
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_paper_configuration_has_the_papers_parameter_counts(dynamics):
     config = PlannerConfig(num_actions=1024, embedding_dim=768, d_model=768, num_heads=2, num_layers=1,
-                           dim_feedforward=2048)
+                           dim_feedforward=2048, dynamics=dynamics)
     planner = Planner(config)
     # Paper, Table "Parameter counts": g 6.3M, f 6.3M.
     assert count(planner.prediction) == pytest.approx(6.3e6, rel=0.01)
     assert count(planner.dynamics) == pytest.approx(6.3e6, rel=0.01)
 
 
-def test_empty_context_is_valid_and_padding_does_not_change_outputs():
-    planner = tiny_planner()
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_empty_context_is_valid_and_padding_does_not_change_outputs(dynamics):
+    planner = tiny_planner(dynamics=dynamics)
     targets = torch.randint(0, 8, (3, 4))
     empty = planner(torch.zeros(3, 0, 16), torch.zeros(3, 0, dtype=torch.bool), targets)
     all_false = planner(torch.randn(3, 4, 16), torch.zeros(3, 4, dtype=torch.bool), targets)
@@ -54,8 +56,9 @@ def test_empty_context_is_valid_and_padding_does_not_change_outputs():
                                planner(padded, padded_mask, targets[:1].expand(4, -1)))
 
 
-def test_teacher_forcing_is_causal_over_steps():
-    planner = tiny_planner()
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_teacher_forcing_is_causal_over_steps(dynamics):
+    planner = tiny_planner(dynamics=dynamics)
     embeds, mask = contexts()
     targets = torch.randint(0, 8, (3, 5))
     changed = targets.clone()
@@ -67,8 +70,9 @@ def test_teacher_forcing_is_causal_over_steps():
     assert not torch.allclose(before[:, 0], planner(embeds + 1.0, mask, targets)[:, 0])
 
 
-def test_sample_paths_shapes_seeds_and_argmax():
-    planner = tiny_planner()
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_sample_paths_shapes_seeds_and_argmax(dynamics):
+    planner = tiny_planner(dynamics=dynamics)
     embeds, mask = contexts()
     paths = planner.sample_paths(embeds, mask, num_paths=7, horizon=5, temperature=1.0,
                                  generator=torch.Generator().manual_seed(0))
@@ -87,8 +91,9 @@ def test_sample_paths_shapes_seeds_and_argmax():
     torch.testing.assert_close(planner(embeds, mask, greedy).argmax(-1), greedy)
 
 
-def test_temperature_controls_the_spread_of_first_actions():
-    planner = tiny_planner()
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_temperature_controls_the_spread_of_first_actions(dynamics):
+    planner = tiny_planner(dynamics=dynamics)
     with torch.no_grad():  # a peaked first-step distribution, so uniform and model differ clearly
         planner.prediction.classifier.weight.mul_(20.0)
     embeds, mask = contexts(batch_size=1, num_sentences=3, seed=4)
@@ -105,8 +110,9 @@ def test_temperature_controls_the_spread_of_first_actions():
     assert probs.max() > 0.5  # ... which the model's distribution is not
 
 
-def test_save_and_load_round_trip(tmp_path):
-    planner = tiny_planner(positions="learned")
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_save_and_load_round_trip(dynamics, tmp_path):
+    planner = tiny_planner(positions="learned", dynamics=dynamics)
     planner.prepared_info = {"num_actions": 8, "embedding_dim": 16, "codebook_hash": "abc", "encoder": "synthetic"}
     planner.save_pretrained(tmp_path / "planner")
     assert {p.name for p in (tmp_path / "planner").iterdir()} == {"model.safetensors", "config.json", "prepared.json"}
@@ -175,3 +181,42 @@ def test_shared_prefix_sampling_draws_exactly_what_independent_rollouts_draw():
             actions.append(torch.multinomial(probs, 1, generator=generator).squeeze(1))
     expected = torch.stack(actions, dim=1).view(4, num_paths, horizon)
     assert torch.equal(got, expected)
+
+
+def test_causal_decoding_with_the_cache_equals_the_one_pass_teacher_forcing():
+    from planlm.planner_causal import causal_decode
+
+    planner = tiny_planner(seed=2, dynamics="causal", num_layers=2)
+    embeds, mask = contexts(batch_size=4, num_sentences=5, seed=3)
+    num_paths, horizon = 3, 6
+    given = torch.randint(0, 8, (4, num_paths, horizon), generator=torch.Generator().manual_seed(4))
+
+    def feed(logits, draws):  # replays the given actions instead of choosing
+        step = feed.step
+        feed.step += 1
+        return given[:, :, 0] if step == 0 else given.flatten(0, 1)[:, step:step + 1]
+
+    feed.step = 0
+    with torch.no_grad():
+        latents, latent_mask, slot = planner.representation(embeds, mask)
+        paths, cached = causal_decode(planner, latents, latent_mask, slot, num_paths, horizon, feed, keep_logits=True)
+        one_pass = planner(embeds.repeat_interleave(num_paths, 0), mask.repeat_interleave(num_paths, 0),
+                           given.flatten(0, 1))  # (B*K, T, A)
+    assert torch.equal(paths, given)
+    torch.testing.assert_close(cached, one_pass, rtol=1e-4, atol=1e-5)
+
+
+def test_causal_context_latents_do_not_see_the_plan_steps():
+    planner = tiny_planner(dynamics="causal")
+    embeds, mask = contexts(batch_size=2, num_sentences=4)
+    targets = torch.randint(0, 8, (2, 5))
+    changed = targets.clone()
+    changed[:, 1:] = (changed[:, 1:] + 3) % 8
+    before, after = planner(embeds, mask, targets), planner(embeds, mask, changed)
+    torch.testing.assert_close(before[:, :2], after[:, :2])  # step 1 sees action 0 only
+    assert not torch.allclose(before[:, 2:], after[:, 2:])
+
+
+def test_config_rejects_unknown_dynamics():
+    with pytest.raises(PlanlmError, match="dynamics"):
+        PlannerConfig(dynamics="lstm")

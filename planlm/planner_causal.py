@@ -1,0 +1,213 @@
+"""A cacheable dynamics g and prediction f for the planner (``PlannerShape.dynamics = "causal"``).
+
+The paper's g (``dynamics = "recurrent"``, planlm.planner) appends Emb(action) to the set of latents and
+re-encodes the whole set at every step, so every latent changes and sampling K paths of T steps costs
+K * T full passes over the context. Here the set is encoded with a *prefix-causal* mask instead:
+
+    context latents z_0 .. z_n      attend to the context only (bidirectional); they never change
+    action latent of step t         Emb(a_{i+t-1}) + position, attends to the context and steps <= t
+
+so the state after t steps is the first n+1+t outputs of one transformer pass over [context; actions],
+and appending an action is one new token whose keys and values join a cache (as in a decoder LM):
+
+    teacher forcing   one pass over [z_0..z_n, a_i, .., a_{i+T-2}] for all T steps at once
+    sampling          context encoded once per boundary (shared by its K paths), then one token per
+                      path and step: the work that grows with K no longer depends on the context length
+
+f is the same prefix-causal stack over g's outputs, then the paper's mean pool (a running mean over
+the context and the steps so far) and the linear classifier. Layers mirror nn.TransformerEncoderLayer
+(post-norm, ReLU), so g and f have the same parameter counts as the recurrent ones.
+
+Letters: B boundaries, K paths, n context latents (start latent included), t steps so far, T horizon,
+A actions, D width, H heads, Dh head width, N rows (B or B*K).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Cache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, H, length, Dh)
+
+
+class CachedEncoderLayer(nn.Module):
+    """nn.TransformerEncoderLayer (post-norm, ReLU) that runs either over a whole masked sequence or one
+    new token per row against cached keys and values."""
+
+    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int, dropout: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (N, L, D) -> q, k, v (N, H, L, Dh)."""
+        rows, length, width = x.shape
+        qkv = self.qkv(x).view(rows, length, 3, self.num_heads, width // self.num_heads)
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+
+    def _finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Residual + norm around attention and feed-forward. x, attended (N, L, D) -> (N, L, D)."""
+        x = self.norm1(x + self.dropout(self.out_proj(attended)))
+        return self.norm2(x + self.dropout(self.linear2(self.dropout(F.relu(self.linear1(x))))))
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (N, L, D), allowed (N, L, L) bool [query, key] -> output (N, L, D), keys, values (N, H, L, Dh)."""
+        q, k, v = self._heads(x)
+        drop = self.dropout.p if self.training else 0.0
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed.unsqueeze(1), dropout_p=drop)
+        return self._finish(x, attended.transpose(1, 2).flatten(2)), k, v
+
+    def step(self, x: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor], context_mask: torch.Tensor,
+             own: tuple[torch.Tensor, torch.Tensor], step: int) -> torch.Tensor:
+        """One new token per path against the boundary's context cache and the path's own earlier steps.
+
+        x (B*K, 1, D); context keys/values (B, H, n, Dh) shared by a boundary's K paths; context_mask
+        (B, n); own keys/values (B*K, H, >= step+1, Dh): buffers whose first ``step`` slots hold the
+        path's earlier steps and whose slot ``step`` receives this one -> output (B*K, 1, D).
+        """
+        q, k, v = self._heads(x)  # (B*K, H, 1, Dh)
+        own[0][:, :, step:step + 1], own[1][:, :, step:step + 1] = k, v
+        own_keys, own_values = own[0][:, :, :step + 1], own[1][:, :, :step + 1]  # (B*K, H, t+1, Dh)
+        context_keys, context_values = context
+        batch, heads, num_context, head_dim = context_keys.shape
+        num_paths = x.shape[0] // batch
+        q_grouped = q.view(batch, num_paths, heads, head_dim).transpose(1, 2)  # (B, H, K, Dh)
+        scale = head_dim ** -0.5
+        context_scores = (q_grouped @ context_keys.transpose(-1, -2)) * scale  # (B, H, K, n)
+        context_scores = context_scores.masked_fill(~context_mask[:, None, None, :], float("-inf"))
+        own_scores = (q @ own_keys.transpose(-1, -2)).squeeze(2) * scale  # (B*K, H, t+1)
+        own_scores = own_scores.view(batch, num_paths, heads, -1).transpose(1, 2)  # (B, H, K, t+1)
+        weights = torch.softmax(torch.cat([context_scores, own_scores], dim=-1), dim=-1)  # (B, H, K, n+t+1)
+        attended = weights[..., :num_context] @ context_values  # (B, H, K, Dh)
+        own_weights = weights[..., num_context:].transpose(1, 2).reshape(batch * num_paths, heads, 1, -1)
+        attended = attended.transpose(1, 2).reshape(batch * num_paths, heads, 1, head_dim)
+        attended = attended + own_weights @ own_values  # (B*K, H, 1, Dh)
+        return self._finish(x, attended.transpose(1, 2).flatten(2))
+
+
+class CausalStack(nn.Module):
+    """Layers of CachedEncoderLayer with the prefix-causal mask (the ``transformer`` of g or f)."""
+
+    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int, dropout: float, num_layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(CachedEncoderLayer(d_model, num_heads, dim_feedforward, dropout)
+                                    for _ in range(num_layers))
+
+    @staticmethod
+    def prefix_causal_mask(context_mask: torch.Tensor, num_steps: int) -> torch.Tensor:
+        """context_mask (N, n) -> allowed (N, n+s, n+s): every query sees the valid context; step latents
+        also see the steps up to their own."""
+        rows, num_context = context_mask.shape
+        length = num_context + num_steps
+        allowed = context_mask[:, None, :].expand(rows, length, num_context)  # (N, L, n)
+        steps = torch.ones(num_steps, num_steps, dtype=torch.bool, device=context_mask.device).tril()
+        step_part = torch.zeros(length, num_steps, dtype=torch.bool, device=context_mask.device)
+        step_part[num_context:] = steps  # context queries never see the steps
+        return torch.cat([allowed, step_part.expand(rows, -1, -1)], dim=2)  # (N, L, L)
+
+    def forward(self, x: torch.Tensor, context_mask: torch.Tensor) -> tuple[torch.Tensor, Cache]:
+        """x (N, n+s, D): context then steps; context_mask (N, n) -> output (N, n+s, D), per-layer keys and
+        values (N, H, n+s, Dh)."""
+        allowed = self.prefix_causal_mask(context_mask, x.shape[1] - context_mask.shape[1])
+        cache = []
+        for layer in self.layers:
+            x, keys, values = layer(x, allowed)
+            cache.append((keys, values))
+        return x, cache
+
+    def new_buffers(self, rows: int, length: int, like: torch.Tensor) -> Cache:
+        """Per layer, empty key and value buffers (rows, H, length, Dh) for the paths' own steps."""
+        shape = (rows, self.layers[0].num_heads, length, like.shape[-1])
+        return [(like.new_empty(shape), like.new_empty(shape)) for _ in self.layers]
+
+    def step(self, x: torch.Tensor, context: Cache, context_mask: torch.Tensor, own: Cache, step: int) -> torch.Tensor:
+        """x (B*K, 1, D) -> (B*K, 1, D); slot ``step`` of every layer's ``own`` buffers receives this step."""
+        for layer, layer_context, layer_own in zip(self.layers, context, own):
+            x = layer.step(x, layer_context, context_mask, layer_own, step)
+        return x
+
+
+class CausalDynamics(nn.Module):
+    """g: Emb(action) at the next sentence slot, appended to the latents under the prefix-causal mask."""
+
+    def __init__(self, config, positions: nn.Module):
+        super().__init__()
+        self.action_embedding = nn.Embedding(config.num_actions, config.d_model)
+        self.transformer = CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
+                                       config.num_layers)
+        self.positions = positions  # shared with h
+
+    def embed_actions(self, actions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """actions (N, s), slots (N, s) -> step latents (N, s, D)."""
+        return self.action_embedding(actions) + self.positions(slots)
+
+
+class CausalPrediction(nn.Module):
+    """f: the prefix-causal stack over g's outputs, a running mean over context and steps, linear classifier."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.transformer = CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
+                                       config.num_layers)
+        self.classifier = nn.Linear(config.d_model, config.num_actions)
+
+
+def causal_teacher_forcing(planner, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
+                           actions: torch.Tensor) -> torch.Tensor:
+    """All T steps in one pass. latents (B, n, D), latent_mask (B, n), slot (B,), actions (B, T) fed
+    actions (step t sees actions < t) -> logits (B, T, A)."""
+    dynamics, prediction = planner.dynamics, planner.prediction
+    horizon = actions.shape[1]
+    steps = torch.arange(horizon - 1, device=latents.device)
+    step_latents = dynamics.embed_actions(actions[:, :-1], slot[:, None] + steps)  # (B, T-1, D)
+    hidden, _ = dynamics.transformer(torch.cat([latents, step_latents], dim=1), latent_mask)  # (B, n+T-1, D)
+    hidden, _ = prediction.transformer(hidden, latent_mask)  # (B, n+T-1, D)
+    num_context = latents.shape[1]
+    weights = latent_mask.unsqueeze(-1).to(hidden.dtype)  # (B, n, 1)
+    context_sum = (hidden[:, :num_context] * weights).sum(dim=1, keepdim=True)  # (B, 1, D)
+    step_sums = torch.cumsum(hidden[:, num_context:], dim=1)  # (B, T-1, D)
+    sums = torch.cat([context_sum, context_sum + step_sums], dim=1)  # (B, T, D)
+    counts = weights.sum(dim=1, keepdim=True) + torch.arange(horizon, device=latents.device)[None, :, None]
+    return prediction.classifier(sums / counts)  # (B, T, A)
+
+
+@torch.no_grad()
+def causal_decode(planner, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor, num_paths: int,
+                  horizon: int, choose, keep_logits: bool = False):
+    """Autoregressive decoding with the caches: the context is encoded once per boundary, then each of
+    the B*K paths adds one token per step. ``choose(logits (N, A), draws) -> actions (N, draws)`` picks
+    the actions: K draws per boundary at step 0 (a boundary's paths share that state), then one per path.
+    Returns actions (B, K, T) and, with keep_logits, logits (B*K, T, A)."""
+    dynamics, prediction = planner.dynamics, planner.prediction
+    batch = latents.shape[0]
+    hidden, g_context = dynamics.transformer(latents, latent_mask)  # (B, n, D)
+    hidden, f_context = prediction.transformer(hidden, latent_mask)  # (B, n, D)
+    weights = latent_mask.unsqueeze(-1).to(hidden.dtype)
+    sums = (hidden * weights).sum(dim=1)  # (B, D)
+    counts = weights.sum(dim=1)  # (B, 1)
+    logits = prediction.classifier(sums / counts)  # (B, A)
+    actions = choose(logits.float(), num_paths)  # (B, K)
+    path_actions, path_logits = [actions.reshape(-1)], [logits.repeat_interleave(num_paths, dim=0)]
+    sums, counts = sums.repeat_interleave(num_paths, dim=0), counts.repeat_interleave(num_paths, dim=0)  # (B*K, .)
+    path_slot = slot.repeat_interleave(num_paths)  # (B*K,)
+    rows = batch * num_paths
+    g_own = dynamics.transformer.new_buffers(rows, horizon - 1, g_context[0][0])  # filled one step at a time
+    f_own = prediction.transformer.new_buffers(rows, horizon - 1, f_context[0][0])
+    for step in range(1, horizon):
+        new = dynamics.embed_actions(path_actions[-1][:, None], (path_slot + step - 1)[:, None])  # (B*K, 1, D)
+        new = dynamics.transformer.step(new, g_context, latent_mask, g_own, step - 1)
+        new = prediction.transformer.step(new, f_context, latent_mask, f_own, step - 1)
+        sums, counts = sums + new[:, 0], counts + 1
+        logits = prediction.classifier(sums / counts)  # (B*K, A)
+        path_actions.append(choose(logits.float(), 1)[:, 0])
+        if keep_logits:
+            path_logits.append(logits)
+    paths = torch.stack(path_actions, dim=1).view(batch, num_paths, horizon)  # (B, K, T)
+    return (paths, torch.stack(path_logits, dim=1)) if keep_logits else paths
