@@ -53,6 +53,22 @@ def test_planner_learns_the_cycle_rule_several_steps_ahead(cycle_planner, synthe
     assert np.mean(greedy[:, 1:] == (greedy[:, :-1] + 1) % 8) >= 0.95
 
 
+def test_causal_dynamics_learns_the_cycle_rule_and_samples_from_its_cache(synthetic_cycle, tmp_path):
+    from dataclasses import replace
+
+    out = train_planner(str(synthetic_cycle), str(tmp_path / "planner"), replace(TINY_MODEL, dynamics="causal"),
+                        tiny_train(max_epochs=10))  # about as long as the recurrent planner's 5 epochs
+    planner = Planner.from_pretrained(out)
+    assert planner.config.dynamics == "causal"
+    split = PreparedDataset(synthetic_cycle)["validation"]
+    metrics = evaluate_planner(planner, split, horizon=4, sentences=with_context(split, 1))
+    for mode in ("planner_teacher_forced", "planner_free_running"):
+        assert min(metrics[mode]["top1"][:3]) >= 0.95, metrics[mode]
+    plans_dir = sample_plans(str(out), str(synthetic_cycle), splits=["validation"], num_paths=3, temperature=0.25)
+    paths = np.asarray(load_plans(plans_dir, "validation"))[with_context(split, 1)]  # (N, K, T)
+    assert np.mean(paths[..., 1:] == (paths[..., :-1] + 1) % 8) >= 0.9
+
+
 def test_summary_reports_planner_and_baselines_per_step(cycle_planner):
     summary = json.loads((cycle_planner / "summary.json").read_text())
     metrics = summary["metrics"]
