@@ -104,7 +104,8 @@ def _planner_section(run_dir: Path, figures: Path) -> list[str]:
     names = list(metrics)
     lines = ["## Planner: next-action accuracy per horizon step", "",
              f"{summary.get('num_boundaries')} boundaries of the {summary.get('eval_split')} split, "
-             f"{summary.get('num_actions')} actions; baselines fitted on {summary.get('train_split')}.", "",
+             f"{summary.get('num_actions')} actions, {summary.get('dynamics', 'recurrent')} dynamics g; baselines "
+             f"fitted on {summary.get('train_split')}.", "",
              "| step | " + " | ".join(f"{n} top-1" for n in names) + " |", "|---" * (len(names) + 1) + "|"]
     for step in range(summary["horizon"]):
         cells = ["n/a" if metrics[n].get("top1") is None else f"{metrics[n]['top1'][step]:.3f}" for n in names]

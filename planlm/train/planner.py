@@ -338,7 +338,8 @@ def write_summary(out_dir: Path, summary: dict) -> None:
     write_json(out_dir / "summary.json", summary)
     lines = [f"# Planner summary: {summary['eval_split']} split of {summary['prepared_dir']}", "",
              f"{summary['num_boundaries']} boundaries, horizon T = {summary['horizon']}, "
-             f"{summary['num_actions']} actions. Baselines fitted on the {summary['train_split']} split. "
+             f"{summary['num_actions']} actions, {summary.get('dynamics', 'recurrent')} dynamics g. Baselines fitted "
+             f"on the {summary['train_split']} split. "
              "Teacher-forced: true actions fed to g; free-running: the planner's own argmax actions.", ""]
     names = [name for name in SUMMARY_MODELS if name in summary["metrics"]]
     for metric, title in (("top1", "Top-1 accuracy"), ("top5", "Top-5 accuracy"), ("nll", "NLL (nats)")):
@@ -463,7 +464,7 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
     planner.cpu()
     summary = {"prepared_dir": str(Path(prepared_dir).resolve()), "train_split": train.train_split,
                "eval_split": train.eval_split, "num_boundaries": eval_split.num_sentences,
-               "horizon": config.horizon, "num_actions": prepared.num_actions,
+               "horizon": config.horizon, "num_actions": prepared.num_actions, "dynamics": config.dynamics,
                "best_checkpoint": Path(checkpoint.best_model_path).name if checkpoint.best_model_path else None,
                "best_val_loss": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None,
                "global_step": trainer.global_step, "epochs": trainer.current_epoch, "metrics": metrics}
