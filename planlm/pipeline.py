@@ -6,6 +6,7 @@ interrupted)::
 
     prepared/                  planlm prepare
     planner/                   planlm train-planner (+ planner/plans/... caches, planlm sample-plans)
+    planners/<condition>/      optional: a condition's own planner (its `planner` section, e.g. another dynamics)
     lm/_base/                  optional: a plain LM pretrained once, the start of every condition
     lm/<condition>/            planlm train-lm, one per experiment condition
     eval/<condition>/          planlm evaluate (perplexity with a bootstrap CI)
@@ -151,6 +152,9 @@ def _run_distributed(stage: Stage) -> None:
                           f"its output is above; rerun `planlm run` to resume")
 
 
+CONDITION_KEYS = {"name", "label", "paper", "model", "conditioning", "train", "evaluate", "planner"}
+
+
 def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Optional[dict], conditions: list[dict],
                 evaluate: dict, edit_distance: Optional[dict], sweeps: Optional[list[dict]], where: str) -> list[Stage]:
     """Validate every section and return the stages in order (nothing runs here)."""
@@ -159,14 +163,20 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
     names = [c.get("name") for c in conditions]
     if any(not isinstance(n, str) or not n or n.startswith("_") for n in names) or len(set(names)) != len(names):
         raise PlanlmError(f"{where}: conditions need unique names not starting with '_' (got {names})")
+    for cond in conditions:
+        unknown = sorted(set(cond) - CONDITION_KEYS)
+        if unknown:
+            raise PlanlmError(f"{where}: conditions[{cond['name']}] has unknown key(s) {unknown}; use "
+                              f"{sorted(CONDITION_KEYS)}")
     prepared_dir, planner_dir = out / "prepared", out / "planner"
     stages = [
         Stage("prepare", "prepare", {"out_dir": str(prepared_dir), **bind_section(
             _command("prepare"), prepare, skip=_IO["prepare"], where=f"{where}: prepare")}),
     ]
-    uses_planner = any(str(deep_merge(lm, c).get("conditioning", {}).get("conditioning", "none")).startswith("planner")
-                       for c in conditions)
-    if uses_planner or sweeps:
+    def wants_planner(cond: dict) -> bool:
+        return str(deep_merge(lm, cond).get("conditioning", {}).get("conditioning", "none")).startswith("planner")
+
+    if any(wants_planner(c) and not c.get("planner") for c in conditions) or sweeps:
         stages.append(Stage("train-planner", "train_planner", {
             "prepared_dir": str(prepared_dir), "out_dir": str(planner_dir),
             **bind_section(_command("train_planner"), planner, skip=_IO["train_planner"], where=f"{where}: planner")},
@@ -184,12 +194,21 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
         name = cond["name"]
         section = deep_merge(lm, {k: v for k, v in cond.items() if k in ("model", "conditioning", "train")})
         conditioning = section.setdefault("conditioning", {})
+        planner_stage = "train-planner"
+        if cond.get("planner") and wants_planner(cond):  # this condition's own planner, e.g. another dynamics
+            planner_stage, own_dir = f"train-planner {name}", out / "planners" / name
+            stages.append(Stage(planner_stage, "train_planner", {
+                "prepared_dir": str(prepared_dir), "out_dir": str(own_dir),
+                **bind_section(_command("train_planner"), deep_merge(planner, cond["planner"]),
+                               skip=_IO["train_planner"], where=f"{where}: conditions[{name}].planner")},
+                condition=name, needs=["prepare"]))
+            conditioning.setdefault("planner_dir", str(own_dir))
         if str(conditioning.get("conditioning", "none")).startswith("planner") and not conditioning.get("plans_dir"):
             conditioning.setdefault("planner_dir", str(planner_dir))
         if base_dir is not None:
             section.setdefault("model", {}).setdefault("init_from", str(base_dir))
         model_dir = out / "lm" / name
-        needs = ["prepare"] + (["train-planner"] if conditioning.get("planner_dir") else []) + \
+        needs = ["prepare"] + ([planner_stage] if conditioning.get("planner_dir") else []) + \
                 (["train-lm _base"] if base_dir else [])
         stages.append(Stage(f"train-lm {name}", "train_lm", {
             "prepared_dir": str(prepared_dir), "out_dir": str(model_dir),
@@ -237,7 +256,8 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
         base_lm: Optional `train-lm` overrides for a plain LM trained once and used as the start of every
             condition (for from-scratch LMs; leave empty when `lm.model.name_or_path` is a pretrained LM).
         conditions: One LM per entry: {name, label, paper (a row of the paper's table to show beside),
-            model/conditioning/train (merged over `lm`), evaluate (merged over `evaluate`)}.
+            model/conditioning/train (merged over `lm`), evaluate (merged over `evaluate`), planner (merged
+            over `planner`: this condition gets a planner of its own, e.g. {model: {dynamics: causal}})}.
         evaluate: Arguments of `planlm evaluate` shared by all conditions (split, stride, max_articles ...).
         edit_distance: Arguments of `planlm edit-distance`, run for every condition; null to skip.
         sweeps: Sweeps at inference, each the arguments of `planlm sweep` (kind: num_paths or temperature)

@@ -102,10 +102,31 @@ def test_failed_condition_is_reported_and_others_survive(tmp_path, tiny_run):
     assert "broken" in (out / "report.md").read_text()
 
 
+def test_condition_with_its_own_planner_trains_and_uses_it(tiny_run):
+    out, _ = tiny_run
+    config = tiny_config(out)
+    ours = config["conditions"][3]
+    config["conditions"] = [config["conditions"][0], ours,
+                            {**ours, "name": "ours_causal", "planner": {"model": {"dynamics": "causal"}}}]
+    config["sweeps"] = []
+    run(**config)
+    own = json.loads((out / "planners" / "ours_causal" / "config.json").read_text())
+    assert own["dynamics"] == "causal" and own["d_model"] == 32  # merged over the shared planner section
+    assert json.loads((out / "planner" / "config.json").read_text())["dynamics"] == "recurrent"
+    lm_config = json.loads((out / "lm" / "ours_causal" / "planned_lm.json").read_text())
+    assert Path(lm_config["planner_dir"]).resolve() == (out / "planners" / "ours_causal").resolve()
+    rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["conditions"]}
+    assert rows["ours_causal"]["status"] == "done" and rows["ours_causal"]["ppl"] > 0
+
+
 def test_bad_section_is_one_line_error_before_anything_runs(tmp_path):
     config = tiny_config(tmp_path / "bad")
     config["planner"]["train"]["lrr"] = 1.0
     with pytest.raises(PlanlmError, match="planner"):
+        run(**config)
+    config = tiny_config(tmp_path / "bad")
+    config["conditions"][0]["planer"] = {}
+    with pytest.raises(PlanlmError, match=r"conditions\[none\] has unknown key\(s\) \['planer'\]"):
         run(**config)
     assert not (tmp_path / "bad").exists()
 
