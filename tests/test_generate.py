@@ -35,10 +35,10 @@ def chatty_planned_lm(prepared, period_bias=0.66, seed=0):
     return model
 
 
-def tiny_planner(prepared, seed=0):
+def tiny_planner(prepared, seed=0, dynamics="recurrent"):
     torch.manual_seed(seed)
     return Planner(PlannerConfig(num_actions=8, embedding_dim=16, d_model=16, num_heads=2, dim_feedforward=32,
-                                 horizon=3), prepared.codebook).eval()
+                                 horizon=3, dynamics=dynamics), prepared.codebook).eval()
 
 
 class CountingPlanner:
@@ -69,11 +69,12 @@ def test_synthetic_embeddings_land_on_the_centroid_of_the_sentence_action(synthe
     assert np.array_equal(nearest, np.asarray(test.actions[:20]))
 
 
-def test_replans_exactly_at_generated_sentence_ends_with_the_generated_sentences_as_context(synthetic_cycle):
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_replans_exactly_at_generated_sentence_ends_with_the_generated_sentences_as_context(synthetic_cycle, dynamics):
     prepared = PreparedDataset(synthetic_cycle)
     tok = load_tokenizer("gpt2")
     embed = synthetic_embed_fn(prepared)
-    counter = CountingPlanner(tiny_planner(prepared))
+    counter = CountingPlanner(tiny_planner(prepared, dynamics=dynamics))
     generator = PlannedGenerator(chatty_planned_lm(prepared), tok, sampled(), planner=counter.planner,
                                  embed_fn=embed, seed=3)
     result = generator.generate(generator.prompt_from_text("Red water red."), SamplingConfig(max_new_tokens=40))
@@ -101,7 +102,7 @@ def test_replans_exactly_at_generated_sentence_ends_with_the_generated_sentences
     assert set(mismatched) <= set(result.unaligned_positions)  # only where the splitter merged an end away
     assert len(mismatched) <= 2
     # no sentence end, no re-planning: an LM that never writes a period
-    quiet = CountingPlanner(tiny_planner(prepared))
+    quiet = CountingPlanner(tiny_planner(prepared, dynamics=dynamics))
     generator = PlannedGenerator(chatty_planned_lm(prepared, period_bias=0.0), tok, sampled(), planner=quiet.planner,
                                  embed_fn=embed, seed=3)
     result = generator.generate(generator.prompt_from_text("Red water"), SamplingConfig(max_new_tokens=30))
