@@ -26,7 +26,7 @@ import torch
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.synthetic import make_synthetic_prepared
 from planlm.planner import Planner, PlannerConfig
-from planlm.plans import boundary_contexts, compute_plans
+from planlm.plans import autocast, boundary_contexts, compute_plans
 from planlm.train.planner import BoundaryCollate, LightningPlanner
 
 
@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--horizon", type=int, default=10)
     parser.add_argument("--dynamics", nargs="+", default=["recurrent", "causal"], choices=["recurrent", "causal"],
                         help="dynamics functions to time (ignored for the sampling rows of --planner_dir)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="autocast of the sampling rows (bf16: AMX on recent x86 CPUs, tensor cores on GPUs)")
     parser.add_argument("--batch_size", type=int, default=512, help="training batch (boundaries)")
     parser.add_argument("--boundaries", type=int, default=256, help="boundaries sampled per timing")
     parser.add_argument("--sample_batch_size", type=int, default=256)
@@ -76,7 +78,8 @@ def main() -> None:
             if trained is not None:
                 break  # the trained planner's sampling rows would repeat
 
-    print(f"d_model={args.d_model} heads={args.num_heads} ff={args.dim_feedforward} T={args.horizon}; sampling: "
+    print(f"d_model={args.d_model} heads={args.num_heads} ff={args.dim_feedforward} T={args.horizon}; sampling "
+          f"({args.precision}): "
           f"{'trained ' + args.planner_dir if args.planner_dir else 'fresh'}; torch threads={torch.get_num_threads()}; "
           f"corpus={args.prepared_dir or 'synthetic'}")
     for dynamics, rows in tables:
@@ -117,7 +120,8 @@ def time_planner(planner: Planner, trained: Planner | None, split, args) -> list
 
     def sample(num_paths: int, temperature: float = 1.0):
         return lambda: compute_plans(planner, split, num_paths, args.horizon, temperature, seed=0,
-                                     batch_size=args.sample_batch_size, sentences=sentences)
+                                     batch_size=args.sample_batch_size, sentences=sentences,
+                                     precision=args.precision)
 
     base = timed(sample(1), args.repeats)
     rows.append(("argmax path (T=%d)" % args.horizon, len(sentences), timed(sample(1, 0.0), args.repeats), base))
@@ -134,7 +138,7 @@ def time_planner(planner: Planner, trained: Planner | None, split, args) -> list
 
     def replan(num_paths: int):
         def go():
-            with torch.no_grad():
+            with torch.no_grad(), autocast(torch.device("cpu"), args.precision):
                 for context_embeds, context_mask in contexts:
                     planner.sample_paths(context_embeds, context_mask, num_paths, args.horizon, 1.0,
                                          generator=torch.Generator().manual_seed(0))

@@ -73,6 +73,25 @@ def test_compute_plans_is_reproducible_and_seeded(planner_dir, synthetic_cycle):
     np.testing.assert_array_equal(greedy, np.repeat(expected[:, None], 2, axis=1))
 
 
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_bf16_plans_are_valid_and_keyed_apart(synthetic_cycle, tmp_path, dynamics):
+    folder = save_planner(tmp_path / "planner", synthetic_cycle, dynamics=dynamics)
+    planner = Planner.from_pretrained(folder)
+    split = PreparedDataset(synthetic_cycle)["validation"]
+    plans = compute_plans(planner, split, 4, 3, 1.0, seed=0, precision="bf16")
+    assert plans.shape == (split.num_sentences, 4, 3) and 0 <= plans.min() and plans.max() < 8
+    # bf16 is close to fp32: the greedy paths agree for most boundaries (exact ties aside)
+    greedy = {precision: compute_plans(planner, split, 1, 3, 0.0, seed=0, precision=precision)
+              for precision in ("fp32", "bf16")}
+    assert np.mean(greedy["fp32"] == greedy["bf16"]) > 0.8
+    cached = {precision: sample_plans(str(folder), str(synthetic_cycle), splits=["validation"], num_paths=4,
+                                      horizon=3, precision=precision, out_dir=str(tmp_path / precision))
+              for precision in ("fp32", "bf16")}
+    manifests = {k: json.loads((v / "manifest.json").read_text()) for k, v in cached.items()}
+    assert manifests["fp32"]["config_fingerprint"] != manifests["bf16"]["config_fingerprint"]
+    np.testing.assert_array_equal(load_plans(cached["bf16"], "validation"), plans)
+
+
 def test_sample_plans_writes_reuses_and_rekeys_the_cache(planner_dir, synthetic_cycle):
     out = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation", "test"], num_paths=4,
                        horizon=3, temperature=1.0, seed=0, batch_size=16)

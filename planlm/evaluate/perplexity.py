@@ -25,7 +25,6 @@ N sentences, V vocabulary.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ import torch.nn.functional as F
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_json, write_manifest
-from planlm.plans import resolve_device
+from planlm.plans import autocast, resolve_device
 
 Conditioning = Literal["none", "fixed", "oracle", "planner_argmax", "planner_sampled"]
 CONDITIONINGS = ("none", "fixed", "oracle", "planner_argmax", "planner_sampled")
@@ -84,13 +83,6 @@ def window_batches(windows: np.ndarray, batch_size: int) -> list[np.ndarray]:
         members = order[(lengths[order] == key[0]) & (scored[order] == key[1])]
         batches.extend(members[i:i + batch_size] for i in range(0, len(members), batch_size))
     return batches
-
-
-def autocast(device: torch.device, precision: str):
-    """bf16 autocast on CUDA by default (``auto``), fp32 elsewhere."""
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 @torch.no_grad()
@@ -228,7 +220,7 @@ def resolve_conditioning(model, conditioning: Optional[str], num_paths: Optional
 
 
 def action_source(cond: EvalConditioning, prepared: PreparedDataset, split: PreparedSplit, sentences: np.ndarray,
-                  device: torch.device, plan_batch_size: int = 256):
+                  device: torch.device, plan_batch_size: int = 256, precision: str = "fp32"):
     """The ActionSource of an evaluation; planner plans are computed for ``sentences`` only (the other
     rows of the full-size plan arrays stay zero and are never read)."""
     from planlm.data.windows import make_action_source
@@ -243,7 +235,8 @@ def action_source(cond: EvalConditioning, prepared: PreparedDataset, split: Prep
             if cond.conditioning == "planner_argmax":
                 plans, argmax_plans = None, plans
         else:
-            plans, argmax_plans = compute_planner_plans(cond, prepared, split, sentences, device, plan_batch_size)
+            plans, argmax_plans = compute_planner_plans(cond, prepared, split, sentences, device, plan_batch_size,
+                                                        precision)
     return make_action_source(cond.conditioning, split, num_paths=cond.num_paths, horizon=cond.horizon,
                               fixed_action=cond.fixed_action, plans=plans, argmax_plans=argmax_plans)
 
@@ -257,7 +250,8 @@ def load_planner(planner_dir: str, prepared: PreparedDataset, device: torch.devi
 
 
 def compute_planner_plans(cond: EvalConditioning, prepared: PreparedDataset, split: PreparedSplit,
-                          sentences: np.ndarray, device: torch.device, batch_size: int = 256):
+                          sentences: np.ndarray, device: torch.device, batch_size: int = 256,
+                          precision: str = "fp32"):
     """Full-size (N_sent, K, T) sampled and (N_sent, T) argmax arrays, filled for ``sentences``."""
     from planlm.plans import compute_plans
 
@@ -266,12 +260,13 @@ def compute_planner_plans(cond: EvalConditioning, prepared: PreparedDataset, spl
     if cond.conditioning == "planner_argmax":
         argmax_plans = np.zeros((split.num_sentences, cond.horizon), dtype=np.int64)
         greedy = compute_plans(planner, split, 1, cond.horizon, 0.0, cond.seed, batch_size=batch_size,
-                               device=str(device), sentences=sentences)  # (N, 1, T)
+                               device=str(device), sentences=sentences, precision=precision)  # (N, 1, T)
         argmax_plans[sentences] = greedy[:, 0]
         return None, argmax_plans
     plans = np.zeros((split.num_sentences, cond.num_paths, cond.horizon), dtype=np.int64)
     plans[sentences] = compute_plans(planner, split, cond.num_paths, cond.horizon, cond.temperature, cond.seed,
-                                     batch_size=batch_size, device=str(device), sentences=sentences)
+                                     batch_size=batch_size, device=str(device), sentences=sentences,
+                                     precision=precision)
     return plans, None
 
 
@@ -316,7 +311,7 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, cond:
     sentences = np.arange(num_sentences)
     plan_table = None
     if cond.conditioning != "none":
-        source = action_source(cond, prepared, split, sentences, device)
+        source = action_source(cond, prepared, split, sentences, device, precision=precision)
         plan_table = plan_vector_table(model, source, sentences, split.num_sentences, device=device,
                                        precision=precision)
     plans_done = time.perf_counter()
@@ -363,7 +358,8 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         max_articles: Evaluate only the first N articles of the split.
         batch_size: Windows per LM forward pass.
         device: auto (CUDA when available), cpu, cuda, cuda:1 ...
-        precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
+        precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16; for the LM, the adapter and the
+            planner's sampling.
         bootstrap_samples: Bootstrap resamples of the confidence interval.
         confidence: Confidence level of the interval.
 
