@@ -188,3 +188,16 @@ def test_generate_command_shows_plans_with_example_sentences(synthetic_cycle, tm
         assert int(train.actions[index]) == int(action)
     with pytest.raises(PlanlmError, match="exactly one"):
         generate(str(model_dir), str(synthetic_cycle))
+
+
+def test_bf16_generation_replans_with_a_causal_planner(synthetic_cycle):
+    prepared = PreparedDataset(synthetic_cycle)
+    counter = CountingPlanner(tiny_planner(prepared, dynamics="causal"))
+    result = generate_text(chatty_planned_lm(prepared), load_tokenizer("gpt2"), "Red water red.",
+                           conditioning=sampled(num_paths=4), planner=counter.planner,
+                           embed_fn=synthetic_embed_fn(prepared), sampling=SamplingConfig(max_new_tokens=30),
+                           seed=3, precision="bf16")
+    assert len(result.token_ids) == 30 and result.planner_calls == len(counter.contexts) >= 2
+    for sentence in result.sentences:
+        paths = np.asarray(sentence["plan"]["action_paths"])
+        assert paths.shape == (4, 3) and paths.min() >= 0 and paths.max() < 8

@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Literal, Optional, Sequence
 
 import numpy as np
 from rapidfuzz.distance import Levenshtein
@@ -78,7 +78,8 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
                   conditioning: Optional[Conditioning] = None, num_paths: Optional[int] = None,
                   horizon: Optional[int] = None, plan_temperature: Optional[float] = None,
                   fixed_action: Optional[int] = None, planner_dir: Optional[str] = None, device: str = "auto",
-                  bootstrap_samples: int = 1000, confidence: float = 0.95) -> dict:
+                  precision: Literal["auto", "fp32", "bf16"] = "auto", bootstrap_samples: int = 1000,
+                  confidence: float = 0.95) -> dict:
     """Edit distance between the action sequences of generated and true continuations at sentence starts.
 
     Writes ``per_boundary.csv``, ``metrics.json`` (mean distance and normalised distance with bootstrap
@@ -104,6 +105,8 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
         fixed_action: Action of the fixed baseline; default: the model's.
         planner_dir: Planner folder; default: the model's.
         device: auto, cpu, cuda ...
+        precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16; for the LM, the adapter and the
+            planner.
         bootstrap_samples: Bootstrap resamples of the confidence intervals.
         confidence: Confidence level.
 
@@ -121,7 +124,8 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     if max_boundaries_per_article is not None and max_boundaries_per_article < 1:
         raise PlanlmError(f"--max_boundaries_per_article {max_boundaries_per_article} must be >= 1")
     generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, conditioning, num_paths, horizon,
-                                                      plan_temperature, None, fixed_action, planner_dir, device, seed)
+                                                      plan_temperature, None, fixed_action, planner_dir, device, seed,
+                                                      precision=precision)
     embed_fn = generator.embed_fn or encoder_embed_fn(prepared)
     codebook = prepared.codebook.numpy()
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
@@ -129,7 +133,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
               "split": split, "articles": num_articles, "max_boundaries_per_article": max_boundaries_per_article,
               "seed": seed, "context_length": context_length, "sampling": sampling, "conditioning": cond,
-              "device_type": generator.device.type, "bootstrap_samples": bootstrap_samples, "confidence": confidence}
+              "device_type": generator.device.type, "precision": precision, "bootstrap_samples": bootstrap_samples, "confidence": confidence}
     out = Path(out_dir)
     if prepare_stage_dir(out, config):
         import json

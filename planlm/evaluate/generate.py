@@ -33,14 +33,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional
 
 import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.resources import load_tokenizer, split_sentences
-from planlm.evaluate.perplexity import (Conditioning, EvalConditioning, load_checked, load_planner,
+from planlm.evaluate.perplexity import (Conditioning, EvalConditioning, autocast, load_checked, load_planner,
                                         resolve_conditioning, resolve_device)
 from planlm.utils import PlanlmError, write_json
 
@@ -200,8 +200,10 @@ class PlannedGenerator:
 
     def __init__(self, model, tokenizer, conditioning: EvalConditioning, *, planner=None,
                  embed_fn: EmbedFn | None = None, split: PreparedSplit | None = None,
-                 sentence_splitter: str = "sentencizer", device: str | torch.device = "cpu", seed: int = 0):
+                 sentence_splitter: str = "sentencizer", device: str | torch.device = "cpu", seed: int = 0,
+                 precision: str = "auto"):
         self.model = model.to(device).eval()
+        self.precision = precision  # autocast of the LM, the adapter and the planner (auto: bf16 on CUDA)
         self.tokenizer = tokenizer
         self.cond = conditioning
         self.planner = planner.to(device).eval() if planner is not None else None
@@ -311,14 +313,17 @@ class PlannedGenerator:
                 context_mask[i, :len(c)] = True
             context_embeds, context_mask = context_embeds.to(self.device), context_mask.to(self.device)
             self.planner_calls += 1
-            if kind == "planner_argmax":
-                paths = self.planner.argmax_path(context_embeds, context_mask, horizon)[:, None].expand(-1, num_paths, -1)
-            else:
-                paths = self.planner.sample_paths(context_embeds, context_mask, num_paths, horizon,
-                                                  self.cond.temperature, self.generator)
+            with autocast(self.device, self.precision):
+                if kind == "planner_argmax":
+                    paths = self.planner.argmax_path(context_embeds, context_mask, horizon)
+                    paths = paths[:, None].expand(-1, num_paths, -1)
+                else:
+                    paths = self.planner.sample_paths(context_embeds, context_mask, num_paths, horizon,
+                                                      self.cond.temperature, self.generator)
             mask = torch.ones_like(paths, dtype=torch.bool)
         paths, mask = paths.to(self.device), mask.to(self.device)
-        vectors = self.model.plan_vectors(paths, mask).float()  # (B, D)
+        with autocast(self.device, self.precision):
+            vectors = self.model.plan_vectors(paths, mask).float()  # (B, D)
         return paths, mask, vectors
 
     # ------------------------------------------------------------------------------ decoding
@@ -349,12 +354,13 @@ class PlannedGenerator:
             table = torch.stack(state["vectors"])  # (P, D) every plan made so far
             kwargs["plan_embeds"] = table[torch.tensor(position_plan[begin:], device=self.device)][None]  # (1, L, D)
         self.lm_calls += 1
-        if use_cache:
-            out = self.model(input_ids=input_ids, past_key_values=state["cache"], use_cache=True, logits_to_keep=1,
-                             **kwargs)
-            state["cache"], state["cached"] = out.past_key_values, len(ids) - state["window_start"]
-        else:
-            out = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1, **kwargs)
+        with autocast(self.device, self.precision):
+            if use_cache:
+                out = self.model(input_ids=input_ids, past_key_values=state["cache"], use_cache=True,
+                                 logits_to_keep=1, **kwargs)
+                state["cache"], state["cached"] = out.past_key_values, len(ids) - state["window_start"]
+            else:
+                out = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1, **kwargs)
         return out.logits[0, -1]  # (V,)
 
     def _add_plans(self, state: dict, paths, mask, vectors, sentences: list[int], contexts: list[np.ndarray]) -> list[int]:
@@ -485,17 +491,17 @@ def _first_token_after(tokenizer, token_ids: list[int], char: int) -> int:
 
 def generate_text(model, tokenizer, prompt: str, *, conditioning: EvalConditioning | None = None, planner=None,
                   embed_fn: EmbedFn | None = None, sampling: SamplingConfig | None = None, seed: int = 0,
-                  device: str = "cpu") -> GenerationResult:
+                  device: str = "cpu", precision: str = "auto") -> GenerationResult:
     """Python API: continue ``prompt`` with a PlannedLM (plans from ``planner`` when conditioning asks)."""
     conditioning = conditioning or EvalConditioning("none", 1, 1, 1.0, 0, 0, None, None)
     generator = PlannedGenerator(model, tokenizer, conditioning, planner=planner, embed_fn=embed_fn,
-                                 device=device, seed=seed)
+                                 device=device, seed=seed, precision=precision)
     return generator.generate(generator.prompt_from_text(prompt), sampling)
 
 
 def build_generator(model_dir: str, prepared_dir: str, split: str, conditioning: Optional[str], num_paths, horizon,
                     plan_temperature, plan_seed, fixed_action, planner_dir, device: str, seed: int,
-                    embed_fn: EmbedFn | None = None):
+                    embed_fn: EmbedFn | None = None, precision: str = "auto"):
     """Load everything a command needs: (generator, prepared dataset, split view)."""
     prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
     cond = resolve_conditioning(model, conditioning, num_paths, horizon, plan_temperature, plan_seed, fixed_action,
@@ -510,7 +516,7 @@ def build_generator(model_dir: str, prepared_dir: str, split: str, conditioning:
     embed_fn = embed_fn or (encoder_embed_fn(prepared) if needs_embeddings else None)
     splitter = prepared.manifest.get("config", {}).get("sentences", {}).get("splitter", "sentencizer")
     generator = PlannedGenerator(model, tokenizer, cond, planner=planner, embed_fn=embed_fn, split=split_view,
-                                 sentence_splitter=splitter, device=torch_device, seed=seed)
+                                 sentence_splitter=splitter, device=torch_device, seed=seed, precision=precision)
     return generator, prepared, split_view
 
 
@@ -519,7 +525,8 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
              conditioning: Optional[Conditioning] = None, num_paths: Optional[int] = None,
              horizon: Optional[int] = None, plan_temperature: Optional[float] = None,
              fixed_action: Optional[int] = None, planner_dir: Optional[str] = None, context_length: int = 128,
-             seed: int = 0, device: str = "auto", out_file: Optional[str] = None) -> dict:
+             seed: int = 0, device: str = "auto", precision: Literal["auto", "fp32", "bf16"] = "auto",
+             out_file: Optional[str] = None) -> dict:
     """Generate text with a planned LM, re-planning at every generated sentence end, and show the plans.
 
     For each generated sentence it prints the sampled action paths and, for each action, the train
@@ -542,6 +549,8 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
         context_length: With --article: prefix tokens at most.
         seed: Seed of token and plan sampling.
         device: auto, cpu, cuda ...
+        precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16; for the LM, the adapter and the
+            planner.
         out_file: Also write the result as JSON here.
 
     Returns:
@@ -550,7 +559,8 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
     if (prompt is None) == (article is None):
         raise PlanlmError("give exactly one of --prompt TEXT or --article N (a test article's prefix)")
     generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, conditioning, num_paths, horizon,
-                                                      plan_temperature, None, fixed_action, planner_dir, device, seed)
+                                                      plan_temperature, None, fixed_action, planner_dir, device, seed,
+                                                      precision=precision)
     if article is not None:
         if not 0 <= article < split_view.num_articles:
             raise PlanlmError(f"--article {article}: {split_view.path} has articles 0..{split_view.num_articles - 1}")
