@@ -9,7 +9,7 @@ context) has a valid state. The state grows by one latent per step; the paper's 
 set each step (no key/value cache is possible: every latent changes). ``dynamics="causal"`` swaps in a
 prefix-causal g and f with a cache (planlm.planner_causal), which makes extra paths cheap. Training uses
 teacher forcing (``forward``); ``sample_paths`` draws K paths autoregressively, batched over paths
-and boundaries (one forward per step for all of them; paths that share a prefix share its state).
+and boundaries (one forward per step for all of them).
 
 Letters: B batch (boundaries), S context sentences, T horizon, K paths, A actions, D width
 (d_model), E sentence-embedding width, N flattened rows, n latents in a state.
@@ -297,7 +297,10 @@ class Planner(nn.Module):
     @torch.no_grad()
     def sample_paths(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, num_paths: int, horizon: int,
                      temperature: float, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Sample num_paths action paths per boundary -> LongTensor (B, K, T); temperature 0 = argmax."""
+        """Sample num_paths action paths per boundary -> LongTensor (B, K, T); temperature 0 = argmax.
+
+        Recurrent g: paths that share a prefix share its state. Causal g: the context is encoded once
+        per boundary and each path adds one cached token per step (planlm.planner_causal)."""
         if num_paths < 1 or horizon < 1 or temperature < 0:
             raise PlanlmError(f"planner: need num_paths >= 1, horizon >= 1, temperature >= 0 "
                               f"(got {num_paths}, {horizon}, {temperature})")
