@@ -194,7 +194,8 @@ def causal_decode(planner, latents: torch.Tensor, latent_mask: torch.Tensor, slo
     counts = weights.sum(dim=1)  # (B, 1)
     logits = prediction.classifier(sums / counts)  # (B, A)
     actions = choose(logits.float(), num_paths)  # (B, K)
-    path_actions, path_logits = [actions.reshape(-1)], [logits.repeat_interleave(num_paths, dim=0)]
+    path_actions = [actions.reshape(-1)]
+    path_logits = [logits.repeat_interleave(num_paths, dim=0)] if keep_logits else []
     sums, counts = sums.repeat_interleave(num_paths, dim=0), counts.repeat_interleave(num_paths, dim=0)  # (B*K, .)
     path_slot = slot.repeat_interleave(num_paths)  # (B*K,)
     rows = batch * num_paths

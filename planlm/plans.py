@@ -144,9 +144,8 @@ def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]
     """Sample K action paths of T steps for every sentence boundary and cache them on disk.
 
     Each boundary's paths come from the true text before it. The cache folder is keyed by the planner's
-    weights (sha256), the prepared corpus, K, T, tau, seed, batch size, device type and precision; rerunning
-    with the same key
-    reuses it, a different key recomputes it.
+    weights (sha256), the prepared corpus, K, T, tau, seed, batch size, device type and precision;
+    rerunning with the same key reuses it, a different key recomputes it.
 
     Args:
         planner_dir: Folder of a trained planner (``planlm train-planner``).

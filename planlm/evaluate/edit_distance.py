@@ -133,7 +133,8 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
               "split": split, "articles": num_articles, "max_boundaries_per_article": max_boundaries_per_article,
               "seed": seed, "context_length": context_length, "sampling": sampling, "conditioning": cond,
-              "device_type": generator.device.type, "precision": precision, "bootstrap_samples": bootstrap_samples, "confidence": confidence}
+              "device_type": generator.device.type, "precision": precision, "bootstrap_samples": bootstrap_samples,
+              "confidence": confidence}
     out = Path(out_dir)
     if prepare_stage_dir(out, config):
         import json

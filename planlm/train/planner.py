@@ -338,7 +338,7 @@ def write_summary(out_dir: Path, summary: dict) -> None:
     write_json(out_dir / "summary.json", summary)
     lines = [f"# Planner summary: {summary['eval_split']} split of {summary['prepared_dir']}", "",
              f"{summary['num_boundaries']} boundaries, horizon T = {summary['horizon']}, "
-             f"{summary['num_actions']} actions, {summary.get('dynamics', 'recurrent')} dynamics g. Baselines fitted "
+             f"{summary['num_actions']} actions, {summary['dynamics']} dynamics g. Baselines fitted "
              f"on the {summary['train_split']} split. "
              "Teacher-forced: true actions fed to g; free-running: the planner's own argmax actions.", ""]
     names = [name for name in SUMMARY_MODELS if name in summary["metrics"]]
