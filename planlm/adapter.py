@@ -14,30 +14,36 @@ Both adapters map ``action_paths (N, K, T) long, path_mask (N, K, T) bool -> pla
 
 ``multipath`` (equations 1 and 2 of the paper)::
 
-    c^j = PT(c_{1:T}^j + p_{1:T}) * alpha_1 + c~^j     (eq. 1)
+    c^j = PT(U Emb(a)_{1:T}^j + p_{1:T}) * alpha_1 + c~^j     (eq. 1; U = identity when E = D)
     c   = ST(c^1, ..., c^K) * alpha_2 + c^             (eq. 2)
 
 Design decisions the paper leaves open, made here:
 
-- The PathTransformer runs at the LM width D on the *projected* step vectors c_t^j = W Emb(a) + b
-  plus learned absolute position embeddings p_1..p_T (D wide). Its output is pooled into one
-  vector per path by a masked mean over the valid steps, so it already lives in the LM's space and
-  needs no extra projection; with alpha_1 = 0 the path vector is exactly the Project-and-Avg c~^j.
-  (The paper writes PT(Emb(a) + p); its action and LM widths are both 768, where feeding W Emb(a) + b
-  differs only by a learned linear map in front of the first layer.)
-- The SampleTransformer runs at width D over the K path vectors, without position embeddings (the
-  paths are an unordered sample), and is pooled by a masked mean over the valid paths.
+- The PathTransformer reads the action embeddings themselves, as in eq. 1: its input is
+  U Emb(a_t^j) + p_t, with U the identity when the action width E equals the LM width D (the
+  paper's case, 768 = 768) and otherwise a randomly initialised linear map E -> D (never zero),
+  plus learned absolute position embeddings p_1..p_T (D wide, initialised at the scale of U Emb, so
+  the order of a path is as audible as its actions). So PT sees which actions a path holds
+  from the first step, not only the positions. Its output is pooled into one vector per path by a
+  masked mean over the valid steps; with alpha_1 = 0 the path vector is exactly the Project-and-Avg
+  c~^j.
+- The SampleTransformer runs at width D over the K path vectors c^j of eq. 1, without position
+  embeddings (the paths are an unordered sample), and is pooled by a masked mean over the valid paths.
+  At the very first step (W = 0, alpha_1 = 0) its inputs are c~^j = 0; W has a gradient at once, so
+  from the first update on they are the Project-and-Avg path vectors (its pre-norm LayerNorm reads
+  their direction whatever their scale), and PT's informative output joins them once alpha_1 moves.
 - Both are bidirectional ``nn.TransformerEncoder`` stacks (pre-norm, GELU, feed-forward 2 D).
 - Each distinct path of a batch goes through the PathTransformer once (oracle and argmax plans
   repeat one path K times); results do not depend on the batch (tested).
 - With the ReZero scalars at zero, alpha_2 gets a gradient at once and alpha_1 once alpha_2 has
   moved (eq. 2 adds c^, the mean of c~^j, so at alpha_2 = 0 the path vectors c^j do not reach c).
+  ``alphas()`` returns their values (written to the model's manifest and the report).
 - ``rezero=False`` (the paper's "no ReZero" ablation) drops both scalars *and* both skip connections
-  to the Project-and-Avg solution: c^j = PT(c_{1:T}^j + p_{1:T}), c = ST(c^1, ..., c^K): a plain
-  stack of two transformers on the projected action embeddings.
-- ``init_no_op`` (default True) initialises W and b to zero, so a fresh adapter returns c = 0 and
-  the conditioned LM starts exactly as the base LM (the gradient with respect to W is not zero, so
-  it learns from the first step). Set it False for the usual random init of W.
+  to the Project-and-Avg solution: c^j = PT(U Emb(a)_{1:T}^j + p_{1:T}), c = ST(c^1, ..., c^K): a
+  plain stack of two transformers on the action embeddings, which does not start as a no-op.
+- ``init_no_op`` (default True) initialises W and b to zero, so a fresh adapter with ReZero returns
+  c = 0 and the conditioned LM starts exactly as the base LM (the gradient with respect to W is not
+  zero, so it learns from the first step). Set it False for the usual random init of W.
 - ``init_from_codebook`` copies the k-means centroids (A, E) into the action embedding table Emb.
 """
 
@@ -135,6 +141,10 @@ class ProjectAvg(nn.Module):
             nn.init.zeros_(self.projection.weight)
             nn.init.zeros_(self.projection.bias)
 
+    def alphas(self) -> dict[str, float] | None:
+        """The ReZero scalars of a multipath adapter; Project and Avg has none."""
+        return None
+
     def step_vectors(self, action_paths: Tensor) -> Tensor:
         """(N, K, T) long -> c_t^j (N, K, T, D)."""
         return self.projection(self.action_embedding(action_paths))
@@ -159,8 +169,10 @@ class MultiPath(ProjectAvg):
         self.config = config
         self.action_embedding = nn.Embedding(config.num_actions, config.action_dim)
         self.projection = nn.Linear(config.action_dim, config.hidden_size)
+        # U: PT reads the action embeddings (eq. 1); a map E -> D only when the widths differ, never zero.
+        self.path_input = (nn.Identity() if config.action_dim == config.hidden_size
+                           else nn.Linear(config.action_dim, config.hidden_size))
         self.step_position = nn.Embedding(config.horizon, config.hidden_size)  # p_1..p_T
-        nn.init.normal_(self.step_position.weight, std=0.02)
         self.path_transformer = _encoder(config)  # PT
         self.sample_transformer = _encoder(config)  # ST
         if config.rezero:
@@ -168,12 +180,18 @@ class MultiPath(ProjectAvg):
             self.alpha_sample = nn.Parameter(torch.zeros(()))  # alpha_2
         self.reset_parameters(codebook)
 
-    def project_actions(self, actions: Tensor) -> Tensor:
-        """W Emb(a) + b for actions (...,) -> (..., D); projects the whole table once when that is cheaper."""
-        if actions.numel() > self.config.num_actions:
-            table = self.projection(self.action_embedding.weight)  # (A, D)
-            return table[actions]
-        return self.projection(self.action_embedding(actions))
+    def reset_parameters(self, codebook: Tensor | None = None) -> None:
+        super().reset_parameters(codebook)
+        # p at the scale of the action inputs: PT reads the order of a path from the start, whatever E is.
+        with torch.no_grad():
+            scale = self.path_input(self.action_embedding.weight).std().clamp(min=1e-3)
+        nn.init.normal_(self.step_position.weight, std=float(scale))
+
+    def alphas(self) -> dict[str, float] | None:
+        """The ReZero scalars {alpha_1, alpha_2} (None for the no-ReZero ablation)."""
+        if not self.config.rezero:
+            return None
+        return {"alpha_1": float(self.alpha_path.detach()), "alpha_2": float(self.alpha_sample.detach())}
 
     def forward(self, action_paths: Tensor, path_mask: Tensor | None = None) -> Tensor:
         path_mask = _default_mask(action_paths, path_mask)
@@ -187,13 +205,14 @@ class MultiPath(ProjectAvg):
         path_keys = torch.where(path_mask, action_paths, -1).flatten(0, 1)  # (N*K, T), -1 = masked step
         unique_paths, path_of = torch.unique(path_keys, dim=0, return_inverse=True)  # (U, T), (N*K,)
         step_mask = unique_paths >= 0  # (U, T)
-        steps = self.project_actions(unique_paths.clamp(min=0))  # c_t^j (U, T, D)
-        path_avg = masked_mean(steps, step_mask, dim=-2)  # c~^j (U, D)
+        embeds = self.action_embedding(unique_paths.clamp(min=0))  # Emb(a_t^j) (U, T, E)
+        # W, b are linear: project the mean embedding, T times cheaper than projecting every step.
+        path_avg = self.projection(masked_mean(embeds, step_mask, dim=-2))  # c~^j (U, D)
 
         # PathTransformer. A path with no valid step attends to all its (padding) steps instead of
         # none (which would give NaN); such paths are dropped by path_valid below.
         step_mask = step_mask | ~step_mask.any(-1, keepdim=True)  # (U, T)
-        tokens = steps + self.step_position.weight[:horizon]  # (U, T, D)
+        tokens = self.path_input(embeds) + self.step_position.weight[:horizon]  # U Emb(a) + p (U, T, D)
         padding = None if bool(step_mask.all()) else ~step_mask  # no mask: the fast attention kernels
         path_out = self.path_transformer(tokens, src_key_padding_mask=padding)  # (U, T, D)
         path_out = masked_mean(path_out, step_mask, dim=-2)  # (U, D)

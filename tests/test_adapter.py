@@ -143,3 +143,32 @@ def test_multipath_encodes_each_distinct_path_once_without_changing_results():
     one_by_one = torch.cat([adapter(action_paths[n:n + 1], path_mask[n:n + 1]) for n in range(4)])
     torch.testing.assert_close(batched, one_by_one, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(batched[0], batched[1])
+
+
+@pytest.mark.parametrize("action_dim", [ACTION_DIM, WIDTH])  # a map E -> D, or the paper's identity (E = D)
+def test_path_transformer_reads_the_actions_from_the_first_step(action_dim):
+    torch.manual_seed(0)
+    adapter = MultiPath(config(adapter="multipath", action_dim=action_dim, init_no_op=True),
+                        torch.randn(NUM_ACTIONS, action_dim)).eval()
+    assert isinstance(adapter.path_input, torch.nn.Identity) == (action_dim == WIDTH)
+    action_paths = torch.tensor([[[0, 1, 2, 3]], [[4, 5, 6, 7]], [[3, 2, 1, 0]]])  # (3, 1, 4)
+    mask = torch.ones_like(action_paths, dtype=torch.bool)
+    assert torch.count_nonzero(adapter(action_paths, mask)) == 0  # exact no-op (alpha = 0, W = b = 0) ...
+    tokens = adapter.path_input(adapter.action_embedding(action_paths[:, 0])) + adapter.step_position.weight
+    pooled = adapter.path_transformer(tokens).mean(1)  # (3, D): what alpha_1 scales
+    # ... yet PT sees which actions a path holds, and in which order: not just the positions p_1..p_T.
+    assert torch.cdist(pooled, pooled)[~torch.eye(3, dtype=torch.bool)].min() > 0.1
+
+
+def test_training_switches_both_rezero_scalars_on():
+    torch.manual_seed(0)
+    adapter = MultiPath(config(adapter="multipath", init_no_op=True), torch.randn(NUM_ACTIONS, ACTION_DIM))
+    target = torch.randn(5, WIDTH)
+    optimizer = torch.optim.Adam(adapter.parameters(), lr=1e-2)
+    assert adapter.alphas() == {"alpha_1": 0.0, "alpha_2": 0.0}
+    for _ in range(3):  # alpha_2 moves at step 1, alpha_1 once alpha_2 is not zero
+        optimizer.zero_grad()
+        (adapter(*paths_and_mask()) - target).pow(2).sum().backward()
+        optimizer.step()
+    assert all(abs(value) > 0 for value in adapter.alphas().values())
+    assert ProjectAvg(config()).alphas() is None and MultiPath(config(adapter="multipath", rezero=False)).alphas() is None

@@ -97,6 +97,10 @@ def test_every_adapter_and_source_trains_end_to_end(synthetic_random, tmp_path, 
     manifest = read_manifest(out)
     assert manifest["global_step"] == 2 and np.isfinite(manifest["val_loss"])
     assert manifest["val_ppl"] == pytest.approx(np.exp(manifest["val_loss"]))
+    if adapter == "multipath" and rezero:  # the learned ReZero scalars are reported, and they moved
+        assert set(manifest["rezero_alphas"]) == {"alpha_1", "alpha_2"} and manifest["rezero_alphas"]["alpha_2"] != 0
+    else:
+        assert manifest["rezero_alphas"] is None
     assert (out / "checkpoints" / "last.ckpt").is_file() and list((out / "logs").rglob("metrics.csv"))
     assert list((out / "tb").rglob("events.out.tfevents*"))
     model = PlannedLM.from_pretrained(out)

@@ -442,5 +442,6 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
                        val_ppl=math.exp(val_loss) if val_loss is not None else None,
                        train_wall_time_s=time.time() - start,
                        trainable_parameters=sum(p.numel() for p in planned.parameters() if p.requires_grad),
+                       rezero_alphas=planned.adapter.alphas() if planned.adapter is not None else None,
                        lm_hash=file_sha256(next((out / "lm").glob("*.safetensors"))))
     return out
