@@ -52,6 +52,13 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def derive_seed(seed: int, stream: str) -> int:
+    """A seed of its own for one random stream (``"adapter"``, ``"dropout"``, ``"data_order"`` ...) of a run
+    seeded with ``seed``: streams drawn from one global generator would shift whenever another stream
+    draws more numbers (an adapter with more parameters), and conditions would stop being paired."""
+    return int(hashlib.sha256(f"{seed}:{stream}".encode()).hexdigest()[:8], 16) % (2**31)
+
+
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

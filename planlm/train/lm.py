@@ -24,7 +24,8 @@ from planlm.adapter import AdapterConfig
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.windows import WindowCollator, article_windows, make_action_source
 from planlm.lm import Conditioning, PlannedLM, PlannedLMConfig, load_causal_lm
-from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_manifest
+from planlm.utils import (PlanlmError, derive_seed, file_sha256, fingerprint, prepare_stage_dir, read_manifest,
+                          write_manifest)
 
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
 
@@ -144,7 +145,8 @@ class LMTrainConfig:
     val_split: str = "validation"
     """Held-out prepared split for validation loss / perplexity (best checkpoint)."""
     seed: int = 0
-    """Seed of initialisation and shuffling."""
+    """Run seed: the LM's init, the adapter's init, the order of the windows and dropout each draw from a
+    stream of their own, so every condition of a run starts from the same weights and sees the same data."""
     accelerator: str = "auto"
     """Lightning accelerator (auto, cpu, gpu, ...)."""
     devices: int | str = "auto"
@@ -283,13 +285,24 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
 
 
 def _loader(split: PreparedSplit, windows: list, source, batch_size: int, shuffle: bool, num_workers: int,
-            pad_token_id: int) -> DataLoader:
+            pad_token_id: int, seed: int) -> DataLoader:
     return DataLoader(windows, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
-                      collate_fn=WindowCollator(split, source, pad_token_id), drop_last=False)
+                      collate_fn=WindowCollator(split, source, pad_token_id), drop_last=False,
+                      generator=data_order_generator(seed))
+
+
+def data_order_generator(seed: int) -> torch.Generator:
+    """The generator that shuffles the training windows: its own stream of the run seed, so every
+    condition of a run (whatever its adapter and its number of parameters) sees the same windows in
+    the same order."""
+    return torch.Generator().manual_seed(derive_seed(seed, "data_order"))
 
 
 def _build_model(prepared: PreparedDataset, model: LMModelConfig, cond: ConditioningConfig, tokenizer,
-                 provenance: dict, train_split_name: str) -> PlannedLM:
+                 provenance: dict, train_split_name: str, seed: int) -> PlannedLM:
+    """The LM (a random init drawn from ``seed``, the same for every condition) plus its adapter, drawn
+    from a stream of its own so that it shifts nothing else."""
+    L.seed_everything(seed, verbose=False)
     init = PlannedLM.from_pretrained(model.init_from) if model.init_from else None
     if init is not None and init.config.codebook_hash not in (None, prepared.codebook_hash) \
             and cond.conditioning != "none":
@@ -320,13 +333,15 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, cond: Conditio
         base_model=model.name_or_path or (init.config.base_model if init else None),
         base_model_config=None if model.name_or_path else (init.config.base_model_config if init else model.model_config),
         **provenance)
-    planned = PlannedLM(config, lm, prepared.codebook)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, "adapter"))
+        planned = PlannedLM(config, lm, prepared.codebook)
     if init is not None and init.adapter is not None and planned.adapter is not None \
             and asdict(init.config.adapter) == asdict(adapter):
         planned.adapter.load_state_dict(init.adapter.state_dict())
     planned.apply_finetune(model.finetune, model.lora_rank, model.lora_alpha, model.lora_dropout,
                            model.lora_target_modules)
-    return planned
+    return planned.train()  # from_pretrained (init_from) leaves the modules in eval mode: no dropout
 
 
 def _checkpoints_match(checkpoints: Path, run_config: dict, resume: bool) -> bool:
@@ -387,8 +402,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
                   "planner_dir": (plans_manifest or {}).get("planner_dir") or conditioning.planner_dir,
                   "planner_hash": (plans_manifest or {}).get("planner_hash")}
 
-    L.seed_everything(train.seed, verbose=False)
-    planned = _build_model(prepared, model, conditioning, tokenizer, provenance, train.train_split)
+    planned = _build_model(prepared, model, conditioning, tokenizer, provenance, train.train_split, train.seed)
+    L.seed_everything(derive_seed(train.seed, "dropout"), verbose=False)  # the same dropout stream in every condition
 
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     loaders = {}
@@ -399,7 +414,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
                                     horizon=conditioning.horizon, fixed_action=conditioning.fixed_action,
                                     plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_sampled" else None,
                                     argmax_plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_argmax" else None)
-        loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers, pad_token_id)
+        loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers, pad_token_id,
+                                      train.seed)
     if not len(loaders[train.train_split]):
         raise PlanlmError(f"{prepared.path / train.train_split}: no training window (articles with >= 2 tokens)")
     has_val = len(loaders[train.val_split]) > 0

@@ -1,0 +1,92 @@
+"""Conditions of one run are paired: the same start weights, the same windows in the same order and the
+same dropout stream, whatever adapter each condition builds; only the plans differ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from planlm.data.artifacts import PreparedDataset
+from planlm.train.lm import ConditioningConfig, LightningLM, LMModelConfig, LMTrainConfig, train_lm
+from planlm.utils import write_manifest
+
+TINY = {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128}  # dropout 0.1
+
+
+def quick(**overrides) -> LMTrainConfig:
+    base = dict(batch_size=4, max_epochs=1, limit_train_batches=3, limit_val_batches=1, lr=1e-3, progress_bar=False,
+                log_every_n_steps=1)
+    return LMTrainConfig(**{**base, **overrides})
+
+
+def oracle_plan_cache(folder: Path, prepared_dir: Path) -> Path:
+    """A plan cache whose argmax path (T = 1) of every boundary is the true next action: the oracle's plans."""
+    prepared = PreparedDataset(prepared_dir)
+    folder.mkdir(parents=True)
+    for split in ("train", "validation"):
+        actions = np.asarray(prepared[split].actions, dtype=np.int64)
+        np.save(folder / f"{split}.npy", actions[:, None, None])  # (N, K=1, T=1)
+        np.save(folder / f"{split}.argmax.npy", actions[:, None])  # (N, T=1)
+    write_manifest(folder, {"oracle": True}, num_paths=1, horizon=1, temperature=0.0, seed=0, planner_hash="oracle",
+                   planner_dir=None, codebook_hash=prepared.codebook_hash, num_actions=prepared.num_actions,
+                   prepared_dir=str(prepared_dir), splits=["train", "validation"])
+    return folder
+
+
+def test_two_conditions_given_identical_plans_train_to_identical_weights(synthetic_random, tmp_path):
+    plans = str(oracle_plan_cache(tmp_path / "plans", synthetic_random))
+    routes = {"oracle": ConditioningConfig(conditioning="oracle"),
+              "argmax": ConditioningConfig(conditioning="planner_argmax", plans_dir=plans)}
+    weights = {}
+    for name, cond in routes.items():
+        out = train_lm(str(synthetic_random), str(tmp_path / name), model=LMModelConfig(model_config=TINY),
+                       conditioning=cond, train=quick())
+        weights[name] = {**load_file(str(out / "lm" / "model.safetensors")),
+                         **{f"adapter.{k}": v for k, v in load_file(str(out / "adapter.safetensors")).items()}}
+    assert weights["oracle"].keys() == weights["argmax"].keys()
+    for key, value in weights["oracle"].items():
+        assert torch.equal(value, weights["argmax"][key]), key
+    first = load_file(str(tmp_path / "oracle" / "adapter.safetensors"))["projection.weight"]
+    assert first.abs().sum() > 0  # they did train (the projection starts at zero)
+
+
+def test_none_and_fixed_see_the_same_windows_in_the_same_order(synthetic_random, tmp_path, monkeypatch):
+    seen: dict[str, list] = {}
+    run = "none"
+    original = LightningLM.training_step
+
+    def recording_step(self, batch, batch_idx):
+        seen.setdefault(run, []).append(batch["input_ids"].clone())
+        return original(self, batch, batch_idx)
+
+    monkeypatch.setattr(LightningLM, "training_step", recording_step)
+    conditions = {"none": ConditioningConfig(conditioning="none"),
+                  "fixed": ConditioningConfig(conditioning="fixed", adapter="multipath", num_paths=2, horizon=2),
+                  "other_seed": ConditioningConfig(conditioning="none")}
+    for run, cond in conditions.items():
+        train_lm(str(synthetic_random), str(tmp_path / run), model=LMModelConfig(model_config=TINY),
+                 conditioning=cond, train=quick(max_epochs=2, seed=1 if run == "other_seed" else 0))
+    assert len(seen["none"]) == len(seen["fixed"]) == 6  # 3 batches x 2 epochs
+    for ids_none, ids_fixed in zip(seen["none"], seen["fixed"]):
+        assert torch.equal(ids_none, ids_fixed)  # the multipath adapter's parameters shift nothing
+    assert not all(torch.equal(a, b) for a, b in zip(seen["none"], seen["other_seed"]))  # the seed does
+    assert not torch.equal(seen["none"][0], seen["none"][3])  # and each epoch reshuffles
+
+
+def test_finetuning_from_init_from_trains_in_train_mode(synthetic_random, tmp_path, monkeypatch):
+    base = train_lm(str(synthetic_random), str(tmp_path / "base"), model=LMModelConfig(model_config=TINY),
+                    train=quick(limit_train_batches=1))
+    modes: list[bool] = []
+    original = LightningLM.training_step
+
+    def recording_step(self, batch, batch_idx):
+        modes.extend(module.training for module in self.model.modules())
+        return original(self, batch, batch_idx)
+
+    monkeypatch.setattr(LightningLM, "training_step", recording_step)
+    train_lm(str(synthetic_random), str(tmp_path / "next"), model=LMModelConfig(init_from=str(base)),
+             conditioning=ConditioningConfig(conditioning="oracle"), train=quick(limit_train_batches=1))
+    assert modes and all(modes)  # dropout is on in the LM loaded from the base folder
