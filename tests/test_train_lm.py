@@ -141,6 +141,41 @@ def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
     assert config.planner_hash == read_manifest(config.plans_dir)["planner_hash"] and len(config.planner_hash) == 64
 
 
+def test_retraining_a_planner_or_the_base_lm_into_the_same_folder_retrains_the_lm(synthetic_random, tmp_path):
+    from planlm.planner import Planner, PlannerConfig
+
+    prepared = PreparedDataset(synthetic_random)
+
+    def save_planner(seed: int) -> str:
+        torch.manual_seed(seed)
+        planner = Planner(PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim,
+                                        d_model=16, num_heads=2, dim_feedforward=32, max_sentences=8, horizon=1))
+        planner.prepared_info = {"codebook_hash": prepared.codebook_hash, "num_actions": prepared.num_actions}
+        return str(planner.save_pretrained(tmp_path / "planner"))
+
+    def train(base: str) -> dict:
+        cond = ConditioningConfig(conditioning="planner_argmax", planner_dir=str(tmp_path / "planner"))
+        out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(init_from=base),
+                       conditioning=cond, train=quick(limit_train_batches=1))
+        return read_manifest(out)
+
+    def train_base(seed: int) -> str:
+        return str(train_lm(str(synthetic_random), str(tmp_path / "base"), model=LMModelConfig(model_config=TINY),
+                            train=quick(limit_train_batches=1, seed=seed)))
+
+    save_planner(0)
+    base = train_base(0)
+    first = train(base)
+    assert train(base)["train_wall_time_s"] == first["train_wall_time_s"]  # nothing changed: reused
+    save_planner(1)  # another planner in the same folder: other plans, so the LM is retrained
+    second = train(base)
+    assert second["planner_hash"] != first["planner_hash"] and second["train_wall_time_s"] != first["train_wall_time_s"]
+    train_base(1)  # another base LM in the same folder: retrained again
+    third = train(base)
+    assert third["config"]["inputs"]["init_from"] != second["config"]["inputs"]["init_from"]
+    assert third["train_wall_time_s"] != second["train_wall_time_s"]
+
+
 def test_resume_continues_from_last_checkpoint(synthetic_random, tmp_path):
     kwargs = dict(model=LMModelConfig(model_config=TINY), conditioning=ConditioningConfig(conditioning="oracle"))
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), train=quick(), **kwargs)

@@ -344,6 +344,22 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, cond: Conditio
     return planned.train()  # from_pretrained (init_from) leaves the modules in eval mode: no dropout
 
 
+def _input_hashes(model: LMModelConfig, cond: ConditioningConfig) -> dict:
+    """What the folders a run reads hold, not only their names: the weights of the planner that makes the
+    plans (or the plan cache's key) and of the LM it starts from, so that retraining either into the same
+    folder retrains this LM instead of reusing it."""
+    from planlm.evaluate.perplexity import model_fingerprint
+    from planlm.planner import WEIGHTS_FILE
+
+    hashes = {"init_from": model_fingerprint(model.init_from) if model.init_from else None}
+    if cond.conditioning.startswith("planner") and cond.plans_dir:
+        hashes["plans"] = (read_manifest(cond.plans_dir) or {}).get("config_fingerprint")
+    elif cond.conditioning.startswith("planner") and cond.planner_dir:
+        weights = Path(cond.planner_dir) / WEIGHTS_FILE
+        hashes["planner"] = file_sha256(weights) if weights.is_file() else None  # missing: an error follows
+    return hashes
+
+
 def _checkpoints_match(checkpoints: Path, run_config: dict, resume: bool) -> bool:
     """Whether checkpoints/ was written by a run that differs at most in its length (then resume it);
     checkpoints of any other config (or all of them, without ``resume``) are deleted, never resumed."""
@@ -390,7 +406,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     for split in splits:
         prepared.split(split)  # one-line error for a missing split
     run_config = {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
-                  "model": asdict(model), "conditioning": asdict(conditioning),
+                  "model": asdict(model), "conditioning": asdict(conditioning), "inputs": _input_hashes(model, conditioning),
                   "train": {k: v for k, v in asdict(train).items() if k not in ("progress_bar", "num_workers", "resume")}}
     if prepare_stage_dir(out, run_config, keep_partial=True):
         return out
