@@ -302,8 +302,10 @@ def check_compatible(model, prepared: PreparedDataset, split: PreparedSplit, mod
 
 def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, cond: EvalConditioning,
                    num_articles: int, stride: int = 1, context_length: int = 128, batch_size: int = 32,
-                   device: str | torch.device = "cpu", precision: str = "auto") -> dict:
-    """In-memory evaluation of the first ``num_articles`` articles -> per-article arrays and timings."""
+                   device: str | torch.device = "cpu", precision: str = "auto", plan_usage: bool = False) -> dict:
+    """In-memory evaluation of the first ``num_articles`` articles -> per-article arrays and timings
+    (with ``plan_usage``, also ``nll_sums_shuffled``: the same windows with the plans shuffled across
+    the evaluated sentences, untimed)."""
     device = torch.device(device)
     model = model.to(device).eval()
     began = time.perf_counter()
@@ -320,10 +322,22 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, cond:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     finished = time.perf_counter()
-    nll_sums = np.bincount(windows[:, 0], weights=window_nll, minlength=num_articles)[:num_articles]
-    tokens = np.bincount(windows[:, 0], weights=windows[:, 3] - windows[:, 2], minlength=num_articles)[:num_articles]
-    return {"nll_sums": nll_sums, "tokens": tokens.astype(np.int64), "windows": len(windows),
-            "wall_time_s": finished - began, "plan_time_s": plans_done - began, "lm_time_s": finished - plans_done}
+    def per_article(values: np.ndarray) -> np.ndarray:
+        return np.bincount(windows[:, 0], weights=values, minlength=num_articles)[:num_articles]
+
+    result = {"nll_sums": per_article(window_nll), "tokens": per_article(windows[:, 3] - windows[:, 2]).astype(np.int64),
+              "windows": len(windows), "wall_time_s": finished - began, "plan_time_s": plans_done - began,
+              "lm_time_s": finished - plans_done}
+    if plan_usage:
+        from planlm.evaluate.plan_usage import ShuffledPlans, check_has_plans, plan_permutation
+
+        check_has_plans(cond.conditioning, "evaluate")
+        shuffled = ShuffledPlans(source, plan_permutation(num_sentences))
+        shuffled_table = plan_vector_table(model, shuffled, sentences, split.num_sentences, device=device,
+                                           precision=precision)
+        result["nll_sums_shuffled"] = per_article(score_windows(model, split, windows, shuffled_table, batch_size,
+                                                                device, precision))
+    return result
 
 
 def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test",
@@ -332,7 +346,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
              fixed_action: Optional[int] = None, planner_dir: Optional[str] = None, plans_dir: Optional[str] = None,
              stride: int = 1, context_length: int = 128, max_articles: Optional[int] = None, batch_size: int = 32,
              device: str = "auto", precision: Literal["auto", "fp32", "bf16"] = "auto",
-             bootstrap_samples: int = 1000, confidence: float = 0.95) -> dict:
+             bootstrap_samples: int = 1000, confidence: float = 0.95, plan_usage: Optional[bool] = None) -> dict:
     """Perplexity of a trained (planned) LM on a prepared split, with a bootstrap CI over articles.
 
     Writes ``metrics.json`` (ppl, ci_low, ci_high, nll, tokens, articles, protocol, wall_time_s,
@@ -362,6 +376,9 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
             planner's sampling.
         bootstrap_samples: Bootstrap resamples of the confidence interval.
         confidence: Confidence level of the interval.
+        plan_usage: Also score the split with the plans shuffled across its sentences (a fixed seeded
+            permutation): how much the LM reads its plans (plan_usage_* in metrics.json). None: whenever
+            the conditioning has plans; true on conditioning none is an error.
 
     Returns:
         The metrics dict (also in ``<out_dir>/metrics.json``).
@@ -377,12 +394,17 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
     cond = resolve_conditioning(model, conditioning, num_paths, horizon, temperature, seed, fixed_action,
                                 planner_dir, plans_dir, model_dir)
+    if plan_usage:
+        from planlm.evaluate.plan_usage import check_has_plans
+
+        check_has_plans(cond.conditioning, f"evaluate {model_dir}")
+    plan_usage = cond.conditioning != "none" if plan_usage is None else plan_usage
     torch_device = resolve_device(device)
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
     config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
               "split": split, "conditioning": cond, "stride": stride, "context_length": context_length,
               "articles": num_articles, "device_type": torch_device.type, "precision": precision,
-              "bootstrap_samples": bootstrap_samples, "confidence": confidence,
+              "bootstrap_samples": bootstrap_samples, "confidence": confidence, "plan_usage": plan_usage,
               "planner": file_sha256(Path(cond.planner_dir) / "model.safetensors") if cond.planner_dir else None,
               "plans": read_manifest(cond.plans_dir)["config_fingerprint"] if cond.plans_dir else None}
     out = Path(out_dir)
@@ -391,7 +413,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
 
         return json.loads((out / "metrics.json").read_text())
     result = evaluate_split(model, prepared, split_view, cond, num_articles, stride, context_length, batch_size,
-                            torch_device, precision)
+                            torch_device, precision, plan_usage)
     interval = bootstrap_perplexity(result["nll_sums"], result["tokens"], bootstrap_samples, confidence)
     total_tokens = int(result["tokens"].sum())
     metrics = {
@@ -407,6 +429,11 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         "planner_dir": cond.planner_dir, "plans_dir": cond.plans_dir, "model_dir": str(model_dir),
         "prepared_dir": str(prepared_dir), "split": split, "device": str(torch_device), "precision": precision,
     }
+    if plan_usage:
+        from planlm.evaluate.plan_usage import plan_usage_metrics
+
+        metrics.update(plan_usage_metrics(result["nll_sums"], result["nll_sums_shuffled"], result["tokens"],
+                                          bootstrap_samples, confidence))
     articles = split_view.articles
     write_per_article(out / "per_article.csv", [
         {"article": a, "id": articles[a]["id"], "nll_sum": repr(float(result["nll_sums"][a])),
@@ -417,4 +444,8 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
           f"conditioning {cond.conditioning}, K={cond.num_paths}, T={cond.horizon}, tau={cond.temperature:g}): "
           f"ppl {metrics['ppl']:.3f} [{metrics['ci_low']:.3f}, {metrics['ci_high']:.3f}] "
           f"in {metrics['wall_time_s']:.1f}s ({metrics['tokens_per_s']:.0f} tokens/s)")
+    if plan_usage:
+        print(f"plan usage: ppl with shuffled plans {metrics['ppl_shuffled_plans']:.3f}, "
+              f"{metrics['plan_usage_ppl']:+.3f} [{metrics['plan_usage_ci_low']:+.3f}, {metrics['plan_usage_ci_high']:+.3f}]"
+              f" ({metrics['plan_usage_nats']:+.4f} nats/token)")
     return metrics

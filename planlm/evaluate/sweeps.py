@@ -106,7 +106,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str, kind: Literal["num_pa
                            temperature=float(value) if kind == "temperature" else temperature, seed=seed,
                            planner_dir=planner_dir, stride=stride, context_length=context_length,
                            max_articles=max_articles, batch_size=batch_size, device=device, precision=precision,
-                           bootstrap_samples=bootstrap_samples)
+                           bootstrap_samples=bootstrap_samples, plan_usage=False)
         rows.append({"value": value, **{c: metrics[c] for c in COLUMNS if c in metrics}, "eval_dir": str(point)})
     base = rows[0]["wall_time_s"]
     for row in rows:

@@ -188,8 +188,9 @@ class LightningLM(L.LightningModule):
         self.model = model
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
         # Perplexity = exp(total NLL / total tokens) over the whole validation split (not a mean of batch means).
-        self.val_nll_sum = SumMetric()
-        self.val_tokens = SumMetric()
+        # Validation loader 1 (models with plans) holds the same windows with the plans shuffled: plan usage.
+        self.val_nll_sum, self.val_tokens = SumMetric(), SumMetric()
+        self.shuffled_nll_sum, self.shuffled_tokens = SumMetric(), SumMetric()
 
     def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean NLL over the batch's predicted tokens, their number)."""
@@ -202,19 +203,24 @@ class LightningLM(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])  # per step: no sync
         return loss
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         loss, num_tokens = self.model_step(batch)
-        self.val_nll_sum.update(loss.float() * num_tokens)
-        self.val_tokens.update(num_tokens.float())
+        nll_sum, tokens = (self.val_nll_sum, self.val_tokens) if dataloader_idx == 0 else \
+            (self.shuffled_nll_sum, self.shuffled_tokens)
+        nll_sum.update(loss.float() * num_tokens)
+        tokens.update(num_tokens.float())
 
     def on_validation_epoch_end(self) -> None:
         tokens = self.val_tokens.compute()
-        if tokens > 0:
+        if tokens > 0:  # metrics are already summed across processes
             val_loss = self.val_nll_sum.compute() / tokens
-            self.log("val/loss", val_loss, prog_bar=True, sync_dist=False)  # already summed across processes
-            self.log("val/ppl", torch.exp(val_loss), sync_dist=False)
-        self.val_nll_sum.reset()
-        self.val_tokens.reset()
+            self.log("val/loss", val_loss, prog_bar=True, sync_dist=False, add_dataloader_idx=False)
+            self.log("val/ppl", torch.exp(val_loss), sync_dist=False, add_dataloader_idx=False)
+            if self.shuffled_tokens.update_called and self.shuffled_tokens.compute() > 0:
+                usage = self.shuffled_nll_sum.compute() / self.shuffled_tokens.compute() - val_loss  # nats per token
+                self.log("val/plan_usage", usage, prog_bar=True, sync_dist=False, add_dataloader_idx=False)
+        for metric in (self.val_nll_sum, self.val_tokens, self.shuffled_nll_sum, self.shuffled_tokens):
+            metric.reset()
 
     def configure_optimizers(self):
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -296,6 +302,17 @@ def data_order_generator(seed: int) -> torch.Generator:
     condition of a run (whatever its adapter and its number of parameters) sees the same windows in
     the same order."""
     return torch.Generator().manual_seed(derive_seed(seed, "data_order"))
+
+
+def _shuffled_plans_loader(loader: DataLoader) -> DataLoader:
+    """The validation loader with the plans shuffled across the split's sentences (plan usage)."""
+    from planlm.evaluate.plan_usage import ShuffledPlans, plan_permutation
+
+    collator = loader.collate_fn
+    shuffled = WindowCollator(collator.split, ShuffledPlans(collator.source, plan_permutation(collator.split.num_sentences)),
+                              collator.pad_token_id)
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=False, num_workers=loader.num_workers,
+                      collate_fn=shuffled)
 
 
 def _build_model(prepared: PreparedDataset, model: LMModelConfig, cond: ConditioningConfig, tokenizer,
@@ -435,6 +452,9 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     if not len(loaders[train.train_split]):
         raise PlanlmError(f"{prepared.path / train.train_split}: no training window (articles with >= 2 tokens)")
     has_val = len(loaders[train.val_split]) > 0
+    val_loaders = [loaders[train.val_split]] if has_val else None
+    if has_val and conditioning.conditioning != "none":  # plan usage: the same windows, the plans shuffled
+        val_loaders.append(_shuffled_plans_loader(loaders[train.val_split]))
 
     on_gpu = torch.cuda.is_available() and train.accelerator in ("auto", "gpu", "cuda")
     precision = train.precision or ("bf16-mixed" if on_gpu else "32-true")
@@ -456,12 +476,13 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     last = checkpoints / "last.ckpt"
     ckpt_path = str(last) if _checkpoints_match(checkpoints, run_config, train.resume) and last.is_file() else None
     start = time.time()
-    trainer.fit(module, loaders[train.train_split], loaders[train.val_split] if has_val else None, ckpt_path=ckpt_path)
+    trainer.fit(module, loaders[train.train_split], val_loaders, ckpt_path=ckpt_path)
 
     best_path = checkpoint.best_model_path
     if has_val and best_path and Path(best_path).is_file():
         state = torch.load(best_path, map_location="cpu", weights_only=True)["state_dict"]
         module.load_state_dict(state)
+    plan_usage = trainer.callback_metrics.get("val/plan_usage")  # of the last validation, nats per token
     best_score = checkpoint.best_model_score
     val_loss = float(best_score) if best_score is not None else None
     if trainer.is_global_zero:
@@ -471,6 +492,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
                        conditioning.conditioning != "none" else None, **provenance,
                        plans_manifest=plans_manifest, global_step=trainer.global_step,
                        best_checkpoint=best_path or None, val_loss=val_loss,
+                       last_val_plan_usage=float(plan_usage) if plan_usage is not None else None,
                        val_ppl=math.exp(val_loss) if val_loss is not None else None,
                        train_wall_time_s=time.time() - start,
                        trainable_parameters=sum(p.numel() for p in planned.parameters() if p.requires_grad),
