@@ -4,6 +4,7 @@ import json
 import pytest
 
 from planlm.data.artifacts import PreparedDataset
+from planlm.evaluate.bootstrap import compare
 from planlm.evaluate.sweeps import sweep
 from planlm.utils import PlanlmError
 
@@ -38,6 +39,13 @@ def test_num_paths_sweep_writes_one_evaluation_per_k_a_csv_and_a_plot(planned, s
         assert float(row["ppl"]) == pytest.approx(metrics["ppl"]) and metrics["K"] == int(row["value"])
         assert float(row["relative_wall_time"]) == pytest.approx(metrics["wall_time_s"] / float(rows[0]["wall_time_s"]))
     assert rows[0]["ppl"] != rows[1]["ppl"]  # K reaches the model
+    # Each point against K = 1 on the same articles: the difference of the two perplexities, with a paired
+    # interval narrower than the points' own intervals over articles.
+    paired = compare(str(tmp_path / "k" / "num_paths-1"), str(tmp_path / "k" / "num_paths-4"), num_samples=50)
+    assert float(rows[1]["paired_diff"]) == pytest.approx(float(rows[1]["ppl"]) - float(rows[0]["ppl"]))
+    assert float(rows[1]["paired_ci_low"]) == pytest.approx(paired["ci_low"]) and float(rows[0]["paired_diff"]) == 0
+    assert float(rows[1]["paired_ci_high"]) - float(rows[1]["paired_ci_low"]) < \
+        float(rows[1]["ci_high"]) - float(rows[1]["ci_low"])
     assert (out / "sweep_num_paths.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "manifest.json").is_file()
 
@@ -49,7 +57,8 @@ def test_temperature_sweep_through_the_cli(planned, synthetic_random, tmp_path, 
           str(tmp_path / "tau"), "--kind", "temperature", "--temperatures", "[0.5, 2.0]", "--fixed_num_paths", "3",
           "--max_articles", "3", "--bootstrap_samples", "20", "--device", "cpu"])
     rows = read_rows(tmp_path / "tau" / "sweep_temperature.csv")
-    assert [float(r["tau"]) for r in rows] == [0.5, 2.0] and {r["K"] for r in rows} == {"3"}
+    assert [float(r["tau"]) for r in rows] == [0.5, 1.0, 2.0] and {r["K"] for r in rows} == {"3"}  # + the reference
+    assert float(rows[1]["paired_diff"]) == 0.0 and {float(r["reference"]) for r in rows} == {1.0}
     assert "time (rel.)" in capsys.readouterr().out
     assert (tmp_path / "tau" / "sweep_temperature.png").is_file()
     with pytest.raises(PlanlmError, match="every K must be >= 1"):

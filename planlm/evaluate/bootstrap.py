@@ -141,22 +141,17 @@ def _metrics(eval_dir: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def compare(a: str, b: str, num_samples: int = 1000, confidence: float = 0.95, seed: int = 0,
-            out_file: str | None = None) -> dict:
-    """Compare two evaluations of the same articles with a paired bootstrap over articles.
+def seed_folders(eval_dir: str | Path) -> dict[int, Path]:
+    """{seed: folder} of the ``seed<N>/`` evaluations of a run with seeds; {} for a single evaluation."""
+    folders = {}
+    for folder in Path(eval_dir).glob("seed*"):
+        if folder.name[4:].isdigit() and (folder / PER_ARTICLE).is_file():
+            folders[int(folder.name[4:])] = folder
+    return dict(sorted(folders.items()))
 
-    Reports ppl(B) - ppl(A) with its confidence interval (negative: B is better) and a bootstrap
-    p-value-ish number (how often a resample disagrees with the observed sign).
 
-    Args:
-        a: evaluation folder of the first model (written by ``planlm evaluate``).
-        b: evaluation folder of the second model, on the same split, articles and protocol.
-        num_samples: bootstrap resamples.
-        confidence: confidence level of the interval.
-        seed: seed of the resampling.
-        out_file: also write the result as JSON here.
-    """
-    dir_a, dir_b = Path(a), Path(b)
+def paired_tables(dir_a: Path, dir_b: Path) -> tuple[dict, dict]:
+    """The per-article tables of two evaluations, after checking that they score the same tokens."""
     table_a, table_b = read_per_article(dir_a), read_per_article(dir_b)
     if len(table_a["id"]) != len(table_b["id"]) or not (table_a["id"] == table_b["id"]).all():
         mismatch = next((i for i, (x, y) in enumerate(zip(table_a["id"], table_b["id"])) if x != y),
@@ -169,14 +164,74 @@ def compare(a: str, b: str, num_samples: int = 1000, confidence: float = 0.95, s
         raise PlanlmError(f"{dir_b / PER_ARTICLE}: article {table_b['id'][row]} (row {row}) has {table_b['tokens'][row]} "
                           f"scored tokens vs {table_a['tokens'][row]} in {dir_a}; compare evaluations with the same "
                           f"tokenizer and --stride")
-    result = paired_bootstrap(table_a["nll_sum"], table_b["nll_sum"], table_a["tokens"], num_samples, confidence, seed)
-    metrics_a, metrics_b = _metrics(dir_a), _metrics(dir_b)
-    result = {"a": str(dir_a), "b": str(dir_b), "articles": int(len(table_a["id"])),
-              "tokens": int(table_a["tokens"].sum()), "protocol": metrics_a.get("protocol"),
-              "conditioning_a": metrics_a.get("conditioning"), "conditioning_b": metrics_b.get("conditioning"),
-              **result}
+    return table_a, table_b
+
+
+def compare_evaluations(a: str | Path, b: str | Path, num_samples: int = 1000, confidence: float = 0.95,
+                        seed: int = 0) -> dict:
+    """ppl(B) - ppl(A) of two evaluation folders with a paired bootstrap over articles (nothing printed).
+
+    Folders of runs with seeds (``seed<N>/`` inside) are paired seed by seed, over the seeds both have:
+    ``seeds`` holds each seed's comparison, ``diff_mean``/``diff_std``/``diff_min``/``diff_max`` the spread
+    of the difference over seeds, and ``diff``/``ci_low``/``ci_high`` the paired bootstrap over articles of
+    the NLL averaged over seeds."""
+    dir_a, dir_b = Path(a), Path(b)
+    seeds_a, seeds_b = seed_folders(dir_a), seed_folders(dir_b)
+    if bool(seeds_a) != bool(seeds_b):
+        raise PlanlmError(f"{dir_a if not seeds_a else dir_b}: a single evaluation, but {dir_b if not seeds_a else dir_a} "
+                          f"holds one per seed (seed<N>/); compare two runs with seeds, or two seed<N> folders")
+    if not seeds_a:
+        table_a, table_b = paired_tables(dir_a, dir_b)
+        result = paired_bootstrap(table_a["nll_sum"], table_b["nll_sum"], table_a["tokens"], num_samples, confidence,
+                                  seed)
+        metrics_a, metrics_b = _metrics(dir_a), _metrics(dir_b)
+        return {"a": str(dir_a), "b": str(dir_b), "articles": int(len(table_a["id"])),
+                "tokens": int(table_a["tokens"].sum()), "protocol": metrics_a.get("protocol"),
+                "conditioning_a": metrics_a.get("conditioning"), "conditioning_b": metrics_b.get("conditioning"),
+                **result}
+    common = sorted(set(seeds_a) & set(seeds_b))
+    if not common:
+        raise PlanlmError(f"{dir_b}: seeds {sorted(seeds_b)} share none with {dir_a}'s {sorted(seeds_a)}; compare runs "
+                          f"trained with the same seeds")
+    per_seed = {s: compare_evaluations(seeds_a[s], seeds_b[s], num_samples, confidence, seed) for s in common}
+    tables = [paired_tables(seeds_a[s], seeds_b[s]) for s in common]
+    nll_a = np.mean([t[0]["nll_sum"] for t in tables], axis=0)  # (N_art,) averaged over seeds
+    nll_b = np.mean([t[1]["nll_sum"] for t in tables], axis=0)
+    pooled = paired_bootstrap(nll_a, nll_b, tables[0][0]["tokens"], num_samples, confidence, seed)
+    diffs = np.array([r["diff"] for r in per_seed.values()])
+    first = per_seed[common[0]]
+    return {**{k: first[k] for k in ("articles", "tokens", "protocol", "conditioning_a", "conditioning_b")},
+            **pooled, "a": str(dir_a), "b": str(dir_b), "seeds": per_seed, "diff_mean": float(diffs.mean()),
+            "diff_std": float(diffs.std(ddof=1)) if len(diffs) > 1 else 0.0, "diff_min": float(diffs.min()),
+            "diff_max": float(diffs.max())}
+
+
+def compare(a: str, b: str, num_samples: int = 1000, confidence: float = 0.95, seed: int = 0,
+            out_file: str | None = None) -> dict:
+    """Compare two evaluations of the same articles with a paired bootstrap over articles.
+
+    Reports ppl(B) - ppl(A) with its confidence interval (negative: B is better) and a bootstrap
+    p-value-ish number (how often a resample disagrees with the observed sign). Evaluation folders of
+    runs with seeds (``eval/<condition>`` holding ``seed<N>/``) are paired seed by seed, and the
+    difference is also given as mean, std and range over the seeds.
+
+    Args:
+        a: evaluation folder of the first model (written by ``planlm evaluate``, or a run's eval/<condition>).
+        b: evaluation folder of the second model, on the same split, articles and protocol.
+        num_samples: bootstrap resamples.
+        confidence: confidence level of the interval.
+        seed: seed of the resampling.
+        out_file: also write the result as JSON here.
+    """
+    result = compare_evaluations(a, b, num_samples, confidence, seed)
     level = int(round(confidence * 100))
-    print(f"A {dir_a}: ppl {result['ppl_a']:.4f}\nB {dir_b}: ppl {result['ppl_b']:.4f}\n"
+    for training_seed, one in result.get("seeds", {}).items():
+        print(f"seed {training_seed}: B - A = {one['diff']:+.4f} ({level}% CI [{one['ci_low']:+.4f}, "
+              f"{one['ci_high']:+.4f}])")
+    if "seeds" in result:
+        print(f"over {len(result['seeds'])} seeds: B - A mean {result['diff_mean']:+.4f}, std {result['diff_std']:.4f}, "
+              f"range [{result['diff_min']:+.4f}, {result['diff_max']:+.4f}]; NLL averaged over seeds:")
+    print(f"A {result['a']}: ppl {result['ppl_a']:.4f}\nB {result['b']}: ppl {result['ppl_b']:.4f}\n"
           f"B - A = {result['diff']:+.4f} ({level}% CI [{result['ci_low']:+.4f}, {result['ci_high']:+.4f}], "
           f"p~{result['p_value']:.3g}, B better in {100 * result['fraction_b_better']:.1f}% of resamples; "
           f"{result['articles']} articles, {result['tokens']} tokens)")

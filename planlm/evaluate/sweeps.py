@@ -3,8 +3,10 @@
 The K sweep is the paper's inference-only experiment (the model is trained with one K and evaluated
 with others); the temperature sweep is its appendix. Each point is a full ``planlm evaluate`` in
 ``<out_dir>/<kind>-<value>/`` (reused when complete), and the sweep writes ``sweep_<kind>.csv``
-and ``sweep_<kind>.png`` (perplexity with its bootstrap CI, and wall time relative to the first
-point: K = 1 when it is swept).
+and ``sweep_<kind>.png``. The effects are small beside the spread of perplexity over articles, so
+each point is shown as its *paired* difference from a reference point (K = 1; tau = 1, evaluated
+too when not in the list) on the same articles, with its paired bootstrap interval
+(``planlm.evaluate.bootstrap``), beside the wall time relative to the first point.
 """
 
 from __future__ import annotations
@@ -16,24 +18,28 @@ from typing import Literal, Optional
 from planlm.evaluate.perplexity import Conditioning, evaluate
 from planlm.utils import PlanlmError, prepare_stage_dir, write_manifest
 
-COLUMNS = ("value", "ppl", "ci_low", "ci_high", "wall_time_s", "relative_wall_time", "plan_time_s", "lm_time_s",
+COLUMNS = ("value", "ppl", "ci_low", "ci_high", "reference", "paired_diff", "paired_ci_low", "paired_ci_high",
+           "wall_time_s", "relative_wall_time", "plan_time_s", "lm_time_s",
            "tokens_per_s", "tokens", "articles", "conditioning", "K", "T", "tau", "eval_dir")
 
 
 def plot_sweep(rows: list[dict], kind: str, path: str | Path, title: str = "") -> None:
-    """Perplexity (with CI error bars) and relative wall time against the swept value."""
+    """Each point's paired perplexity difference from the reference point (with its CI error bars), and
+    the wall time relative to the first point, against the swept value."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     values = [float(r["value"]) for r in rows]
-    ppl = [r["ppl"] for r in rows]
-    errors = [[r["ppl"] - r["ci_low"] for r in rows], [r["ci_high"] - r["ppl"] for r in rows]]
+    diffs = [r["paired_diff"] for r in rows]
+    errors = [[r["paired_diff"] - r["paired_ci_low"] for r in rows], [r["paired_ci_high"] - r["paired_diff"] for r in rows]]
+    symbol = "K" if kind == "num_paths" else "tau"
     fig, left = plt.subplots(figsize=(6, 4))
-    left.errorbar(values, ppl, yerr=errors, marker="o", capsize=3, color="tab:blue", label="perplexity (95% CI)")
+    left.axhline(0.0, color="grey", linewidth=0.8)
+    left.errorbar(values, diffs, yerr=errors, marker="o", capsize=3, color="tab:blue", label="paired difference (95% CI)")
     left.set_xlabel("K (sampled paths)" if kind == "num_paths" else "tau (planner temperature)")
-    left.set_ylabel("perplexity", color="tab:blue")
+    left.set_ylabel(f"perplexity - perplexity at {symbol} = {rows[0]['reference']:g} (paired)", color="tab:blue")
     if kind == "num_paths" and min(values) > 0 and max(values) / min(values) >= 10:
         left.set_xscale("log")
     right = left.twinx()
@@ -46,6 +52,17 @@ def plot_sweep(rows: list[dict], kind: str, path: str | Path, title: str = "") -
     plt.close(fig)
 
 
+def add_paired_differences(rows: list[dict], reference: float, bootstrap_samples: int) -> None:
+    """paired_diff / paired_ci_* of each row: its perplexity minus the reference row's on the same articles."""
+    from planlm.evaluate.bootstrap import compare_evaluations
+
+    base = next(r for r in rows if r["value"] == reference)
+    for row in rows:
+        result = compare_evaluations(base["eval_dir"], row["eval_dir"], num_samples=bootstrap_samples)
+        row.update(reference=reference, paired_diff=result["diff"], paired_ci_low=result["ci_low"],
+                   paired_ci_high=result["ci_high"])
+
+
 def sweep(model_dir: str, prepared_dir: str, out_dir: str, kind: Literal["num_paths", "temperature"] = "num_paths",
           num_paths: list[int] = [1, 2, 5, 10, 20, 50], temperatures: list[float] = [0.25, 0.5, 1.0, 2.0, 4.0],
           conditioning: Conditioning = "planner_sampled", split: str = "test", fixed_num_paths: Optional[int] = None,
@@ -53,15 +70,16 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str, kind: Literal["num_pa
           planner_dir: Optional[str] = None, stride: int = 1, context_length: int = 128,
           max_articles: Optional[int] = None, batch_size: int = 32, device: str = "auto",
           precision: Literal["auto", "fp32", "bf16"] = "auto", bootstrap_samples: int = 1000) -> Path:
-    """Sweep K (sampled paths) or tau (planner temperature) at inference: perplexity and wall time per point.
+    """Sweep K (sampled paths) or tau (planner temperature) at inference: perplexity, its paired difference
+    from K = 1 (tau = 1) on the same articles, and wall time per point.
 
     Args:
         model_dir: Folder of a finished ``planlm train-lm``.
         prepared_dir: Prepared corpus.
         out_dir: Sweep folder (one evaluation folder per point, plus CSV and PNG).
         kind: num_paths (the K sweep) or temperature (the tau sweep).
-        num_paths: K values of the K sweep.
-        temperatures: tau values of the temperature sweep.
+        num_paths: K values of the K sweep (K = 1, the reference of the paired differences, is added if missing).
+        temperatures: tau values of the temperature sweep (tau = 1, the reference, is added if missing).
         conditioning: Conditioning of every point (the sweeps are about planner_sampled).
         split: Split to evaluate.
         fixed_num_paths: K of the temperature sweep; default: the model's.
@@ -83,6 +101,9 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str, kind: Literal["num_pa
     values = list(num_paths if kind == "num_paths" else temperatures)
     if kind not in ("num_paths", "temperature"):
         raise PlanlmError(f"--kind {kind!r}: choose num_paths or temperature")
+    reference = 1 if kind == "num_paths" else 1.0  # K = 1: one sampled path; tau = 1: the planner's distribution
+    if values and reference not in values:
+        values = sorted(values + [reference])
     if not values:
         raise PlanlmError(f"--{'num_paths' if kind == 'num_paths' else 'temperatures'} is empty: give values to sweep")
     if kind == "num_paths" and min(values) < 1:
@@ -111,6 +132,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str, kind: Literal["num_pa
     base = rows[0]["wall_time_s"]
     for row in rows:
         row["relative_wall_time"] = row["wall_time_s"] / base if base > 0 else float("nan")
+    add_paired_differences(rows, reference, bootstrap_samples)
     csv_path, png_path = out / f"sweep_{kind}.csv", out / f"sweep_{kind}.png"
     with open(csv_path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -119,8 +141,10 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str, kind: Literal["num_pa
     plot_sweep(rows, kind, png_path, title=f"{Path(model_dir).name}: {conditioning}, {kind} sweep")
     write_manifest(out, config, rows=rows)
     label = "K" if kind == "num_paths" else "tau"
-    print(f"{label:>6} {'ppl':>9} {'95% CI':>21} {'time (rel.)':>12}")
+    print(f"{label:>6} {'ppl':>9} {'95% CI':>21} {f'paired - {label}={reference:g}':>16} {'95% CI':>21} "
+          f"{'time (rel.)':>12}")
     for row in rows:
         print(f"{row['value']:>6g} {row['ppl']:>9.3f} [{row['ci_low']:>8.3f}, {row['ci_high']:>8.3f}] "
+              f"{row['paired_diff']:>+16.3f} [{row['paired_ci_low']:>+8.3f}, {row['paired_ci_high']:>+8.3f}] "
               f"{row['relative_wall_time']:>11.2f}x")
     return out
