@@ -6,12 +6,18 @@ interrupted)::
 
     prepared/                  planlm prepare
     planner/                   planlm train-planner (+ planner/plans/... caches, planlm sample-plans)
-    planners/<condition>/      optional: a condition's own planner (its `planner` section, e.g. another dynamics)
+    planners/<condition>/      optional: a condition's own planner (its `planner` section, e.g. another horizon
+                               or dynamics; conditions with equal sections share the first one's)
     lm/_base/                  optional: a plain LM pretrained once, the start of every condition
     lm/<condition>/            planlm train-lm, one per experiment condition
-    eval/<condition>/          planlm evaluate (perplexity with a bootstrap CI)
+    eval/<condition>/          planlm evaluate (perplexity with a bootstrap CI, plan usage)
     edit/<condition>/          planlm edit-distance (optional)
     sweeps/<condition>-<kind>/ planlm sweep: K sweep and temperature sweep (optional)
+
+With ``seeds: [0, 1, 2]`` the base LM and every condition are trained and evaluated once per seed,
+each in ``seed<N>/`` under the folders above (lm/_base/seed<N>, lm/<condition>/seed<N>, ...); the
+prepared corpus and the planners are shared by all seeds, and the sweeps use the first seed's models.
+Within a seed the conditions are paired (same start weights, data order and dropout: see train-lm).
     report.md, results.json, results.csv, figures/   planlm.report
 
 A condition that fails is recorded (``results.json``, the report) and the others go on. Each YAML
@@ -45,6 +51,7 @@ class Stage:
     command: str
     kwargs: dict[str, Any]
     condition: Optional[str] = None
+    seed: Optional[int] = None
     needs: list[str] = field(default_factory=list)
 
 
@@ -155,9 +162,25 @@ def _run_distributed(stage: Stage) -> None:
 CONDITION_KEYS = {"name", "label", "paper", "model", "conditioning", "train", "evaluate", "planner"}
 
 
-def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Optional[dict], conditions: list[dict],
-                evaluate: dict, edit_distance: Optional[dict], sweeps: Optional[list[dict]], where: str) -> list[Stage]:
-    """Validate every section and return the stages in order (nothing runs here)."""
+def seed_dir(folder: Path, seed: Optional[int]) -> Path:
+    """A stage folder of one training seed: ``folder/seed<N>``, or ``folder`` itself for a run without ``seeds``."""
+    return folder if seed is None else folder / f"seed{seed}"
+
+
+def _stage_name(what: str, name: str, seed: Optional[int]) -> str:
+    return f"{what} {name}" + ("" if seed is None else f" seed{seed}")
+
+
+def _check_seeds(seeds: Optional[list[int]], where: str) -> list[Optional[int]]:
+    if seeds is None:
+        return [None]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise PlanlmError(f"{where}: seeds {seeds} must list at least one seed, each once (e.g. seeds: [0, 1, 2]), "
+                          f"or be left out for one run with lm.train.seed")
+    return list(seeds)
+
+
+def _check_conditions(conditions: list[dict], where: str) -> list[str]:
     if not conditions:
         raise PlanlmError(f"{where}: conditions is empty; list at least one LM condition (e.g. name: none)")
     names = [c.get("name") for c in conditions]
@@ -168,81 +191,124 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
         if unknown:
             raise PlanlmError(f"{where}: conditions[{cond['name']}] has unknown key(s) {unknown}; use "
                               f"{sorted(CONDITION_KEYS)}")
-    prepared_dir, planner_dir = out / "prepared", out / "planner"
-    stages = [
-        Stage("prepare", "prepare", {"out_dir": str(prepared_dir), **bind_section(
-            _command("prepare"), prepare, skip=_IO["prepare"], where=f"{where}: prepare")}),
-    ]
+    return names
+
+
+def _planner_stages(out: Path, planner: dict, lm: dict, conditions: list[dict], sweeps: Optional[list[dict]],
+                    where: str) -> tuple[list[Stage], dict[str, tuple[str, Path]]]:
+    """The planner stages and, for each condition with plans, (its planner stage, its planner folder).
+
+    A condition's own ``planner`` section (merged over ``planner``) trains into planners/<condition>/;
+    conditions whose merged sections are equal share one planner (e.g. one per horizon), and one equal
+    to the shared section uses planner/."""
+    from planlm.utils import fingerprint
+
     def wants_planner(cond: dict) -> bool:
         return str(deep_merge(lm, cond).get("conditioning", {}).get("conditioning", "none")).startswith("planner")
 
-    if any(wants_planner(c) and not c.get("planner") for c in conditions) or sweeps:
-        stages.append(Stage("train-planner", "train_planner", {
-            "prepared_dir": str(prepared_dir), "out_dir": str(planner_dir),
+    shared = ("train-planner", out / "planner")
+    trained: dict[str, tuple[str, Path]] = {fingerprint(planner): shared}
+    stages, used, planner_of = [], set(), {}
+    for cond in conditions:
+        if not wants_planner(cond):
+            continue
+        section = deep_merge(planner, cond.get("planner") or {})
+        key = fingerprint(section)
+        if key not in trained:
+            name = cond["name"]
+            trained[key] = (f"train-planner {name}", out / "planners" / name)
+            stages.append(Stage(trained[key][0], "train_planner", {
+                "prepared_dir": str(out / "prepared"), "out_dir": str(trained[key][1]),
+                **bind_section(_command("train_planner"), section, skip=_IO["train_planner"],
+                               where=f"{where}: conditions[{name}].planner")}, condition=name, needs=["prepare"]))
+        planner_of[cond["name"]] = trained[key]
+        used.add(trained[key][0])
+    if "train-planner" in used or sweeps:
+        stages.insert(0, Stage("train-planner", "train_planner", {
+            "prepared_dir": str(out / "prepared"), "out_dir": str(shared[1]),
             **bind_section(_command("train_planner"), planner, skip=_IO["train_planner"], where=f"{where}: planner")},
             needs=["prepare"]))
-    base_dir = None
-    if base_lm:
-        base_dir = out / "lm" / "_base"
-        section = deep_merge(lm, base_lm)
-        section["conditioning"] = {"conditioning": "none"}
-        stages.append(Stage("train-lm _base", "train_lm", {
-            "prepared_dir": str(prepared_dir), "out_dir": str(base_dir),
-            **bind_section(_command("train_lm"), section, skip=_IO["train_lm"], where=f"{where}: base_lm")},
-            needs=["prepare"]))
-    for cond in conditions:
-        name = cond["name"]
-        section = deep_merge(lm, {k: v for k, v in cond.items() if k in ("model", "conditioning", "train")})
-        conditioning = section.setdefault("conditioning", {})
-        planner_stage = "train-planner"
-        if cond.get("planner") and wants_planner(cond):  # this condition's own planner, e.g. another dynamics
-            planner_stage, own_dir = f"train-planner {name}", out / "planners" / name
-            stages.append(Stage(planner_stage, "train_planner", {
-                "prepared_dir": str(prepared_dir), "out_dir": str(own_dir),
-                **bind_section(_command("train_planner"), deep_merge(planner, cond["planner"]),
-                               skip=_IO["train_planner"], where=f"{where}: conditions[{name}].planner")},
-                condition=name, needs=["prepare"]))
-            conditioning.setdefault("planner_dir", str(own_dir))
-        if str(conditioning.get("conditioning", "none")).startswith("planner") and not conditioning.get("plans_dir"):
-            conditioning.setdefault("planner_dir", str(planner_dir))
-        if base_dir is not None:
-            section.setdefault("model", {}).setdefault("init_from", str(base_dir))
-        model_dir = out / "lm" / name
-        needs = ["prepare"] + ([planner_stage] if conditioning.get("planner_dir") else []) + \
-                (["train-lm _base"] if base_dir else [])
-        stages.append(Stage(f"train-lm {name}", "train_lm", {
-            "prepared_dir": str(prepared_dir), "out_dir": str(model_dir),
-            **bind_section(_command("train_lm"), section, skip=_IO["train_lm"], where=f"{where}: conditions[{name}]")},
-            condition=name, needs=needs))
-        ev = deep_merge(evaluate, cond.get("evaluate") or {})
-        stages.append(Stage(f"evaluate {name}", "evaluate", {
-            "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "out_dir": str(out / "eval" / name),
-            **bind_section(_command("evaluate"), ev, skip=_IO["evaluate"], where=f"{where}: evaluate[{name}]")},
-            condition=name, needs=[f"train-lm {name}"]))
-        if edit_distance is not None:
-            stages.append(Stage(f"edit-distance {name}", "edit_distance", {
-                "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "out_dir": str(out / "edit" / name),
-                **bind_section(_command("edit_distance"), edit_distance, skip=_IO["edit_distance"],
-                               where=f"{where}: edit_distance")},
-                condition=name, needs=[f"train-lm {name}"]))
-    for index, sweep in enumerate(sweeps or []):
+    return stages, planner_of
+
+
+def _condition_stages(out: Path, cond: dict, lm: dict, evaluate: dict, edit_distance: Optional[dict],
+                      planner: Optional[tuple[str, Path]], base: Optional[tuple[str, Path]], seed: Optional[int],
+                      where: str) -> list[Stage]:
+    """train-lm, evaluate and edit-distance of one condition and one seed."""
+    name, prepared_dir = cond["name"], str(out / "prepared")
+    section = deep_merge(lm, {k: v for k, v in cond.items() if k in ("model", "conditioning", "train")})
+    conditioning = section.setdefault("conditioning", {})
+    needs = ["prepare"]
+    if planner is not None and not conditioning.get("plans_dir"):
+        conditioning.setdefault("planner_dir", str(planner[1]))
+        needs.append(planner[0])
+    if base is not None:
+        section.setdefault("model", {}).setdefault("init_from", str(base[1]))
+        needs.append(base[0])
+    if seed is not None:
+        section.setdefault("train", {})["seed"] = seed
+    model_dir, train_stage = seed_dir(out / "lm" / name, seed), _stage_name("train-lm", name, seed)
+    stages = [Stage(train_stage, "train_lm", {
+        "prepared_dir": prepared_dir, "out_dir": str(model_dir),
+        **bind_section(_command("train_lm"), section, skip=_IO["train_lm"], where=f"{where}: conditions[{name}]")},
+        condition=name, seed=seed, needs=needs)]
+    ev = deep_merge(evaluate, cond.get("evaluate") or {})
+    stages.append(Stage(_stage_name("evaluate", name, seed), "evaluate", {
+        "model_dir": str(model_dir), "prepared_dir": prepared_dir, "out_dir": str(seed_dir(out / "eval" / name, seed)),
+        **bind_section(_command("evaluate"), ev, skip=_IO["evaluate"], where=f"{where}: evaluate[{name}]")},
+        condition=name, seed=seed, needs=[train_stage]))
+    if edit_distance is not None:
+        stages.append(Stage(_stage_name("edit-distance", name, seed), "edit_distance", {
+            "model_dir": str(model_dir), "prepared_dir": prepared_dir, "out_dir": str(seed_dir(out / "edit" / name, seed)),
+            **bind_section(_command("edit_distance"), edit_distance, skip=_IO["edit_distance"],
+                           where=f"{where}: edit_distance")},
+            condition=name, seed=seed, needs=[train_stage]))
+    return stages
+
+
+def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Optional[dict], conditions: list[dict],
+                evaluate: dict, edit_distance: Optional[dict], sweeps: Optional[list[dict]], where: str,
+                seeds: Optional[list[int]] = None) -> list[Stage]:
+    """Validate every section and return the stages in order (nothing runs here)."""
+    names = _check_conditions(conditions, where)
+    run_seeds = _check_seeds(seeds, where)
+    stages = [Stage("prepare", "prepare", {"out_dir": str(out / "prepared"), **bind_section(
+        _command("prepare"), prepare, skip=_IO["prepare"], where=f"{where}: prepare")})]
+    planner_stages, planner_of = _planner_stages(out, planner, lm, conditions, sweeps, where)
+    stages += planner_stages
+    for seed in run_seeds:
+        base = None
+        if base_lm:
+            base = (_stage_name("train-lm", "_base", seed), seed_dir(out / "lm" / "_base", seed))
+            section = deep_merge(lm, base_lm)
+            section["conditioning"] = {"conditioning": "none"}
+            if seed is not None:
+                section.setdefault("train", {})["seed"] = seed
+            stages.append(Stage(base[0], "train_lm", {
+                "prepared_dir": str(out / "prepared"), "out_dir": str(base[1]),
+                **bind_section(_command("train_lm"), section, skip=_IO["train_lm"], where=f"{where}: base_lm")},
+                seed=seed, needs=["prepare"]))
+        for cond in conditions:
+            stages += _condition_stages(out, cond, lm, evaluate, edit_distance, planner_of.get(cond["name"]), base,
+                                        seed, where)
+    for index, sweep in enumerate(sweeps or []):  # at inference, on the models of the first seed
         sweep = dict(sweep)
         target = sweep.pop("condition", None)
         if target not in names:
             raise PlanlmError(f"{where}: sweeps[{index}].condition {target!r} is not one of the conditions {names}")
         kind = sweep.get("kind", "num_paths")
         stages.append(Stage(f"sweep {kind} {target}", "sweep", {
-            "model_dir": str(out / "lm" / target), "prepared_dir": str(prepared_dir),
+            "model_dir": str(seed_dir(out / "lm" / target, run_seeds[0])), "prepared_dir": str(out / "prepared"),
             "out_dir": str(out / "sweeps" / f"{target}-{kind}"),
             **bind_section(_command("sweep"), sweep, skip=_IO["sweep"], where=f"{where}: sweeps[{index}]")},
-            condition=target, needs=[f"train-lm {target}"]))
+            condition=target, needs=[_stage_name("train-lm", target, run_seeds[0])]))
     return stages
 
 
 def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Optional[dict] = None,
         lm: Optional[dict] = None, base_lm: Optional[dict] = None, conditions: Optional[list[dict]] = None,
         evaluate: Optional[dict] = None, edit_distance: Optional[dict] = None, sweeps: Optional[list[dict]] = None,
-        report: Optional[dict] = None, dry_run: bool = False) -> Path:
+        seeds: Optional[list[int]] = None, report: Optional[dict] = None, dry_run: bool = False) -> Path:
     """Run the whole pipeline: prepare, train the planner, train one LM per condition, evaluate, report.
 
     Every section holds the arguments of the command it feeds (see `planlm CMD --help`); paths between
@@ -261,14 +327,17 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
         evaluate: Arguments of `planlm evaluate` shared by all conditions (split, stride, max_articles ...).
         edit_distance: Arguments of `planlm edit-distance`, run for every condition; null to skip.
         sweeps: Sweeps at inference, each the arguments of `planlm sweep` (kind: num_paths or temperature)
-            plus `condition` (the LM swept); empty to skip.
+            plus `condition` (the LM swept, of the first seed); empty to skip.
+        seeds: Training seeds, e.g. [0, 1, 2]: the base LM and every condition are trained and evaluated once
+            per seed (lm/<condition>/seed<N>/, eval/<condition>/seed<N>/ ...) and the report gives the mean and
+            spread over seeds; adding a seed trains only the new one. Unset: one run with lm.train.seed.
         report: Options of the report: {actions_shown: int}.
         dry_run: Validate every section and list the stages without running anything.
     """
     out = Path(out_dir)
     conditions = conditions or []
     stages = plan_stages(out, prepare or {}, planner or {}, lm or {}, base_lm, conditions, evaluate or {},
-                         edit_distance, sweeps, where=f"run {out}")
+                         edit_distance, sweeps, where=f"run {out}", seeds=seeds)
     if dry_run:
         for i, stage in enumerate(stages):
             print(f"{i + 1:>2}. {stage.name}  ->  {stage.kwargs.get('out_dir', '')}")
@@ -278,14 +347,14 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
     state_path = out / "run_state.json"
     state = {"stages": {}, "config": {"prepare": prepare, "planner": planner, "lm": lm, "base_lm": base_lm,
                                       "conditions": conditions, "evaluate": evaluate, "edit_distance": edit_distance,
-                                      "sweeps": sweeps}}
+                                      "sweeps": sweeps, "seeds": seeds}}
     progress = Progress(len(stages), state)
     for index, stage in enumerate(stages):
         failed_needs = [n for n in stage.needs if state["stages"].get(n, {}).get("status") != "done"]
         progress.begin(index, stages)
         if failed_needs:
             state["stages"][stage.name] = {"status": "skipped", "error": f"needs {failed_needs}",
-                                           "command": stage.command}
+                                           "command": stage.command, "condition": stage.condition, "seed": stage.seed}
             progress.end(stage, "skipped (an earlier stage failed)", 0, False)
             write_json(state_path, state)
             continue
@@ -307,12 +376,13 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
         seconds = time.time() - started
         reused = status == "done" and manifest_before is not None and manifest_before == read_manifest(out_path)
         state["stages"][stage.name] = {"status": status, "error": error, "wall_time_s": round(seconds, 2),
-                                       "ran_now": not reused, "command": stage.command, "out_dir": str(out_path)}
+                                       "ran_now": not reused, "command": stage.command, "out_dir": str(out_path),
+                                       "condition": stage.condition, "seed": stage.seed}
         progress.end(stage, status, seconds, reused)
         write_json(state_path, state)
     from planlm.report import write_report
 
-    report_path = write_report(out, state=state, conditions=conditions, **(report or {}))
+    report_path = write_report(out, state=state, conditions=conditions, seeds=seeds, **(report or {}))
     failed = [n for n, s in state["stages"].items() if s["status"] != "done"]
     progress.console.print(f"[bold]report:[/] {report_path}" + (f"  ([red]not done: {', '.join(failed)}[/])"
                                                                   if failed else ""))

@@ -45,31 +45,74 @@ def _fmt_ci(value: Optional[float], low: Optional[float], high: Optional[float],
     return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict] = None) -> list[dict]:
-    """One row per condition: its settings, perplexity with CI, edit distance with CI, timing, status."""
+def _seed_numbers(run_dir: Path, name: str, seed: Optional[int]) -> dict:
+    """One trained model's numbers: perplexity, plan usage, edit distance and the learned ReZero scalars."""
+    from planlm.pipeline import seed_dir
+
+    metrics = _read_json(seed_dir(run_dir / "eval" / name, seed) / "metrics.json") or {}
+    edit = _read_json(seed_dir(run_dir / "edit" / name, seed) / "metrics.json") or {}
+    trained = _read_json(seed_dir(run_dir / "lm" / name, seed) / "manifest.json") or {}
+    return {"metrics": metrics, "ppl": metrics.get("ppl"), "ppl_ci_low": metrics.get("ci_low"),
+            "ppl_ci_high": metrics.get("ci_high"), "plan_usage_ppl": metrics.get("plan_usage_ppl"),
+            "plan_usage_ci_low": metrics.get("plan_usage_ci_low"), "plan_usage_ci_high": metrics.get("plan_usage_ci_high"),
+            "plan_usage_nats": metrics.get("plan_usage_nats"), "edit": edit.get("edit_distance"),
+            "edit_ci_low": edit.get("ci_low"), "edit_ci_high": edit.get("ci_high"),
+            "edit_normalized": edit.get("normalized"), "rezero_alphas": trained.get("rezero_alphas")}
+
+
+def _over_seeds(run_dir: Path, name: str, per_seed: dict[int, dict]) -> dict:
+    """Mean over the evaluated seeds, the spread of the perplexity, and its interval over articles (of the
+    NLL averaged over seeds, so the articles' and the seeds' variance are reported apart)."""
+    import numpy as np
+
+    from planlm.evaluate.bootstrap import bootstrap_perplexity, read_per_article
+
+    done = {seed: numbers for seed, numbers in per_seed.items() if numbers["ppl"] is not None}
+    if not done:
+        return {key: None for key in next(iter(per_seed.values()))} | {"evaluated_seeds": []}
+
+    def mean(key: str) -> Optional[float]:
+        values = [n[key] for n in done.values() if n[key] is not None]
+        return float(np.mean(values)) if values else None
+
+    ppls = np.array([n["ppl"] for n in done.values()])
+    tables = [read_per_article(run_dir / "eval" / name / f"seed{seed}") for seed in done]
+    pooled = bootstrap_perplexity(np.mean([t["nll_sum"] for t in tables], axis=0), tables[0]["tokens"])
+    alphas = [n["rezero_alphas"] for n in done.values() if n["rezero_alphas"]]
+    return {"metrics": next(iter(done.values()))["metrics"], "evaluated_seeds": list(done), "ppl": float(ppls.mean()),
+            "ppl_seed_std": float(ppls.std(ddof=1)) if len(ppls) > 1 else 0.0, "ppl_seed_min": float(ppls.min()),
+            "ppl_seed_max": float(ppls.max()), "ppl_seed_mean_nll": pooled["ppl"], "ppl_ci_low": pooled["ci_low"],
+            "ppl_ci_high": pooled["ci_high"], "plan_usage_ppl": mean("plan_usage_ppl"),
+            "plan_usage_ci_low": None, "plan_usage_ci_high": None, "plan_usage_nats": mean("plan_usage_nats"),
+            "edit": mean("edit"), "edit_ci_low": None, "edit_ci_high": None, "edit_normalized": mean("edit_normalized"),
+            "rezero_alphas": {k: float(np.mean([a[k] for a in alphas])) for k in alphas[0]} if alphas else None}
+
+
+def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict] = None,
+                    seeds: Optional[list[int]] = None) -> list[dict]:
+    """One row per condition: its settings, perplexity with CI (and its spread over ``seeds``), plan usage,
+    edit distance with CI, the learned ReZero scalars, timing, status."""
     rows = []
     stages = (state or {}).get("stages", {})
     for cond in conditions:
         name = cond["name"]
-        metrics = _read_json(run_dir / "eval" / name / "metrics.json") or {}
-        edit = _read_json(run_dir / "edit" / name / "metrics.json") or {}
+        if seeds:
+            numbers = _over_seeds(run_dir, name, {seed: _seed_numbers(run_dir, name, seed) for seed in seeds})
+        else:
+            numbers = _seed_numbers(run_dir, name, None)
+        metrics = numbers.pop("metrics") or {}
         errors = [f"{stage}: {info.get('error')}" for stage, info in stages.items()
-                  if stage.endswith(f" {name}") and info.get("status") != "done"]
+                  if info.get("condition", stage.rsplit(" ", 1)[-1]) == name and info.get("status") != "done"]
         rows.append({
-            "name": name,
-            "label": cond.get("label", name),
-            "paper": cond.get("paper"),
+            "name": name, "label": cond.get("label", name), "paper": cond.get("paper"),
             "conditioning": metrics.get("conditioning", (cond.get("conditioning") or {}).get("conditioning")),
-            "K": metrics.get("K"), "T": metrics.get("T"), "tau": metrics.get("tau"),
-            "ppl": metrics.get("ppl"), "ppl_ci_low": metrics.get("ci_low"), "ppl_ci_high": metrics.get("ci_high"),
+            "K": metrics.get("K"), "T": metrics.get("T"), "tau": metrics.get("tau"), "seeds": seeds, **numbers,
             "tokens": metrics.get("tokens"), "articles": metrics.get("articles"), "protocol": metrics.get("protocol"),
             "eval_wall_time_s": metrics.get("wall_time_s"), "tokens_per_s": metrics.get("tokens_per_s"),
-            "edit": edit.get("edit_distance"),
-            "edit_ci_low": edit.get("ci_low"), "edit_ci_high": edit.get("ci_high"),
-            "edit_normalized": edit.get("normalized"),
             "status": "failed" if errors else ("done" if metrics else "missing"),
             "error": "; ".join(errors) or None,
         })
+    _add_paired_differences(run_dir, rows, seeds)
     # Evaluation time relative to the Cornille et al. baseline (one argmax path), as in the paper.
     reference = [r for r in rows if r["paper"] == "Cornille et al. (T=1, K=1)" and r["eval_wall_time_s"]]
     base = next((r["eval_wall_time_s"] for r in reference + rows if r["eval_wall_time_s"]), None)
@@ -78,21 +121,63 @@ def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict]
     return rows
 
 
+def _add_paired_differences(run_dir: Path, rows: list[dict], seeds: Optional[list[int]]) -> None:
+    """ppl(condition) - ppl(reference) over the same articles (and seed by seed), the reference being the
+    `none` condition when there is one, else the first."""
+    from planlm.evaluate.bootstrap import compare_evaluations
+    from planlm.utils import PlanlmError
+
+    done = [r for r in rows if r["ppl"] is not None]
+    reference = next((r for r in done if r["name"] == "none"), done[0] if done else None)
+    for row in rows:
+        row.update(paired_reference=None, paired_diff=None, paired_ci_low=None, paired_ci_high=None)
+        if reference is None or row is reference or row["ppl"] is None:
+            continue
+        try:
+            result = compare_evaluations(run_dir / "eval" / reference["name"], run_dir / "eval" / row["name"])
+        except PlanlmError:  # e.g. evaluated on other articles: no paired difference to show
+            continue
+        row.update(paired_reference=reference["name"], paired_diff=result.get("diff_mean", result["diff"]),
+                   paired_ci_low=result["ci_low"], paired_ci_high=result["ci_high"])
+
+
+def _fmt_seeds(r: dict) -> str:
+    if not r.get("seeds"):
+        return _fmt_ci(r["ppl"], r["ppl_ci_low"], r["ppl_ci_high"])
+    if r["ppl"] is None:
+        return "n/a"
+    return (f"{r['ppl']:.2f} ± {r['ppl_seed_std']:.2f} [{r['ppl_seed_min']:.2f}, {r['ppl_seed_max']:.2f}] | "
+            f"{_fmt_ci(r['ppl_seed_mean_nll'], r['ppl_ci_low'], r['ppl_ci_high'])}")
+
+
+def _fmt_alphas(alphas: Optional[dict]) -> str:
+    return "" if not alphas else f"{alphas['alpha_1']:.3g} / {alphas['alpha_2']:.3g}"
+
+
 def results_table(rows: list[dict]) -> list[str]:
-    lines = ["| Model | conditioning | K | T | PPL [95% CI] | Edit [95% CI] | rel. eval time | paper PPL | paper Edit |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    seeds = next((r["seeds"] for r in rows if r.get("seeds")), None)
+    ppl_header = (f"PPL mean ± std [min, max] over seeds {seeds} | PPL of the seed-mean NLL [95% CI over articles]"
+                  if seeds else "PPL [95% CI]")
+    reference = next((r["paired_reference"] for r in rows if r.get("paired_reference")), None)
+    columns = ["Model", "conditioning", "K", "T", ppl_header, f"paired PPL - {reference or 'reference'} [95% CI]",
+               "plan usage: PPL shuffled - own", "Edit [95% CI]", "alpha_1 / alpha_2", "rel. eval time", "paper PPL",
+               "paper Edit"]
+    width = len(columns) + (1 if seeds else 0)
+    lines = ["| " + " | ".join(columns) + " |", "|---" * width + "|"]
     for r in rows:
         paper = PAPER_TABLE.get(r["paper"] or "")
         if r["status"] == "failed":
-            lines.append(f"| {r['label']} | {r['conditioning']} | | | failed | | | | |")
+            lines.append(f"| {r['label']} | {r['conditioning']} | | | failed" + " |" * (width - 4))
             continue
         rel = "" if r["relative_eval_time"] is None else f"{r['relative_eval_time']:.2f}x"
+        usage = "" if r.get("plan_usage_ppl") is None else \
+            _fmt_ci(r["plan_usage_ppl"], r.get("plan_usage_ci_low"), r.get("plan_usage_ci_high"))
+        paired = "" if r.get("paired_diff") is None else _fmt_ci(r["paired_diff"], r["paired_ci_low"], r["paired_ci_high"])
         lines.append(
             f"| {r['label']} | {r['conditioning'] or ''} | {r['K'] if r['K'] is not None else ''} | "
-            f"{r['T'] if r['T'] is not None else ''} | {_fmt_ci(r['ppl'], r['ppl_ci_low'], r['ppl_ci_high'])} | "
-            f"{_fmt_ci(r['edit'], r['edit_ci_low'], r['edit_ci_high'])} | "
-            f"{rel} | "
-            f"{paper[0] if paper else ''} | {paper[1] if paper else ''} |")
+            f"{r['T'] if r['T'] is not None else ''} | {_fmt_seeds(r)} | {paired} | {usage} | "
+            f"{_fmt_ci(r['edit'], r['edit_ci_low'], r['edit_ci_high'])} | {_fmt_alphas(r.get('rezero_alphas'))} | "
+            f"{rel} | {paper[0] if paper else ''} | {paper[1] if paper else ''} |")
     return lines
 
 
@@ -141,11 +226,15 @@ def _sweeps_section(run_dir: Path, figures: Path) -> list[str]:
             rows = list(csv.DictReader(f))
         if not rows:
             continue
+        reference = _short(rows[0].get("reference") or "")
         lines += [f"### {csv_path.parent.name}: {csv_path.stem.replace('_', ' ')}", "",
-                  "| value | PPL [95% CI] | wall time (rel. to first) | tokens/s | K | T | tau |", "|---|---|---|---|---|---|---|"]
+                  f"| value | PPL [95% CI] | paired PPL - PPL at {reference} [95% CI] | wall time (rel. to first) | "
+                  f"tokens/s | K | T | tau |", "|---|---|---|---|---|---|---|---|"]
         for row in rows:
+            paired = _fmt_ci(float(row["paired_diff"]), float(row["paired_ci_low"]), float(row["paired_ci_high"])) \
+                if row.get("paired_diff") else ""
             lines.append(f"| {_short(row['value'])} | "
-                         f"{_fmt_ci(float(row['ppl']), float(row['ci_low']), float(row['ci_high']))} | "
+                         f"{_fmt_ci(float(row['ppl']), float(row['ci_low']), float(row['ci_high']))} | {paired} | "
                          f"{float(row['relative_wall_time']):.2f}x | {float(row['tokens_per_s']):.0f} | "
                          f"{row['K']} | {row['T']} | {_short(row['tau'])} |")
         png = csv_path.with_suffix(".png")
@@ -190,21 +279,25 @@ def _actions_section(run_dir: Path, figures: Path, actions_shown: int) -> list[s
 
 
 def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional[dict] = None,
-                 actions_shown: int = 5) -> Path:
+                 seeds: Optional[list[int]] = None, actions_shown: int = 5) -> Path:
     """Write report.md, results.json, results.csv and figures/ in ``run_dir``; return report.md's path."""
     run_dir = Path(run_dir)
     figures = run_dir / "figures"
     figures.mkdir(parents=True, exist_ok=True)
-    rows = collect_results(run_dir, conditions, state)
+    rows = collect_results(run_dir, conditions, state, seeds)
     (run_dir / "results.json").write_text(json.dumps({"conditions": rows, "paper": PAPER_TABLE,
                                                      "stages": (state or {}).get("stages", {})}, indent=2))
     with open(run_dir / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["name"])
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)) or ["name"])
         writer.writeheader()
         writer.writerows(rows)
     protocol = next((r["protocol"] for r in rows if r["protocol"]), "n/a")
     lines = [f"# planlm report: {run_dir.name}", "",
              f"Test perplexity ({protocol}; 95% bootstrap intervals over articles) and action edit distance. "
+             "Paired: each condition minus the reference on the same articles (and, with seeds, seed by seed: "
+             "the mean over seeds, with the interval of the NLL averaged over seeds). Plan usage: the same LM's "
+             "perplexity with its plans shuffled across the test sentences minus with its own (0: it ignores "
+             "them). alpha_1 / alpha_2: the multipath adapter's learned ReZero scalars. "
              "The paper's GPT-2-small numbers are shown beside ours for orientation only: a different model "
              "size, corpus and budget.", ""]
     lines += results_table(rows)
@@ -229,4 +322,5 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
 if __name__ == "__main__":  # rebuild a report: python -m planlm.report RUN_DIR
     run = Path(sys.argv[1])
     state = _read_json(run / "run_state.json") or {}
-    print(write_report(run, conditions=(state.get("config") or {}).get("conditions") or [], state=state))
+    config = state.get("config") or {}
+    print(write_report(run, conditions=config.get("conditions") or [], state=state, seeds=config.get("seeds")))

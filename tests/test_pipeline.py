@@ -119,6 +119,38 @@ def test_condition_with_its_own_planner_trains_and_uses_it(tiny_run):
     assert rows["ours_causal"]["status"] == "done" and rows["ours_causal"]["ppl"] > 0
 
 
+def test_seeds_train_every_condition_once_per_seed_and_new_seeds_only(tiny_run, capsys):
+    out, _ = tiny_run  # reuses its prepared corpus; new condition names keep its single-seed folders apart
+    config = tiny_config(out, seeds=[0], sweeps=[], edit_distance=None)
+    config["conditions"] = [{"name": "plain", "conditioning": {"conditioning": "none"}},
+                            {"name": "oracle_seeded", "conditioning": {"conditioning": "oracle"}}]
+    run(**config)
+    first = {p: p.stat().st_mtime_ns for p in out.glob("[le][mv]*/*/seed0/manifest.json")}
+    assert len(first) == 4  # lm/ and eval/ of both conditions
+    config["seeds"] = [0, 1]
+    run(**config)
+    assert {p: p.stat().st_mtime_ns for p in first} == first  # seed 0 reused, only seed 1 trained
+    assert (out / "lm" / "oracle_seeded" / "seed1" / "manifest.json").is_file()
+    assert json.loads((out / "lm" / "plain" / "seed1" / "manifest.json").read_text())["config"]["train"]["seed"] == 1
+    rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["conditions"]}
+    oracle = rows["oracle_seeded"]
+    seed_ppls = [json.loads((out / "eval" / "oracle_seeded" / f"seed{s}" / "metrics.json").read_text())["ppl"]
+                 for s in (0, 1)]
+    assert oracle["ppl"] == pytest.approx(sum(seed_ppls) / 2) and oracle["evaluated_seeds"] == [0, 1]
+    assert oracle["ppl_seed_min"] == min(seed_ppls) and oracle["ppl_seed_std"] > 0
+    assert oracle["ppl_ci_low"] <= oracle["ppl_seed_mean_nll"] <= oracle["ppl_ci_high"]
+    assert oracle["plan_usage_ppl"] is not None and rows["plain"]["plan_usage_ppl"] is None  # skipped for none
+    assert oracle["paired_reference"] == "plain" and oracle["paired_diff"] is not None
+    assert "over seeds [0, 1]" in (out / "report.md").read_text()
+    capsys.readouterr()
+    result = _cli(["compare", "--a", str(out / "eval" / "plain"), "--b", str(out / "eval" / "oracle_seeded")])
+    assert result.returncode == 0 and "seed 0:" in result.stdout and "seed 1:" in result.stdout
+    assert "over 2 seeds" in result.stdout
+    for bad in ([], [1, 1]):
+        with pytest.raises(PlanlmError, match=r"seeds .* each once"):
+            run(**{**config, "seeds": bad})
+
+
 def test_bad_section_is_one_line_error_before_anything_runs(tmp_path):
     config = tiny_config(tmp_path / "bad")
     config["planner"]["train"]["lrr"] = 1.0
