@@ -178,6 +178,23 @@ def test_shipped_configs_validate_offline(tmp_path):
     assert result.returncode == 0 and "conditions:" in result.stdout
 
 
+def test_one_planner_per_horizon_in_the_paper_config(tmp_path):
+    """Cornille et al. is T = 1 read from a planner trained with horizon 1: conditions with equal planner
+    sections share one planner, and a condition without one uses the shared planner."""
+    from planlm.pipeline import plan_stages
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "paper.yaml").read_text())
+    stages = plan_stages(tmp_path, config["prepare"], config["planner"], config["lm"], config.get("base_lm"),
+                         config["conditions"], config["evaluate"], config.get("edit_distance"), config.get("sweeps"),
+                         where="paper.yaml")
+    planners = {Path(s.kwargs["out_dir"]).name: s.kwargs["model"].horizon for s in stages if s.command == "train_planner"}
+    assert planners == {"planner": 10, "cornille": 1, "T5K1": 5}
+    planner_of = {s.condition: Path(s.kwargs["conditioning"].planner_dir).name for s in stages
+                  if s.command == "train_lm" and s.kwargs["conditioning"].planner_dir}
+    assert planner_of["cornille"] == planner_of["T1K10"] == "cornille" and planner_of["T5K10"] == "T5K1"
+    assert planner_of["T10K10"] == "planner"
+
+
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_results(tmp_path, tiny_run):
     """Kill a run while it trains an LM, rerun the same command, and get the uninterrupted results."""
