@@ -28,7 +28,6 @@ can be checked offline.
 
 from __future__ import annotations
 
-import json
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -259,7 +258,8 @@ def _condition_stages(out: Path, cond: dict, lm: dict, evaluate: dict, edit_dist
         condition=name, seed=seed, needs=[train_stage]))
     if edit_distance is not None:
         stages.append(Stage(_stage_name("edit-distance", name, seed), "edit_distance", {
-            "model_dir": str(model_dir), "prepared_dir": prepared_dir, "out_dir": str(seed_dir(out / "edit" / name, seed)),
+            "model_dir": str(model_dir), "prepared_dir": prepared_dir,
+            "out_dir": str(seed_dir(out / "edit" / name, seed)),
             **bind_section(_command("edit_distance"), edit_distance, skip=_IO["edit_distance"],
                            where=f"{where}: edit_distance")},
             condition=name, seed=seed, needs=[train_stage]))

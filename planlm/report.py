@@ -54,7 +54,8 @@ def _seed_numbers(run_dir: Path, name: str, seed: Optional[int]) -> dict:
     trained = _read_json(seed_dir(run_dir / "lm" / name, seed) / "manifest.json") or {}
     return {"metrics": metrics, "ppl": metrics.get("ppl"), "ppl_ci_low": metrics.get("ci_low"),
             "ppl_ci_high": metrics.get("ci_high"), "plan_usage_ppl": metrics.get("plan_usage_ppl"),
-            "plan_usage_ci_low": metrics.get("plan_usage_ci_low"), "plan_usage_ci_high": metrics.get("plan_usage_ci_high"),
+            "plan_usage_ci_low": metrics.get("plan_usage_ci_low"),
+            "plan_usage_ci_high": metrics.get("plan_usage_ci_high"),
             "plan_usage_nats": metrics.get("plan_usage_nats"), "edit": edit.get("edit_distance"),
             "edit_ci_low": edit.get("ci_low"), "edit_ci_high": edit.get("ci_high"),
             "edit_normalized": edit.get("normalized"), "rezero_alphas": trained.get("rezero_alphas")}
@@ -172,7 +173,8 @@ def results_table(rows: list[dict]) -> list[str]:
         rel = "" if r["relative_eval_time"] is None else f"{r['relative_eval_time']:.2f}x"
         usage = "" if r.get("plan_usage_ppl") is None else \
             _fmt_ci(r["plan_usage_ppl"], r.get("plan_usage_ci_low"), r.get("plan_usage_ci_high"))
-        paired = "" if r.get("paired_diff") is None else _fmt_ci(r["paired_diff"], r["paired_ci_low"], r["paired_ci_high"])
+        paired = "" if r.get("paired_diff") is None else \
+            _fmt_ci(r["paired_diff"], r["paired_ci_low"], r["paired_ci_high"])
         lines.append(
             f"| {r['label']} | {r['conditioning'] or ''} | {r['K'] if r['K'] is not None else ''} | "
             f"{r['T'] if r['T'] is not None else ''} | {_fmt_seeds(r)} | {paired} | {usage} | "

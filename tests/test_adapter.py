@@ -171,4 +171,5 @@ def test_training_switches_both_rezero_scalars_on():
         (adapter(*paths_and_mask()) - target).pow(2).sum().backward()
         optimizer.step()
     assert all(abs(value) > 0 for value in adapter.alphas().values())
-    assert ProjectAvg(config()).alphas() is None and MultiPath(config(adapter="multipath", rezero=False)).alphas() is None
+    assert ProjectAvg(config()).alphas() is None
+    assert MultiPath(config(adapter="multipath", rezero=False)).alphas() is None

@@ -220,8 +220,8 @@ def test_trained_oracle_model_end_to_end_beats_its_own_fixed_plans_in_a_paired_c
                          model=LMModelConfig(model_config={"model_type": "gpt2", "n_layer": 1, "n_embd": 32,
                                                            "n_head": 2, "n_positions": 128}),
                          conditioning=ConditioningConfig(conditioning="oracle"),
-                         train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1, limit_val_batches=4,
-                                             progress_bar=False))
+                         train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
+                                             limit_val_batches=4, progress_bar=False))
     runs = {kind: evaluate(str(model_dir), str(synthetic_random), str(tmp_path / f"eval-{kind}"), conditioning=kind,
                            bootstrap_samples=200, device="cpu") for kind in ("fixed", "oracle")}
     assert runs["oracle"]["ppl"] < runs["fixed"]["ppl"]
@@ -231,7 +231,8 @@ def test_trained_oracle_model_end_to_end_beats_its_own_fixed_plans_in_a_paired_c
 
     assert read_manifest(model_dir)["last_val_plan_usage"] > 0.3
     assert runs["oracle"]["plan_usage_nats"] > 0.3 and runs["oracle"]["plan_usage_ci_low"] > 0
-    assert runs["oracle"]["ppl_shuffled_plans"] - runs["oracle"]["ppl"] == pytest.approx(runs["oracle"]["plan_usage_ppl"])
+    oracle = runs["oracle"]
+    assert oracle["ppl_shuffled_plans"] - oracle["ppl"] == pytest.approx(oracle["plan_usage_ppl"])
     assert runs["fixed"]["plan_usage_nats"] == 0
     logged = next((model_dir / "logs").rglob("metrics.csv")).read_text().splitlines()[0].split(",")
     assert "val/plan_usage" in logged

@@ -187,7 +187,8 @@ def test_one_planner_per_horizon_in_the_paper_config(tmp_path):
     stages = plan_stages(tmp_path, config["prepare"], config["planner"], config["lm"], config.get("base_lm"),
                          config["conditions"], config["evaluate"], config.get("edit_distance"), config.get("sweeps"),
                          where="paper.yaml")
-    planners = {Path(s.kwargs["out_dir"]).name: s.kwargs["model"].horizon for s in stages if s.command == "train_planner"}
+    planners = {Path(s.kwargs["out_dir"]).name: s.kwargs["model"].horizon for s in stages
+                if s.command == "train_planner"}
     assert planners == {"planner": 10, "cornille": 1, "T5K1": 5}
     planner_of = {s.condition: Path(s.kwargs["conditioning"].planner_dir).name for s in stages
                   if s.command == "train_lm" and s.kwargs["conditioning"].planner_dir}

@@ -178,8 +178,9 @@ def compare_evaluations(a: str | Path, b: str | Path, num_samples: int = 1000, c
     dir_a, dir_b = Path(a), Path(b)
     seeds_a, seeds_b = seed_folders(dir_a), seed_folders(dir_b)
     if bool(seeds_a) != bool(seeds_b):
-        raise PlanlmError(f"{dir_a if not seeds_a else dir_b}: a single evaluation, but {dir_b if not seeds_a else dir_a} "
-                          f"holds one per seed (seed<N>/); compare two runs with seeds, or two seed<N> folders")
+        single, seeded = (dir_a, dir_b) if not seeds_a else (dir_b, dir_a)
+        raise PlanlmError(f"{single}: a single evaluation, but {seeded} holds one per seed (seed<N>/); compare two "
+                          f"runs with seeds, or two seed<N> folders")
     if not seeds_a:
         table_a, table_b = paired_tables(dir_a, dir_b)
         result = paired_bootstrap(table_a["nll_sum"], table_b["nll_sum"], table_a["tokens"], num_samples, confidence,
@@ -229,8 +230,9 @@ def compare(a: str, b: str, num_samples: int = 1000, confidence: float = 0.95, s
         print(f"seed {training_seed}: B - A = {one['diff']:+.4f} ({level}% CI [{one['ci_low']:+.4f}, "
               f"{one['ci_high']:+.4f}])")
     if "seeds" in result:
-        print(f"over {len(result['seeds'])} seeds: B - A mean {result['diff_mean']:+.4f}, std {result['diff_std']:.4f}, "
-              f"range [{result['diff_min']:+.4f}, {result['diff_max']:+.4f}]; NLL averaged over seeds:")
+        print(f"over {len(result['seeds'])} seeds: B - A mean {result['diff_mean']:+.4f}, "
+              f"std {result['diff_std']:.4f}, range [{result['diff_min']:+.4f}, {result['diff_max']:+.4f}]; "
+              f"NLL averaged over seeds:")
     print(f"A {result['a']}: ppl {result['ppl_a']:.4f}\nB {result['b']}: ppl {result['ppl_b']:.4f}\n"
           f"B - A = {result['diff']:+.4f} ({level}% CI [{result['ci_low']:+.4f}, {result['ci_high']:+.4f}], "
           f"p~{result['p_value']:.3g}, B better in {100 * result['fraction_b_better']:.1f}% of resamples; "

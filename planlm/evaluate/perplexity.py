@@ -325,9 +325,9 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, cond:
     def per_article(values: np.ndarray) -> np.ndarray:
         return np.bincount(windows[:, 0], weights=values, minlength=num_articles)[:num_articles]
 
-    result = {"nll_sums": per_article(window_nll), "tokens": per_article(windows[:, 3] - windows[:, 2]).astype(np.int64),
-              "windows": len(windows), "wall_time_s": finished - began, "plan_time_s": plans_done - began,
-              "lm_time_s": finished - plans_done}
+    tokens = per_article(windows[:, 3] - windows[:, 2]).astype(np.int64)
+    result = {"nll_sums": per_article(window_nll), "tokens": tokens, "windows": len(windows),
+              "wall_time_s": finished - began, "plan_time_s": plans_done - began, "lm_time_s": finished - plans_done}
     if plan_usage:
         from planlm.evaluate.plan_usage import ShuffledPlans, check_has_plans, plan_permutation
 
@@ -446,6 +446,6 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
           f"in {metrics['wall_time_s']:.1f}s ({metrics['tokens_per_s']:.0f} tokens/s)")
     if plan_usage:
         print(f"plan usage: ppl with shuffled plans {metrics['ppl_shuffled_plans']:.3f}, "
-              f"{metrics['plan_usage_ppl']:+.3f} [{metrics['plan_usage_ci_low']:+.3f}, {metrics['plan_usage_ci_high']:+.3f}]"
-              f" ({metrics['plan_usage_nats']:+.4f} nats/token)")
+              f"{metrics['plan_usage_ppl']:+.3f} [{metrics['plan_usage_ci_low']:+.3f}, "
+              f"{metrics['plan_usage_ci_high']:+.3f}] ({metrics['plan_usage_nats']:+.4f} nats/token)")
     return metrics

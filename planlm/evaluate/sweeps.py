@@ -33,11 +33,13 @@ def plot_sweep(rows: list[dict], kind: str, path: str | Path, title: str = "") -
 
     values = [float(r["value"]) for r in rows]
     diffs = [r["paired_diff"] for r in rows]
-    errors = [[r["paired_diff"] - r["paired_ci_low"] for r in rows], [r["paired_ci_high"] - r["paired_diff"] for r in rows]]
+    errors = [[r["paired_diff"] - r["paired_ci_low"] for r in rows],
+              [r["paired_ci_high"] - r["paired_diff"] for r in rows]]
     symbol = "K" if kind == "num_paths" else "tau"
     fig, left = plt.subplots(figsize=(6, 4))
     left.axhline(0.0, color="grey", linewidth=0.8)
-    left.errorbar(values, diffs, yerr=errors, marker="o", capsize=3, color="tab:blue", label="paired difference (95% CI)")
+    left.errorbar(values, diffs, yerr=errors, marker="o", capsize=3, color="tab:blue",
+                  label="paired difference (95% CI)")
     left.set_xlabel("K (sampled paths)" if kind == "num_paths" else "tau (planner temperature)")
     left.set_ylabel(f"perplexity - perplexity at {symbol} = {rows[0]['reference']:g} (paired)", color="tab:blue")
     if kind == "num_paths" and min(values) > 0 and max(values) / min(values) >= 10:

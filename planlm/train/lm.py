@@ -309,8 +309,8 @@ def _shuffled_plans_loader(loader: DataLoader) -> DataLoader:
     from planlm.evaluate.plan_usage import ShuffledPlans, plan_permutation
 
     collator = loader.collate_fn
-    shuffled = WindowCollator(collator.split, ShuffledPlans(collator.source, plan_permutation(collator.split.num_sentences)),
-                              collator.pad_token_id)
+    permutation = plan_permutation(collator.split.num_sentences)
+    shuffled = WindowCollator(collator.split, ShuffledPlans(collator.source, permutation), collator.pad_token_id)
     return DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=False, num_workers=loader.num_workers,
                       collate_fn=shuffled)
 
@@ -423,7 +423,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     for split in splits:
         prepared.split(split)  # one-line error for a missing split
     run_config = {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
-                  "model": asdict(model), "conditioning": asdict(conditioning), "inputs": _input_hashes(model, conditioning),
+                  "model": asdict(model), "conditioning": asdict(conditioning),
+                  "inputs": _input_hashes(model, conditioning),
                   "train": {k: v for k, v in asdict(train).items() if k not in ("progress_bar", "num_workers", "resume")}}
     if prepare_stage_dir(out, run_config, keep_partial=True):
         return out
@@ -447,8 +448,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
                                     horizon=conditioning.horizon, fixed_action=conditioning.fixed_action,
                                     plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_sampled" else None,
                                     argmax_plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_argmax" else None)
-        loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers, pad_token_id,
-                                      train.seed)
+        loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers,
+                                      pad_token_id, train.seed)
     if not len(loaders[train.train_split]):
         raise PlanlmError(f"{prepared.path / train.train_split}: no training window (articles with >= 2 tokens)")
     has_val = len(loaders[train.val_split]) > 0
