@@ -15,7 +15,7 @@ Both adapters map ``action_paths (N, K, T) long, path_mask (N, K, T) bool -> pla
 ``multipath`` (equations 1 and 2 of the paper)::
 
     c^j = PT(U Emb(a)_{1:T}^j + p_{1:T}) * alpha_1 + c~^j     (eq. 1; U = identity when E = D)
-    c   = ST(c^1, ..., c^K) * alpha_2 + c^             (eq. 2)
+    c   = ST(c^1, ..., c^K) * alpha_2 + c^                   (eq. 2)
 
 Design decisions the paper leaves open, made here:
 
