@@ -10,36 +10,9 @@ from planlm.data.tokens import assign_tokens_to_sentences
 from planlm.evaluate.generate import (PlannedGenerator, SamplingConfig, _plan_alignment, generate, generate_text,
                                       synthetic_embed_fn)
 from planlm.evaluate.perplexity import EvalConditioning
-from planlm.planner import Planner, PlannerConfig
 from planlm.utils import PlanlmError
-from test_perplexity import tiny_planned_lm
 
-WORDS = (" red", " water", ".")
-
-
-def chatty_planned_lm(prepared, period_bias=0.66, seed=0):
-    """A tiny planned LM that mostly writes " red", " water" and "." (so sentences end), still
-    depending (weakly) on its input and its plans: the final layer norm keeps 30% of its gain."""
-    model = tiny_planned_lm(prepared, seed=seed)
-    tok = load_tokenizer("gpt2")
-    ids = [tok.encode(w)[0] for w in WORDS]
-    direction = torch.zeros(32)
-    direction[0] = 1.0
-    with torch.no_grad():
-        model.lm.transformer.ln_f.weight.mul_(0.3)
-        model.lm.transformer.ln_f.bias.copy_(20 * direction)
-        wte = model.lm.transformer.wte.weight  # tied with the output projection
-        wte[ids[0]] += 0.7 * direction
-        wte[ids[1]] += 0.7 * direction
-        wte[ids[2]] += period_bias * direction
-    return model
-
-
-def tiny_planner(prepared, seed=0, dynamics="recurrent"):
-    torch.manual_seed(seed)
-    return Planner(PlannerConfig(num_actions=8, embedding_dim=16, d_model=16, num_heads=2, dim_feedforward=32,
-                                 horizon=3, dynamics=dynamics), prepared.codebook).eval()
-
+from helpers import chatty_planned_lm, tiny_gpt2, tiny_planned_lm, tiny_planner
 
 class CountingPlanner:
     """Records the context of every sample_paths call (the planner itself does the work)."""
@@ -130,8 +103,6 @@ def test_kv_cache_gives_the_same_tokens_as_rerunning_the_window(synthetic_cycle,
 
 
 def test_window_slides_past_the_position_limit(synthetic_cycle):
-    from test_perplexity import tiny_gpt2
-
     prepared = PreparedDataset(synthetic_cycle)
     tok = load_tokenizer("gpt2")
     model = tiny_planned_lm(prepared)

@@ -1,4 +1,3 @@
-import csv
 import json
 
 import numpy as np
@@ -9,30 +8,10 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.data.windows import OracleActions
 from planlm.evaluate.perplexity import (EvalConditioning, evaluate, evaluate_split, protocol_label,
                                         scoring_windows, window_batches)
-from planlm.lm import PlannedLM, PlannedLMConfig
+from planlm.lm import PlannedLM
 from planlm.utils import PlanlmError
 
-
-def tiny_gpt2(seed=0, n_positions=128):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=n_positions, vocab_size=50257)).eval()
-
-
-def tiny_planned_lm(prepared: PreparedDataset, adapter="project_avg", seed=0):
-    from planlm.adapter import AdapterConfig
-
-    adapter_config = AdapterConfig(adapter=adapter, num_actions=prepared.num_actions, action_dim=prepared.embedding_dim,
-                                   hidden_size=32, horizon=4, num_heads=2, init_no_op=False)
-    config = PlannedLMConfig(conditioning="oracle", adapter=adapter_config, num_paths=2, horizon=3,
-                             num_actions=prepared.num_actions, codebook_hash=prepared.codebook_hash,
-                             tokenizer=prepared.tokenizer_name, base_model_config={"model_type": "gpt2"})
-    model = PlannedLM(config, tiny_gpt2(seed), prepared.codebook)
-    torch.manual_seed(seed + 1)
-    with torch.no_grad():  # a trained-looking adapter: plan vectors that really move the logits
-        model.adapter.projection.weight.normal_(std=0.5)
-    return model.eval()
+from helpers import read_csv, tiny_gpt2, tiny_gpt2_config, tiny_planned_lm, tiny_planner
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +29,7 @@ def planned_lm_dir(tmp_path_factory, synthetic_random):
 
 
 def per_article(out_dir):
-    with open(out_dir / "per_article.csv") as f:
-        return list(csv.DictReader(f))
+    return read_csv(out_dir / "per_article.csv")
 
 
 def test_windows_score_every_token_but_the_first_once_with_the_longest_allowed_context():
@@ -138,12 +116,8 @@ def test_conditioned_perplexity_matches_a_direct_planned_lm_forward(synthetic_ra
 
 
 def test_raising_num_paths_does_not_multiply_lm_forward_passes(synthetic_random, tmp_path):
-    from planlm.planner import Planner, PlannerConfig
-
     prepared = PreparedDataset(synthetic_random)
-    torch.manual_seed(0)
-    planner = Planner(PlannerConfig(num_actions=8, embedding_dim=16, d_model=16, num_heads=2, dim_feedforward=32,
-                                    horizon=3), prepared.codebook)
+    planner = tiny_planner(prepared)
     planner.save_pretrained(tmp_path / "planner")
     model = tiny_planned_lm(prepared, adapter="multipath")
     calls = []
@@ -183,13 +157,10 @@ def test_cli_reuses_a_complete_evaluation_and_reports_user_errors_in_one_line(sy
 
 
 def test_a_plan_cache_gives_the_same_perplexity_as_running_the_planner(synthetic_random, tmp_path):
-    from planlm.planner import Planner, PlannerConfig
     from planlm.plans import sample_plans
 
     prepared = PreparedDataset(synthetic_random)
-    torch.manual_seed(0)
-    Planner(PlannerConfig(num_actions=8, embedding_dim=16, d_model=16, num_heads=2, dim_feedforward=32, horizon=3),
-            prepared.codebook).save_pretrained(tmp_path / "planner")
+    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
     model = tiny_planned_lm(prepared, adapter="multipath")
     model.config.conditioning, model.config.planner_dir = "planner_sampled", str(tmp_path / "planner")
     model.save_pretrained(tmp_path / "model")
@@ -217,8 +188,7 @@ def test_trained_oracle_model_end_to_end_beats_its_own_fixed_plans_in_a_paired_c
     from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
 
     model_dir = train_lm(str(synthetic_random), str(tmp_path / "oracle"),
-                         model=LMModelConfig(model_config={"model_type": "gpt2", "n_layer": 1, "n_embd": 32,
-                                                           "n_head": 2, "n_positions": 128}),
+                         model=LMModelConfig(model_config=tiny_gpt2_config()),
                          conditioning=ConditioningConfig(conditioning="oracle"),
                          train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
                                              progress_bar=False))

@@ -16,44 +16,14 @@ import yaml
 from planlm.pipeline import run
 from planlm.utils import PlanlmError
 
-TINY_LM = {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 64}
-
-
-def tiny_config(out_dir: Path, **overrides) -> dict:
-    config = {
-        "out_dir": str(out_dir),
-        "prepare": {"corpus": {"source": "wiki-offline", "num_train": 40, "num_validation": 6, "num_test": 6},
-                    "actions": {"num_actions": 8}, "tokenizer": "gpt2"},
-        "planner": {"model": {"d_model": 32, "num_heads": 2, "dim_feedforward": 64, "horizon": 3},
-                    "train": {"batch_size": 64, "lr": 0.003, "max_epochs": 2, "progress_bar": False}},
-        "lm": {"model": {"model_config": TINY_LM},
-               "train": {"context_length": 64, "stride": 63, "batch_size": 8, "lr": 0.003, "max_steps": 6,
-                         "progress_bar": False}},
-        "conditions": [
-            {"name": "none", "conditioning": {"conditioning": "none"}},
-            {"name": "fixed", "paper": "Fixed", "conditioning": {"conditioning": "fixed"}},
-            {"name": "cornille", "paper": "Cornille et al. (T=1, K=1)",
-             "conditioning": {"conditioning": "planner_argmax", "num_paths": 1, "horizon": 1}},
-            {"name": "ours", "conditioning": {"conditioning": "planner_sampled", "adapter": "multipath",
-                                              "num_paths": 3, "horizon": 3}},
-            {"name": "oracle", "conditioning": {"conditioning": "oracle"}},
-        ],
-        "evaluate": {"stride": 32, "context_length": 64, "batch_size": 32, "bootstrap_samples": 200},
-        "edit_distance": {"max_articles": 2, "max_boundaries_per_article": 1, "new_tokens": 12, "context_length": 64,
-                          "bootstrap_samples": 200},
-        "sweeps": [{"condition": "ours", "kind": "num_paths", "num_paths": [1, 3], "stride": 32, "context_length": 64,
-                    "bootstrap_samples": 200}],
-        "report": {"actions_shown": 3},
-    }
-    config.update(overrides)
-    return config
+from helpers import tiny_run_config
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "tiny"
     started = time.time()
-    run(**tiny_config(out))
+    run(**tiny_run_config(out))
     return out, time.time() - started
 
 
@@ -82,7 +52,7 @@ def test_rerun_reuses_every_stage(tiny_run):
     out, first_seconds = tiny_run
     before = {p: p.stat().st_mtime for p in out.glob("*/**/manifest.json")}
     started = time.time()
-    run(**tiny_config(out))
+    run(**tiny_run_config(out))
     assert time.time() - started < max(20.0, first_seconds / 2)
     after = {p: p.stat().st_mtime for p in out.glob("*/**/manifest.json")}
     assert before == after  # no stage rebuilt
@@ -90,7 +60,7 @@ def test_rerun_reuses_every_stage(tiny_run):
 
 def test_failed_condition_is_reported_and_others_survive(tmp_path, tiny_run):
     out, _ = tiny_run
-    config = tiny_config(out)
+    config = tiny_run_config(out)
     # A fixed action outside the codebook fails in train-lm; the other conditions are reused.
     config["conditions"] = config["conditions"][:2] + [
         {"name": "broken", "conditioning": {"conditioning": "fixed", "fixed_action": 999}}]
@@ -104,7 +74,7 @@ def test_failed_condition_is_reported_and_others_survive(tmp_path, tiny_run):
 
 def test_condition_with_its_own_planner_trains_and_uses_it(tiny_run):
     out, _ = tiny_run
-    config = tiny_config(out)
+    config = tiny_run_config(out)
     ours = config["conditions"][3]
     config["conditions"] = [config["conditions"][0], ours,
                             {**ours, "name": "ours_causal", "planner": {"model": {"dynamics": "causal"}}}]
@@ -120,11 +90,11 @@ def test_condition_with_its_own_planner_trains_and_uses_it(tiny_run):
 
 
 def test_bad_section_is_one_line_error_before_anything_runs(tmp_path):
-    config = tiny_config(tmp_path / "bad")
+    config = tiny_run_config(tmp_path / "bad")
     config["planner"]["train"]["lrr"] = 1.0
     with pytest.raises(PlanlmError, match="planner"):
         run(**config)
-    config = tiny_config(tmp_path / "bad")
+    config = tiny_run_config(tmp_path / "bad")
     config["conditions"][0]["planer"] = {}
     with pytest.raises(PlanlmError, match=r"conditions\[none\] has unknown key\(s\) \['planer'\]"):
         run(**config)
@@ -152,7 +122,7 @@ def test_killed_run_resumes_to_the_same_results(tmp_path, tiny_run):
     reference, _ = tiny_run
     out = tmp_path / "resumed"
     config_path = tmp_path / "tiny.yaml"
-    config_path.write_text(yaml.safe_dump(tiny_config(out)))
+    config_path.write_text(yaml.safe_dump(tiny_run_config(out)))
     proc = subprocess.Popen([sys.executable, "-m", "planlm.cli", "run", "--config", str(config_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 600

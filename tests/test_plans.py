@@ -6,27 +6,20 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.synthetic import make_synthetic_prepared
-from planlm.planner import Planner, PlannerConfig
+from planlm.planner import Planner
 from planlm.plans import (IGNORE_INDEX, boundary_contexts, boundary_targets, compute_plans, load_plans,
                           sample_plans)
 from planlm.utils import PlanlmError
 
+from helpers import tiny_planner
+
 
 def save_planner(folder, prepared_dir, seed: int = 0, **overrides):
-    prepared = PreparedDataset(prepared_dir)
-    torch.manual_seed(seed)
-    config = PlannerConfig(**{"num_actions": prepared.num_actions, "embedding_dim": prepared.embedding_dim,
-                              "d_model": 16, "num_heads": 2, "dim_feedforward": 32, "horizon": 3,
-                              "max_sentences": 4, **overrides})
-    planner = Planner(config, codebook=prepared.codebook)
-    planner.prepared_info = {"num_actions": prepared.num_actions, "embedding_dim": prepared.embedding_dim,
-                             "codebook_hash": prepared.codebook_hash, "encoder": prepared.encoder_name}
-    return planner.save_pretrained(folder)
+    return tiny_planner(PreparedDataset(prepared_dir), seed=seed, max_sentences=4, **overrides).save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")

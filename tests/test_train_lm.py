@@ -3,7 +3,6 @@ finetuning modes, bad input and the CLI."""
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 from pathlib import Path
@@ -19,7 +18,9 @@ from planlm.lm import PlannedLM
 from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
 from planlm.utils import PlanlmError, read_manifest, write_manifest
 
-TINY = {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128}
+from helpers import read_csv, tiny_gpt2_config, tiny_planner
+
+TINY = tiny_gpt2_config()
 
 
 def quick(**overrides) -> LMTrainConfig:
@@ -119,12 +120,8 @@ def test_every_adapter_and_source_trains_end_to_end(synthetic_random, tmp_path, 
 
 
 def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
-    from planlm.planner import Planner, PlannerConfig
-
     prepared = PreparedDataset(synthetic_random)
-    planner = Planner(PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim, d_model=16,
-                                    num_heads=2, dim_feedforward=32, max_sentences=8, horizon=2), prepared.codebook)
-    planner.prepared_info = {"codebook_hash": prepared.codebook_hash, "num_actions": prepared.num_actions}
+    planner = tiny_planner(prepared, max_sentences=8, horizon=2)
     planner.save_pretrained(tmp_path / "planner")
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
                    conditioning=ConditioningConfig(conditioning="planner_sampled", adapter="multipath", num_paths=2,
@@ -146,8 +143,7 @@ def test_resume_continues_from_last_checkpoint(synthetic_random, tmp_path):
     assert read_manifest(out)["global_step"] == 4
     logged_steps = []
     for path in sorted((out / "logs").glob("version_*/metrics.csv")):
-        with open(path) as f:
-            logged_steps.append([int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")])
+        logged_steps.append([int(row["step"]) for row in read_csv(path) if row.get("train/loss")])
     assert logged_steps[0] == [0, 1] and logged_steps[1] == [2, 3]
     assert not torch.equal(first["projection.weight"], load_file(str(out / "adapter.safetensors"))["projection.weight"])
     # Another config never resumes a foreign checkpoint: it starts from step 0.
