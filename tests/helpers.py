@@ -5,6 +5,7 @@ whose adapter is already "trained-looking" (its plan vectors move the logits).""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 from pathlib import Path
 
@@ -78,6 +79,24 @@ def chatty_planned_lm(prepared: PreparedDataset, period_bias: float = 0.66, seed
         wte[ids[1]] += 0.7 * direction
         wte[ids[2]] += period_bias * direction
     return model
+
+
+@contextlib.contextmanager
+def linear_output_dtypes():
+    """Records the output dtype of every ``nn.Linear`` call made inside the block, whichever network it
+    belongs to (the LM head, the adapter's projection and transformers, the planner's layers, also those of
+    models loaded from folders inside the block) -> {module: set of dtypes}."""
+    seen: dict = {}
+
+    def record(module, args, output):
+        if isinstance(module, torch.nn.Linear) and isinstance(output, torch.Tensor):
+            seen.setdefault(module, set()).add(output.dtype)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        yield seen
+    finally:
+        handle.remove()
 
 
 def read_csv(path: str | Path) -> list[dict]:

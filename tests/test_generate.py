@@ -12,7 +12,7 @@ from planlm.evaluate.generate import (PlannedGenerator, SamplingConfig, _plan_al
 from planlm.evaluate.perplexity import EvalConditioning
 from planlm.utils import PlanlmError
 
-from helpers import chatty_planned_lm, tiny_gpt2, tiny_planned_lm, tiny_planner
+from helpers import chatty_planned_lm, linear_output_dtypes, tiny_gpt2, tiny_planned_lm, tiny_planner
 
 class CountingPlanner:
     """Records the context of every sample_paths call (the planner itself does the work)."""
@@ -164,10 +164,16 @@ def test_generate_command_shows_plans_with_example_sentences(synthetic_cycle, tm
 def test_bf16_generation_replans_with_a_causal_planner(synthetic_cycle):
     prepared = PreparedDataset(synthetic_cycle)
     counter = CountingPlanner(tiny_planner(prepared, dynamics="causal"))
-    result = generate_text(chatty_planned_lm(prepared), load_tokenizer("gpt2"), "Red water red.",
-                           conditioning=sampled(num_paths=4), planner=counter.planner,
-                           embed_fn=synthetic_embed_fn(prepared), sampling=SamplingConfig(max_new_tokens=30),
-                           seed=3, precision="bf16")
+    model = chatty_planned_lm(prepared)
+    with linear_output_dtypes() as seen:
+        result = generate_text(model, load_tokenizer("gpt2"), "Red water red.",
+                               conditioning=sampled(num_paths=4), planner=counter.planner,
+                               embed_fn=synthetic_embed_fn(prepared), sampling=SamplingConfig(max_new_tokens=30),
+                               seed=3, precision="bf16")
+    # the LM, the adapter and the planner all ran under bf16 autocast
+    planner_layers = [m for m in counter.planner.modules() if m in seen]
+    assert planner_layers and all(seen[m] == {torch.bfloat16} for m in planner_layers)
+    assert seen[model.lm.lm_head] == seen[model.adapter.projection] == {torch.bfloat16}
     assert len(result.token_ids) == 30 and result.planner_calls == len(counter.contexts) >= 2
     for sentence in result.sentences:
         paths = np.asarray(sentence["plan"]["action_paths"])

@@ -11,7 +11,7 @@ from planlm.evaluate.perplexity import (EvalConditioning, evaluate, evaluate_spl
 from planlm.lm import PlannedLM
 from planlm.utils import PlanlmError
 
-from helpers import read_csv, tiny_gpt2, tiny_gpt2_config, tiny_planned_lm, tiny_planner
+from helpers import linear_output_dtypes, read_csv, tiny_gpt2, tiny_gpt2_config, tiny_planned_lm, tiny_planner
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +131,40 @@ def test_raising_num_paths_does_not_multiply_lm_forward_passes(synthetic_random,
     expected_calls = len(window_batches(scoring_windows(prepared["test"].token_offsets, range(6)), 4))
     assert results[1]["lm_calls"] == results[8]["lm_calls"] == expected_calls
     assert not np.allclose(results[1]["nll_sums"], results[8]["nll_sums"])  # K did change the plans
+
+
+def test_bf16_evaluation_runs_the_lm_the_adapter_and_the_planner_in_bf16(synthetic_random, planned_lm_dir,
+                                                                         tmp_path):
+    prepared = PreparedDataset(synthetic_random)
+    split = prepared["test"]
+    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
+    model = tiny_planned_lm(prepared, adapter="multipath")
+    with torch.no_grad():
+        model.adapter.alpha_path.fill_(1.0)
+        model.adapter.alpha_sample.fill_(1.0)
+    own_layers = set(model.modules())
+    cond = EvalConditioning("planner_sampled", 2, 3, 1.0, 0, 0, str(tmp_path / "planner"), None)
+    with linear_output_dtypes() as seen:
+        evaluate_split(model, prepared, split, cond, num_articles=3, batch_size=4, precision="bf16")
+    bf16 = {torch.bfloat16}
+    assert seen[model.lm.lm_head] == bf16 and seen[model.adapter.projection] == bf16
+    planner_layers = [m for m in seen if m not in own_layers]  # the planner loaded from its folder
+    assert planner_layers and all(seen[m] == bf16 for m in planner_layers)
+    # Same (oracle) plans in both precisions: bf16 rounds the NLL, but only a little.
+    oracle = EvalConditioning("oracle", 2, 3, 1.0, 0, 0, None, None)
+    nll = {precision: evaluate_split(model, prepared, split, oracle, num_articles=3, batch_size=4,
+                                     precision=precision)["nll_sums"] for precision in ("fp32", "bf16")}
+    assert not np.array_equal(nll["fp32"], nll["bf16"])
+    np.testing.assert_allclose(nll["bf16"], nll["fp32"], rtol=2e-2)
+    # Through the command: --precision reaches every layer, and is part of the result.
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        with linear_output_dtypes() as seen:
+            runs[precision] = evaluate(str(planned_lm_dir), str(synthetic_random), str(tmp_path / precision),
+                                       max_articles=2, bootstrap_samples=20, device="cpu", precision=precision)
+        assert set().union(*seen.values()) == ({torch.float32} if precision == "fp32" else bf16)
+    assert runs["bf16"]["ppl"] != runs["fp32"]["ppl"] and runs["bf16"]["ppl"] == pytest.approx(runs["fp32"]["ppl"],
+                                                                                                rel=2e-2)
 
 
 def test_cli_reuses_a_complete_evaluation_and_reports_user_errors_in_one_line(synthetic_cycle, bare_lm_dir,
