@@ -24,6 +24,7 @@ from planlm.adapter import AdapterConfig
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.windows import WindowCollator, article_windows, make_action_source
 from planlm.lm import Conditioning, PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.train.resume import EpochShuffle, RestoreRNG
 from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_manifest
 
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
@@ -283,9 +284,10 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
 
 
 def _loader(split: PreparedSplit, windows: list, source, batch_size: int, shuffle: bool, num_workers: int,
-            pad_token_id: int) -> DataLoader:
-    return DataLoader(windows, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
-                      collate_fn=WindowCollator(split, source, pad_token_id), drop_last=False)
+            pad_token_id: int, seed: int = 0) -> DataLoader:
+    # Each epoch's order from (seed, epoch) alone, so that a resumed run sees the batches the interrupted one would have.
+    return DataLoader(windows, batch_size=batch_size, sampler=EpochShuffle(windows, seed) if shuffle else None,
+                      num_workers=num_workers, collate_fn=WindowCollator(split, source, pad_token_id), drop_last=False)
 
 
 def _build_model(prepared: PreparedDataset, model: LMModelConfig, cond: ConditioningConfig, tokenizer,
@@ -399,7 +401,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
                                     horizon=conditioning.horizon, fixed_action=conditioning.fixed_action,
                                     plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_sampled" else None,
                                     argmax_plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_argmax" else None)
-        loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers, pad_token_id)
+        loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers, pad_token_id,
+                                      train.seed)
     if not len(loaders[train.train_split]):
         raise PlanlmError(f"{prepared.path / train.train_split}: no training window (articles with >= 2 tokens)")
     has_val = len(loaders[train.val_split]) > 0
@@ -416,7 +419,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         val_check_interval=train.val_check_interval, limit_train_batches=train.limit_train_batches,
         limit_val_batches=train.limit_val_batches if has_val else 0,
         accumulate_grad_batches=train.accumulate_grad_batches, gradient_clip_val=train.gradient_clip_val,
-        callbacks=[checkpoint], log_every_n_steps=train.log_every_n_steps,
+        callbacks=[checkpoint, RestoreRNG()], log_every_n_steps=train.log_every_n_steps,
         logger=[L.pytorch.loggers.CSVLogger(out, name="logs"), L.pytorch.loggers.TensorBoardLogger(out, name="tb")],
         enable_progress_bar=train.progress_bar, enable_model_summary=False, num_sanity_val_steps=0,
         default_root_dir=out)
