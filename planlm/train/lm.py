@@ -283,9 +283,21 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
     return str(plans_path), manifest, arrays
 
 
+def _plans_identity(cond: ConditioningConfig) -> str | None:
+    """Which plans the model trains on, beyond their folder's path (a retrained planner keeps its path):
+    the plan cache's config fingerprint, or the planner's weights hash."""
+    if not cond.conditioning.startswith("planner"):
+        return None
+    if cond.plans_dir:
+        return (read_manifest(cond.plans_dir) or {}).get("config_fingerprint")
+    from planlm.planner import planner_hash
+
+    return planner_hash(cond.planner_dir)
+
+
 def _loader(split: PreparedSplit, windows: list, source, batch_size: int, shuffle: bool, num_workers: int,
             pad_token_id: int, seed: int = 0) -> DataLoader:
-    # Each epoch's order from (seed, epoch) alone, so that a resumed run sees the batches the interrupted one would have.
+    # Each epoch's order from (seed, epoch) alone: a resumed run sees the batches the interrupted one would have.
     return DataLoader(windows, batch_size=batch_size, sampler=EpochShuffle(windows, seed) if shuffle else None,
                       num_workers=num_workers, collate_fn=WindowCollator(split, source, pad_token_id), drop_last=False)
 
@@ -378,7 +390,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         prepared.split(split)  # one-line error for a missing split
     run_config = {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
                   "model": asdict(model), "conditioning": asdict(conditioning),
-                  "train": {k: v for k, v in asdict(train).items() if k not in ("progress_bar", "num_workers", "resume")}}
+                  "train": {k: v for k, v in asdict(train).items() if k not in ("progress_bar", "num_workers", "resume")},
+                  "plans": _plans_identity(conditioning)}
     if prepare_stage_dir(out, run_config, keep_partial=True):
         return out
 
