@@ -51,11 +51,27 @@ def test_windows_score_every_token_but_the_first_once_with_the_longest_allowed_c
     assert protocol_label(128).startswith("non-overlapping") and protocol_label(8).startswith("strided 8")
 
 
-def independent_nll(lm, token_ids, context_length):
+def non_overlapping_start(t, num_tokens, width):
+    """Where the context of token t starts with non-overlapping windows [width j, width j + width) (None: t
+    starts a full window and has no context); a shorter last window is moved back to end at the article's end."""
+    start = width * (t // width)
+    if start + width <= num_tokens or start == 0:
+        return None if t == start else start
+    return max(0, num_tokens - width)
+
+
+def independent_nll(lm, token_ids, context_length, stride=1):
     """Token by token, one window per token, log-softmax by hand."""
     total = 0.0
     for t in range(1, len(token_ids)):
-        context = torch.tensor(token_ids[max(0, t - context_length + 1):t])[None]
+        if stride == 1:
+            start = max(0, t - context_length + 1)
+        else:
+            assert stride == context_length
+            start = non_overlapping_start(t, len(token_ids), context_length)
+            if start is None:
+                continue
+        context = torch.tensor(token_ids[start:t])[None]
         with torch.no_grad():
             logits = lm(input_ids=context).logits[0, -1].double()  # (V,)
         log_probs = logits - torch.logsumexp(logits, -1)
@@ -72,18 +88,18 @@ def test_reference_protocol_matches_an_independent_token_by_token_computation(sy
     split = PreparedDataset(synthetic_cycle)["test"]
     lm = tiny_gpt2()
     rows = per_article(out)
-    total_nll, total_tokens = 0.0, 0
+    total_nll, total_tokens, lengths = 0.0, 0, []
     for article, row in enumerate(rows):
         ids = [int(i) for i in split.input_ids[split.token_range(article)]]
-        expected = independent_nll(lm, ids, 16) if stride == 1 else None
-        if stride == 1:
-            assert float(row["nll_sum"]) == pytest.approx(expected, rel=1e-5)
+        lengths.append(len(ids))
+        assert float(row["nll_sum"]) == pytest.approx(independent_nll(lm, ids, 16, stride), rel=1e-5)
         # non-overlapping: the first token of each full window [16j, 16j + 16) has no context; a shorter last
         # window is moved back to 16 tokens, so its first target has context
         no_context = sum(1 for p in range(16, len(ids), 16) if p + 16 <= len(ids)) if stride == 16 else 0
         assert int(row["tokens"]) == len(ids) - 1 - no_context
         total_nll += float(row["nll_sum"])
         total_tokens += int(row["tokens"])
+    assert any(n > 16 and n % 16 for n in lengths) and any(n >= 32 for n in lengths)  # the cases above occur
     assert metrics["ppl"] == pytest.approx(np.exp(total_nll / total_tokens))
     assert metrics["ci_low"] <= metrics["ppl"] <= metrics["ci_high"]
     assert metrics["tokens"] == total_tokens and metrics["articles"] == 3 and metrics["conditioning"] == "none"
