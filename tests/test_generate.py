@@ -47,33 +47,37 @@ def test_replans_exactly_at_generated_sentence_ends_with_the_generated_sentences
     prepared = PreparedDataset(synthetic_cycle)
     tok = load_tokenizer("gpt2")
     embed = synthetic_embed_fn(prepared)
-    counter = CountingPlanner(tiny_planner(prepared, dynamics=dynamics))
-    generator = PlannedGenerator(chatty_planned_lm(prepared), tok, sampled(), planner=counter.planner,
-                                 embed_fn=embed, seed=3)
-    result = generator.generate(generator.prompt_from_text("Red water red."), SamplingConfig(max_new_tokens=40))
-    final = [s["text"] for s in result.sentences]
-    assert len(final) >= 4 and result.rollbacks >= 1
-    document = result.prompt + result.text  # the prompt is one open sentence: all of it is re-split
-    assert final == [document[a:b] for a, b in split_sentences([document])[0]]
-    # one call for the prompt, then one per sentence end (a rollback can un-end a sentence and re-end it)
-    assert len(counter.contexts) == result.planner_calls
-    assert 1 + (len(final) - 1) <= result.planner_calls <= 1 + (len(final) - 1) + result.rollbacks
-    for j, sentence in enumerate(result.sentences):
-        # the plan of sentence j was made after exactly the j sentences before it, from their embeddings
-        assert sentence["plan"]["context_sentences"] == j
-        seen = [c for c in counter.contexts if len(c) == j][-1]
-        if j:
-            assert torch.allclose(seen, torch.from_numpy(embed(final[:j])))
-    # the ANCHORS alignment holds in the generated text: every token is conditioned on its sentence's plan,
-    # except the last token of a sentence, which carries the next one's (thanks to the rollbacks)
-    ids = generator.prompt_from_text("Red water red.").input_ids + result.token_ids
-    ends = [len(tok.decode(ids[:i + 1])) for i in range(len(ids))]
-    offsets = np.stack([[0] + ends[:-1], ends], 1)
-    spans = np.asarray(split_sentences([document])[0])
-    expected = _plan_alignment(assign_tokens_to_sentences(offsets, spans))
-    mismatched = np.flatnonzero(np.asarray(result.token_plan_sentence) != expected)
-    assert set(mismatched) <= set(result.unaligned_positions)  # only where the splitter merged an end away
-    assert len(mismatched) <= 2
+    # seed 2: every sentence end stays an end; seed 3: the splitter also takes ends back ("red." + "." -> "red..")
+    for seed in (2, 3):
+        counter = CountingPlanner(tiny_planner(prepared, dynamics=dynamics))
+        generator = PlannedGenerator(chatty_planned_lm(prepared), tok, sampled(), planner=counter.planner,
+                                     embed_fn=embed, seed=seed)
+        result = generator.generate(generator.prompt_from_text("Red water red."), SamplingConfig(max_new_tokens=40))
+        final = [s["text"] for s in result.sentences]
+        assert len(final) >= 4 and result.rollbacks >= 1
+        document = result.prompt + result.text  # the prompt is one open sentence: all of it is re-split
+        assert final == [document[a:b] for a, b in split_sentences([document])[0]]
+        # one call for the prompt, then one per sentence end, each rolling back to re-feed the sentence's last
+        # token; an end taken back and made again costs one more call and rollback
+        assert len(counter.contexts) == result.planner_calls == 1 + result.rollbacks
+        if seed == 2:
+            assert result.planner_calls == len(final) and not result.unaligned_positions
+        for j, sentence in enumerate(result.sentences):
+            # the plan of sentence j was made after exactly the j sentences before it, from their embeddings
+            assert sentence["plan"]["context_sentences"] == j
+            seen = [c for c in counter.contexts if len(c) == j][-1]
+            if j:
+                assert torch.allclose(seen, torch.from_numpy(embed(final[:j])))
+        # the ANCHORS alignment holds in the generated text: every token is conditioned on its sentence's plan,
+        # except the last token of a sentence, which carries the next one's (thanks to the rollbacks); the only
+        # exceptions are the positions reported unaligned (fed a plan whose sentence end was taken back)
+        ids = generator.prompt_from_text("Red water red.").input_ids + result.token_ids
+        ends = [len(tok.decode(ids[:i + 1])) for i in range(len(ids))]
+        offsets = np.stack([[0] + ends[:-1], ends], 1)
+        spans = np.asarray(split_sentences([document])[0])
+        expected = _plan_alignment(assign_tokens_to_sentences(offsets, spans))
+        mismatched = np.flatnonzero(np.asarray(result.token_plan_sentence) != expected)
+        assert mismatched.tolist() == result.unaligned_positions
     # no sentence end, no re-planning: an LM that never writes a period
     quiet = CountingPlanner(tiny_planner(prepared, dynamics=dynamics))
     generator = PlannedGenerator(chatty_planned_lm(prepared, period_bias=0.0), tok, sampled(), planner=quiet.planner,
