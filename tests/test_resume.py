@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,3 +77,69 @@ def test_train_planner_resumed_after_an_epoch_equals_the_uninterrupted_run(synth
     assert_same_tensors(load_file(str(straight / "model.safetensors")), load_file(str(resumed / "model.safetensors")))
     assert json.loads((resumed / "summary.json").read_text())["metrics"] == \
         json.loads((straight / "summary.json").read_text())["metrics"]
+
+
+def _cli(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planlm.cli", *args], capture_output=True, text=True, **kwargs)
+
+
+def _kill_config(out: Path) -> dict:
+    """Prepare, one oracle LM trained for 8 short epochs (a checkpoint after each), its evaluation."""
+    config = tiny_run_config(out, conditions=[{"name": "oracle", "conditioning": {"conditioning": "oracle"}}],
+                             edit_distance=None, sweeps=[])
+    config["lm"]["train"].update(max_steps=-1, max_epochs=8, limit_train_batches=2, log_every_n_steps=1)
+    return config
+
+
+def _wait_for_checkpoint(path: Path, proc: subprocess.Popen, timeout: float = 600) -> dict:
+    """The first complete last.ckpt the running process writes (its step and epoch)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if path.is_file():
+            try:
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+                return {"global_step": checkpoint["global_step"], "epoch": checkpoint["epoch"]}
+            except Exception:  # still being written
+                pass
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never appeared while the run trained (exit {proc.poll()})")
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_the_interrupted_stage_to_the_uninterrupted_result(tmp_path):
+    """Kill `planlm run` while an LM trains, after its first checkpoint; the rerun resumes that LM from
+    last.ckpt (not from step 0) and ends with the weights and perplexity of an uninterrupted run."""
+    reference, out = tmp_path / "reference", tmp_path / "resumed"
+    for folder in (reference, out):
+        folder.mkdir()
+        (folder / "run.yaml").write_text(yaml.safe_dump(_kill_config(folder)))
+    result = _cli(["run", "--config", str(reference / "run.yaml")])  # a process like the resumed one (same threads)
+    assert result.returncode == 0, result.stderr[-2000:]
+    shutil.copytree(reference / "prepared", out / "prepared")  # reused as is: the LM stage is the one under test
+
+    proc = subprocess.Popen([sys.executable, "-m", "planlm.cli", "run", "--config", str(out / "run.yaml")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        saved = _wait_for_checkpoint(out / "lm" / "oracle" / "checkpoints" / "last.ckpt", proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    model = out / "lm" / "oracle"
+    assert saved["global_step"] > 0 and not (model / "manifest.json").exists()  # killed inside the LM stage
+    assert not (out / "report.md").exists()
+
+    result = _cli(["run", "--config", str(out / "run.yaml")])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Restored all states from the checkpoint" in result.stdout + result.stderr
+    # The rerun's first training step is the one after the checkpoint: resumed, not retrained.
+    assert logged_train_steps(model)[-1][0] == saved["global_step"]
+    assert read_manifest(model)["global_step"] == read_manifest(reference / "lm" / "oracle")["global_step"] == 16
+    assert_same_tensors(load_file(str(model / "lm" / "model.safetensors")),
+                        load_file(str(reference / "lm" / "oracle" / "lm" / "model.safetensors")))
+    assert_same_tensors(load_file(str(model / "adapter.safetensors")),
+                        load_file(str(reference / "lm" / "oracle" / "adapter.safetensors")))
+    ppl = {folder: json.loads((folder / "eval" / "oracle" / "metrics.json").read_text())["ppl"]
+           for folder in (reference, out)}
+    assert ppl[out] == ppl[reference]
+    rows = {folder: json.loads((folder / "results.json").read_text())["conditions"] for folder in (reference, out)}
+    assert [r["ppl"] for r in rows[out]] == [r["ppl"] for r in rows[reference]]
