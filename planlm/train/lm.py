@@ -24,7 +24,7 @@ from planlm.adapter import AdapterConfig
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.windows import WindowCollator, article_windows, make_action_source
 from planlm.lm import Conditioning, PlannedLM, PlannedLMConfig, load_causal_lm
-from planlm.train.resume import EpochShuffle, RestoreRNG
+from planlm.train.resume import EpochShuffle, RestoreRNG, last_checkpoint
 from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_manifest
 
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
@@ -425,14 +425,17 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     checkpoints = out / "checkpoints"
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=checkpoints, filename="step{step}", auto_insert_metric_name=False,
-        monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=True)
+        monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=not has_val)
+    # Without validation every checkpoint is the latest, so save_last keeps last.ckpt current; with it, last.ckpt
+    # needs its own callback (see last_checkpoint).
+    checkpoints_kept = [checkpoint, last_checkpoint(checkpoints)] if has_val else [checkpoint]
     trainer = L.Trainer(
         accelerator=train.accelerator, devices=train.devices, strategy=train.strategy, num_nodes=train.num_nodes,
         precision=precision, max_epochs=train.max_epochs, max_steps=train.max_steps,
         val_check_interval=train.val_check_interval, limit_train_batches=train.limit_train_batches,
         limit_val_batches=train.limit_val_batches if has_val else 0,
         accumulate_grad_batches=train.accumulate_grad_batches, gradient_clip_val=train.gradient_clip_val,
-        callbacks=[checkpoint, RestoreRNG()], log_every_n_steps=train.log_every_n_steps,
+        callbacks=[*checkpoints_kept, RestoreRNG()], log_every_n_steps=train.log_every_n_steps,
         logger=[L.pytorch.loggers.CSVLogger(out, name="logs"), L.pytorch.loggers.TensorBoardLogger(out, name="tb")],
         enable_progress_bar=train.progress_bar, enable_model_summary=False, num_sanity_val_steps=0,
         default_root_dir=out)

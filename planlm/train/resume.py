@@ -4,8 +4,9 @@ Lightning's checkpoint holds the weights, the optimiser, the scheduler and the l
 the order of the next epoch's batches (a shuffled DataLoader draws it from the global torch generator)
 nor the generator itself (dropout masks). ``EpochShuffle`` derives each epoch's order from
 (seed, epoch) alone, and ``RestoreRNG`` saves the torch generators with every checkpoint and puts
-them back on resume. Resuming at an epoch boundary (the checkpoints both commands resume from) then
-continues exactly where the interrupted run stopped.
+them back on resume. ``last_checkpoint`` writes last.ckpt at every validation, improved or not.
+Resuming at an epoch boundary (the checkpoints both commands resume from) then continues exactly
+where the interrupted run stopped.
 """
 
 from __future__ import annotations
@@ -31,6 +32,16 @@ class EpochShuffle(RandomSampler):
 
     def __iter__(self):
         yield from np.random.default_rng((self.seed, self.epoch)).permutation(len(self.data_source)).tolist()
+
+
+def last_checkpoint(dirpath) -> L.pytorch.callbacks.ModelCheckpoint:
+    """A callback that writes ``dirpath/last.ckpt`` whenever checkpoints are due (each validation or epoch end).
+
+    ``ModelCheckpoint(save_last=True)`` (Lightning 2.6) writes last.ckpt only when a top-k checkpoint was
+    saved at the same step, i.e. when the monitored metric improved: after a validation that did not
+    improve, last.ckpt held an older state and a resumed run trained the steps since that state again."""
+    return L.pytorch.callbacks.ModelCheckpoint(dirpath=dirpath, filename="last", monitor=None, save_top_k=1,
+                                               enable_version_counter=False)
 
 
 class RestoreRNG(L.Callback):
