@@ -115,3 +115,50 @@ def test_train_lm_is_rebuilt_when_the_planner_in_its_folder_changes(synthetic_ra
     assert second["planner_hash"] != first["planner_hash"]  # retrained on the new planner's plans
     assert second["plans_manifest"]["planner_hash"] == second["planner_hash"]
     assert json.loads((out / "planned_lm.json").read_text())["planner_hash"] == second["planner_hash"]
+
+
+def _stage_fingerprints(out: Path) -> dict[str, str]:
+    """Stage name -> the config fingerprint of its folder's manifest, for every stage of the last run."""
+    stages = json.loads((out / "run_state.json").read_text())["stages"]
+    return {name: read_manifest(info["out_dir"])["config_fingerprint"] for name, info in stages.items()}
+
+
+def _ran_now(out: Path) -> set[str]:
+    return {name for name, info in json.loads((out / "run_state.json").read_text())["stages"].items()
+            if info["ran_now"]}
+
+
+@pytest.mark.slow
+def test_run_rebuilds_every_stage_downstream_of_a_changed_setting(tmp_path):
+    from planlm.pipeline import run
+
+    out = tmp_path / "run"
+    config = tiny_run_config(out, edit_distance={"max_articles": 1, "max_boundaries_per_article": 1, "new_tokens": 6,
+                                                 "context_length": 64, "bootstrap_samples": 20},
+                             sweeps=[{"condition": "ours", "kind": "num_paths", "num_paths": [1, 2], "stride": 32,
+                                      "context_length": 64, "max_articles": 2, "bootstrap_samples": 20}])
+    config["conditions"] = [c for c in config["conditions"] if c["name"] in ("none", "ours")]
+    config["planner"]["train"]["max_epochs"] = 1
+    config["lm"]["train"]["max_steps"] = 2
+    config["evaluate"]["max_articles"] = 2
+    run(**config)
+    first = _stage_fingerprints(out)
+    assert len(first) == 9  # prepare, planner, 2 x (train-lm, evaluate, edit-distance), sweep
+
+    # The planner alone changes: it and everything its plans feed rebuild; the plain LM and its outputs are reused.
+    config["planner"]["train"]["lr"] = 0.001
+    run(**config)
+    second = _stage_fingerprints(out)
+    planner_fed = {"train-planner", "train-lm ours", "evaluate ours", "edit-distance ours", "sweep num_paths ours"}
+    assert {name for name in first if second[name] != first[name]} == planner_fed == _ran_now(out)
+
+    # The actions change upstream: every stage rebuilds, on 6 actions.
+    config["prepare"]["actions"]["num_actions"] = 6
+    run(**config)
+    third = _stage_fingerprints(out)
+    assert all(third[name] != second[name] for name in first) and _ran_now(out) == set(first)
+    assert json.loads((out / "planner" / "config.json").read_text())["num_actions"] == 6
+    assert json.loads((out / "lm" / "ours" / "planned_lm.json").read_text())["num_actions"] == 6
+    for point in ("num_paths-1", "num_paths-2"):  # the sweep's evaluations were recomputed too
+        assert read_manifest(out / "sweeps" / "ours-num_paths" / point)["config"]["prepared"] == \
+            read_manifest(out / "prepared")["config_fingerprint"]
