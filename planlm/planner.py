@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planlm.planner_causal import CausalDynamics, CausalPrediction, causal_decode, causal_teacher_forcing
-from planlm.utils import PlanlmError, write_json
+from planlm.utils import PlanlmError, file_sha256, write_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -390,3 +390,11 @@ class Planner(nn.Module):
             raise PlanlmError(f"{where}: planner was trained with codebook {info['codebook_hash'][:12]} but "
                               f"{prepared.path} has codebook {prepared.codebook_hash[:12]}; train a planner on "
                               f"this prepared corpus")
+
+
+def planner_hash(folder: str | Path | None) -> str | None:
+    """sha256 of a planner folder's weights, for the cache keys of what its plans feed (None: no planner there).
+
+    A folder's path says nothing about which planner it holds: a retrained planner keeps the path."""
+    weights = Path(folder) / WEIGHTS_FILE if folder else None
+    return file_sha256(weights) if weights is not None and weights.is_file() else None

@@ -96,6 +96,56 @@ def test_no_rezero_ablation_drops_the_scalars_and_the_skip():
     assert not torch.allclose(out, project_avg(action_paths, path_mask), atol=1e-3)
 
 
+def multipath_by_hand(adapter: MultiPath, action_paths, path_mask):
+    """Equations 1-2 (or the no-ReZero ablation) rebuilt sentence by sentence from the adapter's own weights:
+    only the valid steps of a path enter the PathTransformer, at their own positions, and only the valid
+    paths enter the SampleTransformer (no padding masks), then plain means."""
+    W, b = adapter.projection.weight, adapter.projection.bias
+    emb, positions = adapter.action_embedding.weight, adapter.step_position.weight
+    rezero = adapter.config.rezero
+    plans = []
+    for n in range(action_paths.shape[0]):
+        path_vectors, path_avgs = [], []
+        for j in range(action_paths.shape[1]):
+            steps = [t for t in range(action_paths.shape[2]) if path_mask[n, j, t]]
+            if not steps:
+                continue  # a path with no valid step is no part of the sample
+            c = torch.stack([W @ emb[action_paths[n, j, t]] + b for t in steps])  # c_t^j (T_valid, D)
+            c_avg = c.mean(0)  # c~^j
+            pt = adapter.path_transformer((c + positions[steps])[None])[0].mean(0)  # PT(c^j + p), pooled
+            path_vectors.append(pt * adapter.alpha_path + c_avg if rezero else pt)  # c^j, eq. 1
+            path_avgs.append(c_avg)
+        st = adapter.sample_transformer(torch.stack(path_vectors)[None])[0].mean(0)  # ST(c^1..c^K), pooled
+        plans.append(st * adapter.alpha_sample + torch.stack(path_avgs).mean(0) if rezero else st)  # c, eq. 2
+    return torch.stack(plans)  # (N, D)
+
+
+@pytest.mark.parametrize("rezero", [True, False])
+def test_multipath_matches_equations_1_and_2_rebuilt_from_its_transformers(rezero):
+    torch.manual_seed(0)
+    adapter = MultiPath(config(adapter="multipath", rezero=rezero, num_layers=2)).eval()
+    with torch.no_grad():
+        adapter.step_position.weight.normal_(std=0.5)  # positions that matter
+        if rezero:
+            adapter.alpha_path.fill_(0.7)  # alpha_1
+            adapter.alpha_sample.fill_(-1.3)  # alpha_2
+    action_paths, path_mask = paths_and_mask(seed=2, num_sentences=4, num_paths=3)
+    path_mask[1, 2, 1:3] = False  # a path with a hole: step 4 keeps its own position p_4
+    path_mask[1, 2, 3] = True
+    path_mask[2, :, 1:] = False  # paths of one step
+    assert not path_mask[0, 1].any() and (~path_mask).any(-1).sum() >= 3  # a masked path, masked steps
+    with torch.no_grad():
+        got = adapter(action_paths, path_mask)
+        expected = multipath_by_hand(adapter, action_paths, path_mask)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    # The reference can tell the two forms apart (the skips of eqs. 1-2 move c by far more than the tolerance).
+    if rezero:
+        adapter.config.rezero = False
+        with torch.no_grad():
+            ablated = multipath_by_hand(adapter, action_paths, path_mask)
+        assert (ablated - expected).abs().max() > 1e-2
+
+
 @pytest.mark.parametrize("kind", ["project_avg", "multipath"])
 def test_no_op_init_and_codebook_init(kind):
     codebook = torch.randn(NUM_ACTIONS, ACTION_DIM)

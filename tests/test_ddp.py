@@ -9,12 +9,12 @@ import sys
 import pytest
 import yaml
 
-from test_pipeline import tiny_config
+from helpers import tiny_run_config
 
 
 @pytest.mark.slow
 def test_run_trains_with_ddp_on_two_cpu_processes(tmp_path):
-    config = tiny_config(tmp_path / "ddp")
+    config = tiny_run_config(tmp_path / "ddp")
     for train in (config["planner"]["train"], config["lm"]["train"]):
         train.update({"accelerator": "cpu", "devices": 2, "strategy": "ddp"})
     config["conditions"] = [c for c in config["conditions"] if c["name"] in ("none", "ours")]

@@ -1,4 +1,3 @@
-import csv
 import json
 
 import numpy as np
@@ -9,6 +8,8 @@ from planlm.evaluate.edit_distance import (action_edit_distance, edit_distance, 
                                            text_actions)
 from planlm.evaluate.generate import synthetic_embed_fn
 from planlm.utils import PlanlmError
+
+from helpers import chatty_planned_lm, read_csv
 
 
 def dynamic_programming_levenshtein(a, b):
@@ -59,8 +60,6 @@ def test_boundaries_skip_article_starts_and_subsample_reproducibly():
 
 
 def test_edit_distance_command_scores_true_reference_actions(synthetic_cycle, tmp_path):
-    from test_generate import chatty_planned_lm
-
     from planlm.cli import main
 
     prepared = PreparedDataset(synthetic_cycle)
@@ -71,8 +70,7 @@ def test_edit_distance_command_scores_true_reference_actions(synthetic_cycle, tm
           "--conditioning", "fixed", "--max_articles", "3", "--max_boundaries_per_article", "1", "--new_tokens", "12",
           "--bootstrap_samples", "50", "--device", "cpu"])
     metrics = json.loads((out / "metrics.json").read_text())
-    with open(out / "per_boundary.csv") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(out / "per_boundary.csv")
     assert len(rows) == metrics["boundaries"] == 3 and metrics["conditioning"] == "fixed"
     test = prepared["test"]
     for row in rows:

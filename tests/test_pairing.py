@@ -14,7 +14,9 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.train.lm import ConditioningConfig, LightningLM, LMModelConfig, LMTrainConfig, train_lm
 from planlm.utils import write_manifest
 
-TINY = {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128}  # dropout 0.1
+from helpers import tiny_gpt2_config
+
+TINY = tiny_gpt2_config()  # dropout 0.1
 
 
 def quick(**overrides) -> LMTrainConfig:

@@ -1,4 +1,3 @@
-import csv
 import json
 
 import numpy as np
@@ -9,30 +8,10 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.data.windows import OracleActions
 from planlm.evaluate.perplexity import (EvalConditioning, evaluate, evaluate_split, protocol_label,
                                         scoring_windows, window_batches)
-from planlm.lm import PlannedLM, PlannedLMConfig
+from planlm.lm import PlannedLM
 from planlm.utils import PlanlmError
 
-
-def tiny_gpt2(seed=0, n_positions=128):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=n_positions, vocab_size=50257)).eval()
-
-
-def tiny_planned_lm(prepared: PreparedDataset, adapter="project_avg", seed=0):
-    from planlm.adapter import AdapterConfig
-
-    adapter_config = AdapterConfig(adapter=adapter, num_actions=prepared.num_actions, action_dim=prepared.embedding_dim,
-                                   hidden_size=32, horizon=4, num_heads=2, init_no_op=False)
-    config = PlannedLMConfig(conditioning="oracle", adapter=adapter_config, num_paths=2, horizon=3,
-                             num_actions=prepared.num_actions, codebook_hash=prepared.codebook_hash,
-                             tokenizer=prepared.tokenizer_name, base_model_config={"model_type": "gpt2"})
-    model = PlannedLM(config, tiny_gpt2(seed), prepared.codebook)
-    torch.manual_seed(seed + 1)
-    with torch.no_grad():  # a trained-looking adapter: plan vectors that really move the logits
-        model.adapter.projection.weight.normal_(std=0.5)
-    return model.eval()
+from helpers import linear_output_dtypes, read_csv, tiny_gpt2, tiny_gpt2_config, tiny_planned_lm, tiny_planner
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +29,7 @@ def planned_lm_dir(tmp_path_factory, synthetic_random):
 
 
 def per_article(out_dir):
-    with open(out_dir / "per_article.csv") as f:
-        return list(csv.DictReader(f))
+    return read_csv(out_dir / "per_article.csv")
 
 
 def test_windows_score_every_token_but_the_first_once_with_the_longest_allowed_context():
@@ -73,11 +51,27 @@ def test_windows_score_every_token_but_the_first_once_with_the_longest_allowed_c
     assert protocol_label(128).startswith("non-overlapping") and protocol_label(8).startswith("strided 8")
 
 
-def independent_nll(lm, token_ids, context_length):
+def non_overlapping_start(t, num_tokens, width):
+    """Where the context of token t starts with non-overlapping windows [width j, width j + width) (None: t
+    starts a full window and has no context); a shorter last window is moved back to end at the article's end."""
+    start = width * (t // width)
+    if start + width <= num_tokens or start == 0:
+        return None if t == start else start
+    return max(0, num_tokens - width)
+
+
+def independent_nll(lm, token_ids, context_length, stride=1):
     """Token by token, one window per token, log-softmax by hand."""
     total = 0.0
     for t in range(1, len(token_ids)):
-        context = torch.tensor(token_ids[max(0, t - context_length + 1):t])[None]
+        if stride == 1:
+            start = max(0, t - context_length + 1)
+        else:
+            assert stride == context_length
+            start = non_overlapping_start(t, len(token_ids), context_length)
+            if start is None:
+                continue
+        context = torch.tensor(token_ids[start:t])[None]
         with torch.no_grad():
             logits = lm(input_ids=context).logits[0, -1].double()  # (V,)
         log_probs = logits - torch.logsumexp(logits, -1)
@@ -94,18 +88,18 @@ def test_reference_protocol_matches_an_independent_token_by_token_computation(sy
     split = PreparedDataset(synthetic_cycle)["test"]
     lm = tiny_gpt2()
     rows = per_article(out)
-    total_nll, total_tokens = 0.0, 0
+    total_nll, total_tokens, lengths = 0.0, 0, []
     for article, row in enumerate(rows):
         ids = [int(i) for i in split.input_ids[split.token_range(article)]]
-        expected = independent_nll(lm, ids, 16) if stride == 1 else None
-        if stride == 1:
-            assert float(row["nll_sum"]) == pytest.approx(expected, rel=1e-5)
+        lengths.append(len(ids))
+        assert float(row["nll_sum"]) == pytest.approx(independent_nll(lm, ids, 16, stride), rel=1e-5)
         # non-overlapping: the first token of each full window [16j, 16j + 16) has no context; a shorter last
         # window is moved back to 16 tokens, so its first target has context
         no_context = sum(1 for p in range(16, len(ids), 16) if p + 16 <= len(ids)) if stride == 16 else 0
         assert int(row["tokens"]) == len(ids) - 1 - no_context
         total_nll += float(row["nll_sum"])
         total_tokens += int(row["tokens"])
+    assert any(n > 16 and n % 16 for n in lengths) and any(n >= 32 for n in lengths)  # the cases above occur
     assert metrics["ppl"] == pytest.approx(np.exp(total_nll / total_tokens))
     assert metrics["ci_low"] <= metrics["ppl"] <= metrics["ci_high"]
     assert metrics["tokens"] == total_tokens and metrics["articles"] == 3 and metrics["conditioning"] == "none"
@@ -138,12 +132,8 @@ def test_conditioned_perplexity_matches_a_direct_planned_lm_forward(synthetic_ra
 
 
 def test_raising_num_paths_does_not_multiply_lm_forward_passes(synthetic_random, tmp_path):
-    from planlm.planner import Planner, PlannerConfig
-
     prepared = PreparedDataset(synthetic_random)
-    torch.manual_seed(0)
-    planner = Planner(PlannerConfig(num_actions=8, embedding_dim=16, d_model=16, num_heads=2, dim_feedforward=32,
-                                    horizon=3), prepared.codebook)
+    planner = tiny_planner(prepared)
     planner.save_pretrained(tmp_path / "planner")
     model = tiny_planned_lm(prepared, adapter="multipath")
     calls = []
@@ -157,6 +147,40 @@ def test_raising_num_paths_does_not_multiply_lm_forward_passes(synthetic_random,
     expected_calls = len(window_batches(scoring_windows(prepared["test"].token_offsets, range(6)), 4))
     assert results[1]["lm_calls"] == results[8]["lm_calls"] == expected_calls
     assert not np.allclose(results[1]["nll_sums"], results[8]["nll_sums"])  # K did change the plans
+
+
+def test_bf16_evaluation_runs_the_lm_the_adapter_and_the_planner_in_bf16(synthetic_random, planned_lm_dir,
+                                                                         tmp_path):
+    prepared = PreparedDataset(synthetic_random)
+    split = prepared["test"]
+    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
+    model = tiny_planned_lm(prepared, adapter="multipath")
+    with torch.no_grad():
+        model.adapter.alpha_path.fill_(1.0)
+        model.adapter.alpha_sample.fill_(1.0)
+    own_layers = set(model.modules())
+    cond = EvalConditioning("planner_sampled", 2, 3, 1.0, 0, 0, str(tmp_path / "planner"), None)
+    with linear_output_dtypes() as seen:
+        evaluate_split(model, prepared, split, cond, num_articles=3, batch_size=4, precision="bf16")
+    bf16 = {torch.bfloat16}
+    assert seen[model.lm.lm_head] == bf16 and seen[model.adapter.projection] == bf16
+    planner_layers = [m for m in seen if m not in own_layers]  # the planner loaded from its folder
+    assert planner_layers and all(seen[m] == bf16 for m in planner_layers)
+    # Same (oracle) plans in both precisions: bf16 rounds the NLL, but only a little.
+    oracle = EvalConditioning("oracle", 2, 3, 1.0, 0, 0, None, None)
+    nll = {precision: evaluate_split(model, prepared, split, oracle, num_articles=3, batch_size=4,
+                                     precision=precision)["nll_sums"] for precision in ("fp32", "bf16")}
+    assert not np.array_equal(nll["fp32"], nll["bf16"])
+    np.testing.assert_allclose(nll["bf16"], nll["fp32"], rtol=2e-2)
+    # Through the command: --precision reaches every layer, and is part of the result.
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        with linear_output_dtypes() as seen:
+            runs[precision] = evaluate(str(planned_lm_dir), str(synthetic_random), str(tmp_path / precision),
+                                       max_articles=2, bootstrap_samples=20, device="cpu", precision=precision)
+        assert set().union(*seen.values()) == ({torch.float32} if precision == "fp32" else bf16)
+    assert runs["bf16"]["ppl"] != runs["fp32"]["ppl"] and runs["bf16"]["ppl"] == pytest.approx(runs["fp32"]["ppl"],
+                                                                                                rel=2e-2)
 
 
 def test_cli_reuses_a_complete_evaluation_and_reports_user_errors_in_one_line(synthetic_cycle, bare_lm_dir,
@@ -183,13 +207,10 @@ def test_cli_reuses_a_complete_evaluation_and_reports_user_errors_in_one_line(sy
 
 
 def test_a_plan_cache_gives_the_same_perplexity_as_running_the_planner(synthetic_random, tmp_path):
-    from planlm.planner import Planner, PlannerConfig
     from planlm.plans import sample_plans
 
     prepared = PreparedDataset(synthetic_random)
-    torch.manual_seed(0)
-    Planner(PlannerConfig(num_actions=8, embedding_dim=16, d_model=16, num_heads=2, dim_feedforward=32, horizon=3),
-            prepared.codebook).save_pretrained(tmp_path / "planner")
+    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
     model = tiny_planned_lm(prepared, adapter="multipath")
     model.config.conditioning, model.config.planner_dir = "planner_sampled", str(tmp_path / "planner")
     model.save_pretrained(tmp_path / "model")
@@ -217,8 +238,7 @@ def test_trained_oracle_model_end_to_end_beats_its_own_fixed_plans_in_a_paired_c
     from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
 
     model_dir = train_lm(str(synthetic_random), str(tmp_path / "oracle"),
-                         model=LMModelConfig(model_config={"model_type": "gpt2", "n_layer": 1, "n_embd": 32,
-                                                           "n_head": 2, "n_positions": 128}),
+                         model=LMModelConfig(model_config=tiny_gpt2_config()),
                          conditioning=ConditioningConfig(conditioning="oracle"),
                          train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
                                              limit_val_batches=4, progress_bar=False))

@@ -11,22 +11,16 @@ import torch
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.synthetic import make_synthetic_prepared
-from planlm.planner import Planner, PlannerConfig
+from planlm.planner import Planner
 from planlm.plans import (IGNORE_INDEX, boundary_contexts, boundary_targets, compute_plans, load_plans,
                           sample_plans)
 from planlm.utils import PlanlmError
 
+from helpers import linear_output_dtypes, tiny_planner
+
 
 def save_planner(folder, prepared_dir, seed: int = 0, **overrides):
-    prepared = PreparedDataset(prepared_dir)
-    torch.manual_seed(seed)
-    config = PlannerConfig(**{"num_actions": prepared.num_actions, "embedding_dim": prepared.embedding_dim,
-                              "d_model": 16, "num_heads": 2, "dim_feedforward": 32, "horizon": 3,
-                              "max_sentences": 4, **overrides})
-    planner = Planner(config, codebook=prepared.codebook)
-    planner.prepared_info = {"num_actions": prepared.num_actions, "embedding_dim": prepared.embedding_dim,
-                             "codebook_hash": prepared.codebook_hash, "encoder": prepared.encoder_name}
-    return planner.save_pretrained(folder)
+    return tiny_planner(PreparedDataset(prepared_dir), seed=seed, max_sentences=4, **overrides).save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +84,18 @@ def test_bf16_plans_are_valid_and_keyed_apart(synthetic_cycle, tmp_path, dynamic
     manifests = {k: json.loads((v / "manifest.json").read_text()) for k, v in cached.items()}
     assert manifests["fp32"]["config_fingerprint"] != manifests["bf16"]["config_fingerprint"]
     np.testing.assert_array_equal(load_plans(cached["bf16"], "validation"), plans)
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32),
+                                              ("auto", torch.float32)])  # auto: fp32 on CPU
+def test_plan_sampling_runs_the_planner_at_the_precision_asked_for(planner_dir, synthetic_cycle, tmp_path, precision,
+                                                                  dtype):
+    with linear_output_dtypes() as seen:
+        sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=2, horizon=3,
+                     device="cpu", precision=precision, out_dir=str(tmp_path / "plans"))
+    planner_layers = {type(m).__module__ for m in seen}
+    assert seen and planner_layers <= {"torch.nn.modules.linear"}
+    assert set().union(*seen.values()) == {dtype}  # every layer of the planner, sampled and argmax paths
 
 
 def test_sample_plans_writes_reuses_and_rekeys_the_cache(planner_dir, synthetic_cycle):

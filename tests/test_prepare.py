@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from planlm.cli import main as cli_main
@@ -66,7 +67,19 @@ def test_manifest_counts_and_codebook(wiki_slice):
         assert isinstance(data.embeddings, np.memmap)
         for name in ARRAYS:
             assert manifest["hashes"][f"{split}/{name}.npy"] == file_sha256(data.path / f"{name}.npy")
-    assert manifest["skipped"].get("too_few_sentences", 0) >= 0
+    # Skips, recounted: the offline articles are all valid; in their seeded order, every article of fewer than
+    # 2 sentences before the 30th usable one is skipped (and nothing after it is read).
+    from planlm.data.corpus import Skips, read_articles
+
+    short_ones, usable = 0, 0
+    for article in read_articles(CorpusConfig(num_train=24, num_validation=3, num_test=3), Skips()):
+        if len(split_sentences([article["text"]])[0]) < 2:
+            short_ones += 1
+        else:
+            usable += 1
+            if usable == 30:
+                break
+    assert manifest["skipped"] == ({"too_few_sentences": short_ones} if short_ones else {})
     ids = [a["id"] for split in SPLITS for a in ds[split].articles]
     assert len(ids) == len(set(ids)) == 30
 
@@ -282,3 +295,79 @@ def test_cli_help_print_config_and_run(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("planlm: error: --actions.num_actions (500)") and "\n" not in err
+
+
+# ---------------------------------------------------------------- token -> sentence -> plan, by hand
+
+HAND_TEXTS = ["Red blue. Water fire! Gold.", "Black white.  Gold"]
+HAND_SPANS = [[(0, 9), (10, 21), (22, 27)], [(0, 12), (14, 18)]]  # [start, end) of each sentence
+
+
+def test_tokens_belong_to_the_sentence_of_their_last_character():
+    from planlm.data.tokens import assign_tokens_to_sentences, tokenize_articles
+
+    # "Red blue. Water fire! Gold." as GPT-2 cuts it: a sentence's period ends it, the next word's
+    # leading space belongs to the next sentence.
+    token_spans = np.array([(0, 3), (3, 8), (8, 9), (9, 15), (15, 20), (20, 21), (21, 26), (26, 27)])
+    assert assign_tokens_to_sentences(token_spans, np.array(HAND_SPANS[0])).tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
+    # A whitespace token in the gap goes to the next sentence, a zero-width token to the sentence at its
+    # position, a token past the last sentence (and one straddling the end) to the last sentence.
+    spans = np.array([(0, 4), (6, 10)])
+    odd_tokens = np.array([(0, 0), (0, 4), (4, 6), (6, 10), (9, 12), (10, 11)])
+    assert assign_tokens_to_sentences(odd_tokens, spans).tolist() == [0, 0, 1, 1, 1, 1]
+    # The real tokenizer on whole articles gives the same mapping.
+    tok = load_tokenizer("gpt2")
+    ids, token_sentence = tokenize_articles(tok, HAND_TEXTS, [np.array(s) for s in HAND_SPANS])
+    assert [tok.decode([i]) for i in ids[0]] == ["Red", " blue", ".", " Water", " fire", "!", " Gold", "."]
+    assert token_sentence[0].tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert [tok.decode([i]) for i in ids[1]] == ["Black", " white", ".", " ", " Gold"]  # a gap of two spaces
+    assert token_sentence[1].tolist() == [0, 0, 0, 1, 1]
+
+
+def test_the_last_token_of_a_sentence_carries_the_next_sentences_plan(tmp_path):
+    """The ANCHORS shift, from prepared arrays through a training batch to the LM's input embeddings."""
+    from planlm.data.artifacts import PreparedSplit, token_plan_sentence, write_split
+    from planlm.data.windows import OracleActions, collate_windows
+
+    # two articles: sentences 0-2 (8 tokens) and 3-4 (3 tokens); split-global sentence of each token
+    token_sentence = np.array([0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 4])
+    token_offsets = np.array([0, 8, 11])
+    plan = token_plan_sentence(token_sentence, token_offsets)
+    # the period (2, 5) and the article's ninth token (9) move on; an article's last token (7, 10) does not
+    assert plan.tolist() == [0, 0, 1, 1, 1, 2, 2, 2, 3, 4, 4]
+    actions = np.array([5, 6, 7, 1, 2])
+    write_split(tmp_path / "split", [{"id": "a", "text": HAND_TEXTS[0]}, {"id": "b", "text": "Black. White"}], {
+        "sentence_offsets": np.array([0, 3, 5]), "sentence_spans": np.array(HAND_SPANS[0] + [(0, 6), (7, 12)]),
+        "embeddings": np.zeros((5, 4)), "actions": actions, "token_offsets": token_offsets,
+        "input_ids": np.arange(100, 111), "token_sentence": token_sentence})
+    split = PreparedSplit(tmp_path / "split")
+    assert np.array_equal(split.token_plan_sentence, plan) and np.array_equal(split.token_actions, actions[plan])
+    batch = collate_windows(split, [(0, 0, 8), (1, 8, 11)], OracleActions(split, num_paths=2, horizon=2))
+    # the first step of the path conditioning each token is the action of its plan sentence; the second
+    # is the next sentence's, masked past the article's end
+    first_steps = batch["action_paths"][batch["plan_index"], 0, 0]  # (B, L)
+    assert first_steps[0].tolist() == [5, 5, 6, 6, 6, 7, 7, 7] and first_steps[1, :3].tolist() == [1, 2, 2]
+    assert (batch["plan_index"][1, 3:] == -1).all()
+    second_valid = batch["path_mask"][batch["plan_index"][0], 0, 1]  # (L,) sentence 2 has no successor
+    assert second_valid.tolist() == [True, True, True, True, True, False, False, False]
+    # PlannedLM adds plan vector plan_index[t] to token t's embedding (nothing where plan_index is -1)
+    from helpers import tiny_gpt2
+
+    from planlm.adapter import AdapterConfig
+    from planlm.lm import PlannedLM, PlannedLMConfig
+
+    adapter = AdapterConfig(num_actions=8, action_dim=4, hidden_size=32, init_no_op=False, init_from_codebook=False)
+    model = PlannedLM(PlannedLMConfig(conditioning="oracle", adapter=adapter, num_paths=2, horizon=2, num_actions=8),
+                      tiny_gpt2(), None).eval()
+    input_ids = torch.randint(0, 1000, batch["input_ids"].shape)
+    with torch.no_grad():
+        got = model(input_ids, action_paths=batch["action_paths"], path_mask=batch["path_mask"],
+                    plan_index=batch["plan_index"]).logits
+        vectors = model.plan_vectors(batch["action_paths"], batch["path_mask"])  # (N, D)
+        embeds = model.lm.get_input_embeddings()(input_ids).clone()
+        for row in range(2):
+            for t in range(embeds.shape[1]):
+                if batch["plan_index"][row, t] >= 0:
+                    embeds[row, t] += vectors[batch["plan_index"][row, t]]
+        expected = model.lm(inputs_embeds=embeds).logits
+    torch.testing.assert_close(got, expected)

@@ -1,4 +1,3 @@
-import csv
 import json
 
 import pytest
@@ -8,13 +7,12 @@ from planlm.evaluate.bootstrap import compare
 from planlm.evaluate.sweeps import sweep
 from planlm.utils import PlanlmError
 
+from helpers import read_csv, tiny_planned_lm, tiny_planner
+
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory, synthetic_random):
     """A multipath planned LM whose config points at a (random) planner folder."""
-    from test_generate import tiny_planner
-    from test_perplexity import tiny_planned_lm
-
     prepared = PreparedDataset(synthetic_random)
     root = tmp_path_factory.mktemp("sweep_models")
     tiny_planner(prepared).save_pretrained(root / "planner")
@@ -24,15 +22,10 @@ def planned(tmp_path_factory, synthetic_random):
     return root / "model"
 
 
-def read_rows(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
 def test_num_paths_sweep_writes_one_evaluation_per_k_a_csv_and_a_plot(planned, synthetic_random, tmp_path):
     out = sweep(str(planned), str(synthetic_random), str(tmp_path / "k"), num_paths=[1, 4], max_articles=4,
                 bootstrap_samples=50, device="cpu")
-    rows = read_rows(out / "sweep_num_paths.csv")
+    rows = read_csv(out / "sweep_num_paths.csv")
     assert [int(r["K"]) for r in rows] == [1, 4] and float(rows[0]["relative_wall_time"]) == 1.0
     for row in rows:  # every point is a complete evaluation whose numbers the table repeats
         metrics = json.loads((tmp_path / "k" / f"num_paths-{row['value']}" / "metrics.json").read_text())
@@ -56,7 +49,7 @@ def test_temperature_sweep_through_the_cli(planned, synthetic_random, tmp_path, 
     main(["sweep", "--model_dir", str(planned), "--prepared_dir", str(synthetic_random), "--out_dir",
           str(tmp_path / "tau"), "--kind", "temperature", "--temperatures", "[0.5, 2.0]", "--fixed_num_paths", "3",
           "--max_articles", "3", "--bootstrap_samples", "20", "--device", "cpu"])
-    rows = read_rows(tmp_path / "tau" / "sweep_temperature.csv")
+    rows = read_csv(tmp_path / "tau" / "sweep_temperature.csv")
     assert [float(r["tau"]) for r in rows] == [0.5, 1.0, 2.0] and {r["K"] for r in rows} == {"3"}  # + the reference
     assert float(rows[1]["paired_diff"]) == 0.0 and {float(r["reference"]) for r in rows} == {1.0}
     assert "time (rel.)" in capsys.readouterr().out

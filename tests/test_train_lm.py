@@ -3,7 +3,6 @@ finetuning modes, bad input and the CLI."""
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 from pathlib import Path
@@ -19,7 +18,9 @@ from planlm.lm import PlannedLM
 from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
 from planlm.utils import PlanlmError, read_manifest, write_manifest
 
-TINY = {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128}
+from helpers import read_csv, tiny_gpt2_config, tiny_planner
+
+TINY = tiny_gpt2_config()
 
 
 def quick(**overrides) -> LMTrainConfig:
@@ -47,6 +48,38 @@ def write_plan_cache(folder: Path, prepared_dir: Path, num_paths: int, horizon: 
 
 def val_loss(folder: Path) -> float:
     return read_manifest(folder)["val_loss"]
+
+
+def rescored_val_loss(model_dir: Path, prepared_dir: Path, num_windows: int, context_length: int = 128,
+                      stride: int = 127) -> float:
+    """The mean token NLL of the saved model on the first validation windows, outside Lightning: one window
+    at a time, plans gathered per token from ``token_plan_sentence``, log-softmax by hand."""
+    from planlm.data.windows import article_windows, make_action_source
+
+    model = PlannedLM.from_pretrained(model_dir).eval()
+    config = model.config
+    split = PreparedDataset(prepared_dir)["validation"]
+    plans = {kind: np.load(Path(config.plans_dir) / name) for kind, name in
+             (("planner_sampled", "validation.npy"), ("planner_argmax", "validation.argmax.npy"))} \
+        if config.plans_dir else {}
+    source = make_action_source(config.conditioning, split, num_paths=config.num_paths, horizon=config.horizon,
+                                fixed_action=config.fixed_action, plans=plans.get("planner_sampled"),
+                                argmax_plans=plans.get("planner_argmax"))
+    total, count = 0.0, 0
+    for _, start, end in article_windows(split, context_length, stride)[:num_windows]:
+        input_ids = torch.from_numpy(np.array(split.input_ids[start:end]))[None]  # (1, L)
+        kwargs = {}
+        if source is not None:
+            sentences, plan_index = np.unique(np.array(split.token_plan_sentence[start:end]), return_inverse=True)
+            action_paths, path_mask = source(sentences)
+            kwargs = dict(action_paths=action_paths, path_mask=path_mask,
+                          plan_index=torch.from_numpy(plan_index)[None])
+        with torch.no_grad():
+            logits = model(input_ids, **kwargs).logits[0, :-1].double()  # (L-1, V)
+        log_probs = logits - torch.logsumexp(logits, -1, keepdim=True)
+        total -= float(log_probs.gather(1, input_ids[0, 1:, None]).sum())
+        count += end - start - 1
+    return total / count
 
 
 @pytest.mark.slow
@@ -96,6 +129,8 @@ def test_every_adapter_and_source_trains_end_to_end(synthetic_random, tmp_path, 
                    conditioning=cond, train=quick())
     manifest = read_manifest(out)
     assert manifest["global_step"] == 2 and np.isfinite(manifest["val_loss"])
+    # the reported validation loss is the saved model's, on the validation windows (one batch of 4 here)
+    assert manifest["val_loss"] == pytest.approx(rescored_val_loss(out, synthetic_random, num_windows=4), rel=1e-5)
     assert manifest["val_ppl"] == pytest.approx(np.exp(manifest["val_loss"]))
     if adapter == "multipath" and rezero:  # the learned ReZero scalars are reported, and they moved
         assert set(manifest["rezero_alphas"]) == {"alpha_1", "alpha_2"} and manifest["rezero_alphas"]["alpha_2"] != 0
@@ -122,13 +157,23 @@ def test_every_adapter_and_source_trains_end_to_end(synthetic_random, tmp_path, 
     assert (out / "manifest.json").stat().st_mtime_ns == stamp
 
 
-def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
-    from planlm.planner import Planner, PlannerConfig
+def test_reported_validation_loss_is_the_saved_models_on_the_whole_validation_split(synthetic_random, tmp_path):
+    """Two validations (one per epoch) over every validation window: the manifest's val_loss is the best
+    one, and it is the loss of the model that was saved."""
+    from planlm.data.windows import article_windows
 
+    out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
+                   conditioning=ConditioningConfig(conditioning="oracle", init_no_op=False),
+                   train=quick(max_epochs=2, limit_train_batches=1, limit_val_batches=None, lr=1e-2))
+    num_windows = len(article_windows(PreparedDataset(synthetic_random)["validation"], 128, 127))
+    assert val_loss(out) == pytest.approx(rescored_val_loss(out, synthetic_random, num_windows), rel=1e-5)
+    logged = [float(r["val/loss"]) for r in read_csv(next((out / "logs").rglob("metrics.csv"))) if r.get("val/loss")]
+    assert len(logged) == 2 and val_loss(out) == pytest.approx(min(logged))
+
+
+def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
     prepared = PreparedDataset(synthetic_random)
-    planner = Planner(PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim, d_model=16,
-                                    num_heads=2, dim_feedforward=32, max_sentences=8, horizon=2), prepared.codebook)
-    planner.prepared_info = {"codebook_hash": prepared.codebook_hash, "num_actions": prepared.num_actions}
+    planner = tiny_planner(prepared, max_sentences=8, horizon=2)
     planner.save_pretrained(tmp_path / "planner")
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
                    conditioning=ConditioningConfig(conditioning="planner_sampled", adapter="multipath", num_paths=2,
@@ -185,8 +230,7 @@ def test_resume_continues_from_last_checkpoint(synthetic_random, tmp_path):
     assert read_manifest(out)["global_step"] == 4
     logged_steps = []
     for path in sorted((out / "logs").glob("version_*/metrics.csv")):
-        with open(path) as f:
-            logged_steps.append([int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")])
+        logged_steps.append([int(row["step"]) for row in read_csv(path) if row.get("train/loss")])
     assert logged_steps[0] == [0, 1] and logged_steps[1] == [2, 3]
     assert not torch.equal(first["projection.weight"], load_file(str(out / "adapter.safetensors"))["projection.weight"])
     # Another config never resumes a foreign checkpoint: it starts from step 0.
@@ -331,3 +375,24 @@ def test_a_llama_family_lm_trains_with_lora_and_plans(synthetic_random, tmp_path
                    conditioning=ConditioningConfig(conditioning="oracle", adapter="multipath", num_paths=2, horizon=2))
     model = PlannedLM.from_pretrained(out)
     assert model.lm.config.model_type == "llama" and np.isfinite(read_manifest(out)["val_loss"])
+    # LoRA was on: only the rank-2 matrices and the adapter trained, and LoRA was merged into the attention
+    import lightning as L
+
+    from planlm.data.resources import load_tokenizer
+    from planlm.lm import load_causal_lm
+
+    assert model.config.finetune == "lora"
+    L.seed_everything(0)  # train_lm seeds with train.seed (0) right before it builds the LM: the same init
+    init = load_causal_lm(None, llama, vocab_size=len(load_tokenizer("gpt2"))).state_dict()
+    weights = load_file(str(out / "lm" / "model.safetensors"))
+    lora_parameters = (2 * 32 + 32 * 2) + (2 * 32 + 16 * 2)  # rank 2 on q_proj (32 -> 32), v_proj (32 -> 16)
+    adapter_parameters = sum(p.numel() for p in model.adapter.parameters())
+    assert read_manifest(out)["trainable_parameters"] == lora_parameters + adapter_parameters
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight"):
+        assert not torch.equal(weights[name], init[name])  # LoRA merged
+    for name in ("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                 "model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                 "model.embed_tokens.weight"):
+        torch.testing.assert_close(weights[name], init[name], rtol=0, atol=0)  # the base is intact
+    adapter = load_file(str(out / "adapter.safetensors"))
+    assert adapter["projection.weight"].abs().sum() > 0 and float(adapter["alpha_sample"]) != 0  # moved from 0

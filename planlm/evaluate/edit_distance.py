@@ -23,6 +23,7 @@ from planlm.data.resources import split_sentences
 from planlm.evaluate.bootstrap import bootstrap_mean
 from planlm.evaluate.generate import SamplingConfig, build_generator, encoder_embed_fn
 from planlm.evaluate.perplexity import Conditioning, model_fingerprint
+from planlm.planner import planner_hash
 from planlm.utils import PlanlmError, prepare_stage_dir, write_json, write_manifest
 
 
@@ -133,6 +134,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
               "split": split, "articles": num_articles, "max_boundaries_per_article": max_boundaries_per_article,
               "seed": seed, "context_length": context_length, "sampling": sampling, "conditioning": cond,
+              "planner": planner_hash(cond.planner_dir),
               "device_type": generator.device.type, "precision": precision, "bootstrap_samples": bootstrap_samples,
               "confidence": confidence}
     out = Path(out_dir)

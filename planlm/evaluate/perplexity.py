@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_json, write_manifest
+from planlm.planner import planner_hash
 from planlm.plans import autocast, resolve_device
 
 Conditioning = Literal["none", "fixed", "oracle", "planner_argmax", "planner_sampled"]
@@ -405,7 +406,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
               "split": split, "conditioning": cond, "stride": stride, "context_length": context_length,
               "articles": num_articles, "device_type": torch_device.type, "precision": precision,
               "bootstrap_samples": bootstrap_samples, "confidence": confidence, "plan_usage": plan_usage,
-              "planner": file_sha256(Path(cond.planner_dir) / "model.safetensors") if cond.planner_dir else None,
+              "planner": planner_hash(cond.planner_dir),
               "plans": read_manifest(cond.plans_dir)["config_fingerprint"] if cond.plans_dir else None}
     out = Path(out_dir)
     if prepare_stage_dir(out, config):

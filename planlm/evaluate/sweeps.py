@@ -15,8 +15,9 @@ import csv
 from pathlib import Path
 from typing import Literal, Optional
 
-from planlm.evaluate.perplexity import Conditioning, evaluate
-from planlm.utils import PlanlmError, prepare_stage_dir, write_manifest
+from planlm.evaluate.perplexity import Conditioning, evaluate, model_fingerprint
+from planlm.planner import planner_hash
+from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, write_manifest
 
 COLUMNS = ("value", "ppl", "ci_low", "ci_high", "reference", "paired_diff", "paired_ci_low", "paired_ci_high",
            "wall_time_s", "relative_wall_time", "plan_time_s", "lm_time_s",
@@ -118,7 +119,11 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str, kind: Literal["num_pa
               "fixed_num_paths": fixed_num_paths, "horizon": horizon, "temperature": temperature, "seed": seed,
               "planner_dir": planner_dir, "stride": stride, "context_length": context_length,
               "max_articles": max_articles, "batch_size": batch_size, "device": device, "precision": precision,
-              "bootstrap_samples": bootstrap_samples}
+              "bootstrap_samples": bootstrap_samples,
+              # What the folders hold, not only their paths: a retrained model or planner keeps its path.
+              "model": model_fingerprint(model_dir),
+              "prepared": (read_manifest(prepared_dir) or {}).get("config_fingerprint"),
+              "planner": planner_hash(planner_dir or _recorded_planner(model_dir))}
     if prepare_stage_dir(out, config, keep_partial=True):  # keep_partial: finished points are reused
         return out
     rows = []
@@ -150,3 +155,11 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str, kind: Literal["num_pa
               f"{row['paired_diff']:>+16.3f} [{row['paired_ci_low']:>+8.3f}, {row['paired_ci_high']:>+8.3f}] "
               f"{row['relative_wall_time']:>11.2f}x")
     return out
+
+
+def _recorded_planner(model_dir: str) -> str | None:
+    """The planner folder a planned-LM folder records (the one its evaluations use by default)."""
+    import json
+
+    config = Path(model_dir) / "planned_lm.json"
+    return json.loads(config.read_text()).get("planner_dir") if config.is_file() else None

@@ -24,6 +24,7 @@ from planlm.adapter import AdapterConfig
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.windows import WindowCollator, article_windows, make_action_source
 from planlm.lm import Conditioning, PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.train.resume import EpochShuffle, RestoreRNG, last_checkpoint
 from planlm.utils import (PlanlmError, derive_seed, file_sha256, fingerprint, prepare_stage_dir, read_manifest,
                           write_manifest)
 
@@ -292,16 +293,15 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
 
 def _loader(split: PreparedSplit, windows: list, source, batch_size: int, shuffle: bool, num_workers: int,
             pad_token_id: int, seed: int) -> DataLoader:
-    return DataLoader(windows, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
-                      collate_fn=WindowCollator(split, source, pad_token_id), drop_last=False,
-                      generator=data_order_generator(seed))
+    return DataLoader(windows, batch_size=batch_size, sampler=data_order(windows, seed) if shuffle else None,
+                      num_workers=num_workers, collate_fn=WindowCollator(split, source, pad_token_id), drop_last=False)
 
 
-def data_order_generator(seed: int) -> torch.Generator:
-    """The generator that shuffles the training windows: its own stream of the run seed, so every
-    condition of a run (whatever its adapter and its number of parameters) sees the same windows in
-    the same order."""
-    return torch.Generator().manual_seed(derive_seed(seed, "data_order"))
+def data_order(windows: list, seed: int) -> EpochShuffle:
+    """The sampler that shuffles the training windows: each epoch's order from (a stream of the run seed of
+    its own, epoch) alone, so every condition of a run (whatever its adapter and its number of parameters)
+    sees the same windows in the same order, and a resumed run the batches the interrupted one would have."""
+    return EpochShuffle(windows, derive_seed(seed, "data_order"))
 
 
 def _shuffled_plans_loader(loader: DataLoader) -> DataLoader:
@@ -366,14 +366,13 @@ def _input_hashes(model: LMModelConfig, cond: ConditioningConfig) -> dict:
     plans (or the plan cache's key) and of the LM it starts from, so that retraining either into the same
     folder retrains this LM instead of reusing it."""
     from planlm.evaluate.perplexity import model_fingerprint
-    from planlm.planner import WEIGHTS_FILE
+    from planlm.planner import planner_hash
 
     hashes = {"init_from": model_fingerprint(model.init_from) if model.init_from else None}
     if cond.conditioning.startswith("planner") and cond.plans_dir:
         hashes["plans"] = (read_manifest(cond.plans_dir) or {}).get("config_fingerprint")
-    elif cond.conditioning.startswith("planner") and cond.planner_dir:
-        weights = Path(cond.planner_dir) / WEIGHTS_FILE
-        hashes["planner"] = file_sha256(weights) if weights.is_file() else None  # missing: an error follows
+    elif cond.conditioning.startswith("planner"):
+        hashes["planner"] = planner_hash(cond.planner_dir)  # missing weights: an error follows
     return hashes
 
 
@@ -462,14 +461,17 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     checkpoints = out / "checkpoints"
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=checkpoints, filename="step{step}", auto_insert_metric_name=False,
-        monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=True)
+        monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=not has_val)
+    # Without validation every checkpoint is the latest, so save_last keeps last.ckpt current; with it, last.ckpt
+    # needs its own callback (see last_checkpoint).
+    checkpoints_kept = [checkpoint, last_checkpoint(checkpoints)] if has_val else [checkpoint]
     trainer = L.Trainer(
         accelerator=train.accelerator, devices=train.devices, strategy=train.strategy, num_nodes=train.num_nodes,
         precision=precision, max_epochs=train.max_epochs, max_steps=train.max_steps,
         val_check_interval=train.val_check_interval, limit_train_batches=train.limit_train_batches,
         limit_val_batches=train.limit_val_batches if has_val else 0,
         accumulate_grad_batches=train.accumulate_grad_batches, gradient_clip_val=train.gradient_clip_val,
-        callbacks=[checkpoint], log_every_n_steps=train.log_every_n_steps,
+        callbacks=[*checkpoints_kept, RestoreRNG()], log_every_n_steps=train.log_every_n_steps,
         logger=[L.pytorch.loggers.CSVLogger(out, name="logs"), L.pytorch.loggers.TensorBoardLogger(out, name="tb")],
         enable_progress_bar=train.progress_bar, enable_model_summary=False, num_sanity_val_steps=0,
         default_root_dir=out)

@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.planner import Planner, PlannerConfig, PlannerShape
 from planlm.plans import IGNORE_INDEX, boundary_contexts, boundary_targets, check_split, embed_split
+from planlm.train.resume import RestoreRNG, last_checkpoint
 from planlm.utils import PlanlmError, fingerprint, prepare_stage_dir, write_json, write_manifest
 
 SUMMARY_MODELS = ("planner_teacher_forced", "planner_free_running", "majority", "unigram", "bigram")
@@ -429,8 +430,9 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
                           persistent_workers=train.num_workers > 0)
 
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=out / "checkpoints", filename="best", monitor="val/loss",
-                                                     mode="min", save_top_k=1, save_last=True)
-    callbacks = [checkpoint]
+                                                     mode="min", save_top_k=1)
+    # last.ckpt at every validation, improved or not; the generators (dropout masks) saved with it.
+    callbacks = [checkpoint, last_checkpoint(out / "checkpoints"), RestoreRNG()]
     if train.early_stopping_patience is not None:
         callbacks.append(L.pytorch.callbacks.EarlyStopping(monitor="val/loss", mode="min",
                                                            patience=train.early_stopping_patience))

@@ -1,0 +1,136 @@
+"""Tiny models and readers shared by the tests (tests import these, never each other).
+
+Everything here is seconds to build on CPU: a 1-layer, 32-wide GPT-2, a 16-wide planner and a planned LM
+whose adapter is already "trained-looking" (its plan vectors move the logits)."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+from pathlib import Path
+
+import torch
+
+from planlm.data.artifacts import PreparedDataset
+from planlm.data.resources import load_tokenizer
+from planlm.lm import PlannedLM, PlannedLMConfig
+from planlm.planner import Planner, PlannerConfig
+
+
+def tiny_gpt2_config(**overrides) -> dict:
+    """The `model_config` of a 1-layer, 32-wide GPT-2 (what `train-lm --model.model_config` takes)."""
+    return {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128, **overrides}
+
+
+def tiny_gpt2(seed: int = 0, n_positions: int = 128):
+    """A random GPT-2 of `tiny_gpt2_config` with the real GPT-2 vocabulary (the prepared corpora's tokenizer)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = {k: v for k, v in tiny_gpt2_config(n_positions=n_positions).items() if k != "model_type"}
+    return GPT2LMHeadModel(GPT2Config(**config, vocab_size=50257)).eval()
+
+
+def tiny_planner(prepared: PreparedDataset, seed: int = 0, **overrides) -> Planner:
+    """A random planner over the prepared corpus's actions (16 wide, horizon 3), in eval mode, that records
+    which corpus it belongs to (as `train-planner` does), so its folder passes the codebook checks."""
+    torch.manual_seed(seed)
+    config = PlannerConfig(**{"num_actions": prepared.num_actions, "embedding_dim": prepared.embedding_dim,
+                              "d_model": 16, "num_heads": 2, "dim_feedforward": 32, "horizon": 3, **overrides})
+    planner = Planner(config, codebook=prepared.codebook)
+    planner.prepared_info = {"num_actions": prepared.num_actions, "embedding_dim": prepared.embedding_dim,
+                             "codebook_hash": prepared.codebook_hash, "encoder": prepared.encoder_name}
+    return planner.eval()
+
+
+def tiny_planned_lm(prepared: PreparedDataset, adapter: str = "project_avg", seed: int = 0) -> PlannedLM:
+    """`tiny_gpt2` with an oracle-conditioned adapter (K=2, T=3) whose projection is randomised, so that
+    plan vectors really move the logits."""
+    from planlm.adapter import AdapterConfig
+
+    adapter_config = AdapterConfig(adapter=adapter, num_actions=prepared.num_actions, action_dim=prepared.embedding_dim,
+                                   hidden_size=32, horizon=4, num_heads=2, init_no_op=False)
+    config = PlannedLMConfig(conditioning="oracle", adapter=adapter_config, num_paths=2, horizon=3,
+                             num_actions=prepared.num_actions, codebook_hash=prepared.codebook_hash,
+                             tokenizer=prepared.tokenizer_name, base_model_config={"model_type": "gpt2"})
+    model = PlannedLM(config, tiny_gpt2(seed), prepared.codebook)
+    torch.manual_seed(seed + 1)
+    with torch.no_grad():  # a trained-looking adapter: plan vectors that really move the logits
+        model.adapter.projection.weight.normal_(std=0.5)
+    return model.eval()
+
+
+CHATTY_WORDS = (" red", " water", ".")
+
+
+def chatty_planned_lm(prepared: PreparedDataset, period_bias: float = 0.66, seed: int = 0) -> PlannedLM:
+    """A tiny planned LM that mostly writes " red", " water" and "." (so sentences end), still
+    depending (weakly) on its input and its plans: the final layer norm keeps 30% of its gain."""
+    model = tiny_planned_lm(prepared, seed=seed)
+    tok = load_tokenizer("gpt2")
+    ids = [tok.encode(w)[0] for w in CHATTY_WORDS]
+    direction = torch.zeros(32)
+    direction[0] = 1.0
+    with torch.no_grad():
+        model.lm.transformer.ln_f.weight.mul_(0.3)
+        model.lm.transformer.ln_f.bias.copy_(20 * direction)
+        wte = model.lm.transformer.wte.weight  # tied with the output projection
+        wte[ids[0]] += 0.7 * direction
+        wte[ids[1]] += 0.7 * direction
+        wte[ids[2]] += period_bias * direction
+    return model
+
+
+@contextlib.contextmanager
+def linear_output_dtypes():
+    """Records the output dtype of every ``nn.Linear`` call made inside the block, whichever network it
+    belongs to (the LM head, the adapter's projection and transformers, the planner's layers, also those of
+    models loaded from folders inside the block) -> {module: set of dtypes}."""
+    seen: dict = {}
+
+    def record(module, args, output):
+        if isinstance(module, torch.nn.Linear) and isinstance(output, torch.Tensor):
+            seen.setdefault(module, set()).add(output.dtype)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def read_csv(path: str | Path) -> list[dict]:
+    """The rows of a CSV file with a header (per_article.csv, per_boundary.csv, sweep tables, metrics.csv)."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def tiny_run_config(out_dir: Path, **overrides) -> dict:
+    """A `planlm run` config with every stage at tiny sizes (about a minute on 2 CPU cores)."""
+    config = {
+        "out_dir": str(out_dir),
+        "prepare": {"corpus": {"source": "wiki-offline", "num_train": 40, "num_validation": 6, "num_test": 6},
+                    "actions": {"num_actions": 8}, "tokenizer": "gpt2"},
+        "planner": {"model": {"d_model": 32, "num_heads": 2, "dim_feedforward": 64, "horizon": 3},
+                    "train": {"batch_size": 64, "lr": 0.003, "max_epochs": 2, "progress_bar": False}},
+        "lm": {"model": {"model_config": tiny_gpt2_config(n_positions=64)},
+               "train": {"context_length": 64, "stride": 63, "batch_size": 8, "lr": 0.003, "max_steps": 6,
+                         "progress_bar": False}},
+        "conditions": [
+            {"name": "none", "conditioning": {"conditioning": "none"}},
+            {"name": "fixed", "paper": "Fixed", "conditioning": {"conditioning": "fixed"}},
+            {"name": "cornille", "paper": "Cornille et al. (T=1, K=1)",
+             "conditioning": {"conditioning": "planner_argmax", "num_paths": 1, "horizon": 1}},
+            {"name": "ours", "conditioning": {"conditioning": "planner_sampled", "adapter": "multipath",
+                                              "num_paths": 3, "horizon": 3}},
+            {"name": "oracle", "conditioning": {"conditioning": "oracle"}},
+        ],
+        "evaluate": {"stride": 32, "context_length": 64, "batch_size": 32, "bootstrap_samples": 200},
+        "edit_distance": {"max_articles": 2, "max_boundaries_per_article": 1, "new_tokens": 12, "context_length": 64,
+                          "bootstrap_samples": 200},
+        "sweeps": [{"condition": "ours", "kind": "num_paths", "num_paths": [1, 3], "stride": 32, "context_length": 64,
+                    "bootstrap_samples": 200}],
+        "report": {"actions_shown": 3},
+    }
+    config.update(overrides)
+    return config

@@ -1,0 +1,42 @@
+"""Edit distance under planner conditioning: the planner's plans reach the generated continuations."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import chatty_planned_lm, read_csv, tiny_planner
+from planlm.data.artifacts import PreparedDataset
+from planlm.evaluate.edit_distance import action_edit_distance, edit_distance
+from planlm.evaluate.generate import SamplingConfig, generate
+
+
+def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, tmp_path):
+    prepared = PreparedDataset(synthetic_cycle)
+    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
+    model = chatty_planned_lm(prepared)  # writes short sentences: generation re-plans at each
+    model.config.conditioning, model.config.planner_dir = "planner_sampled", str(tmp_path / "planner")
+    model.save_pretrained(tmp_path / "model")
+    kwargs = dict(max_articles=3, max_boundaries_per_article=1, new_tokens=12, seed=6, bootstrap_samples=20,
+                  device="cpu")  # seed 6: the first continuation ends two sentences
+
+    metrics = edit_distance(str(tmp_path / "model"), str(synthetic_cycle), str(tmp_path / "edit"), **kwargs)
+    assert (metrics["conditioning"], metrics["K"], metrics["T"]) == ("planner_sampled", 2, 3)
+    rows = read_csv(tmp_path / "edit" / "per_boundary.csv")
+    assert len(rows) == 3
+    for row in rows:
+        generated = [int(a) for a in row["generated_actions"].split()]
+        reference = [int(a) for a in row["reference_actions"].split()]
+        assert int(row["distance"]) == action_edit_distance(generated, reference)[0] and reference
+    # The first boundary's continuation is exactly `planlm generate` from that article prefix with the same seed:
+    # the same prompt, the same planner calls (re-planning at generated sentence ends) and the same draws.
+    first = rows[0]
+    generated = generate(str(tmp_path / "model"), str(synthetic_cycle), article=int(first["article"]),
+                         boundary=int(first["boundary"]), sampling=SamplingConfig(max_new_tokens=12), seed=6,
+                         device="cpu")
+    assert generated["text"] == first["generated_text"] and generated["planner_calls"] >= 3
+    assert all(s["plan"] and len(s["plan"]["action_paths"]) == 2 for s in generated["sentences"])
+    # The plans matter: the fixed action instead of the planner's plans writes other continuations.
+    edit_distance(str(tmp_path / "model"), str(synthetic_cycle), str(tmp_path / "fixed"), conditioning="fixed", **kwargs)
+    fixed = read_csv(tmp_path / "fixed" / "per_boundary.csv")
+    assert [r["generated_text"] for r in fixed] != [r["generated_text"] for r in rows]
+    assert json.loads((tmp_path / "fixed" / "metrics.json").read_text())["conditioning"] == "fixed"

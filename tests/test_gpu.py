@@ -1,0 +1,87 @@
+"""CUDA paths: bf16 autocast by default (precision auto), planner sampling and evaluation on the GPU.
+
+Run with ``pytest -m gpu`` on a machine with CUDA; skipped elsewhere."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from planlm.data.artifacts import PreparedDataset
+from planlm.evaluate.perplexity import EvalConditioning, evaluate, evaluate_split
+from planlm.plans import compute_plans, load_plans, sample_plans
+
+from helpers import linear_output_dtypes, tiny_planned_lm, tiny_planner
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_planner_samples_on_cuda_in_bf16_by_default(synthetic_cycle, tmp_path, dynamics):
+    prepared = PreparedDataset(synthetic_cycle)
+    folder = tiny_planner(prepared, dynamics=dynamics, max_sentences=4).save_pretrained(tmp_path / "planner")
+    with linear_output_dtypes() as seen:
+        out = sample_plans(str(folder), str(synthetic_cycle), splits=["validation"], num_paths=4, horizon=3,
+                           device="cuda", out_dir=str(tmp_path / "plans"))  # precision auto: bf16 on CUDA
+    assert seen and set().union(*seen.values()) == {torch.bfloat16}
+    plans = load_plans(out, "validation", prepared=prepared)
+    assert plans.shape == (prepared["validation"].num_sentences, 4, 3) and 0 <= plans.min() and plans.max() < 8
+    # reproducible on the GPU, and greedy paths mostly agree with fp32 on the CPU (bf16 rounding aside)
+    planner = tiny_planner(prepared, dynamics=dynamics, max_sentences=4)
+    split = prepared["validation"]
+    again = compute_plans(planner, split, 4, 3, 1.0, seed=0, device="cuda", precision="auto")
+    np.testing.assert_array_equal(again, compute_plans(planner, split, 4, 3, 1.0, seed=0, device="cuda",
+                                                       precision="auto"))
+    greedy_gpu = compute_plans(planner, split, 1, 3, 0.0, seed=0, device="cuda", precision="bf16")
+    greedy_cpu = compute_plans(planner.cpu(), split, 1, 3, 0.0, seed=0, device="cpu", precision="fp32")
+    assert np.mean(greedy_gpu == greedy_cpu) > 0.8
+
+
+def test_evaluation_on_cuda_runs_bf16_and_matches_fp32_closely(synthetic_random, tmp_path):
+    prepared = PreparedDataset(synthetic_random)
+    split = prepared["test"]
+    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
+    model = tiny_planned_lm(prepared, adapter="multipath")
+    with torch.no_grad():
+        model.adapter.alpha_path.fill_(1.0)
+        model.adapter.alpha_sample.fill_(1.0)
+    # planner-sampled evaluation on the GPU: every layer (LM, adapter, planner) under bf16 autocast
+    cond = EvalConditioning("planner_sampled", 2, 3, 1.0, 0, 0, str(tmp_path / "planner"), None)
+    with linear_output_dtypes() as seen:
+        sampled = evaluate_split(model, prepared, split, cond, num_articles=4, batch_size=4, device="cuda")
+    assert set().union(*seen.values()) == {torch.bfloat16}
+    assert seen[model.lm.lm_head] == {torch.bfloat16} and np.isfinite(sampled["nll_sums"]).all()
+    # oracle plans: bf16 on CUDA, fp32 on CUDA and fp32 on CPU agree up to rounding
+    oracle = EvalConditioning("oracle", 2, 3, 1.0, 0, 0, None, None)
+    nll = {(device, precision): evaluate_split(model, prepared, split, oracle, num_articles=4, batch_size=4,
+                                               device=device, precision=precision)["nll_sums"]
+           for device, precision in (("cuda", "auto"), ("cuda", "fp32"), ("cpu", "fp32"))}
+    np.testing.assert_allclose(nll["cuda", "fp32"], nll["cpu", "fp32"], rtol=1e-4)
+    assert not np.array_equal(nll["cuda", "auto"], nll["cuda", "fp32"])
+    np.testing.assert_allclose(nll["cuda", "auto"], nll["cuda", "fp32"], rtol=2e-2)
+    # the command on the GPU, with the planner sampling there too
+    model.config.conditioning, model.config.planner_dir = "planner_sampled", str(tmp_path / "planner")
+    model.cpu().save_pretrained(tmp_path / "model")
+    metrics = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "eval"), max_articles=4,
+                       bootstrap_samples=50, device="cuda")
+    assert metrics["precision"] == "auto" and metrics["ppl"] > 1 and metrics["ci_low"] <= metrics["ppl"]
+
+
+def test_bf16_generation_on_cuda(synthetic_cycle):
+    from planlm.data.resources import load_tokenizer
+    from planlm.evaluate.generate import SamplingConfig, generate_text, synthetic_embed_fn
+
+    from helpers import chatty_planned_lm
+
+    prepared = PreparedDataset(synthetic_cycle)
+    planner = tiny_planner(prepared, dynamics="causal")
+    model = chatty_planned_lm(prepared)
+    cond = EvalConditioning("planner_sampled", 4, 3, 1.0, 0, 0, "unused", None)
+    with linear_output_dtypes() as seen:
+        result = generate_text(model, load_tokenizer("gpt2"), "Red water red.", conditioning=cond, planner=planner,
+                               embed_fn=synthetic_embed_fn(prepared), sampling=SamplingConfig(max_new_tokens=30),
+                               seed=3, device="cuda")
+    assert set().union(*seen.values()) == {torch.bfloat16}
+    assert len(result.token_ids) == 30 and result.planner_calls >= 2

@@ -1,0 +1,63 @@
+"""train-lm keeps the best validation checkpoint (not the last) and init_from carries a trained adapter over."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from helpers import read_csv, tiny_gpt2_config
+from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
+from planlm.utils import read_manifest
+
+
+def checkpoint_lm(path: Path) -> dict:
+    state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    return {name[len("model.lm."):]: tensor for name, tensor in state.items() if name.startswith("model.lm.")}
+
+
+def test_train_lm_saves_the_best_checkpoint_not_the_last(synthetic_random, tmp_path):
+    """A learning rate so large that validation gets worse after the first steps: the folder holds the weights
+    of the best validation, which are not the last ones."""
+    out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=tiny_gpt2_config()),
+                   conditioning=ConditioningConfig(conditioning="none"),
+                   train=LMTrainConfig(batch_size=4, lr=0.3, max_steps=4, val_check_interval=2, limit_val_batches=2,
+                                       gradient_clip_val=None, progress_bar=False, log_every_n_steps=1))
+    manifest = read_manifest(out)
+    losses = [float(row["val/loss"]) for row in read_csv(next((out / "logs").glob("version_*/metrics.csv")))
+              if row.get("val/loss")]
+    assert len(losses) == 2 and min(losses) < losses[-1], losses  # the last validation is not the best
+    best = Path(manifest["best_checkpoint"])
+    assert best.name == f"step{2 * losses.index(min(losses)) + 2}.ckpt" and manifest["val_loss"] == min(losses)
+    saved = load_file(str(out / "lm" / "model.safetensors"))
+    for name, tensor in checkpoint_lm(best).items():
+        if name in saved:  # the output projection is tied to the embeddings (saved once)
+            torch.testing.assert_close(saved[name], tensor, rtol=0, atol=0)
+    # last.ckpt (what a rerun resumes from) is the final state, although the last validation did not improve.
+    assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == manifest["global_step"] == 4
+    last = checkpoint_lm(out / "checkpoints" / "last.ckpt")
+    assert not torch.equal(saved["transformer.wte.weight"], last["transformer.wte.weight"])
+
+
+def test_init_from_a_planned_lm_carries_its_adapter_over(synthetic_random, tmp_path):
+    conditioning = ConditioningConfig(conditioning="oracle", adapter="multipath", num_paths=2, horizon=2)
+    quick = dict(batch_size=4, limit_train_batches=2, limit_val_batches=1, progress_bar=False)
+    first = train_lm(str(synthetic_random), str(tmp_path / "first"), conditioning=conditioning,
+                     model=LMModelConfig(model_config=tiny_gpt2_config()), train=LMTrainConfig(lr=1e-2, **quick))
+    trained = load_file(str(first / "adapter.safetensors"))
+    assert trained["projection.weight"].abs().max() > 0  # moved away from its zero (no-op) initialisation
+    # A second run from the first: with a vanishing learning rate, it ends where it started.
+    second = train_lm(str(synthetic_random), str(tmp_path / "second"), conditioning=conditioning,
+                      model=LMModelConfig(init_from=str(first)), train=LMTrainConfig(lr=1e-12, seed=1, **quick))
+    carried = load_file(str(second / "adapter.safetensors"))
+    for name, tensor in trained.items():
+        torch.testing.assert_close(carried[name], tensor, rtol=0, atol=1e-6, msg=name)
+    first_lm, second_lm = (load_file(str(f / "lm" / "model.safetensors")) for f in (first, second))
+    torch.testing.assert_close(second_lm["transformer.h.0.mlp.c_fc.weight"], first_lm["transformer.h.0.mlp.c_fc.weight"],
+                               rtol=0, atol=1e-6)
+    # Another adapter shape cannot be carried over: it starts fresh (projection zero).
+    other = train_lm(str(synthetic_random), str(tmp_path / "other"),
+                     conditioning=ConditioningConfig(conditioning="oracle", adapter="project_avg"),
+                     model=LMModelConfig(init_from=str(first)), train=LMTrainConfig(lr=1e-12, **quick))
+    assert load_file(str(other / "adapter.safetensors"))["projection.weight"].abs().max() < 1e-6
