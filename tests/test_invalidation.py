@@ -80,7 +80,7 @@ def test_edit_distance_is_rebuilt_when_the_model_or_the_planner_in_its_folder_ch
 
 def test_sweep_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes(folders, tmp_path):
     prepared, planner, model = folders
-    kwargs = dict(num_paths=[1, 2], max_articles=2, stride=32, context_length=64, bootstrap_samples=20, device="cpu")
+    kwargs = dict(num_paths=[2], max_articles=1, stride=32, context_length=64, bootstrap_samples=20, device="cpu")
 
     def run(out: str) -> list[str]:
         sweep(str(model), str(prepared.path), str(tmp_path / out), **kwargs)
