@@ -11,6 +11,7 @@ import pytest
 
 from helpers import read_csv, tiny_gpt2_config, tiny_planned_lm, tiny_planner, tiny_run_config
 from planlm.data.artifacts import PreparedDataset
+from planlm.data.synthetic import make_synthetic_prepared
 from planlm.evaluate.edit_distance import edit_distance
 from planlm.evaluate.perplexity import evaluate
 from planlm.evaluate.sweeps import sweep
@@ -79,7 +80,7 @@ def test_edit_distance_is_rebuilt_when_the_model_or_the_planner_in_its_folder_ch
 
 def test_sweep_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes(folders, tmp_path):
     prepared, planner, model = folders
-    kwargs = dict(num_paths=[1, 2], max_articles=2, stride=32, context_length=64, bootstrap_samples=20, device="cpu")
+    kwargs = dict(num_paths=[2], max_articles=1, stride=32, context_length=64, bootstrap_samples=20, device="cpu")
 
     def run(out: str) -> list[str]:
         sweep(str(model), str(prepared.path), str(tmp_path / out), **kwargs)
@@ -95,13 +96,15 @@ def test_sweep_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes(fo
     assert third != second and third == run("fresh_planner")
 
 
-def test_train_lm_is_rebuilt_when_the_planner_in_its_folder_changes(synthetic_random, tmp_path):
+def test_train_lm_is_rebuilt_when_the_planner_in_its_folder_changes(tmp_path):
     """The plans come from the planner: a retrained planner in the same folder means other training plans."""
-    prepared = PreparedDataset(synthetic_random)
+    prepared_dir = make_synthetic_prepared(tmp_path / "prepared", rule="random", seed=7,
+                                           num_articles={"train": 20, "validation": 4, "test": 2})
+    prepared = PreparedDataset(prepared_dir)
     planner = save_planner(prepared, tmp_path / "planner", seed=0)
 
     def train() -> Path:
-        return train_lm(str(synthetic_random), str(tmp_path / "model"),
+        return train_lm(str(prepared_dir), str(tmp_path / "model"),
                         model=LMModelConfig(model_config=tiny_gpt2_config()),
                         conditioning=ConditioningConfig(conditioning="planner_sampled", num_paths=2, horizon=2,
                                                         planner_dir=str(planner)),

@@ -18,6 +18,7 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import read_csv, tiny_gpt2_config, tiny_run_config
+from planlm.data.synthetic import make_synthetic_prepared
 from planlm.planner import PlannerShape
 from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.planner import PlannerTrainArgs, train_planner
@@ -61,12 +62,14 @@ def test_train_lm_resumed_after_an_epoch_equals_the_uninterrupted_run(synthetic_
         assert_same_tensors(load_file(str(straight / name)), load_file(str(resumed / name)))
 
 
-def test_train_planner_resumed_after_an_epoch_equals_the_uninterrupted_run(synthetic_cycle, tmp_path):
+def test_train_planner_resumed_after_an_epoch_equals_the_uninterrupted_run(tmp_path):
+    prepared = make_synthetic_prepared(tmp_path / "prepared", rule="cycle", seed=6,
+                                       num_articles={"train": 40, "validation": 6, "test": 2})
     shape = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=3, dropout=0.1)
 
     def train(out: Path, epochs: int) -> Path:
-        return train_planner(str(synthetic_cycle), str(out), shape, PlannerTrainArgs(
-            batch_size=256, lr=1e-2, max_epochs=epochs, progress_bar=False, log_every_n_steps=1))
+        return train_planner(str(prepared), str(out), shape, PlannerTrainArgs(
+            batch_size=64, lr=1e-2, max_epochs=epochs, progress_bar=False, log_every_n_steps=1))
 
     straight = train(tmp_path / "straight", 2)
     resumed = train(train(tmp_path / "resumed", 1), 2)
