@@ -322,7 +322,7 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--num_paths", type=int, default=10, help="K of the sampled condition and of ours")
     parser.add_argument("--horizon", type=int, default=3, help="T of ours (and of the planner)")
-    parser.add_argument("--planner_epochs", type=int, default=10)
+    parser.add_argument("--planner_epochs", type=int, default=30)
     parser.add_argument("--k_sweep", type=int, nargs="+", default=[1, 2, 5, 10, 20])
     parser.add_argument("--bootstrap_samples", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1,
