@@ -63,6 +63,19 @@ def tiny_planned_lm(prepared: PreparedDataset, adapter: str = "project_avg", see
 CHATTY_WORDS = (" red", " water", ".")
 
 
+def sampled_multipath(prepared: PreparedDataset, planner_dir: Path):
+    """A tiny multipath planned LM with both ReZero scalars at 1 (its path and sample transformers on)
+    and the conditioning of 2 sampled paths of 3 steps from a tiny planner saved in ``planner_dir``."""
+    from planlm.evaluate.perplexity import EvalConditioning
+
+    tiny_planner(prepared).save_pretrained(planner_dir)
+    model = tiny_planned_lm(prepared, adapter="multipath")
+    with torch.no_grad():
+        model.adapter.alpha_path.fill_(1.0)
+        model.adapter.alpha_sample.fill_(1.0)
+    return model, EvalConditioning("planner_sampled", 2, 3, 1.0, 0, 0, str(planner_dir), None)
+
+
 def chatty_planned_lm(prepared: PreparedDataset, period_bias: float = 0.66, seed: int = 0) -> PlannedLM:
     """A tiny planned LM that mostly writes " red", " water" and "." (so sentences end), still
     depending (weakly) on its input and its plans: the final layer norm keeps 30% of its gain."""

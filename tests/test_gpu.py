@@ -12,7 +12,7 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.perplexity import EvalConditioning, evaluate, evaluate_split
 from planlm.plans import compute_plans, load_plans, sample_plans
 
-from helpers import linear_output_dtypes, tiny_planned_lm, tiny_planner
+from helpers import linear_output_dtypes, sampled_multipath, tiny_planner
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -42,13 +42,8 @@ def test_planner_samples_on_cuda_in_bf16_by_default(synthetic_cycle, tmp_path, d
 def test_evaluation_on_cuda_runs_bf16_and_matches_fp32_closely(synthetic_random, tmp_path):
     prepared = PreparedDataset(synthetic_random)
     split = prepared["test"]
-    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
-    model = tiny_planned_lm(prepared, adapter="multipath")
-    with torch.no_grad():
-        model.adapter.alpha_path.fill_(1.0)
-        model.adapter.alpha_sample.fill_(1.0)
+    model, cond = sampled_multipath(prepared, tmp_path / "planner")
     # planner-sampled evaluation on the GPU: every layer (LM, adapter, planner) under bf16 autocast
-    cond = EvalConditioning("planner_sampled", 2, 3, 1.0, 0, 0, str(tmp_path / "planner"), None)
     with linear_output_dtypes() as seen:
         sampled = evaluate_split(model, prepared, split, cond, num_articles=4, batch_size=4, device="cuda")
     assert set().union(*seen.values()) == {torch.bfloat16}

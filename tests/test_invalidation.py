@@ -43,6 +43,18 @@ def created(folder: Path) -> str:
     return read_manifest(folder)["created"] + str((folder / "manifest.json").stat().st_mtime_ns)
 
 
+def assert_rebuilt_on_change(run, prepared, planner, model) -> None:
+    """``run(out)`` into one folder gives new results after another model, then another planner, is
+    written into the input folders, and each equals a run into a fresh folder (not a stale reuse)."""
+    first = run("stage")
+    save_model(prepared, model, seed=1, planner_dir=planner)  # another LM and adapter, same folder
+    second = run("stage")
+    assert second != first and second == run("fresh_model")
+    save_planner(prepared, planner, seed=1)  # another planner, same folder: other plans
+    third = run("stage")
+    assert third != second and third == run("fresh_planner")
+
+
 def test_evaluate_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes(folders, tmp_path):
     prepared, planner, model = folders
     kwargs = dict(max_articles=3, stride=32, context_length=64, bootstrap_samples=20, device="cpu")
@@ -51,13 +63,7 @@ def test_evaluate_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes
         evaluate(str(model), str(prepared.path), str(tmp_path / out), **kwargs)
         return read_csv(tmp_path / out / "per_article.csv")
 
-    first = run("eval")
-    save_model(prepared, model, seed=1, planner_dir=planner)  # another LM and adapter, same folder
-    second = run("eval")
-    assert second != first and second == run("fresh_model")
-    save_planner(prepared, planner, seed=1)  # another planner, same folder: other plans
-    third = run("eval")
-    assert third != second and third == run("fresh_planner")
+    assert_rebuilt_on_change(run, prepared, planner, model)
 
 
 def test_edit_distance_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes(folders, tmp_path):
@@ -69,13 +75,7 @@ def test_edit_distance_is_rebuilt_when_the_model_or_the_planner_in_its_folder_ch
         edit_distance(str(model), str(prepared.path), str(tmp_path / out), **kwargs)
         return [row["generated_text"] for row in read_csv(tmp_path / out / "per_boundary.csv")]
 
-    first = run("edit")
-    save_model(prepared, model, seed=1, planner_dir=planner)
-    second = run("edit")
-    assert second != first and second == run("fresh_model")
-    save_planner(prepared, planner, seed=1)
-    third = run("edit")
-    assert third != second and third == run("fresh_planner")
+    assert_rebuilt_on_change(run, prepared, planner, model)
 
 
 def test_sweep_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes(folders, tmp_path):
@@ -86,14 +86,8 @@ def test_sweep_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes(fo
         sweep(str(model), str(prepared.path), str(tmp_path / out), **kwargs)
         return [row["ppl"] for row in read_csv(tmp_path / out / "sweep_num_paths.csv")]
 
-    first = run("sweep")
-    assert run("sweep") == first  # unchanged inputs: reused
-    save_model(prepared, model, seed=1, planner_dir=planner)
-    second = run("sweep")
-    assert second != first and second == run("fresh_model")
-    save_planner(prepared, planner, seed=1)
-    third = run("sweep")
-    assert third != second and third == run("fresh_planner")
+    assert run("reused") == run("reused")  # unchanged inputs: reused
+    assert_rebuilt_on_change(run, prepared, planner, model)
 
 
 def test_train_lm_is_rebuilt_when_the_planner_in_its_folder_changes(tmp_path):

@@ -11,7 +11,8 @@ from planlm.evaluate.perplexity import (EvalConditioning, evaluate, evaluate_spl
 from planlm.lm import PlannedLM
 from planlm.utils import PlanlmError
 
-from helpers import linear_output_dtypes, read_csv, tiny_gpt2, tiny_gpt2_config, tiny_planned_lm, tiny_planner
+from helpers import (linear_output_dtypes, read_csv, sampled_multipath, tiny_gpt2, tiny_gpt2_config, tiny_planned_lm,
+                     tiny_planner)
 
 
 @pytest.fixture(scope="module")
@@ -153,13 +154,8 @@ def test_bf16_evaluation_runs_the_lm_the_adapter_and_the_planner_in_bf16(synthet
                                                                          tmp_path):
     prepared = PreparedDataset(synthetic_random)
     split = prepared["test"]
-    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
-    model = tiny_planned_lm(prepared, adapter="multipath")
-    with torch.no_grad():
-        model.adapter.alpha_path.fill_(1.0)
-        model.adapter.alpha_sample.fill_(1.0)
+    model, cond = sampled_multipath(prepared, tmp_path / "planner")
     own_layers = set(model.modules())
-    cond = EvalConditioning("planner_sampled", 2, 3, 1.0, 0, 0, str(tmp_path / "planner"), None)
     with linear_output_dtypes() as seen:
         evaluate_split(model, prepared, split, cond, num_articles=3, batch_size=4, precision="bf16")
     bf16 = {torch.bfloat16}

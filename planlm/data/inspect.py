@@ -99,7 +99,7 @@ def actions(prepared_dir: str, out_dir: str | None = None, split: str = "train",
     header = (f"{num_actions} actions over {total:,} {split} sentences of {prepared.path} "
               f"(encoder {prepared.encoder_name}); largest {sizes.max() if total else 0:,}, "
               f"median {int(np.median(sizes)):,}, smallest {sizes.min():,}, empty {empty}")
-    lines = [f"# Abstract writing actions", "", header, "", "![cluster sizes](cluster_sizes.png)", "",
+    lines = ["# Abstract writing actions", "", header, "", "![cluster sizes](cluster_sizes.png)", "",
              "| action | sentences | share | nearest sentences to the centroid |", "| ---: | ---: | ---: | --- |"]
     for r in records:
         texts = "<br>".join(f"{i + 1}. {shorten(n['text'])}".replace("|", "\\|") for i, n in enumerate(r["nearest"]))

@@ -24,7 +24,7 @@ import shutil
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Optional, Union
 
 import lightning as L
 import numpy as np
@@ -98,7 +98,7 @@ class PlannerTrainArgs:
         if self.weight_decay < 0:
             raise PlanlmError(f"train-planner: --train.weight_decay={self.weight_decay} must be >= 0")
         if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
-            raise PlanlmError(f"train-planner: --train.early_stopping_patience must be >= 1 or null")
+            raise PlanlmError("train-planner: --train.early_stopping_patience must be >= 1 or null")
 
 
 # ---- data ----------------------------------------------------------------------------------------------
