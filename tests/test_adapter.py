@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from planlm.adapter import AdapterConfig, MultiPath, ProjectAvg, build_adapter
 from planlm.utils import PlanlmError
@@ -100,7 +101,7 @@ def multipath_by_hand(adapter: MultiPath, action_paths, path_mask):
     """Equations 1-2 (or the no-ReZero ablation) rebuilt sentence by sentence from the adapter's own weights:
     only the valid steps of a path enter the PathTransformer, at their own positions, and only the valid
     paths enter the SampleTransformer (no padding masks), then plain means."""
-    W, b = adapter.projection.weight, adapter.projection.bias
+    W, b, U = adapter.projection.weight, adapter.projection.bias, adapter.path_input
     emb, positions = adapter.action_embedding.weight, adapter.step_position.weight
     rezero = adapter.config.rezero
     plans = []
@@ -110,9 +111,10 @@ def multipath_by_hand(adapter: MultiPath, action_paths, path_mask):
             steps = [t for t in range(action_paths.shape[2]) if path_mask[n, j, t]]
             if not steps:
                 continue  # a path with no valid step is no part of the sample
-            c = torch.stack([W @ emb[action_paths[n, j, t]] + b for t in steps])  # c_t^j (T_valid, D)
-            c_avg = c.mean(0)  # c~^j
-            pt = adapter.path_transformer((c + positions[steps])[None])[0].mean(0)  # PT(c^j + p), pooled
+            e = emb[action_paths[n, j, steps]]  # Emb(a_t^j) (T_valid, E)
+            c_avg = (e @ W.T + b).mean(0)  # c~^j: the mean of c_t^j = W Emb(a_t^j) + b
+            u = e if isinstance(adapter.path_input, nn.Identity) else e @ U.weight.T + U.bias  # U Emb(a_t^j)
+            pt = adapter.path_transformer((u + positions[steps])[None])[0].mean(0)  # PT(U Emb(a) + p), pooled
             path_vectors.append(pt * adapter.alpha_path + c_avg if rezero else pt)  # c^j, eq. 1
             path_avgs.append(c_avg)
         st = adapter.sample_transformer(torch.stack(path_vectors)[None])[0].mean(0)  # ST(c^1..c^K), pooled
@@ -120,10 +122,11 @@ def multipath_by_hand(adapter: MultiPath, action_paths, path_mask):
     return torch.stack(plans)  # (N, D)
 
 
+@pytest.mark.parametrize("action_dim", [ACTION_DIM, WIDTH])  # U a learned map E -> D, or the identity (E = D)
 @pytest.mark.parametrize("rezero", [True, False])
-def test_multipath_matches_equations_1_and_2_rebuilt_from_its_transformers(rezero):
+def test_multipath_matches_equations_1_and_2_rebuilt_from_its_transformers(rezero, action_dim):
     torch.manual_seed(0)
-    adapter = MultiPath(config(adapter="multipath", rezero=rezero, num_layers=2)).eval()
+    adapter = MultiPath(config(adapter="multipath", rezero=rezero, num_layers=2, action_dim=action_dim)).eval()
     with torch.no_grad():
         adapter.step_position.weight.normal_(std=0.5)  # positions that matter
         if rezero:
