@@ -167,6 +167,17 @@ def paired_tables(dir_a: Path, dir_b: Path) -> tuple[dict, dict]:
     return table_a, table_b
 
 
+def _compare_tables(dir_a: Path, dir_b: Path, table_a: dict, table_b: dict, num_samples: int, confidence: float,
+                    seed: int) -> dict:
+    """The paired bootstrap of two evaluations' per-article tables, with what the folders' metrics say."""
+    result = paired_bootstrap(table_a["nll_sum"], table_b["nll_sum"], table_a["tokens"], num_samples, confidence, seed)
+    metrics_a, metrics_b = _metrics(dir_a), _metrics(dir_b)
+    return {"a": str(dir_a), "b": str(dir_b), "articles": int(len(table_a["id"])),
+            "tokens": int(table_a["tokens"].sum()), "protocol": metrics_a.get("protocol"),
+            "conditioning_a": metrics_a.get("conditioning"), "conditioning_b": metrics_b.get("conditioning"),
+            **result}
+
+
 def compare_evaluations(a: str | Path, b: str | Path, num_samples: int = 1000, confidence: float = 0.95,
                         seed: int = 0) -> dict:
     """ppl(B) - ppl(A) of two evaluation folders with a paired bootstrap over articles (nothing printed).
@@ -182,20 +193,14 @@ def compare_evaluations(a: str | Path, b: str | Path, num_samples: int = 1000, c
         raise PlanlmError(f"{single}: a single evaluation, but {seeded} holds one per seed (seed<N>/); compare two "
                           f"runs with seeds, or two seed<N> folders")
     if not seeds_a:
-        table_a, table_b = paired_tables(dir_a, dir_b)
-        result = paired_bootstrap(table_a["nll_sum"], table_b["nll_sum"], table_a["tokens"], num_samples, confidence,
-                                  seed)
-        metrics_a, metrics_b = _metrics(dir_a), _metrics(dir_b)
-        return {"a": str(dir_a), "b": str(dir_b), "articles": int(len(table_a["id"])),
-                "tokens": int(table_a["tokens"].sum()), "protocol": metrics_a.get("protocol"),
-                "conditioning_a": metrics_a.get("conditioning"), "conditioning_b": metrics_b.get("conditioning"),
-                **result}
+        return _compare_tables(dir_a, dir_b, *paired_tables(dir_a, dir_b), num_samples, confidence, seed)
     common = sorted(set(seeds_a) & set(seeds_b))
     if not common:
         raise PlanlmError(f"{dir_b}: seeds {sorted(seeds_b)} share none with {dir_a}'s {sorted(seeds_a)}; compare runs "
                           f"trained with the same seeds")
-    per_seed = {s: compare_evaluations(seeds_a[s], seeds_b[s], num_samples, confidence, seed) for s in common}
-    tables = [paired_tables(seeds_a[s], seeds_b[s]) for s in common]
+    tables = [paired_tables(seeds_a[s], seeds_b[s]) for s in common]  # each seed's tables read once
+    per_seed = {s: _compare_tables(seeds_a[s], seeds_b[s], *pair, num_samples, confidence, seed)
+                for s, pair in zip(common, tables)}
     nll_a = np.mean([t[0]["nll_sum"] for t in tables], axis=0)  # (N_art,) averaged over seeds
     nll_b = np.mean([t[1]["nll_sum"] for t in tables], axis=0)
     pooled = paired_bootstrap(nll_a, nll_b, tables[0][0]["tokens"], num_samples, confidence, seed)
