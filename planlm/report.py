@@ -67,6 +67,7 @@ def _over_seeds(run_dir: Path, name: str, per_seed: dict[int, dict]) -> dict:
     import numpy as np
 
     from planlm.evaluate.bootstrap import bootstrap_perplexity, read_per_article
+    from planlm.pipeline import seed_dir
 
     done = {seed: numbers for seed, numbers in per_seed.items() if numbers["ppl"] is not None}
     if not done:
@@ -77,7 +78,7 @@ def _over_seeds(run_dir: Path, name: str, per_seed: dict[int, dict]) -> dict:
         return float(np.mean(values)) if values else None
 
     ppls = np.array([n["ppl"] for n in done.values()])
-    tables = [read_per_article(run_dir / "eval" / name / f"seed{seed}") for seed in done]
+    tables = [read_per_article(seed_dir(run_dir / "eval" / name, seed)) for seed in done]
     pooled = bootstrap_perplexity(np.mean([t["nll_sum"] for t in tables], axis=0), tables[0]["tokens"])
     alphas = [n["rezero_alphas"] for n in done.values() if n["rezero_alphas"]]
     return {"metrics": next(iter(done.values()))["metrics"], "evaluated_seeds": list(done), "ppl": float(ppls.mean()),
