@@ -32,10 +32,17 @@ from planlm.train.planner import BoundaryCollate, LightningPlanner
 
 def timed(fn, repeats: int) -> float:
     fn()  # warm-up
+    sync()
     start = time.perf_counter()
     for _ in range(repeats):
         fn()
+    sync()
     return (time.perf_counter() - start) / repeats
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def main() -> None:
@@ -54,6 +61,7 @@ def main() -> None:
     parser.add_argument("--boundaries", type=int, default=256, help="boundaries sampled per timing")
     parser.add_argument("--sample_batch_size", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: where the planner trains and samples")
     parser.add_argument("--latency_boundaries", type=int, default=32,
                         help="boundaries re-planned one at a time (B = 1, as during generation)")
     args = parser.parse_args()
@@ -72,8 +80,8 @@ def main() -> None:
                                    dim_feedforward=args.dim_feedforward, horizon=args.horizon, dropout=0.1,
                                    dynamics=dynamics)
             torch.manual_seed(0)
-            planner = Planner(config, codebook=prepared.codebook)
-            trained = Planner.from_pretrained(args.planner_dir) if args.planner_dir else None
+            planner = Planner(config, codebook=prepared.codebook).to(args.device)
+            trained = Planner.from_pretrained(args.planner_dir).to(args.device) if args.planner_dir else None
             tables.append((dynamics, time_planner(planner, trained, split, args)))
             if trained is not None:
                 break  # the trained planner's sampling rows would repeat
@@ -81,7 +89,7 @@ def main() -> None:
     print(f"d_model={args.d_model} heads={args.num_heads} ff={args.dim_feedforward} T={args.horizon}; sampling "
           f"({args.precision}): "
           f"{'trained ' + args.planner_dir if args.planner_dir else 'fresh'}; torch threads={torch.get_num_threads()}; "
-          f"corpus={args.prepared_dir or 'synthetic'}")
+          f"corpus={args.prepared_dir or 'synthetic'}; device={args.device}")
     for dynamics, rows in tables:
         print()
         print(f"dynamics={dynamics}")
@@ -104,6 +112,7 @@ def time_planner(planner: Planner, trained: Planner | None, split, args) -> list
 
     def train_step():
         batch = collate(rng.choice(split.num_sentences, batch_size, replace=False).tolist())
+        batch = {k: v.to(args.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         loss = module.model_step(batch)[0]
         optimizer.zero_grad()
         loss.backward()
@@ -121,7 +130,7 @@ def time_planner(planner: Planner, trained: Planner | None, split, args) -> list
     def sample(num_paths: int, temperature: float = 1.0):
         return lambda: compute_plans(planner, split, num_paths, args.horizon, temperature, seed=0,
                                      batch_size=args.sample_batch_size, sentences=sentences,
-                                     precision=args.precision)
+                                     precision=args.precision, device=args.device)
 
     base = timed(sample(1), args.repeats)
     rows.append(("argmax path (T=%d)" % args.horizon, len(sentences), timed(sample(1, 0.0), args.repeats), base))
@@ -134,14 +143,15 @@ def time_planner(planner: Planner, trained: Planner | None, split, args) -> list
     # Latency: one boundary per call (B = 1), as when generation re-plans at a generated sentence end.
     # The K paths of one boundary run as one batch.
     single = sentences[: args.latency_boundaries]
-    contexts = [boundary_contexts(split, np.array([s]), config.max_sentences) for s in single]
+    contexts = [tuple(t.to(args.device) for t in boundary_contexts(split, np.array([s]), config.max_sentences))
+                for s in single]
 
     def replan(num_paths: int):
         def go():
-            with torch.no_grad(), autocast(torch.device("cpu"), args.precision):
+            with torch.no_grad(), autocast(torch.device(args.device), args.precision):
                 for context_embeds, context_mask in contexts:
                     planner.sample_paths(context_embeds, context_mask, num_paths, args.horizon, 1.0,
-                                         generator=torch.Generator().manual_seed(0))
+                                         generator=torch.Generator(args.device).manual_seed(0))
         return go
 
     latency_base = timed(replan(1), args.repeats)
