@@ -197,10 +197,10 @@ class MultiPath(ProjectAvg):
 
     def forward(self, action_paths: Tensor, path_mask: Tensor | None = None) -> Tensor:
         # PT and ST attend over T steps and K paths (short sequences): flash attention where the head
-        # width allows it, else the plain math kernel. The memory-efficient kernel that would be chosen
-        # for heads over 256 wide (GPT-2 small, 2 heads: 384) took half the adapter's GPU time in its
-        # backward pass; excluding it took the training step from 0.79x to 0.86x of no conditioning
-        # (H100, benchmarks/bench_lm.py --gpt2-small).
+        # width allows it, else the plain math kernel. The memory-efficient kernel, chosen otherwise for
+        # heads over 256 wide (GPT-2 small with 2 heads: 384), spent half the adapter's GPU time in its
+        # backward pass; without it a GPT-2-small training step at K = T = 10 went from 0.778x to 0.800x
+        # of no conditioning (H100, median of 50 interleaved steps).
         with sdpa_kernel(ADAPTER_ATTENTION):
             return self._forward(action_paths, path_mask)
 

@@ -1,0 +1,128 @@
+"""Wall time of each training and evaluation stage, run through the library's own commands (Lightning).
+
+A synthetic prepared corpus with Wikipedia-like sentences (18-34 words, about 30 GPT-2 tokens) and
+articles of 12-20 sentences stands in for a prepared corpus, so no sentence encoder or k-means runs
+(``bench_prepare.py`` times those). The stages:
+
+1. ``train_planner`` at the given width, T = 10, batch 512 (the paper's), for ``--planner_epochs``;
+2. ``sample_plans``: K = 10 paths for every boundary of every split;
+3. ``train_lm``: the LM (GPT-2 small shape with random weights: the same compute as the paper's
+   pretrained GPT-2, whose weights are not on these machines) with the multipath adapter at K = T = 10,
+   one epoch, batch 32 x 128, bf16-mixed on CUDA;
+4. ``evaluate``: perplexity with the planner's K = 10 sampled plans, non-overlapping windows and the
+   stride-1 reference protocol on a part of the test split.
+
+It prints seconds and throughput per stage, and from them an estimate of one epoch of each stage on
+the paper's corpus (``--paper_articles`` articles of ``--paper_sentences`` sentences on average).
+
+    python benchmarks/bench_stages.py --device cuda --lm gpt2 --planner paper      # a GPU
+    python benchmarks/bench_stages.py --articles 200                             # a CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+LMS = {"tiny": dict(n_layer=2, n_embd=128, n_head=2), "gpt2": dict(n_layer=12, n_embd=768, n_head=12)}
+PLANNERS = {"tiny": dict(d_model=64, num_heads=2, dim_feedforward=128),
+            "paper": dict(d_model=768, num_heads=2, dim_feedforward=2048)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--lm", choices=sorted(LMS), default="tiny")
+    parser.add_argument("--planner", choices=sorted(PLANNERS), default="tiny")
+    parser.add_argument("--dynamics", choices=["recurrent", "causal"], default="recurrent")
+    parser.add_argument("--articles", type=int, default=2000, help="training articles")
+    parser.add_argument("--planner_epochs", type=int, default=2)
+    parser.add_argument("--eval_articles", type=int, default=20, help="test articles for stride-1 perplexity")
+    parser.add_argument("--paper_articles", type=int, default=285_310)
+    parser.add_argument("--paper_sentences", type=float, default=35.0, help="sentences per article (estimate)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = run_stages(Path(tmp), args)
+    print_table(rows, args)
+
+
+def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
+    """Rows (stage, seconds, units processed, unit)."""
+    from planlm.data.artifacts import PreparedDataset
+    from planlm.data.synthetic import make_synthetic_prepared
+    from planlm.evaluate.perplexity import evaluate
+    from planlm.planner import PlannerShape
+    from planlm.plans import sample_plans
+    from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
+    from planlm.train.planner import PlannerTrainArgs, train_planner
+
+    accelerator = {"auto": "auto", "cpu": "cpu", "cuda": "gpu"}[args.device]
+    counts = {"train": args.articles, "validation": max(20, args.articles // 50), "test": max(40, args.eval_articles)}
+    prepared_dir = make_synthetic_prepared(root / "prepared", num_actions=16, embedding_dim=384, rule="skip",
+                                           num_articles=counts, min_sentences=12, max_sentences=20,
+                                           sentence_words=(18, 34))
+    prepared = PreparedDataset(prepared_dir)
+    boundaries = prepared["train"].num_sentences
+    tokens = len(prepared["train"].input_ids)
+    rows = []
+
+    began = time.perf_counter()
+    planner = train_planner(str(prepared_dir), str(root / "planner"),
+                            PlannerShape(horizon=10, dynamics=args.dynamics, **PLANNERS[args.planner]),
+                            PlannerTrainArgs(max_epochs=args.planner_epochs, accelerator=accelerator,
+                                             progress_bar=False))
+    rows.append(("train_planner (per epoch)", (time.perf_counter() - began) / args.planner_epochs, boundaries,
+                 "boundaries"))
+
+    began = time.perf_counter()
+    plans = sample_plans(str(planner), str(prepared_dir), num_paths=10, horizon=10, device=args.device,
+                         out_dir=str(root / "plans"))
+    all_boundaries = sum(prepared[s].num_sentences for s in ("train", "validation", "test"))
+    rows.append(("sample_plans K=10 T=10 (all splits)", time.perf_counter() - began, all_boundaries, "boundaries"))
+
+    began = time.perf_counter()
+    lm = train_lm(str(prepared_dir), str(root / "lm"),
+                  LMModelConfig(model_config={"model_type": "gpt2", "n_positions": 128, **LMS[args.lm]}),
+                  ConditioningConfig(conditioning="planner_sampled", adapter="multipath", num_paths=10, horizon=10,
+                                     plans_dir=str(plans), num_heads=2),
+                  LMTrainConfig(batch_size=32, max_epochs=1, accelerator=accelerator, progress_bar=False))
+    rows.append(("train_lm multipath K=T=10 (one epoch)", time.perf_counter() - began, tokens, "tokens"))
+
+    for stride, articles, name in ((127, None, "evaluate, windows of 128 (test)"),
+                                   (1, args.eval_articles, f"evaluate, stride 1 ({args.eval_articles} articles)")):
+        began = time.perf_counter()
+        metrics = evaluate(str(lm), str(prepared_dir), str(root / f"eval{stride}"), stride=stride,
+                           max_articles=articles, device=args.device, plans_dir=str(plans))
+        rows.append((name, time.perf_counter() - began, metrics["tokens"], "tokens"))
+    return rows
+
+
+def print_table(rows, args) -> None:
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else "CPU"
+    print(f"device {device}; LM {args.lm}, planner {args.planner} ({args.dynamics}); {args.articles} training "
+          f"articles")
+    print(f"| {'stage':<40} | {'seconds':>8} | {'units':>10} | {'units/s':>10} | unit |")
+    print(f"|{'-' * 42}|{'-' * 10}|{'-' * 12}|{'-' * 12}|------|")
+    for name, seconds, units, unit in rows:
+        print(f"| {name:<40} | {seconds:>8.1f} | {units:>10,.0f} | {units / seconds:>10,.0f} | {unit} |")
+    rates = {name: units / seconds for name, seconds, units, _ in rows}
+    paper_boundaries = args.paper_articles * args.paper_sentences
+    paper_tokens = paper_boundaries * 30
+    estimate = {"train_planner, one epoch": paper_boundaries / rates[rows[0][0]],
+                "sample_plans K=10, train split": paper_boundaries / rates[rows[1][0]],
+                "train_lm, one epoch": paper_tokens / rates[rows[2][0]]}
+    print(f"\nestimate for {args.paper_articles:,} articles x {args.paper_sentences:g} sentences x 30 tokens "
+          f"(the paper's corpus), from the rates above:")
+    print(json.dumps({k: f"{v / 3600:.2f} h" for k, v in estimate.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    main()
