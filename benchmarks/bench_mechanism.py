@@ -326,7 +326,7 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--num_paths", type=int, default=10, help="K of the sampled condition and of ours")
     parser.add_argument("--horizon", type=int, default=3, help="T of ours (and of the planner)")
-    parser.add_argument("--planner_epochs", type=int, default=30)
+    parser.add_argument("--planner_epochs", type=int, default=60)
     parser.add_argument("--planner_d_model", type=int, default=64)
     parser.add_argument("--planner_layers", type=int, default=1)
     parser.add_argument("--planner_lr", type=float, default=1e-3)
