@@ -95,6 +95,16 @@ class PathPolicy:
         return text
 
 
+def policy_keyed(settings: dict) -> dict:
+    """A config dict (``asdict`` of settings holding a ``path_policy``) as reuse keys hold it: the policy only
+    when adaptive, so caches, models and evaluations made before policies existed stay valid."""
+    policy = settings.get("path_policy")
+    key = {name: value for name, value in settings.items() if name != "path_policy"}
+    if policy and policy["kind"] != "fixed":
+        key["path_policy"] = policy
+    return key
+
+
 def entropy_num_paths(logits: torch.Tensor, policy: PathPolicy, temperature: float = 1.0) -> torch.Tensor:
     """logits (B, A) of the planner's first step -> paths per boundary (B,) long under the entropy policy.
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_json, write_manifest
-from planlm.path_policy import PathPolicy, paths_summary
+from planlm.path_policy import PathPolicy, paths_summary, policy_keyed
 from planlm.planner import planner_hash
 from planlm.plans import autocast, resolve_device
 
@@ -179,10 +179,7 @@ class EvalConditioning:
 
     def cache_key(self) -> dict:
         """The settings evaluation folders are keyed on; a fixed policy adds nothing (older folders stay valid)."""
-        key = {name: value for name, value in asdict(self).items() if name != "path_policy"}
-        if self.path_policy.adaptive:
-            key["path_policy"] = self.path_policy.cache_key()
-        return key
+        return policy_keyed(asdict(self))
 
     def sampled_paths(self, path_counts: Optional[np.ndarray], sentences: np.ndarray) -> np.ndarray:
         """(N,) paths the planner sampled for each of ``sentences``: the policy's counts for sampled plans, 1
