@@ -167,7 +167,8 @@ def sample_with_policy(planner, context_embeds: torch.Tensor, context_mask: torc
     if policy.kind == "entropy":
         counts = entropy_num_paths(planner.first_step_logits(context_embeds, context_mask), policy, temperature)
         paths = planner.sample_paths(context_embeds, context_mask, counts, horizon, temperature, generator)
-        return paths, counts
+        padding = policy.max_paths - paths.shape[1]  # no boundary of this batch may have needed K_max
+        return torch.nn.functional.pad(paths, (0, 0, 0, padding)), counts  # (B, K_max, T), (B,)
     return _sample_until_converged(planner, context_embeds, context_mask, policy, horizon, temperature, generator)
 
 

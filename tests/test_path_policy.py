@@ -58,6 +58,15 @@ def test_entropy_policy_maps_entropy_linearly_between_min_and_max_paths():
     assert entropy_num_paths(logits, PathPolicy("entropy", 1, 10, entropy_high=math.log(2))).tolist() == [1, 10, 10, 10]
 
 
+def test_entropy_policy_batch_comes_back_at_max_paths_even_when_no_boundary_needs_them():
+    logits = torch.full((3, 8), -1e9)
+    logits[:, 0] = 0  # all certain
+    logits[2, 1] = 0  # one unsure between two
+    paths, counts = sample_with_policy(HandMadePlanner(logits), *contexts(3), PathPolicy("entropy", 1, 30), 2, 1.0,
+                                       torch.Generator().manual_seed(0))
+    assert counts.tolist() == [1, 1, 11] and paths.shape == (3, 30, 2) and (paths[:, 11:] == 0).all()
+
+
 def test_converge_policy_stops_certain_boundaries_after_one_doubling_and_doubles_unsure_ones():
     logits = torch.full((2, 6), -1e9)
     logits[0, 3] = 0  # every path the same: the aggregate never changes

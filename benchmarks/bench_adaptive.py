@@ -1,0 +1,182 @@
+"""Adaptive planning compute (issue 14): paths only where the planner is unsure, at the perplexity of fixed K = 50.
+
+It reads the output folders of ``benchmarks/bench_mechanism.py`` (a corpus with a known answer, its prepared
+data, planner and LMs) and runs only the library's commands on them:
+
+1. **Adaptive vs fixed K = 50** (``--mechanism_dir``, the ``--lag 6`` corpus, where planner plans help the
+   LM): ``planlm sweep --kind compute`` on one trained LM (``--model``, default the sampled T=1 K=10
+   Project-and-Avg LM of seed 0): fixed K = 1, 2, 5, 10, 20, 50 and the entropy and converge policies at a
+   few budgets, all on the same test articles. Printed per point: paths per boundary (mean, and the
+   fraction of K = 50's), perplexity and the paired difference from fixed K = 50 with its 95% paired
+   bootstrap interval over articles. Target: an adaptive policy with at most 20% of K = 50's paths whose
+   interval includes 0 or lies below it.
+2. **Where the paths go** (the same policies through ``planlm.plans.compute_plans`` on the test
+   boundaries of both corpora; the sentence types are read back from each sentence's first word):
+   - ``--control_dir`` (``--lag 0``, a Markov chain over 8 types): after a type with one successor the next
+     action is certain (deterministic), after a type with two successors it is a coin flip (ambiguous).
+     Target: ambiguous boundaries get at least 3x the paths of deterministic ones.
+   - ``--mechanism_dir`` (``--lag 6``): the first 6 sentences of an article are uniform over 8 types, the
+     later ones one of 2: printed as a second, unscored ratio.
+
+    python benchmarks/bench_mechanism.py --out_dir runs/bench_mechanism                # once, ~22 min
+    python benchmarks/bench_mechanism.py --lag 0 --out_dir runs/bench_mechanism_lag0   # once
+    python benchmarks/bench_adaptive.py --mechanism_dir runs/bench_mechanism --control_dir runs/bench_mechanism_lag0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_mechanism import SUCCESSORS, TYPE_NAMES, TYPES  # noqa: E402  the corpus's known answer
+
+OPENER_TYPE = {opener: index for index, name in enumerate(TYPE_NAMES) for opener in TYPES[name][0]}
+
+
+def sentence_types(split) -> np.ndarray:
+    """(N_sent,) the true type of every sentence, from its first word (each type has openers of its own)."""
+    return np.array([OPENER_TYPE[split.sentence_text(s).split()[0]] for s in range(split.num_sentences)])
+
+
+def policies(args):
+    from planlm.path_policy import PathPolicy
+
+    chosen = [PathPolicy("entropy", 1, budget) for budget in args.entropy_budgets]
+    for setting in args.converge:
+        min_paths, tolerance = setting.split(":")
+        chosen.append(PathPolicy("converge", int(min_paths), args.max_paths, tolerance=float(tolerance)))
+    return chosen
+
+
+def compute_vs_perplexity(args) -> tuple[list[dict], bool, str]:
+    """Part 1: the compute sweep of one LM; returns its rows and the target's verdict."""
+    import csv
+
+    from planlm.evaluate.sweeps import sweep
+
+    mech = Path(args.mechanism_dir)
+    out = sweep(str(mech / "lm" / args.model), str(mech / "prepared"), str(Path(args.out_dir) / f"compute-{args.model}"),
+                kind="compute", num_paths=args.fixed, policies=policies(args), split="test",
+                planner_dir=str(mech / "planner"), context_length=args.context_length,
+                stride=args.context_length - 1, max_articles=args.max_articles, batch_size=64, device="cpu",
+                bootstrap_samples=args.bootstrap_samples)
+    with open(out / "sweep_compute.csv") as f:
+        rows = list(csv.DictReader(f))
+    winners = [r for r in rows if r["policy"] != "fixed" and float(r["paths_fraction"]) <= 0.20
+               and float(r["paired_ci_low"]) <= 0.0]
+    best = min(winners, key=lambda r: float(r["paths_fraction"]), default=None)
+    detail = (f"{best['value']}: {float(best['paths_fraction']):.1%} of the paths, paired "
+              f"{float(best['paired_diff']):+.4f} [{float(best['paired_ci_low']):+.4f}, "
+              f"{float(best['paired_ci_high']):+.4f}]" if best else "no adaptive point qualifies")
+    return rows, best is not None, detail
+
+
+def paths_by_class(folder: Path, planner_dir: Path, policy, classes: dict[str, np.ndarray], split, seed: int = 0):
+    """Mean paths per boundary of each class of test boundaries under ``policy``."""
+    from planlm.planner import Planner
+    from planlm.plans import compute_plans
+
+    planner = Planner.from_pretrained(planner_dir)
+    counts = np.zeros(split.num_sentences, dtype=np.int64)
+    compute_plans(planner, split, policy.max_paths or 50, planner.config.horizon, 1.0, seed, policy=policy,
+                  num_paths_out=counts)
+    return {name: float(counts[mask].mean()) for name, mask in classes.items()}
+
+
+def control_classes(split) -> dict[str, np.ndarray]:
+    """lag 0: boundaries after a type with one successor (deterministic) or two (ambiguous); article starts apart."""
+    types = sentence_types(split)
+    first = np.zeros(split.num_sentences, dtype=bool)
+    first[np.asarray(split.sentence_offsets[:-1])] = True
+    previous = types[np.maximum(np.arange(split.num_sentences) - 1, 0)]
+    branching = np.array([len(SUCCESSORS[int(t)]) for t in previous])
+    return {"deterministic": ~first & (branching == 1), "ambiguous": ~first & (branching == 2), "article start": first}
+
+
+def lag_classes(split, lag: int = 6) -> dict[str, np.ndarray]:
+    """lag 6: the first ``lag`` sentences of an article (8 equally likely types) and the later ones (2)."""
+    local = np.arange(split.num_sentences) - np.asarray(split.sentence_offsets)[split.sentence_article]
+    return {"2 candidates": local >= lag, "8 candidates": local < lag}
+
+
+def where_paths_go(args) -> tuple[list[str], bool, str]:
+    from planlm.data.artifacts import PreparedDataset
+
+    lines, ratios = [], {}
+    for label, folder, classes_of, pair in (
+            ("--lag 0 control (Markov chain)", Path(args.control_dir), control_classes, ("ambiguous", "deterministic")),
+            ("--lag 6 corpus", Path(args.mechanism_dir), lag_classes, ("8 candidates", "2 candidates"))):
+        if not (folder / "planner" / "model.safetensors").is_file():
+            lines.append(f"{label}: {folder} has no planner; run bench_mechanism.py for it first")
+            continue
+        split = PreparedDataset(folder / "prepared").split("test")
+        classes = classes_of(split)
+        sizes = ", ".join(f"{name} {int(mask.sum())}" for name, mask in classes.items())
+        lines += ["", f"## Where the paths go: {label}, {split.num_sentences} test boundaries ({sizes})", "",
+                  "| policy | " + " | ".join(f"paths: {name}" for name in classes) + f" | {pair[0]} / {pair[1]} |",
+                  "|---" * (len(classes) + 2) + "|"]
+        for policy in policies(args):
+            means = paths_by_class(folder, folder / "planner", policy.resolve(args.max_paths), classes, split)
+            ratio = means[pair[0]] / means[pair[1]]
+            ratios[(label, policy.label())] = ratio
+            lines.append(f"| {policy.resolve(args.max_paths).label()} | " +
+                         " | ".join(f"{means[name]:.2f}" for name in classes) + f" | {ratio:.2f}x |")
+    control = {k[1]: v for k, v in ratios.items() if k[0].startswith("--lag 0")}
+    best = max(control.items(), key=lambda kv: kv[1], default=None)
+    detail = f"best {best[0]}: {best[1]:.2f}x" if best else "not measured"
+    return lines, bool(best and best[1] >= 3.0), detail
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mechanism_dir", default="runs/bench_mechanism", help="bench_mechanism.py --lag 6 out_dir")
+    parser.add_argument("--control_dir", default="runs/bench_mechanism_lag0", help="bench_mechanism.py --lag 0 out_dir")
+    parser.add_argument("--out_dir", default="runs/bench_adaptive")
+    parser.add_argument("--model", default="sampled-seed0", help="LM folder under <mechanism_dir>/lm")
+    parser.add_argument("--context_length", type=int, default=37, help="the mechanism LM's window (bench_mechanism)")
+    parser.add_argument("--max_articles", type=int, default=None, help="test articles evaluated (default: all)")
+    parser.add_argument("--fixed", type=int, nargs="+", default=[1, 2, 5, 10, 20, 50])
+    parser.add_argument("--max_paths", type=int, default=50)
+    parser.add_argument("--entropy_budgets", type=int, nargs="+", default=[5, 10, 50], help="max_paths of entropy")
+    parser.add_argument("--converge", nargs="+", default=["1:0.2", "4:0.2", "4:0.1"],
+                        help="converge budgets as min_paths:tolerance (the first doubling compares min_paths paths "
+                             "with twice as many)")
+    parser.add_argument("--bootstrap_samples", type=int, default=1000)
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    began = time.time()
+    rows, compute_ok, compute_detail = compute_vs_perplexity(args)
+    say = print
+    say(f"# Adaptive planning compute ({args.mechanism_dir}, LM {args.model}, test split"
+        f"{'' if args.max_articles is None else f', first {args.max_articles} articles'})\n")
+    say("| point | paths per boundary | fraction of K=50's | ppl | paired - fixed K=50 [95% CI] | wall (rel.) | "
+        "planner s | LM s |")
+    say("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        say(f"| {r['value']} | {float(r['paths_mean']):.2f} | {float(r['paths_fraction']):.1%} | {float(r['ppl']):.4f} | "
+            f"{float(r['paired_diff']):+.4f} [{float(r['paired_ci_low']):+.4f}, {float(r['paired_ci_high']):+.4f}] | "
+            f"{float(r['relative_wall_time']):.2f}x | {float(r['planner_time_s']):.1f} | {float(r['lm_time_s']):.1f} |")
+    lines, ratio_ok, ratio_detail = where_paths_go(args)
+    for line in lines:
+        say(line)
+    say("\n## Targets\n")
+    say(f"- {'PASS' if compute_ok else 'FAIL'}: an adaptive policy with <= 20% of fixed K=50's paths and a paired "
+        f"interval that includes 0 or favours it: {compute_detail}")
+    say(f"- {'PASS' if ratio_ok else 'FAIL'}: ambiguous boundaries get >= 3x the paths of deterministic ones "
+        f"(--lag 0 control): {ratio_detail}")
+    say(f"\n{(time.time() - began) / 60:.1f} min wall")
+    (Path(args.out_dir) / "summary.json").write_text(json.dumps({"rows": rows, "targets": {
+        "compute": [compute_ok, compute_detail], "ratio": [ratio_ok, ratio_detail]}}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
