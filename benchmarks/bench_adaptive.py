@@ -89,6 +89,24 @@ def paths_by_class(folder: Path, planner_dir: Path, policy, classes: dict[str, n
     return {name: float(counts[mask].mean()) for name, mask in classes.items()}
 
 
+def first_step_entropy(planner_dir: Path, split, batch_size: int = 512) -> np.ndarray:
+    """(N_sent,) entropy in nats of the planner's first-step distribution at every boundary (what the entropy
+    policy reads)."""
+    import torch
+
+    from planlm.planner import Planner
+    from planlm.plans import boundary_contexts
+
+    planner = Planner.from_pretrained(planner_dir).eval()
+    out = np.zeros(split.num_sentences)
+    for start in range(0, split.num_sentences, batch_size):
+        sentences = np.arange(start, min(start + batch_size, split.num_sentences))
+        log_probs = torch.log_softmax(planner.first_step_logits(*boundary_contexts(
+            split, sentences, planner.config.max_sentences)).float(), -1)  # (B, A)
+        out[sentences] = -(log_probs.exp() * log_probs).sum(-1).numpy()
+    return out
+
+
 def control_classes(split) -> dict[str, np.ndarray]:
     """lag 0: boundaries after a type with one successor (deterministic) or two (ambiguous); article starts apart."""
     types = sentence_types(split)
@@ -121,6 +139,9 @@ def where_paths_go(args) -> tuple[list[str], bool, str]:
         lines += ["", f"## Where the paths go: {label}, {split.num_sentences} test boundaries ({sizes})", "",
                   "| policy | " + " | ".join(f"paths: {name}" for name in classes) + f" | {pair[0]} / {pair[1]} |",
                   "|---" * (len(classes) + 2) + "|"]
+        entropy = first_step_entropy(folder / "planner", split)
+        lines.append("| planner first-step entropy, nats (log 8 = 2.08) | " +
+                     " | ".join(f"{entropy[mask].mean():.3f}" for mask in classes.values()) + " | |")
         for policy in policies(args):
             means = paths_by_class(folder, folder / "planner", policy.resolve(args.max_paths), classes, split)
             ratio = means[pair[0]] / means[pair[1]]
@@ -131,6 +152,42 @@ def where_paths_go(args) -> tuple[list[str], bool, str]:
     best = max(control.items(), key=lambda kv: kv[1], default=None)
     detail = f"best {best[0]}: {best[1]:.2f}x" if best else "not measured"
     return lines, bool(best and best[1] >= 3.0), detail
+
+
+def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
+    """Diagnosis of part 1: the fixed K = 50 paths, of which each --lag 6 test boundary keeps the first
+    ``high`` (2 candidates: the plan is informative) or ``low`` (8 candidates: uniform, the plan says nothing)
+    by the known answer, evaluated from a plan cache; paired against fixed K = 50."""
+    import shutil
+
+    from planlm.evaluate.bootstrap import compare_evaluations
+    from planlm.evaluate.perplexity import evaluate
+    from planlm.data.artifacts import PreparedDataset
+    from planlm.plans import sample_plans
+
+    mech, out = Path(args.mechanism_dir), Path(args.out_dir)
+    config = json.loads((mech / "lm" / args.model / "planned_lm.json").read_text())
+    cache = sample_plans(str(mech / "planner"), str(mech / "prepared"), splits=["test"], num_paths=args.max_paths,
+                         horizon=config["horizon"], temperature=config["temperature"], seed=config["seed"],
+                         out_dir=str(out / "cache-K50"), device="cpu")
+    informative = lag_classes(PreparedDataset(mech / "prepared").split("test"))["2 candidates"]
+    lines = ["", f"## Diagnosis: paths allotted by the known answer ({args.model}, the K=50 paths of part 1, "
+             "kept per boundary)", "", "| 2 candidates keep | 8 candidates keep | paths per boundary | "
+             "fraction of K=50's | paired - fixed K=50 [95% CI] |", "|---|---|---|---|---|"]
+    for high, low in ((10, 1), (15, 1), (10, 5)):
+        folder = out / f"cache-K50-keep{high}-{low}"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(cache, folder)
+        np.save(folder / "test.num_paths.npy", np.where(informative, high, low).astype(np.int64))
+        metrics = evaluate(str(mech / "lm" / args.model), str(mech / "prepared"), str(out / f"eval-keep{high}-{low}"),
+                           plans_dir=str(folder), context_length=args.context_length,
+                           stride=args.context_length - 1, max_articles=args.max_articles, batch_size=64,
+                           device="cpu", plan_usage=False, bootstrap_samples=args.bootstrap_samples)
+        diff = compare_evaluations(sweep_dir / "fixed-50", out / f"eval-keep{high}-{low}",
+                                   num_samples=args.bootstrap_samples)
+        lines.append(f"| {high} | {low} | {metrics['paths_mean']:.2f} | {metrics['paths_mean'] / args.max_paths:.1%} | "
+                     f"{diff['diff']:+.4f} [{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}] |")
+    return lines
 
 
 def main() -> None:
@@ -166,6 +223,7 @@ def main() -> None:
             f"{float(r['paired_diff']):+.4f} [{float(r['paired_ci_low']):+.4f}, {float(r['paired_ci_high']):+.4f}] | "
             f"{float(r['relative_wall_time']):.2f}x | {float(r['planner_time_s']):.1f} | {float(r['lm_time_s']):.1f} |")
     lines, ratio_ok, ratio_detail = where_paths_go(args)
+    lines += known_answer_allocation(args, Path(args.out_dir) / f"compute-{args.model}")
     for line in lines:
         say(line)
     say("\n## Targets\n")

@@ -237,19 +237,27 @@ def _sweeps_section(run_dir: Path, figures: Path) -> list[str]:
                   f"| value | PPL [95% CI] | paired PPL - PPL at {reference} [95% CI] | wall time (rel. to first) | "
                   f"tokens/s | K | T | tau |", "|---|---|---|---|---|---|---|---|"]
         for row in rows:
-            paired = _fmt_ci(float(row["paired_diff"]), float(row["paired_ci_low"]), float(row["paired_ci_high"])) \
-                if row.get("paired_diff") else ""
-            lines.append(f"| {_short(row['value'])} | "
-                         f"{_fmt_ci(float(row['ppl']), float(row['ci_low']), float(row['ci_high']))} | {paired} | "
+            paired = _csv_ci(row, "paired_diff", "paired_ci") if row.get("paired_diff") else ""
+            lines.append(f"| {_short(row['value'])} | {_csv_ci(row, 'ppl', 'ci')} | {paired} | "
                          f"{float(row['relative_wall_time']):.2f}x | {float(row['tokens_per_s']):.0f} | "
                          f"{row['K']} | {row['T']} | {_short(row['tau'])} |")
-        png = csv_path.with_suffix(".png")
-        if png.is_file():
-            figure = f"{csv_path.parent.name}-{png.name}"
-            shutil.copyfile(png, figures / figure)
-            lines += ["", f"![{csv_path.stem}](figures/{figure})"]
-        lines.append("")
+        lines += _sweep_figure(csv_path, figures, csv_path.stem) + [""]
     return lines
+
+
+def _csv_ci(row: dict, value: str, interval: str, digits: int = 2) -> str:
+    """A CSV row's ``value`` with its ``<interval>_low`` / ``<interval>_high`` bounds."""
+    return _fmt_ci(float(row[value]), float(row[f"{interval}_low"]), float(row[f"{interval}_high"]), digits)
+
+
+def _sweep_figure(csv_path: Path, figures: Path, alt: str) -> list[str]:
+    """Copy a sweep's PNG (next to its CSV) into the report's figures; the Markdown lines that show it."""
+    png = csv_path.with_suffix(".png")
+    if not png.is_file():
+        return []
+    figure = f"{csv_path.parent.name}-{png.name}"
+    shutil.copyfile(png, figures / figure)
+    return ["", f"![{alt}](figures/{figure})"]
 
 
 def _compute_section(csv_path: Path, rows: list[dict], figures: Path) -> list[str]:
@@ -263,15 +271,11 @@ def _compute_section(csv_path: Path, rows: list[dict], figures: Path) -> list[st
              f"| point | paths per boundary | fraction of {reference} | PPL [95% CI] | paired PPL - {reference} "
              f"[95% CI] | wall time (rel.) | planner s | LM s |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        paired = _fmt_ci(float(row["paired_diff"]), float(row["paired_ci_low"]), float(row["paired_ci_high"]), 3)
         lines.append(f"| {row['value']} | {float(row['paths_mean']):.2f} | {float(row['paths_fraction']):.1%} | "
-                     f"{_fmt_ci(float(row['ppl']), float(row['ci_low']), float(row['ci_high']))} | {paired} | "
+                     f"{_csv_ci(row, 'ppl', 'ci')} | {_csv_ci(row, 'paired_diff', 'paired_ci', 3)} | "
                      f"{float(row['relative_wall_time']):.2f}x | {float(row['planner_time_s']):.1f} | "
                      f"{float(row['lm_time_s']):.1f} |")
-    png = csv_path.with_suffix(".png")
-    if png.is_file():
-        shutil.copyfile(png, figures / f"{name}-{png.name}")
-        lines += ["", f"![compute vs perplexity](figures/{name}-{png.name})"]
+    lines += _sweep_figure(csv_path, figures, "compute vs perplexity")
     adaptive = [r for r in rows if r["policy"] != "fixed"]
     went = _read_json(Path(adaptive[0]["eval_dir"]) / "where_paths_went.json") if adaptive else None
     if went:
