@@ -248,3 +248,24 @@ def test_paths_summary_counts_every_boundary():
     summary = paths_summary(np.array([1, 1, 4, 8]), max_paths=8)
     assert summary["paths_hist"] == {1: 2, 4: 1, 8: 1} and summary["paths_mean"] == 3.5
     assert summary["paths_fraction_of_max"] == pytest.approx(3.5 / 8)
+
+
+def test_generation_plans_each_sentence_end_under_the_policy(synthetic_cycle):
+    from planlm.data.resources import load_tokenizer
+    from planlm.evaluate.generate import PlannedGenerator, SamplingConfig, synthetic_embed_fn
+    from planlm.evaluate.perplexity import EvalConditioning
+
+    from helpers import chatty_planned_lm
+
+    prepared = PreparedDataset(synthetic_cycle)
+    cond = EvalConditioning("planner_sampled", 6, 3, 1.0, 0, 0, "unused", None,
+                            path_policy=PathPolicy("converge", min_paths=2, tolerance=0.3))
+    generator = PlannedGenerator(chatty_planned_lm(prepared), load_tokenizer("gpt2"), cond,
+                                 planner=tiny_planner(prepared), embed_fn=synthetic_embed_fn(prepared), seed=2)
+    result = generator.generate(generator.prompt_from_text("Red water red."), SamplingConfig(max_new_tokens=30))
+    assert len(generator.paths_sampled) == result.planner_calls >= 2  # one boundary per planner call here
+    assert all(2 <= k <= 6 for k in generator.paths_sampled)
+    for sentence in result.sentences:  # each plan shows its own paths; the padding ones are masked
+        if sentence["plan"]:
+            valid = [any(step) for step in sentence["plan"]["path_mask"]]
+            assert 2 <= sum(valid) <= 6 and valid == sorted(valid, reverse=True)
