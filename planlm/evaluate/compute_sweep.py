@@ -89,7 +89,7 @@ def plot_compute(rows: list[dict], path: Path, title: str = "") -> None:
     for ax, x_key, x_label in ((axes[0], "paths_mean", "mean paths sampled per boundary"),
                                (axes[1], "wall_time_s", "evaluation wall time (s)")):
         for kind, marker in (("fixed", "o"), ("entropy", "^"), ("converge", "s")):
-            group = [r for r in rows if r["policy"] == kind]
+            group = sorted((r for r in rows if r["policy"] == kind), key=lambda r: r[x_key])
             if not group:
                 continue
             x = [r[x_key] for r in group]

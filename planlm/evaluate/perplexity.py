@@ -476,6 +476,9 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         "wall_time_s": result["wall_time_s"], "plan_time_s": result["plan_time_s"], "lm_time_s": result["lm_time_s"],
         "planner_time_s": result["planner_time_s"], "adapter_time_s": result["adapter_time_s"],
         "plans_from_cache": bool(cond.plans_dir), "path_policy": asdict(cond.path_policy),
+        # with a plan cache the planner ran before: its time for the whole split, as sample-plans measured it
+        "cache_planner_time_s": (read_manifest(cond.plans_dir).get("planner_time_s") or {}).get(split)
+        if cond.plans_dir else None,
         **paths_summary(result["num_paths"], cond.num_paths if cond.conditioning == "planner_sampled" else None),
         "tokens_per_s": total_tokens / max(result["wall_time_s"], 1e-9),
         "conditioning": cond.conditioning, "K": cond.num_paths, "T": cond.horizon, "tau": cond.temperature,
