@@ -206,7 +206,7 @@ def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: li
             where_paths_went(out / name, metrics[-1]["planner_dir"], prepared_dir, split)
     rows = compute_rows(points, metrics, out)
     add_paired_differences(rows, f"fixed-{max(num_paths)}", bootstrap_samples)  # fixed K_max
-    write_compute_outputs(rows, out, title=f"{Path(model_dir).name}: planning compute vs perplexity")
+    write_compute_outputs(rows, out, title=f"{'/'.join(Path(model_dir).parts[-2:])}: planning compute vs perplexity")
     write_manifest(out, config, rows=rows)
     return out
 
