@@ -149,7 +149,8 @@ def type_probs(split, types: np.ndarray, lag: int, window: bool = False) -> np.n
     if not window:
         for j in np.flatnonzero(local >= lag):
             probs[j] = 0.0
-            probs[j, list(LAG_SUCCESSORS[int(types[j - lag])])] = 0.5
+            successors = list(LAG_SUCCESSORS[int(types[j - lag])])
+            probs[j, successors] = 1.0 / len(successors)
     return probs
 
 
@@ -305,6 +306,10 @@ def main() -> None:
     parser.add_argument("--lag", type=int, default=6,
                         help="0: Markov chain over types (the LM's window holds all the planner knows: a control); "
                              "L > 0: a sentence's type depends on the sentence L back, beyond the LM's window")
+    parser.add_argument("--lag_successors", choices=["pairs", "mixed"], default="pairs",
+                        help="with --lag > 0: pairs (every type two successors, p = 1/2) or mixed (the --lag 0 "
+                             "successor sets: five types with two, three with one, so some boundaries are "
+                             "deterministic for the planner; benchmarks/bench_adaptive.py)")
     parser.add_argument("--sentences", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
                         help="sentences per article (default: 6 12 at lag 0, 12 20 otherwise)")
     parser.add_argument("--context_length", type=int, default=None,
@@ -339,6 +344,9 @@ def main() -> None:
                              "cores two threads spin-wait (a 2 x 64 LM step: 52 ms of CPU with 1 thread, 1 s with 2)")
     args = parser.parse_args()
     args.sentences = args.sentences or ([6, 12] if args.lag == 0 else [12, 20])
+    if args.lag_successors == "mixed":  # the lag relation takes the Markov chain's successor sets
+        LAG_SUCCESSORS.clear()
+        LAG_SUCCESSORS.update(SUCCESSORS)
     # The sentence lag back must be out of reach: its last content word is 7 (lag - 1) + 2 tokens before
     # the first word of the sentence it decides, and a window reads at most context_length - 1 tokens.
     reach = TOKENS_PER_SENTENCE * (args.lag - 1) + 2
@@ -390,7 +398,8 @@ def main() -> None:
     # k-means seed only refits k-means and re-tokenises; prepare keeps the embeddings.
     restarts_file = out / "kmeans_restarts.json"
     key = json.dumps([vars(args)[k] for k in ("train_articles", "validation_articles", "test_articles",
-                                              "sentences", "corpus_seed", "lag")])
+                                              "sentences", "corpus_seed", "lag")]
+                     + ([args.lag_successors] if args.lag_successors != "pairs" else []))
     inertias = json.loads(restarts_file.read_text()) if restarts_file.is_file() else {}
     inertias = inertias if inertias.get("key") == key else {"key": key, "inertia": {}}
     for kmeans_seed in range(args.kmeans_restarts):
@@ -467,7 +476,8 @@ def planner_table(args, prepared, score, test_score, summary, optimum) -> tuple[
     n = prepared.manifest["counts"]
     say(f"\n# Mechanism benchmark ({args.out_dir})\n")
     regime = ("Markov chain over the types (5 with 2 successors at p=1/2, 3 with one)" if args.lag == 0 else
-              f"the first {args.lag} sentences of an article uniform, then each type one of 2 successors (p=1/2) "
+              f"the first {args.lag} sentences of an article uniform, then each type one of "
+              f"{'2 successors (p=1/2)' if args.lag_successors == 'pairs' else 'the successors of the --lag 0 chain'} "
               f"of the type {args.lag} sentences back, beyond the LM's {args.context_length}-token window")
     say(f"corpus: {NUM_TYPES} sentence types; {regime}; "
           f"{n['train']['articles']}/{n['validation']['articles']}/{n['test']['articles']} train/val/test articles, "

@@ -29,6 +29,7 @@ _API = {
     "PlannedGenerator": "planlm.evaluate.generate",
     "compute_plans": "planlm.plans",
     "load_plans": "planlm.plans",
+    "PathPolicy": "planlm.path_policy",
     # data and networks
     "PreparedDataset": "planlm.data.artifacts",
     "Planner": "planlm.planner",

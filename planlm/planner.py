@@ -295,17 +295,24 @@ class Planner(nn.Module):
         return logits
 
     @torch.no_grad()
-    def sample_paths(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, num_paths: int, horizon: int,
-                     temperature: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    def sample_paths(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, num_paths: int | torch.Tensor,
+                     horizon: int, temperature: float, generator: torch.Generator | None = None) -> torch.Tensor:
         """Sample num_paths action paths per boundary -> LongTensor (B, K, T); temperature 0 = argmax.
 
-        Recurrent g: paths that share a prefix share its state. Causal g: the context is encoded once
-        per boundary and each path adds one cached token per step (planlm.planner_causal)."""
-        if num_paths < 1 or horizon < 1 or temperature < 0:
+        ``num_paths`` is one K for every boundary, or a LongTensor (B,) of per-boundary counts (an adaptive
+        path policy, planlm.path_policy): then K = its maximum and the paths of boundary b beyond
+        num_paths[b] are zero padding. Recurrent g: paths that share a prefix share its state. Causal g: the
+        context is encoded once per boundary and each path adds one cached token per step
+        (planlm.planner_causal)."""
+        counts = num_paths if torch.is_tensor(num_paths) else None
+        most = num_paths if counts is None else int(counts.max())
+        if most < 1 or (counts is not None and int(counts.min()) < 1) or horizon < 1 or temperature < 0:
             raise PlanlmError(f"planner: need num_paths >= 1, horizon >= 1, temperature >= 0 "
                               f"(got {num_paths}, {horizon}, {temperature})")
         if temperature == 0:
-            return self.argmax_path(context_embeds, context_mask, horizon).unsqueeze(1).expand(-1, num_paths, -1)
+            return self.argmax_path(context_embeds, context_mask, horizon).unsqueeze(1).expand(-1, most, -1)
+        if counts is not None and self.config.dynamics == "causal":
+            return self._sample_causal_groups(context_embeds, context_mask, counts, horizon, temperature, generator)
         was_training = self.training
         self.eval()
         try:
@@ -317,25 +324,61 @@ class Planner(nn.Module):
 
                 return causal_decode(self, latents, latent_mask, slot, num_paths, horizon, draw)
             batch_size = latents.shape[0]
-            # Paths that share a prefix share their state, so g and f run once per distinct
-            # (boundary, prefix): U <= B*K states. Each path samples from its own row of probabilities,
-            # so the draws are exactly those of B*K independent rollouts.
-            state_of_path = torch.arange(batch_size, device=latents.device).repeat_interleave(num_paths)  # (B*K,)
-            step_logits = self.prediction(latents, latent_mask)  # (U=B, A): step 0 is shared by a boundary's paths
-            actions = []
-            for step in range(horizon):
-                if step > 0:
-                    keys = state_of_path * self.config.num_actions + actions[-1]  # (B*K,) (parent state, action)
-                    unique_keys, state_of_path = torch.unique(keys, return_inverse=True)  # (U,), (B*K,)
-                    parent = unique_keys // self.config.num_actions  # (U,)
-                    latents, latent_mask = self.dynamics(latents[parent], latent_mask[parent],
-                                                         unique_keys % self.config.num_actions,
-                                                         slot[parent] + step - 1)  # (U, n+1, D)
-                    slot = slot[parent]  # (U,)
-                    step_logits = self.prediction(latents, latent_mask)  # (U, A)
-                probs = torch.softmax(step_logits.float() / temperature, dim=-1)[state_of_path]  # (B*K, A)
-                actions.append(torch.multinomial(probs, 1, generator=generator).squeeze(1))  # (B*K,)
-            return torch.stack(actions, dim=1).view(batch_size, num_paths, horizon)  # (B, K, T)
+            if counts is None:
+                counts = torch.full((batch_size,), num_paths, dtype=torch.long, device=latents.device)
+            paths = self._sample_recurrent(latents, latent_mask, slot, counts.to(latents.device), horizon,
+                                           temperature, generator)  # (sum counts, T)
+            if int(counts.min()) == most:
+                return paths.view(batch_size, most, horizon)  # (B, K, T)
+            return _pad_paths(paths, counts.to(latents.device), most)  # (B, K_max, T)
+        finally:
+            self.train(was_training)
+
+    def _sample_recurrent(self, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
+                          counts: torch.Tensor, horizon: int, temperature: float,
+                          generator: torch.Generator | None) -> torch.Tensor:
+        """counts (B,) paths per boundary -> the paths, boundary after boundary: (sum counts, T).
+
+        Paths that share a prefix share their state, so g and f run once per distinct (boundary, prefix):
+        U <= sum(counts) states. Each path samples from its own row of probabilities, so the draws are
+        exactly those of independent rollouts."""
+        batch_size = latents.shape[0]
+        state_of_path = torch.arange(batch_size, device=latents.device).repeat_interleave(counts)  # (P,)
+        step_logits = self.prediction(latents, latent_mask)  # (U=B, A): step 0 is shared by a boundary's paths
+        actions = []
+        for step in range(horizon):
+            if step > 0:
+                keys = state_of_path * self.config.num_actions + actions[-1]  # (P,) (parent state, action)
+                unique_keys, state_of_path = torch.unique(keys, return_inverse=True)  # (U,), (P,)
+                parent = unique_keys // self.config.num_actions  # (U,)
+                latents, latent_mask = self.dynamics(latents[parent], latent_mask[parent],
+                                                     unique_keys % self.config.num_actions,
+                                                     slot[parent] + step - 1)  # (U, n+1, D)
+                slot = slot[parent]  # (U,)
+                step_logits = self.prediction(latents, latent_mask)  # (U, A)
+            probs = torch.softmax(step_logits.float() / temperature, dim=-1)[state_of_path]  # (P, A)
+            actions.append(torch.multinomial(probs, 1, generator=generator).squeeze(1))  # (P,)
+        return torch.stack(actions, dim=1)  # (P, T)
+
+    def _sample_causal_groups(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, counts: torch.Tensor,
+                              horizon: int, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+        """Per-boundary counts with the causal g: one batched decode per distinct count (its caches hold K
+        rows per boundary) -> (B, K_max, T), zero padding beyond each boundary's count."""
+        most = int(counts.max())
+        out = torch.zeros(len(counts), most, horizon, dtype=torch.long, device=context_embeds.device)
+        for count in torch.unique(counts).tolist():
+            rows = torch.nonzero(counts == count).squeeze(1).to(context_embeds.device)
+            out[rows, :count] = self.sample_paths(context_embeds[rows], context_mask[rows], int(count), horizon,
+                                                  temperature, generator)
+        return out
+
+    @torch.no_grad()
+    def first_step_logits(self, context_embeds: torch.Tensor, context_mask: torch.Tensor) -> torch.Tensor:
+        """The logits of the first action of every path, p(a_i | t_1 .. t_{i-1}): (B, A)."""
+        was_training = self.training
+        self.eval()
+        try:
+            return self.rollout(context_embeds, context_mask, 1)[0][:, 0]  # (B, A)
         finally:
             self.train(was_training)
 
@@ -390,6 +433,15 @@ class Planner(nn.Module):
             raise PlanlmError(f"{where}: planner was trained with codebook {info['codebook_hash'][:12]} but "
                               f"{prepared.path} has codebook {prepared.codebook_hash[:12]}; train a planner on "
                               f"this prepared corpus")
+
+
+def _pad_paths(paths: torch.Tensor, counts: torch.Tensor, most: int) -> torch.Tensor:
+    """paths (sum counts, T), boundary after boundary -> (B, most, T) with zero padding beyond each count."""
+    starts = torch.cumsum(counts, 0) - counts  # (B,) first row of each boundary
+    slot = torch.arange(len(paths), device=paths.device) - starts.repeat_interleave(counts)  # (P,) path index
+    out = paths.new_zeros(len(counts), most, paths.shape[1])
+    out[torch.arange(len(counts), device=paths.device).repeat_interleave(counts), slot] = paths
+    return out
 
 
 def planner_hash(folder: str | Path | None) -> str | None:

@@ -9,7 +9,12 @@ Plan cache folder (``planlm sample-plans``; default ``<planner_dir>/plans/K{K}-T
     manifest.json        written last: num_paths, horizon, temperature, seed, planner_hash (sha256 of the
                          planner's model.safetensors), codebook_hash, num_actions, prepared_dir, counts
     <split>.npy          (N_sent, K, T) int64  sampled paths; row s = the paths for boundary s
+    <split>.num_paths.npy (N_sent,) int64      paths of boundary s under the path policy (K for fixed): the
+                                               paths of row s beyond it are padding (planlm.path_policy)
     <split>.argmax.npy   (N_sent, T) int64     the greedy path of boundary s
+
+An adaptive path policy (``--path_policy``) is part of the cache key and of the default folder name
+(``...-seed{seed}-{kind}-{fingerprint}``); the manifest records the paths per boundary of every split.
 
 Letters: B boundaries, S context sentences, E embedding width, K paths, T horizon, N_sent sentences.
 """
@@ -17,6 +22,8 @@ Letters: B boundaries, S context sentences, E embedding width, K paths, T horizo
 from __future__ import annotations
 
 import contextlib
+import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -24,8 +31,9 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.path_policy import PathPolicy, paths_summary, sample_with_policy
 from planlm.planner import WEIGHTS_FILE, Planner
-from planlm.utils import PlanlmError, file_sha256, prepare_stage_dir, read_manifest, write_manifest
+from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_manifest
 
 IGNORE_INDEX = -100  # target of a step beyond the article's end (ignored by the loss)
 MAX_ROWS = 4096  # most paths (B*K) per forward in compute_plans: bounds activation memory, keeps caches warm
@@ -100,7 +108,8 @@ def check_split(split: PreparedSplit, where: str) -> None:
 def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizon: int, temperature: float,
                   seed: int, batch_size: int = 256, device: str = "cpu", sentences: np.ndarray | None = None,
                   out: np.ndarray | None = None, argmax_out: np.ndarray | None = None,
-                  max_rows: int = MAX_ROWS, precision: str = "fp32") -> np.ndarray:
+                  max_rows: int = MAX_ROWS, precision: str = "fp32", policy: PathPolicy | None = None,
+                  num_paths_out: np.ndarray | None = None) -> np.ndarray:
     """Sampled paths for every boundary of ``split`` (or the given sentence indices) -> (N, K, T) int64.
 
     Boundaries are processed in order of context length (little padding), at most ``batch_size``
@@ -108,8 +117,12 @@ def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizo
     ``seed`` walks that fixed order (so the result depends on batch_size, max_rows and the device type,
     all part of the cache key). ``out`` and ``argmax_out`` ((N, T)) receive the results in place
     (e.g. memory-mapped files). ``precision`` (fp32, bf16 or auto) sets the planner's autocast.
+    ``policy`` (default fixed) decides each boundary's number of paths, at most K = ``num_paths``;
+    ``num_paths_out`` (N,) receives them (the paths of a row beyond its count are zero padding).
     """
     check_split(split, "the plans")
+    policy = (policy or PathPolicy()).resolve(num_paths)
+    num_paths = policy.max_paths
     torch_device = resolve_device(device)
     planner = planner.to(torch_device).eval()
     sentences = np.arange(split.num_sentences) if sentences is None else np.asarray(sentences, dtype=np.int64)
@@ -126,39 +139,47 @@ def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizo
         context_embeds, context_mask = boundary_contexts(split, batch, planner.config.max_sentences, embeddings)
         context_embeds, context_mask = context_embeds.to(torch_device), context_mask.to(torch_device)
         with autocast(torch_device, precision):
-            paths = planner.sample_paths(context_embeds, context_mask, num_paths, horizon, temperature, generator)
+            paths, counts = sample_with_policy(planner, context_embeds, context_mask, policy, horizon, temperature,
+                                               generator)
             out[rows] = paths.cpu().numpy()  # (B, K, T)
+            if num_paths_out is not None:
+                num_paths_out[rows] = counts.cpu().numpy()  # (B,)
             if argmax_out is not None:
                 argmax_out[rows] = planner.argmax_path(context_embeds, context_mask, horizon).cpu().numpy()
     return out
 
 
-def default_plans_dir(planner_dir: str | Path, num_paths: int, horizon: int, temperature: float, seed: int) -> Path:
-    return Path(planner_dir) / "plans" / f"K{num_paths}-T{horizon}-tau{temperature:g}-seed{seed}"
+def default_plans_dir(planner_dir: str | Path, num_paths: int, horizon: int, temperature: float, seed: int,
+                      policy: PathPolicy | None = None) -> Path:
+    name = f"K{num_paths}-T{horizon}-tau{temperature:g}-seed{seed}"
+    if policy is not None and policy.adaptive:  # a cache sampled under one policy is never read for another
+        name += f"-{policy.kind}-{fingerprint(policy.cache_key())[:8]}"
+    return Path(planner_dir) / "plans" / name
 
 
 def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]] = None, num_paths: int = 10,
                  horizon: Optional[int] = None, temperature: float = 1.0, seed: int = 0,
                  out_dir: Optional[str] = None, batch_size: int = 256, device: str = "auto",
-                 precision: Literal["auto", "fp32", "bf16"] = "auto") -> Path:
+                 precision: Literal["auto", "fp32", "bf16"] = "auto", path_policy: PathPolicy = PathPolicy()) -> Path:
     """Sample K action paths of T steps for every sentence boundary and cache them on disk.
 
     Each boundary's paths come from the true text before it. The cache folder is keyed by the planner's
-    weights (sha256), the prepared corpus, K, T, tau, seed, batch size, device type and precision;
-    rerunning with the same key reuses it, a different key recomputes it.
+    weights (sha256), the prepared corpus, K, T, tau, seed, batch size, device type, precision and the path
+    policy; rerunning with the same key reuses it, a different key recomputes it.
 
     Args:
         planner_dir: Folder of a trained planner (``planlm train-planner``).
         prepared_dir: Prepared corpus whose boundaries get plans (same codebook as the planner's).
         splits: Splits to cover; default: every split of the prepared corpus.
-        num_paths: K, sampled paths per boundary.
+        num_paths: K, sampled paths per boundary (the most any boundary gets under an adaptive path policy).
         horizon: T, actions per path; default: the planner's trained horizon.
         temperature: Softmax temperature tau (0 = argmax, every path the greedy one).
         seed: Seed of the sampling generator.
-        out_dir: Cache folder; default ``<planner_dir>/plans/K{K}-T{T}-tau{tau}-seed{seed}``.
+        out_dir: Cache folder; default ``<planner_dir>/plans/K{K}-T{T}-tau{tau}-seed{seed}`` (plus the policy).
         batch_size: Boundaries per forward pass.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1`` ...
         precision: The planner's arithmetic: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
+        path_policy: Paths per boundary: fixed (K everywhere), entropy or converge (planlm.path_policy).
 
     Returns:
         The plan cache folder.
@@ -167,6 +188,40 @@ def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]
     prepared = PreparedDataset(prepared_dir)
     planner.check_matches(prepared, where=str(planner_dir))
     horizon = planner.config.horizon if horizon is None else horizon
+    _check_sampling(num_paths, horizon, temperature, batch_size)
+    policy = path_policy.resolve(num_paths)
+    num_paths = policy.max_paths
+    splits = list(prepared.manifest.get("splits", ["train", "validation", "test"])) if splits is None else splits
+    split_views = {name: prepared.split(name) for name in splits}
+    for split in split_views.values():
+        check_split(split, "--splits")
+    out = Path(out_dir) if out_dir else default_plans_dir(planner_dir, num_paths, horizon, temperature, seed, policy)
+    planner_hash = file_sha256(Path(planner_dir) / WEIGHTS_FILE)
+    torch_device = resolve_device(device)
+    config = {"planner_hash": planner_hash, "prepared_dir": str(Path(prepared_dir).resolve()),
+              "codebook_hash": prepared.codebook_hash, "num_paths": num_paths, "horizon": horizon,
+              "temperature": temperature, "seed": seed, "splits": splits, "batch_size": batch_size, "max_rows": MAX_ROWS,
+              "device_type": torch_device.type, "precision": precision}
+    if policy.adaptive:  # fixed keeps the key of the caches made before policies existed
+        config["path_policy"] = policy.cache_key()
+    if prepare_stage_dir(out, config):
+        return out
+    counts, paths, planner_time = {}, {}, {}
+    for name, split in split_views.items():
+        began = time.perf_counter()
+        paths[name] = _sample_split(planner, split, out, num_paths, horizon, temperature, seed, batch_size,
+                                    torch_device, precision, policy)
+        planner_time[name] = time.perf_counter() - began
+        counts[name] = split.num_sentences
+    write_manifest(out, config, num_paths=num_paths, horizon=horizon, temperature=temperature, seed=seed,
+                   planner_hash=planner_hash, planner_dir=str(Path(planner_dir).resolve()),
+                   codebook_hash=prepared.codebook_hash, num_actions=prepared.num_actions,
+                   prepared_dir=str(Path(prepared_dir).resolve()), splits=splits, counts=counts,
+                   path_policy=asdict(policy), paths=paths, planner_time_s=planner_time)
+    return out
+
+
+def _check_sampling(num_paths: int, horizon: int, temperature: float, batch_size: int) -> None:
     if num_paths < 1:
         raise PlanlmError(f"sample-plans: --num_paths={num_paths} must be >= 1")
     if horizon < 1:
@@ -175,36 +230,24 @@ def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]
         raise PlanlmError(f"sample-plans: --temperature={temperature} must be >= 0 (0 = argmax)")
     if batch_size < 1:
         raise PlanlmError(f"sample-plans: --batch_size={batch_size} must be >= 1")
-    splits = list(prepared.manifest.get("splits", ["train", "validation", "test"])) if splits is None else splits
-    split_views = {name: prepared.split(name) for name in splits}
-    for split in split_views.values():
-        check_split(split, "--splits")
-    out = Path(out_dir) if out_dir else default_plans_dir(planner_dir, num_paths, horizon, temperature, seed)
-    planner_hash = file_sha256(Path(planner_dir) / WEIGHTS_FILE)
-    torch_device = resolve_device(device)
-    config = {"planner_hash": planner_hash, "prepared_dir": str(Path(prepared_dir).resolve()),
-              "codebook_hash": prepared.codebook_hash, "num_paths": num_paths, "horizon": horizon,
-              "temperature": temperature, "seed": seed, "splits": splits, "batch_size": batch_size, "max_rows": MAX_ROWS,
-              "device_type": torch_device.type, "precision": precision}
-    if prepare_stage_dir(out, config):
-        return out
-    counts = {}
-    for name, split in split_views.items():
-        sampled = np.lib.format.open_memmap(out / f"{name}.npy", mode="w+", dtype=np.int64,
-                                            shape=(split.num_sentences, num_paths, horizon))
-        greedy = np.lib.format.open_memmap(out / f"{name}.argmax.npy", mode="w+", dtype=np.int64,
-                                           shape=(split.num_sentences, horizon))
-        compute_plans(planner, split, num_paths, horizon, temperature, seed, batch_size=batch_size,
-                      device=str(torch_device), out=sampled, argmax_out=greedy, precision=precision)
-        sampled.flush()
-        greedy.flush()
-        del sampled, greedy
-        counts[name] = split.num_sentences
-    write_manifest(out, config, num_paths=num_paths, horizon=horizon, temperature=temperature, seed=seed,
-                   planner_hash=planner_hash, planner_dir=str(Path(planner_dir).resolve()),
-                   codebook_hash=prepared.codebook_hash, num_actions=prepared.num_actions,
-                   prepared_dir=str(Path(prepared_dir).resolve()), splits=splits, counts=counts)
-    return out
+
+
+def _sample_split(planner: Planner, split: PreparedSplit, out: Path, num_paths: int, horizon: int,
+                  temperature: float, seed: int, batch_size: int, device: torch.device, precision: str,
+                  policy: PathPolicy) -> dict:
+    """Write one split's sampled paths, their counts and argmax paths into the cache; return its paths summary."""
+    sampled = np.lib.format.open_memmap(out / f"{split.name}.npy", mode="w+", dtype=np.int64,
+                                        shape=(split.num_sentences, num_paths, horizon))
+    greedy = np.lib.format.open_memmap(out / f"{split.name}.argmax.npy", mode="w+", dtype=np.int64,
+                                       shape=(split.num_sentences, horizon))
+    path_counts = np.zeros(split.num_sentences, dtype=np.int64)
+    compute_plans(planner, split, num_paths, horizon, temperature, seed, batch_size=batch_size, device=str(device),
+                  out=sampled, argmax_out=greedy, precision=precision, policy=policy, num_paths_out=path_counts)
+    sampled.flush()
+    greedy.flush()
+    del sampled, greedy
+    np.save(out / f"{split.name}.num_paths.npy", path_counts)
+    return paths_summary(path_counts, num_paths)
 
 
 def load_plans(plans_dir: str | Path, split: str, *, prepared: PreparedDataset | None = None,
@@ -236,3 +279,10 @@ def load_plans(plans_dir: str | Path, split: str, *, prepared: PreparedDataset |
         raise PlanlmError(f"{path}: {len(plans)} rows but {prepared.path}/{split} has "
                           f"{prepared.split(split).num_sentences} sentences; rerun `planlm sample-plans`")
     return plans
+
+
+def load_path_counts(plans_dir: str | Path, split: str) -> np.ndarray | None:
+    """(N_sent,) paths per boundary of a cached split (the first that many of each row are real), or None
+    for a cache made before path policies (every boundary has K paths)."""
+    path = Path(plans_dir) / f"{split}.num_paths.npy"
+    return np.load(path) if path.is_file() else None

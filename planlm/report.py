@@ -229,23 +229,84 @@ def _sweeps_section(run_dir: Path, figures: Path) -> list[str]:
             rows = list(csv.DictReader(f))
         if not rows:
             continue
+        if csv_path.name == "sweep_compute.csv":
+            lines += _compute_section(csv_path, rows, figures)
+            continue
         reference = _short(rows[0].get("reference") or "")
         lines += [f"### {csv_path.parent.name}: {csv_path.stem.replace('_', ' ')}", "",
                   f"| value | PPL [95% CI] | paired PPL - PPL at {reference} [95% CI] | wall time (rel. to first) | "
                   f"tokens/s | K | T | tau |", "|---|---|---|---|---|---|---|---|"]
         for row in rows:
-            paired = _fmt_ci(float(row["paired_diff"]), float(row["paired_ci_low"]), float(row["paired_ci_high"])) \
-                if row.get("paired_diff") else ""
-            lines.append(f"| {_short(row['value'])} | "
-                         f"{_fmt_ci(float(row['ppl']), float(row['ci_low']), float(row['ci_high']))} | {paired} | "
+            paired = _csv_ci(row, "paired_diff", "paired_ci") if row.get("paired_diff") else ""
+            lines.append(f"| {_short(row['value'])} | {_csv_ci(row, 'ppl', 'ci')} | {paired} | "
                          f"{float(row['relative_wall_time']):.2f}x | {float(row['tokens_per_s']):.0f} | "
                          f"{row['K']} | {row['T']} | {_short(row['tau'])} |")
-        png = csv_path.with_suffix(".png")
-        if png.is_file():
-            figure = f"{csv_path.parent.name}-{png.name}"
-            shutil.copyfile(png, figures / figure)
-            lines += ["", f"![{csv_path.stem}](figures/{figure})"]
-        lines.append("")
+        lines += _sweep_figure(csv_path, figures, csv_path.stem) + [""]
+    return lines
+
+
+def _csv_ci(row: dict, value: str, interval: str, digits: int = 2) -> str:
+    """A CSV row's ``value`` with its ``<interval>_low`` / ``<interval>_high`` bounds."""
+    return _fmt_ci(float(row[value]), float(row[f"{interval}_low"]), float(row[f"{interval}_high"]), digits)
+
+
+def _sweep_figure(csv_path: Path, figures: Path, alt: str) -> list[str]:
+    """Copy a sweep's PNG (next to its CSV) into the report's figures; the Markdown lines that show it."""
+    png = csv_path.with_suffix(".png")
+    if not png.is_file():
+        return []
+    figure = f"{csv_path.parent.name}-{png.name}"
+    shutil.copyfile(png, figures / figure)
+    return ["", f"![{alt}](figures/{figure})"]
+
+
+def _compute_section(csv_path: Path, rows: list[dict], figures: Path) -> list[str]:
+    """The compute sweep: perplexity against paths per boundary, and where an adaptive policy's paths went."""
+    name = csv_path.parent.name
+    reference = rows[0]["reference"]
+    lines = [f"### {name}: planning compute against perplexity", "",
+             f"Fixed K beside the adaptive path policies on the same articles; paired: each point minus {reference} "
+             f"(95% paired bootstrap over articles). Paths: mean sampled per boundary, and as a fraction of "
+             f"{reference}'s.", "",
+             f"| point | paths per boundary | fraction of {reference} | PPL [95% CI] | paired PPL - {reference} "
+             f"[95% CI] | wall time (rel.) | planner s | LM s |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['value']} | {float(row['paths_mean']):.2f} | {float(row['paths_fraction']):.1%} | "
+                     f"{_csv_ci(row, 'ppl', 'ci')} | {_csv_ci(row, 'paired_diff', 'paired_ci', 3)} | "
+                     f"{float(row['relative_wall_time']):.2f}x | {float(row['planner_time_s']):.1f} | "
+                     f"{float(row['lm_time_s']):.1f} |")
+    lines += _sweep_figure(csv_path, figures, "compute vs perplexity")
+    adaptive = [r for r in rows if r["policy"] != "fixed"]
+    went = _read_json(Path(adaptive[0]["eval_dir"]) / "where_paths_went.json") if adaptive else None
+    if went:
+        lines += ["", *_where_paths_went(went, adaptive[0]["value"], figures / f"{name}-paths.png")]
+    return lines + [""]
+
+
+def _where_paths_went(went: dict, label: str, png: Path) -> list[str]:
+    """Histogram of paths per boundary and the boundaries with the most and the fewest paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.bar([int(k) for k in went["hist"]], list(went["hist"].values()))
+    ax.set_xlabel("paths sampled at the boundary")
+    ax.set_ylabel("boundaries")
+    ax.set_title(f"{label}: paths per boundary (mean {went['paths_mean']:.2f})")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    lines = [f"#### Where the paths went ({label}, {went['boundaries']} boundaries)", "",
+             f"![paths per boundary](figures/{png.name})", "",
+             "| boundary | paths | planner's top first actions (p) | true next action | the sentence that followed |",
+             "|---|---|---|---|---|"]
+    for group in ("most", "fewest"):
+        for item in went[group]:
+            top = ", ".join(f"{a} ({p:.2f})" for a, p in item.get("top_actions", []))
+            text = " ".join(item["text"].split())[:120].replace("|", "/")
+            lines.append(f"| {item['sentence']} ({group}) | {item['paths']} | {top} | {item['true_action']} | {text} |")
     return lines
 
 

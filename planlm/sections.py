@@ -31,7 +31,7 @@ def bind_section(func: Callable, section: dict | None, *, skip: set[str], where:
     parser = ArgumentParser(exit_on_error=False)
     parser.add_function_arguments(func, skip=skip, as_positional=False, fail_untyped=True)
     try:
-        cfg = parser.parse_object(section or {})
+        cfg = parser.parse_object(copy.deepcopy(section or {}))  # jsonargparse rewrites nested lists in place
         init = parser.instantiate(cfg) if hasattr(parser, "instantiate") else parser.instantiate_classes(cfg)
     except Exception as e:  # jsonargparse ArgumentError, dataclass ValueError from __post_init__
         msg = " ".join(str(e).split())

@@ -142,7 +142,9 @@ def tiny_run_config(out_dir: Path, **overrides) -> dict:
         "edit_distance": {"max_articles": 2, "max_boundaries_per_article": 1, "new_tokens": 12, "context_length": 64,
                           "bootstrap_samples": 200},
         "sweeps": [{"condition": "ours", "kind": "num_paths", "num_paths": [1, 3], "stride": 32, "context_length": 64,
-                    "bootstrap_samples": 200}],
+                    "bootstrap_samples": 200},
+                   {"condition": "ours", "kind": "compute", "num_paths": [1, 3], "policies": [{"kind": "entropy"}],
+                    "max_articles": 3, "stride": 32, "context_length": 64, "bootstrap_samples": 200}],
         "report": {"actions_shown": 3},
     }
     config.update(overrides)

@@ -47,6 +47,10 @@ def test_run_writes_every_stage_and_the_report(tiny_run):
     assert (out / "results.csv").read_text().startswith("name,")
     assert rows["ours"]["edit"] is not None and rows["ours"]["edit_ci_low"] <= rows["ours"]["edit"]
     assert "ours-num_paths" in report and (out / "figures" / "ours-num_paths-sweep_num_paths.png").is_file()
+    # the compute sweep: its table, its figure and where the entropy policy's paths went
+    assert "ours-compute: planning compute against perplexity" in report and "Where the paths went" in report
+    assert (out / "figures" / "ours-compute-sweep_compute.png").is_file()
+    assert (out / "figures" / "ours-compute-paths.png").is_file()
 
 
 def test_rerun_reuses_every_stage(tiny_run):

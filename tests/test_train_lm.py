@@ -186,6 +186,27 @@ def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
     assert config.planner_hash == read_manifest(config.plans_dir)["planner_hash"] and len(config.planner_hash) == 64
 
 
+def test_training_on_plans_of_an_adaptive_path_policy(synthetic_random, tmp_path):
+    from planlm.path_policy import PathPolicy
+    from planlm.plans import load_path_counts
+
+    prepared = PreparedDataset(synthetic_random)
+    tiny_planner(prepared, max_sentences=8, horizon=2).save_pretrained(tmp_path / "planner")
+    policy = PathPolicy("entropy", min_paths=1, entropy_high=0.5 * float(np.log(prepared.num_actions)))
+    out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
+                   conditioning=ConditioningConfig(conditioning="planner_sampled", adapter="multipath", num_paths=4,
+                                                   horizon=2, planner_dir=str(tmp_path / "planner"),
+                                                   path_policy=policy), train=quick(limit_train_batches=2))
+    config = PlannedLM.from_pretrained(out).config
+    assert read_manifest(config.plans_dir)["config"]["path_policy"]["kind"] == "entropy"  # its own cache
+    counts = load_path_counts(config.plans_dir, "train")
+    assert counts.min() >= 1 and counts.max() <= 4
+    assert read_manifest(out)["config"]["conditioning"]["path_policy"]["kind"] == "entropy"  # in the reuse key
+    with pytest.raises(PlanlmError, match="path_policy.max_paths 8 differs from --conditioning.num_paths 4"):
+        ConditioningConfig(conditioning="planner_sampled", num_paths=4, planner_dir="p",
+                           path_policy=PathPolicy("entropy", max_paths=8))
+
+
 def test_retraining_a_planner_or_the_base_lm_into_the_same_folder_retrains_the_lm(synthetic_random, tmp_path):
     from planlm.planner import Planner, PlannerConfig
 

@@ -69,9 +69,12 @@ class OracleActions:
 class CachedPlans:
     """Rows of a plan cache: sampled paths (N_sent, K, T) or argmax paths (N_sent, T) repeated over K.
 
-    A planner does not know where the article ends, so every step is valid."""
+    A planner does not know where the article ends, so every step of a path is valid; with ``path_counts``
+    (N_sent,) (an adaptive path policy) only the first path_counts[s] paths of row s are, the others are
+    masked out (boundaries with different K in one batch)."""
 
-    def __init__(self, plans: np.ndarray, num_paths: int, horizon: int, what: str = "plan cache"):
+    def __init__(self, plans: np.ndarray, num_paths: int, horizon: int, what: str = "plan cache",
+                 path_counts: np.ndarray | None = None):
         if plans.ndim == 2:  # argmax paths (N_sent, T)
             plans = plans[:, None, :]
             repeat = num_paths
@@ -85,17 +88,25 @@ class CachedPlans:
             raise PlanlmError(f"{what}: holds paths of horizon T={cached_horizon} but horizon={horizon} was asked; "
                               f"set horizon: {cached_horizon} or sample a cache with T={horizon}")
         self.plans, self.repeat, self.num_paths, self.horizon = plans, repeat, num_paths, horizon
+        self.path_counts = None if path_counts is None or repeat > 1 else np.asarray(path_counts, dtype=np.int64)
 
     def __call__(self, sentences: np.ndarray):
-        paths = torch.from_numpy(np.asarray(self.plans[np.asarray(sentences, dtype=np.int64)], dtype=np.int64))
+        sentences = np.asarray(sentences, dtype=np.int64)
+        paths = torch.from_numpy(np.asarray(self.plans[sentences], dtype=np.int64))
         paths = paths.expand(-1, self.repeat, -1).contiguous() if self.repeat > 1 else paths  # (N, K, T)
-        return paths, torch.ones_like(paths, dtype=torch.bool)
+        if self.path_counts is None:
+            return paths, torch.ones_like(paths, dtype=torch.bool)
+        from planlm.path_policy import path_mask_from_counts
+
+        return paths, path_mask_from_counts(torch.from_numpy(self.path_counts[sentences]), self.num_paths, self.horizon)
 
 
 def make_action_source(conditioning: str, split: PreparedSplit, *, num_paths: int, horizon: int,
                        fixed_action: int = 0, plans: np.ndarray | None = None,
-                       argmax_plans: np.ndarray | None = None) -> ActionSource | None:
-    """The action source of a conditioning kind (None for "none")."""
+                       argmax_plans: np.ndarray | None = None,
+                       path_counts: np.ndarray | None = None) -> ActionSource | None:
+    """The action source of a conditioning kind (None for "none"); ``path_counts`` (N_sent,): the paths of each
+    boundary of sampled plans under an adaptive path policy (None: all K)."""
     if conditioning == "none":
         return None
     if conditioning == "fixed":
@@ -110,7 +121,8 @@ def make_action_source(conditioning: str, split: PreparedSplit, *, num_paths: in
             raise PlanlmError(f"plan cache for split {split.name!r} has {len(array)} rows but {split.path} has "
                               f"{split.num_sentences} sentences; the plans were sampled for another prepared corpus: "
                               f"resample them with `planlm sample-plans --prepared_dir {split.path.parent}`")
-        return CachedPlans(array, num_paths, horizon, what=f"plan cache ({conditioning}, split {split.name})")
+        return CachedPlans(array, num_paths, horizon, what=f"plan cache ({conditioning}, split {split.name})",
+                           path_counts=path_counts if conditioning == "planner_sampled" else None)
     raise PlanlmError(f"--conditioning {conditioning!r}: choose none, fixed, oracle, planner_argmax, planner_sampled")
 
 

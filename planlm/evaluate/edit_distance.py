@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Literal, Optional, Sequence
 
@@ -23,6 +24,7 @@ from planlm.data.resources import split_sentences
 from planlm.evaluate.bootstrap import bootstrap_mean
 from planlm.evaluate.generate import SamplingConfig, build_generator, encoder_embed_fn
 from planlm.evaluate.perplexity import Conditioning, model_fingerprint
+from planlm.path_policy import PathPolicy, paths_summary
 from planlm.planner import planner_hash
 from planlm.utils import PlanlmError, prepare_stage_dir, write_json, write_manifest
 
@@ -80,7 +82,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
                   horizon: Optional[int] = None, plan_temperature: Optional[float] = None,
                   fixed_action: Optional[int] = None, planner_dir: Optional[str] = None, device: str = "auto",
                   precision: Literal["auto", "fp32", "bf16"] = "auto", bootstrap_samples: int = 1000,
-                  confidence: float = 0.95) -> dict:
+                  confidence: float = 0.95, path_policy: PathPolicy = PathPolicy()) -> dict:
     """Edit distance between the action sequences of generated and true continuations at sentence starts.
 
     Writes ``per_boundary.csv``, ``metrics.json`` (mean distance and normalised distance with bootstrap
@@ -110,6 +112,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
             planner.
         bootstrap_samples: Bootstrap resamples of the confidence intervals.
         confidence: Confidence level.
+        path_policy: Paths per boundary of sampled plans: fixed (num_paths), entropy or converge (at most num_paths).
 
     Returns:
         The metrics dict.
@@ -126,14 +129,14 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
         raise PlanlmError(f"--max_boundaries_per_article {max_boundaries_per_article} must be >= 1")
     generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, conditioning, num_paths, horizon,
                                                       plan_temperature, None, fixed_action, planner_dir, device, seed,
-                                                      precision=precision)
+                                                      precision=precision, path_policy=path_policy)
     embed_fn = generator.embed_fn or encoder_embed_fn(prepared)
     codebook = prepared.codebook.numpy()
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
     cond = generator.cond
     config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
               "split": split, "articles": num_articles, "max_boundaries_per_article": max_boundaries_per_article,
-              "seed": seed, "context_length": context_length, "sampling": sampling, "conditioning": cond,
+              "seed": seed, "context_length": context_length, "sampling": sampling, "conditioning": cond.cache_key(),
               "planner": planner_hash(cond.planner_dir),
               "device_type": generator.device.type, "precision": precision, "bootstrap_samples": bootstrap_samples,
               "confidence": confidence}
@@ -174,7 +177,9 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
                "tokens_per_s": generated_tokens / max(wall_time, 1e-9), "conditioning": cond.conditioning,
                "K": cond.num_paths, "T": cond.horizon, "tau": cond.temperature, "temperature": temperature,
                "top_k": top_k, "top_p": top_p, "new_tokens": new_tokens, "context_length": context_length,
-               "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "split": split}
+               "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "split": split,
+               "path_policy": asdict(cond.path_policy),
+               **paths_summary(np.asarray(generator.paths_sampled), cond.num_paths)}
     with open(out / "per_boundary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()

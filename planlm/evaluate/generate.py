@@ -31,7 +31,7 @@ Letters: K paths, T horizon, E sentence-embedding width, D LM width, V vocabular
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Optional
 
@@ -42,6 +42,7 @@ from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.resources import load_tokenizer, split_sentences
 from planlm.evaluate.perplexity import (Conditioning, EvalConditioning, autocast, load_checked, load_planner,
                                         resolve_conditioning, resolve_device)
+from planlm.path_policy import PathPolicy, path_mask_from_counts, sample_with_policy
 from planlm.utils import PlanlmError, write_json
 
 EmbedFn = Callable[[list[str]], np.ndarray]
@@ -205,7 +206,8 @@ class PlannedGenerator:
         self.model = model.to(device).eval()
         self.precision = precision  # autocast of the LM, the adapter and the planner (auto: bf16 on CUDA)
         self.tokenizer = tokenizer
-        self.cond = conditioning
+        # A hand-built EvalConditioning may leave the policy's max_paths unset: K = its num_paths.
+        self.cond = replace(conditioning, path_policy=conditioning.path_policy.resolve(conditioning.num_paths))
         self.planner = planner.to(device).eval() if planner is not None else None
         self.embed_fn = embed_fn
         self.split = split
@@ -220,6 +222,7 @@ class PlannedGenerator:
         self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 1024)
         self.planner_calls = 0
         self.lm_calls = 0
+        self.paths_sampled: list[int] = []  # paths per planned boundary (the path policy's counts)
 
     # ------------------------------------------------------------------------------ prompts
     def prompt_from_text(self, text: str, history_embeds: np.ndarray | None = None) -> Prompt:
@@ -317,10 +320,13 @@ class PlannedGenerator:
                 if kind == "planner_argmax":
                     paths = self.planner.argmax_path(context_embeds, context_mask, horizon)
                     paths = paths[:, None].expand(-1, num_paths, -1)
+                    mask = torch.ones_like(paths, dtype=torch.bool)
                 else:
-                    paths = self.planner.sample_paths(context_embeds, context_mask, num_paths, horizon,
-                                                      self.cond.temperature, self.generator)
-            mask = torch.ones_like(paths, dtype=torch.bool)
+                    paths, counts = sample_with_policy(self.planner, context_embeds, context_mask,
+                                                       self.cond.path_policy, horizon, self.cond.temperature,
+                                                       self.generator)  # (B, K, T), (B,)
+                    mask = path_mask_from_counts(counts, paths.shape[1], horizon)
+                    self.paths_sampled += counts.tolist()
         paths, mask = paths.to(self.device), mask.to(self.device)
         with autocast(self.device, self.precision):
             vectors = self.model.plan_vectors(paths, mask).float()  # (B, D)
@@ -501,11 +507,11 @@ def generate_text(model, tokenizer, prompt: str, *, conditioning: EvalConditioni
 
 def build_generator(model_dir: str, prepared_dir: str, split: str, conditioning: Optional[str], num_paths, horizon,
                     plan_temperature, plan_seed, fixed_action, planner_dir, device: str, seed: int,
-                    embed_fn: EmbedFn | None = None, precision: str = "auto"):
+                    embed_fn: EmbedFn | None = None, precision: str = "auto", path_policy: PathPolicy | None = None):
     """Load everything a command needs: (generator, prepared dataset, split view)."""
     prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
     cond = resolve_conditioning(model, conditioning, num_paths, horizon, plan_temperature, plan_seed, fixed_action,
-                                planner_dir, None, model_dir)
+                                planner_dir, None, model_dir, path_policy)
     torch_device = resolve_device(device)
     planner = load_planner(cond.planner_dir, prepared, torch_device) if cond.planner_dir else None
     if (Path(model_dir) / "planned_lm.json").is_file():
@@ -526,7 +532,7 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
              horizon: Optional[int] = None, plan_temperature: Optional[float] = None,
              fixed_action: Optional[int] = None, planner_dir: Optional[str] = None, context_length: int = 128,
              seed: int = 0, device: str = "auto", precision: Literal["auto", "fp32", "bf16"] = "auto",
-             out_file: Optional[str] = None) -> dict:
+             out_file: Optional[str] = None, path_policy: PathPolicy = PathPolicy()) -> dict:
     """Generate text with a planned LM, re-planning at every generated sentence end, and show the plans.
 
     For each generated sentence it prints the sampled action paths and, for each action, the train
@@ -552,6 +558,7 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
         precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16; for the LM, the adapter and the
             planner.
         out_file: Also write the result as JSON here.
+        path_policy: Paths per boundary of sampled plans: fixed (num_paths), entropy or converge (at most num_paths).
 
     Returns:
         The result: prompt, text, sentences with their plans, planner_calls, rollbacks.
@@ -560,7 +567,7 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
         raise PlanlmError("give exactly one of --prompt TEXT or --article N (a test article's prefix)")
     generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, conditioning, num_paths, horizon,
                                                       plan_temperature, None, fixed_action, planner_dir, device, seed,
-                                                      precision=precision)
+                                                      precision=precision, path_policy=path_policy)
     if article is not None:
         if not 0 <= article < split_view.num_articles:
             raise PlanlmError(f"--article {article}: {split_view.path} has articles 0..{split_view.num_articles - 1}")

@@ -26,7 +26,7 @@ N sentences, V vocabulary.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_json, write_manifest
+from planlm.path_policy import PathPolicy, paths_summary, policy_keyed
 from planlm.planner import planner_hash
 from planlm.plans import autocast, resolve_device
 
@@ -173,11 +174,27 @@ class EvalConditioning:
     fixed_action: int
     planner_dir: Optional[str]
     plans_dir: Optional[str]
+    path_policy: PathPolicy = field(default_factory=PathPolicy)
+    """Paths per boundary of sampled plans (resolved: max_paths = num_paths)."""
+
+    def cache_key(self) -> dict:
+        """The settings evaluation folders are keyed on; a fixed policy adds nothing (older folders stay valid)."""
+        return policy_keyed(asdict(self))
+
+    def sampled_paths(self, path_counts: Optional[np.ndarray], sentences: np.ndarray) -> np.ndarray:
+        """(N,) paths the planner sampled for each of ``sentences``: the policy's counts for sampled plans, 1
+        for the argmax path, 0 without a planner."""
+        if self.conditioning == "planner_sampled":
+            if path_counts is not None:
+                return np.asarray(path_counts, dtype=np.int64)[sentences]
+            return np.full(len(sentences), self.num_paths, dtype=np.int64)
+        return np.full(len(sentences), int(self.conditioning == "planner_argmax"), dtype=np.int64)
 
 
 def resolve_conditioning(model, conditioning: Optional[str], num_paths: Optional[int], horizon: Optional[int],
                          temperature: Optional[float], seed: Optional[int], fixed_action: Optional[int],
-                         planner_dir: Optional[str], plans_dir: Optional[str], model_dir: str) -> EvalConditioning:
+                         planner_dir: Optional[str], plans_dir: Optional[str], model_dir: str,
+                         path_policy: Optional[PathPolicy] = None) -> EvalConditioning:
     config = model.config
     kind = config.conditioning if conditioning is None else conditioning
     if kind not in CONDITIONINGS:
@@ -217,7 +234,24 @@ def resolve_conditioning(model, conditioning: Optional[str], num_paths: Optional
                           f"`planlm sample-plans` first")
     if kind != "planner_sampled":
         resolved.temperature = 0.0 if kind == "planner_argmax" else resolved.temperature
+    resolved.path_policy = _resolve_policy(path_policy or PathPolicy(), resolved)
+    resolved.num_paths = resolved.path_policy.max_paths
     return resolved
+
+
+def _resolve_policy(policy: PathPolicy, cond: EvalConditioning) -> PathPolicy:
+    """The path policy of an evaluation: only sampled plans have one (the others are K copies of one path);
+    a plan cache brings the policy it was sampled under."""
+    if cond.conditioning != "planner_sampled":
+        return PathPolicy().resolve(cond.num_paths)
+    if cond.plans_dir:
+        cached = read_manifest(cond.plans_dir).get("path_policy")
+        cached = PathPolicy(**cached) if cached else PathPolicy().resolve(cond.num_paths)
+        if policy.adaptive and policy.resolve(cond.num_paths) != cached:
+            raise PlanlmError(f"{cond.plans_dir}: the plan cache was sampled under path policy {cached.label()}, not "
+                              f"{policy.resolve(cond.num_paths).label()}; drop --path_policy or sample a cache with it")
+        return cached
+    return policy.resolve(cond.num_paths)
 
 
 def action_source(cond: EvalConditioning, prepared: PreparedDataset, split: PreparedSplit, sentences: np.ndarray,
@@ -226,20 +260,22 @@ def action_source(cond: EvalConditioning, prepared: PreparedDataset, split: Prep
     rows of the full-size plan arrays stay zero and are never read)."""
     from planlm.data.windows import make_action_source
 
-    plans = argmax_plans = None
+    plans = argmax_plans = path_counts = None
     if cond.conditioning in ("planner_sampled", "planner_argmax"):
         if cond.plans_dir:
-            from planlm.plans import load_plans
+            from planlm.plans import load_path_counts, load_plans
 
             plans = load_plans(cond.plans_dir, split.name, prepared=prepared,
                                argmax=cond.conditioning == "planner_argmax")
+            path_counts = load_path_counts(cond.plans_dir, split.name)
             if cond.conditioning == "planner_argmax":
                 plans, argmax_plans = None, plans
         else:
-            plans, argmax_plans = compute_planner_plans(cond, prepared, split, sentences, device, plan_batch_size,
-                                                        precision)
+            plans, argmax_plans, path_counts = compute_planner_plans(cond, prepared, split, sentences, device,
+                                                                     plan_batch_size, precision)
     return make_action_source(cond.conditioning, split, num_paths=cond.num_paths, horizon=cond.horizon,
-                              fixed_action=cond.fixed_action, plans=plans, argmax_plans=argmax_plans)
+                              fixed_action=cond.fixed_action, plans=plans, argmax_plans=argmax_plans,
+                              path_counts=path_counts)
 
 
 def load_planner(planner_dir: str, prepared: PreparedDataset, device: torch.device):
@@ -253,7 +289,8 @@ def load_planner(planner_dir: str, prepared: PreparedDataset, device: torch.devi
 def compute_planner_plans(cond: EvalConditioning, prepared: PreparedDataset, split: PreparedSplit,
                           sentences: np.ndarray, device: torch.device, batch_size: int = 256,
                           precision: str = "fp32"):
-    """Full-size (N_sent, K, T) sampled and (N_sent, T) argmax arrays, filled for ``sentences``."""
+    """Full-size (N_sent, K, T) sampled and (N_sent, T) argmax arrays, filled for ``sentences``, and the
+    (N_sent,) paths per boundary of the sampled ones under the path policy (None for argmax)."""
     from planlm.plans import compute_plans
 
     planner = load_planner(cond.planner_dir, prepared, device)
@@ -263,12 +300,15 @@ def compute_planner_plans(cond: EvalConditioning, prepared: PreparedDataset, spl
         greedy = compute_plans(planner, split, 1, cond.horizon, 0.0, cond.seed, batch_size=batch_size,
                                device=str(device), sentences=sentences, precision=precision)  # (N, 1, T)
         argmax_plans[sentences] = greedy[:, 0]
-        return None, argmax_plans
+        return None, argmax_plans, None
     plans = np.zeros((split.num_sentences, cond.num_paths, cond.horizon), dtype=np.int64)
+    counts = np.zeros(len(sentences), dtype=np.int64)
     plans[sentences] = compute_plans(planner, split, cond.num_paths, cond.horizon, cond.temperature, cond.seed,
                                      batch_size=batch_size, device=str(device), sentences=sentences,
-                                     precision=precision)
-    return plans, None
+                                     precision=precision, policy=cond.path_policy, num_paths_out=counts)
+    path_counts = np.zeros(split.num_sentences, dtype=np.int64)
+    path_counts[sentences] = counts
+    return plans, None, path_counts
 
 
 def load_checked(model_dir: str, prepared_dir: str, split: str):
@@ -306,15 +346,18 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, cond:
                    device: str | torch.device = "cpu", precision: str = "auto", plan_usage: bool = False) -> dict:
     """In-memory evaluation of the first ``num_articles`` articles -> per-article arrays and timings
     (with ``plan_usage``, also ``nll_sums_shuffled``: the same windows with the plans shuffled across
-    the evaluated sentences, untimed)."""
+    the evaluated sentences, untimed) and ``num_paths`` (N_sent evaluated,): the paths sampled per boundary."""
     device = torch.device(device)
     model = model.to(device).eval()
     began = time.perf_counter()
     num_sentences = int(split.sentence_offsets[num_articles])
     sentences = np.arange(num_sentences)
-    plan_table = None
+    plan_table, path_counts = None, None
+    planner_done = began
     if cond.conditioning != "none":
         source = action_source(cond, prepared, split, sentences, device, precision=precision)
+        planner_done = time.perf_counter()
+        path_counts = getattr(source, "path_counts", None)
         plan_table = plan_vector_table(model, source, sentences, split.num_sentences, device=device,
                                        precision=precision)
     plans_done = time.perf_counter()
@@ -328,7 +371,9 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, cond:
 
     tokens = per_article(windows[:, 3] - windows[:, 2]).astype(np.int64)
     result = {"nll_sums": per_article(window_nll), "tokens": tokens, "windows": len(windows),
-              "wall_time_s": finished - began, "plan_time_s": plans_done - began, "lm_time_s": finished - plans_done}
+              "wall_time_s": finished - began, "plan_time_s": plans_done - began, "lm_time_s": finished - plans_done,
+              "planner_time_s": planner_done - began, "adapter_time_s": plans_done - planner_done,
+              "num_paths": cond.sampled_paths(path_counts, sentences)}
     if plan_usage:
         from planlm.evaluate.plan_usage import ShuffledPlans, check_has_plans, plan_permutation
 
@@ -347,12 +392,15 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
              fixed_action: Optional[int] = None, planner_dir: Optional[str] = None, plans_dir: Optional[str] = None,
              stride: int = 1, context_length: int = 128, max_articles: Optional[int] = None, batch_size: int = 32,
              device: str = "auto", precision: Literal["auto", "fp32", "bf16"] = "auto",
-             bootstrap_samples: int = 1000, confidence: float = 0.95, plan_usage: Optional[bool] = None) -> dict:
+             bootstrap_samples: int = 1000, confidence: float = 0.95, plan_usage: Optional[bool] = None,
+             path_policy: PathPolicy = PathPolicy()) -> dict:
     """Perplexity of a trained (planned) LM on a prepared split, with a bootstrap CI over articles.
 
     Writes ``metrics.json`` (ppl, ci_low, ci_high, nll, tokens, articles, protocol, wall_time_s,
-    tokens_per_s, conditioning, K, T, tau), ``per_article.csv`` (article, id, nll_sum, tokens) and,
-    last, ``manifest.json``; a complete folder for the same settings and weights is reused.
+    tokens_per_s, conditioning, K, T, tau; the compute: paths sampled per boundary (paths_mean, paths_hist),
+    planner_time_s, adapter_time_s, lm_time_s), ``per_article.csv`` (article, id, nll_sum, tokens),
+    ``num_paths.npy`` (paths of each evaluated boundary) and, last, ``manifest.json``; a complete folder for
+    the same settings and weights is reused.
 
     Args:
         model_dir: Folder of a finished ``planlm train-lm`` (or a plain HF causal-LM folder: conditioning none).
@@ -380,6 +428,8 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         plan_usage: Also score the split with the plans shuffled across its sentences (a fixed seeded
             permutation): how much the LM reads its plans (plan_usage_* in metrics.json). None: whenever
             the conditioning has plans; true on conditioning none is an error.
+        path_policy: Paths per boundary of sampled plans: fixed (K = num_paths everywhere), entropy or converge
+            (at most K; planlm.path_policy). With plans_dir: the cache's own policy.
 
     Returns:
         The metrics dict (also in ``<out_dir>/metrics.json``).
@@ -394,7 +444,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         raise PlanlmError(f"--max_articles {max_articles} must be >= 1")
     prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
     cond = resolve_conditioning(model, conditioning, num_paths, horizon, temperature, seed, fixed_action,
-                                planner_dir, plans_dir, model_dir)
+                                planner_dir, plans_dir, model_dir, path_policy)
     if plan_usage:
         from planlm.evaluate.plan_usage import check_has_plans
 
@@ -403,7 +453,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     torch_device = resolve_device(device)
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
     config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
-              "split": split, "conditioning": cond, "stride": stride, "context_length": context_length,
+              "split": split, "conditioning": cond.cache_key(), "stride": stride, "context_length": context_length,
               "articles": num_articles, "device_type": torch_device.type, "precision": precision,
               "bootstrap_samples": bootstrap_samples, "confidence": confidence, "plan_usage": plan_usage,
               "planner": planner_hash(cond.planner_dir),
@@ -424,6 +474,12 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         "protocol": protocol_label(stride, context_length), "note": UNSCORED_NOTE, "stride": stride,
         "context_length": context_length, "windows": result["windows"],
         "wall_time_s": result["wall_time_s"], "plan_time_s": result["plan_time_s"], "lm_time_s": result["lm_time_s"],
+        "planner_time_s": result["planner_time_s"], "adapter_time_s": result["adapter_time_s"],
+        "plans_from_cache": bool(cond.plans_dir), "path_policy": asdict(cond.path_policy),
+        # with a plan cache the planner ran before: its time for the whole split, as sample-plans measured it
+        "cache_planner_time_s": (read_manifest(cond.plans_dir).get("planner_time_s") or {}).get(split)
+        if cond.plans_dir else None,
+        **paths_summary(result["num_paths"], cond.num_paths if cond.conditioning == "planner_sampled" else None),
         "tokens_per_s": total_tokens / max(result["wall_time_s"], 1e-9),
         "conditioning": cond.conditioning, "K": cond.num_paths, "T": cond.horizon, "tau": cond.temperature,
         "seed": cond.seed, "fixed_action": cond.fixed_action if cond.conditioning == "fixed" else None,
@@ -439,12 +495,16 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     write_per_article(out / "per_article.csv", [
         {"article": a, "id": articles[a]["id"], "nll_sum": repr(float(result["nll_sums"][a])),
          "tokens": int(result["tokens"][a])} for a in range(num_articles)])
+    np.save(out / "num_paths.npy", result["num_paths"])
     write_json(out / "metrics.json", metrics)
     write_manifest(out, config, metrics=metrics)
     print(f"{model_dir} on {split} ({num_articles} articles, {total_tokens} tokens, {metrics['protocol']}; "
-          f"conditioning {cond.conditioning}, K={cond.num_paths}, T={cond.horizon}, tau={cond.temperature:g}): "
+          f"conditioning {cond.conditioning}, K={cond.num_paths}, T={cond.horizon}, tau={cond.temperature:g}"
+          f"{', ' + cond.path_policy.label() if cond.path_policy.adaptive else ''}): "
           f"ppl {metrics['ppl']:.3f} [{metrics['ci_low']:.3f}, {metrics['ci_high']:.3f}] "
-          f"in {metrics['wall_time_s']:.1f}s ({metrics['tokens_per_s']:.0f} tokens/s)")
+          f"in {metrics['wall_time_s']:.1f}s ({metrics['tokens_per_s']:.0f} tokens/s; "
+          f"{metrics['paths_mean']:.2f} paths per boundary, planner {metrics['planner_time_s']:.1f}s, "
+          f"LM {metrics['lm_time_s']:.1f}s)")
     if plan_usage:
         print(f"plan usage: ppl with shuffled plans {metrics['ppl_shuffled_plans']:.3f}, "
               f"{metrics['plan_usage_ppl']:+.3f} [{metrics['plan_usage_ci_low']:+.3f}, "

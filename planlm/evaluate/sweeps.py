@@ -15,7 +15,9 @@ import csv
 from pathlib import Path
 from typing import Literal, Optional
 
+from planlm.evaluate.compute_sweep import DEFAULT_POLICIES, compute_points, compute_rows, write_compute_outputs
 from planlm.evaluate.perplexity import Conditioning, evaluate, model_fingerprint
+from planlm.path_policy import PathPolicy
 from planlm.planner import planner_hash
 from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, write_manifest
 
@@ -66,23 +68,32 @@ def add_paired_differences(rows: list[dict], reference: float, bootstrap_samples
                    paired_ci_high=result["ci_high"])
 
 
-def sweep(model_dir: str, prepared_dir: str, out_dir: str, kind: Literal["num_paths", "temperature"] = "num_paths",
+def sweep(model_dir: str, prepared_dir: str, out_dir: str,
+          kind: Literal["num_paths", "temperature", "compute"] = "num_paths",
           num_paths: list[int] = [1, 2, 5, 10, 20, 50], temperatures: list[float] = [0.25, 0.5, 1.0, 2.0, 4.0],
+          policies: list[PathPolicy] = DEFAULT_POLICIES,
           conditioning: Conditioning = "planner_sampled", split: str = "test", fixed_num_paths: Optional[int] = None,
           horizon: Optional[int] = None, temperature: Optional[float] = None, seed: Optional[int] = None,
           planner_dir: Optional[str] = None, stride: int = 1, context_length: int = 128,
           max_articles: Optional[int] = None, batch_size: int = 32, device: str = "auto",
           precision: Literal["auto", "fp32", "bf16"] = "auto", bootstrap_samples: int = 1000) -> Path:
-    """Sweep K (sampled paths) or tau (planner temperature) at inference: perplexity, its paired difference
-    from K = 1 (tau = 1) on the same articles, and wall time per point.
+    """Sweep K (sampled paths), tau (planner temperature) or planning compute at inference: perplexity, its
+    paired difference from a reference point on the same articles, and wall time per point.
+
+    The compute sweep evaluates fixed K (``num_paths``) and each adaptive path policy (``policies``) on the
+    same articles; its reference is fixed K_max (the largest K), and it plots perplexity against mean paths
+    per boundary and against wall time (planlm.evaluate.compute_sweep).
 
     Args:
         model_dir: Folder of a finished ``planlm train-lm``.
         prepared_dir: Prepared corpus.
         out_dir: Sweep folder (one evaluation folder per point, plus CSV and PNG).
-        kind: num_paths (the K sweep) or temperature (the tau sweep).
-        num_paths: K values of the K sweep (K = 1, the reference of the paired differences, is added if missing).
+        kind: num_paths (the K sweep), temperature (the tau sweep) or compute (fixed K beside adaptive policies).
+        num_paths: K values of the K sweep (K = 1, the reference of the paired differences, is added if missing);
+            of the compute sweep: its fixed points (the largest is K_max, the reference).
         temperatures: tau values of the temperature sweep (tau = 1, the reference, is added if missing).
+        policies: compute sweep: the adaptive path policies at their budgets (max_paths unset: K_max), e.g.
+            [{kind: entropy, max_paths: 10}, {kind: converge, tolerance: 0.1}].
         conditioning: Conditioning of every point (the sweeps are about planner_sampled).
         split: Split to evaluate.
         fixed_num_paths: K of the temperature sweep; default: the model's.
@@ -101,9 +112,13 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str, kind: Literal["num_pa
     Returns:
         The sweep folder.
     """
+    if kind not in ("num_paths", "temperature", "compute"):
+        raise PlanlmError(f"--kind {kind!r}: choose num_paths, temperature or compute")
+    if kind == "compute":
+        return compute_sweep(model_dir, prepared_dir, out_dir, num_paths, policies, conditioning, split, horizon,
+                             temperature, seed, planner_dir, stride, context_length, max_articles, batch_size, device,
+                             precision, bootstrap_samples)
     values = list(num_paths if kind == "num_paths" else temperatures)
-    if kind not in ("num_paths", "temperature"):
-        raise PlanlmError(f"--kind {kind!r}: choose num_paths or temperature")
     reference = 1 if kind == "num_paths" else 1.0  # K = 1: one sampled path; tau = 1: the planner's distribution
     if values and reference not in values:
         values = sorted(values + [reference])
@@ -154,6 +169,45 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str, kind: Literal["num_pa
         print(f"{row['value']:>6g} {row['ppl']:>9.3f} [{row['ci_low']:>8.3f}, {row['ci_high']:>8.3f}] "
               f"{row['paired_diff']:>+16.3f} [{row['paired_ci_low']:>+8.3f}, {row['paired_ci_high']:>+8.3f}] "
               f"{row['relative_wall_time']:>11.2f}x")
+    return out
+
+
+def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: list[int], policies: list[PathPolicy],
+                  conditioning: str, split: str, horizon: Optional[int], temperature: Optional[float],
+                  seed: Optional[int], planner_dir: Optional[str], stride: int, context_length: int,
+                  max_articles: Optional[int], batch_size: int, device: str, precision: str,
+                  bootstrap_samples: int) -> Path:
+    """The compute sweep of ``sweep``: fixed K and adaptive policies on the same LM and articles."""
+    from dataclasses import asdict
+
+    from planlm.evaluate.compute_sweep import where_paths_went
+
+    points = compute_points(list(num_paths), list(policies))
+    out = Path(out_dir)
+    config = {"model_dir": str(Path(model_dir).resolve()), "prepared_dir": str(Path(prepared_dir).resolve()),
+              "kind": "compute", "points": [(name, asdict(policy)) for name, _, policy in points],
+              "conditioning": conditioning, "split": split, "horizon": horizon, "temperature": temperature,
+              "seed": seed, "planner_dir": planner_dir, "stride": stride, "context_length": context_length,
+              "max_articles": max_articles, "batch_size": batch_size, "device": device, "precision": precision,
+              "bootstrap_samples": bootstrap_samples, "model": model_fingerprint(model_dir),
+              "prepared": (read_manifest(prepared_dir) or {}).get("config_fingerprint"),
+              "planner": planner_hash(planner_dir or _recorded_planner(model_dir))}
+    if prepare_stage_dir(out, config, keep_partial=True):  # finished points are reused
+        return out
+    metrics = []
+    for name, max_paths, policy in points:
+        metrics.append(evaluate(model_dir, prepared_dir, str(out / name), split=split, conditioning=conditioning,
+                                num_paths=max_paths, horizon=horizon, temperature=temperature, seed=seed,
+                                planner_dir=planner_dir, stride=stride, context_length=context_length,
+                                max_articles=max_articles, batch_size=batch_size, device=device,
+                                precision=precision, bootstrap_samples=bootstrap_samples, plan_usage=False,
+                                path_policy=policy))
+        if policy.adaptive:
+            where_paths_went(out / name, metrics[-1]["planner_dir"], prepared_dir, split)
+    rows = compute_rows(points, metrics, out)
+    add_paired_differences(rows, f"fixed-{max(num_paths)}", bootstrap_samples)  # fixed K_max
+    write_compute_outputs(rows, out, title=f"{'/'.join(Path(model_dir).parts[-2:])}: planning compute vs perplexity")
+    write_manifest(out, config, rows=rows)
     return out
 
 

@@ -24,6 +24,7 @@ from planlm.adapter import AdapterConfig
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.windows import WindowCollator, article_windows, make_action_source
 from planlm.lm import Conditioning, PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.path_policy import PathPolicy, policy_keyed
 from planlm.train.resume import EpochShuffle, RestoreRNG, last_checkpoint
 from planlm.utils import (PlanlmError, derive_seed, file_sha256, fingerprint, prepare_stage_dir, read_manifest,
                           write_manifest)
@@ -97,6 +98,9 @@ class ConditioningConfig:
     """Initialise the action embedding from the codebook centroids."""
     init_no_op: bool = True
     """Zero-initialise the adapter's projection so training starts from the unconditioned LM."""
+    path_policy: PathPolicy = field(default_factory=PathPolicy)
+    """planner_sampled with planner_dir: paths per boundary of the sampled plan cache (fixed: num_paths
+    everywhere; entropy or converge: at most num_paths, so the adapter trains on variable K)."""
 
     def __post_init__(self):
         kinds = ("none", "fixed", "oracle", "planner_argmax", "planner_sampled")
@@ -106,6 +110,10 @@ class ConditioningConfig:
             raise PlanlmError(f"--conditioning.num_paths ({self.num_paths}) and horizon ({self.horizon}) must be >= 1")
         if self.temperature < 0:
             raise PlanlmError(f"--conditioning.temperature must be >= 0 (got {self.temperature})")
+        if self.path_policy.max_paths not in (None, self.num_paths):
+            raise PlanlmError(f"--conditioning.path_policy.max_paths {self.path_policy.max_paths} differs from "
+                              f"--conditioning.num_paths {self.num_paths}; leave max_paths unset (K = num_paths)")
+        self.path_policy.resolve(self.num_paths)  # min_paths <= K
         if self.conditioning.startswith("planner") and not (self.plans_dir or self.planner_dir):
             raise PlanlmError(f"--conditioning.conditioning {self.conditioning} needs --conditioning.plans_dir "
                               f"or --conditioning.planner_dir")
@@ -266,16 +274,18 @@ def _check_tokenizer(prepared: PreparedDataset, model: LMModelConfig, init_confi
 
 
 def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: list[str]):
-    """(plans_dir, plan-cache manifest, {split: sampled (N, K, T) or argmax (N, T) array})."""
+    """(plans_dir, plan-cache manifest, {split: sampled (N, K, T) or argmax (N, T) array}, {split: paths per
+    boundary (N,) or None})."""
     if not cond.conditioning.startswith("planner"):
-        return None, None, {}
-    from planlm.plans import sample_plans
+        return None, None, {}, {}
+    from planlm.plans import load_path_counts, sample_plans
 
     plans_dir = cond.plans_dir
     if plans_dir is None:
+        policy = cond.path_policy if cond.conditioning == "planner_sampled" else PathPolicy()
         plans_dir = str(sample_plans(planner_dir=cond.planner_dir, prepared_dir=str(prepared.path), splits=splits,
                                      num_paths=cond.num_paths, horizon=cond.horizon,
-                                     temperature=cond.temperature, seed=cond.seed))
+                                     temperature=cond.temperature, seed=cond.seed, path_policy=policy))
     plans_path = Path(plans_dir)
     manifest = read_manifest(plans_path)
     if manifest is None:
@@ -297,7 +307,7 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
 
     arrays = {split: load_plans(plans_path, split, prepared=prepared, argmax=cond.conditioning == "planner_argmax")
               for split in splits}
-    return str(plans_path), manifest, arrays
+    return str(plans_path), manifest, arrays, {split: load_path_counts(plans_path, split) for split in splits}
 
 
 def _loader(split: PreparedSplit, windows: list, source, batch_size: int, shuffle: bool, num_workers: int,
@@ -431,7 +441,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     for split in splits:
         prepared.split(split)  # one-line error for a missing split
     run_config = {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
-                  "model": asdict(model), "conditioning": asdict(conditioning),
+                  "model": asdict(model), "conditioning": policy_keyed(asdict(conditioning)),
                   "inputs": _input_hashes(model, conditioning),
                   "train": {k: v for k, v in asdict(train).items() if k not in ("progress_bar", "num_workers", "resume")}}
     if prepare_stage_dir(out, run_config, keep_partial=True):
@@ -439,7 +449,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
 
     init_config = PlannedLM.from_pretrained(model.init_from).config if model.init_from else None
     tokenizer = _check_tokenizer(prepared, model, init_config)
-    plans_dir, plans_manifest, plan_arrays = _plan_arrays(conditioning, prepared, splits)
+    plans_dir, plans_manifest, plan_arrays, path_counts = _plan_arrays(conditioning, prepared, splits)
     provenance = {"plans_dir": plans_dir,
                   "planner_dir": (plans_manifest or {}).get("planner_dir") or conditioning.planner_dir,
                   "planner_hash": (plans_manifest or {}).get("planner_hash")}
@@ -455,7 +465,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         source = make_action_source(conditioning.conditioning, split, num_paths=conditioning.num_paths,
                                     horizon=conditioning.horizon, fixed_action=conditioning.fixed_action,
                                     plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_sampled" else None,
-                                    argmax_plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_argmax" else None)
+                                    argmax_plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_argmax" else None,
+                                    path_counts=path_counts.get(split_name))
         loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers,
                                       pad_token_id, train.seed)
     if not len(loaders[train.train_split]):

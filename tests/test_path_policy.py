@@ -1,0 +1,271 @@
+"""Adaptive planning compute: the path policies on hand-made distributions, mixed-K batching, the plan cache
+key, bad input, and the policy through evaluate, the compute sweep and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from planlm.adapter import AdapterConfig, build_adapter
+from planlm.data.artifacts import PreparedDataset
+from planlm.path_policy import (PathPolicy, entropy_num_paths, path_mask_from_counts, paths_summary, plan_change,
+                                sample_with_policy, step_distribution)
+from planlm.plans import compute_plans, load_path_counts, sample_plans
+from planlm.utils import PlanlmError
+
+from helpers import read_csv, tiny_planned_lm, tiny_planner
+
+
+class HandMadePlanner:
+    """A planner stand-in with given first-step logits (B, A) and independent steps drawn from them."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+        self.config = type("Config", (), {"num_actions": logits.shape[1]})()
+        self.calls: list[list[int]] = []
+
+    def first_step_logits(self, context_embeds, context_mask):
+        return self.logits[: len(context_embeds)]
+
+    def sample_paths(self, context_embeds, context_mask, num_paths, horizon, temperature, generator=None):
+        rows = context_embeds[:, 0, 0].long()  # which boundary each row is (hand-made contexts carry it)
+        counts = num_paths if torch.is_tensor(num_paths) else torch.full((len(rows),), num_paths)
+        self.calls.append(counts.tolist())
+        probs = torch.softmax(self.logits[rows] / temperature, -1)  # (B, A)
+        draws = torch.multinomial(probs.repeat_interleave(int(counts.max()) * horizon, 0), 1, generator=generator)
+        paths = draws.view(len(rows), int(counts.max()), horizon)
+        return torch.where(torch.arange(paths.shape[1])[None, :, None] < counts[:, None, None], paths, 0)
+
+
+def contexts(batch: int):
+    return torch.arange(batch, dtype=torch.float32)[:, None, None].expand(batch, 1, 2), torch.ones(batch, 1).bool()
+
+
+def test_entropy_policy_maps_entropy_linearly_between_min_and_max_paths():
+    num_actions = 8
+    logits = torch.full((4, num_actions), -1e9)
+    logits[0, 0] = 0  # certain: H = 0
+    logits[1, :2] = 0  # two actions at 1/2: H = log 2 = a third of log 8
+    logits[2, :4] = 0  # four: two thirds
+    logits[3] = 0  # uniform: log 8
+    counts = entropy_num_paths(logits, PathPolicy("entropy", min_paths=2, max_paths=32))
+    assert counts.tolist() == [2, 2 + math.ceil(30 / 3), 2 + math.ceil(60 / 3), 32]
+    # entropy_high: the entropy that already gets max_paths
+    assert entropy_num_paths(logits, PathPolicy("entropy", 1, 10, entropy_high=math.log(2))).tolist() == [1, 10, 10, 10]
+
+
+def test_entropy_policy_batch_comes_back_at_max_paths_even_when_no_boundary_needs_them():
+    logits = torch.full((3, 8), -1e9)
+    logits[:, 0] = 0  # all certain
+    logits[2, 1] = 0  # one unsure between two
+    paths, counts = sample_with_policy(HandMadePlanner(logits), *contexts(3), PathPolicy("entropy", 1, 30), 2, 1.0,
+                                       torch.Generator().manual_seed(0))
+    assert counts.tolist() == [1, 1, 11] and paths.shape == (3, 30, 2) and (paths[:, 11:] == 0).all()
+
+
+def test_converge_policy_stops_certain_boundaries_after_one_doubling_and_doubles_unsure_ones():
+    logits = torch.full((2, 6), -1e9)
+    logits[0, 3] = 0  # every path the same: the aggregate never changes
+    logits[1] = 0  # uniform over 6 actions: small samples keep changing
+    planner = HandMadePlanner(logits)
+    generator = torch.Generator().manual_seed(0)
+    paths, counts = sample_with_policy(planner, *contexts(2), PathPolicy("converge", 1, 64, tolerance=0.05), 2, 1.0,
+                                       generator)
+    assert counts[0] == 2 and counts[1] >= 16 and paths.shape == (2, int(counts.max()), 2)
+    assert (paths[0, :2] == 3).all() and (paths[0, 2:] == 0).all()  # beyond a boundary's count: padding
+    assert planner.calls[0] == [1, 1] and planner.calls[1] == [1, 1]  # round 1: both boundaries, one call
+    assert all(len(c) == 1 for c in planner.calls[2:])  # later rounds: only the unsure one
+
+
+def test_step_distribution_and_plan_change_on_hand_made_paths():
+    paths = torch.tensor([[[0, 1], [0, 2], [1, 1], [9, 9]]])  # (1, 4, 2), the last path padding
+    dist = step_distribution(paths.clamp(max=2), torch.tensor([3]), 3)
+    assert torch.allclose(dist[0, 0], torch.tensor([2 / 3, 1 / 3, 0])) and torch.allclose(dist[0, 1], torch.tensor([0, 2 / 3, 1 / 3]))
+    same = plan_change(dist, dist)
+    disjoint = plan_change(torch.tensor([[[1.0, 0.0]]]), torch.tensor([[[0.0, 1.0]]]))
+    assert same.item() == 0 and disjoint.item() == 1
+
+
+def test_fixed_policy_draws_exactly_the_planners_paths(synthetic_cycle):
+    planner = tiny_planner(PreparedDataset(synthetic_cycle), max_sentences=4)
+    context, mask = torch.randn(5, 3, planner.config.embedding_dim), torch.ones(5, 3, dtype=torch.bool)
+    expected = planner.sample_paths(context, mask, 4, 3, 1.0, torch.Generator().manual_seed(3))
+    paths, counts = sample_with_policy(planner, context, mask, PathPolicy().resolve(4), 3, 1.0,
+                                       torch.Generator().manual_seed(3))
+    assert torch.equal(paths, expected) and counts.tolist() == [4] * 5
+
+
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_per_boundary_counts_sample_valid_paths_in_one_batch(synthetic_cycle, dynamics):
+    planner = tiny_planner(PreparedDataset(synthetic_cycle), max_sentences=4, dynamics=dynamics)
+    context, mask = torch.randn(4, 3, planner.config.embedding_dim), torch.ones(4, 3, dtype=torch.bool)
+    counts = torch.tensor([1, 5, 2, 5])
+    paths = planner.sample_paths(context, mask, counts, 3, 1.0, torch.Generator().manual_seed(0))
+    assert paths.shape == (4, 5, 3) and (paths[0, 1:] == 0).all() and (paths[2, 2:] == 0).all()
+    assert paths.max() < planner.config.num_actions
+
+
+@pytest.mark.parametrize("adapter", ["project_avg", "multipath"])
+def test_mixed_k_batch_equals_each_boundary_alone(adapter):
+    torch.manual_seed(0)
+    config = AdapterConfig(adapter=adapter, num_actions=9, action_dim=8, hidden_size=16, horizon=3, num_heads=2,
+                           init_no_op=False)
+    module = build_adapter(config).eval()
+    if adapter == "multipath":
+        with torch.no_grad():
+            module.alpha_path.fill_(1.0)
+            module.alpha_sample.fill_(1.0)
+    counts = torch.tensor([1, 4, 2, 7])
+    paths = torch.randint(0, 9, (4, 7, 3))  # (B, K_max, T); beyond each count: arbitrary padding
+    batched = module(paths, path_mask_from_counts(counts, 7, 3))  # (B, D)
+    for b, count in enumerate(counts.tolist()):
+        alone = module(paths[b:b + 1, :count], None)  # (1, D) only its own paths
+        torch.testing.assert_close(batched[b:b + 1], alone, atol=1e-5, rtol=1e-5)
+
+
+def save_planner(folder, prepared_dir):
+    return tiny_planner(PreparedDataset(prepared_dir), max_sentences=4).save_pretrained(folder)
+
+
+def test_plan_cache_stores_counts_and_is_keyed_by_the_policy(synthetic_cycle, tmp_path):
+    planner_dir = save_planner(tmp_path / "planner", synthetic_cycle)
+    fixed = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=8, device="cpu")
+    entropy = PathPolicy("entropy", 1, entropy_high=0.5)
+    adaptive = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=8,
+                            device="cpu", path_policy=entropy)
+    converge = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=8,
+                            device="cpu", path_policy=PathPolicy("converge", 1))
+    assert len({fixed, adaptive, converge}) == 3  # one default folder per policy
+    assert (load_path_counts(fixed, "validation") == 8).all()
+    counts = load_path_counts(adaptive, "validation")
+    manifest = json.loads((adaptive / "manifest.json").read_text())
+    assert manifest["config"]["path_policy"]["kind"] == "entropy" and "path_policy" not in \
+        json.loads((fixed / "manifest.json").read_text())["config"]  # fixed keeps the old key
+    assert manifest["paths"]["validation"]["paths_mean"] == pytest.approx(counts.mean())
+    # Same folder, another policy: the cache is resampled, never reused.
+    shared = tmp_path / "shared"
+    sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=8, device="cpu",
+                 out_dir=str(shared))
+    before = json.loads((shared / "manifest.json").read_text())["config_fingerprint"]
+    sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=8, device="cpu",
+                 out_dir=str(shared), path_policy=entropy)
+    after = json.loads((shared / "manifest.json").read_text())
+    assert after["config_fingerprint"] != before and after["config"]["path_policy"]["entropy_high"] == 0.5
+    np.testing.assert_array_equal(load_path_counts(shared, "validation"), counts)
+    # compute_plans of the same policy, seed and order gives the cached paths
+    split = PreparedDataset(synthetic_cycle)["validation"]
+    out_counts = np.zeros(split.num_sentences, dtype=np.int64)
+    paths = compute_plans(tiny_planner(PreparedDataset(synthetic_cycle), max_sentences=4), split, 8, 3, 1.0, 0,
+                          policy=entropy, num_paths_out=out_counts)
+    np.testing.assert_array_equal(paths, np.load(shared / "validation.npy"))
+    np.testing.assert_array_equal(out_counts, counts)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"min_paths": 5, "max_paths": 2}, "min_paths 5 > --path_policy.max_paths 2; lower min_paths or raise max_paths"),
+    ({"tolerance": 0.0}, "tolerance 0.0 must be > 0"),
+    ({"tolerance": -1.0}, "tolerance -1.0 must be > 0"),
+    ({"kind": "bandit"}, "'bandit' is not a policy; choose one of fixed, entropy, converge"),
+    ({"min_paths": 0}, "min_paths 0 must be >= 1"),
+])
+def test_bad_policy_settings_give_one_line_errors(settings, message):
+    with pytest.raises(PlanlmError, match=message.replace("(", r"\(").replace("[", r"\[")) as error:
+        PathPolicy(**settings)
+    assert "\n" not in str(error.value)
+
+
+def test_bad_policy_through_the_cli_is_one_line(synthetic_cycle, tmp_path, capsys):
+    from planlm.cli import main
+
+    planner_dir = save_planner(tmp_path / "planner", synthetic_cycle)
+    with pytest.raises(SystemExit):
+        main(["sample-plans", "--planner_dir", str(planner_dir), "--prepared_dir", str(synthetic_cycle),
+              "--num_paths", "4", "--path_policy.kind", "entropy", "--path_policy.min_paths", "6"])
+    err = capsys.readouterr().err.strip()
+    assert "min_paths 6 > K = 4" in err and len(err.splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory, synthetic_cycle):
+    prepared = PreparedDataset(synthetic_cycle)
+    root = tmp_path_factory.mktemp("adaptive_models")
+    tiny_planner(prepared, max_sentences=4).save_pretrained(root / "planner")
+    model = tiny_planned_lm(prepared, adapter="project_avg")
+    model.config.conditioning, model.config.planner_dir = "planner_sampled", str(root / "planner")
+    model.save_pretrained(root / "model")
+    return root / "model"
+
+
+def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, synthetic_cycle, tmp_path):
+    from planlm.evaluate.perplexity import evaluate
+
+    policy = PathPolicy("entropy", 1, entropy_high=1.0)
+    metrics = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "direct"), max_articles=5, num_paths=6,
+                       path_policy=policy, bootstrap_samples=20, device="cpu", plan_usage=False)
+    counts = np.load(tmp_path / "direct" / "num_paths.npy")
+    assert metrics["paths_mean"] == pytest.approx(counts.mean()) and sum(metrics["paths_hist"].values()) == len(counts)
+    assert 1 <= counts.min() and counts.max() <= 6 and metrics["path_policy"]["max_paths"] == 6
+    assert metrics["planner_time_s"] > 0 and metrics["lm_time_s"] > 0
+    # The same plans through a cache: the counts travel with the paths, the perplexity is the same.
+    cache = sample_plans(json.loads((planned / "planned_lm.json").read_text())["planner_dir"], str(synthetic_cycle),
+                         splits=["test"], num_paths=6, device="cpu", path_policy=policy, batch_size=256)
+    cached = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "cached"), plans_dir=str(cache),
+                      max_articles=5, bootstrap_samples=20, device="cpu", plan_usage=False)
+    assert cached["paths_mean"] == pytest.approx(float(load_path_counts(cache, "test")[:len(counts)].mean()))
+    assert cached["path_policy"]["kind"] == "entropy"
+    with pytest.raises(PlanlmError, match="sampled under path policy entropy"):
+        evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "clash"), plans_dir=str(cache), max_articles=5,
+                 path_policy=PathPolicy("converge"), device="cpu", plan_usage=False)
+    # A fixed evaluation keeps its old reuse key (no path_policy in it) and samples K everywhere.
+    fixed = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "fixed"), max_articles=5, num_paths=6,
+                     bootstrap_samples=20, device="cpu", plan_usage=False)
+    assert fixed["paths_hist"] == {6: len(counts)}
+    assert "path_policy" not in json.loads((tmp_path / "fixed" / "manifest.json").read_text())["config"]["conditioning"]
+
+
+def test_compute_sweep_through_the_cli(planned, synthetic_cycle, tmp_path):
+    from planlm.cli import main
+
+    main(["sweep", "--model_dir", str(planned), "--prepared_dir", str(synthetic_cycle), "--out_dir",
+          str(tmp_path / "compute"), "--kind", "compute", "--num_paths", "[1, 4]", "--policies",
+          '[{"kind": "entropy", "entropy_high": 1.0}, {"kind": "converge", "tolerance": 0.3}]',
+          "--max_articles", "4", "--bootstrap_samples", "20", "--device", "cpu"])
+    rows = read_csv(tmp_path / "compute" / "sweep_compute.csv")
+    assert [r["value"] for r in rows] == ["fixed-1", "fixed-4", "entropy-1-4-H-1", "converge-1-4-tol-0.3"]
+    assert {r["reference"] for r in rows} == {"fixed-4"} and float(rows[1]["paired_diff"]) == 0.0
+    assert float(rows[0]["paths_mean"]) == 1 and float(rows[1]["paths_fraction"]) == 1.0
+    assert all(1 <= float(r["paths_mean"]) <= 4 for r in rows)
+    went = json.loads((tmp_path / "compute" / "entropy-1-4-H-1" / "where_paths_went.json").read_text())
+    assert went["most"][0]["paths"] >= went["fewest"][0]["paths"] and len(went["most"][0]["top_actions"]) == 3
+    assert (tmp_path / "compute" / "sweep_compute.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_paths_summary_counts_every_boundary():
+    summary = paths_summary(np.array([1, 1, 4, 8]), max_paths=8)
+    assert summary["paths_hist"] == {1: 2, 4: 1, 8: 1} and summary["paths_mean"] == 3.5
+    assert summary["paths_fraction_of_max"] == pytest.approx(3.5 / 8)
+
+
+def test_generation_plans_each_sentence_end_under_the_policy(synthetic_cycle):
+    from planlm.data.resources import load_tokenizer
+    from planlm.evaluate.generate import PlannedGenerator, SamplingConfig, synthetic_embed_fn
+    from planlm.evaluate.perplexity import EvalConditioning
+
+    from helpers import chatty_planned_lm
+
+    prepared = PreparedDataset(synthetic_cycle)
+    cond = EvalConditioning("planner_sampled", 6, 3, 1.0, 0, 0, "unused", None,
+                            path_policy=PathPolicy("converge", min_paths=2, tolerance=0.3))
+    generator = PlannedGenerator(chatty_planned_lm(prepared), load_tokenizer("gpt2"), cond,
+                                 planner=tiny_planner(prepared), embed_fn=synthetic_embed_fn(prepared), seed=2)
+    result = generator.generate(generator.prompt_from_text("Red water red."), SamplingConfig(max_new_tokens=30))
+    assert len(generator.paths_sampled) == result.planner_calls >= 2  # one boundary per planner call here
+    assert all(2 <= k <= 6 for k in generator.paths_sampled)
+    for sentence in result.sentences:  # each plan shows its own paths; the padding ones are masked
+        if sentence["plan"]:
+            valid = [any(step) for step in sentence["plan"]["path_mask"]]
+            assert 2 <= sum(valid) <= 6 and valid == sorted(valid, reverse=True)
