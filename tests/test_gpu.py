@@ -80,3 +80,22 @@ def test_bf16_generation_on_cuda(synthetic_cycle):
                                seed=3, device="cuda")
     assert set().union(*seen.values()) == {torch.bfloat16}
     assert len(result.token_ids) == 30 and result.planner_calls >= 2
+
+
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_adaptive_path_policies_sample_on_cuda(synthetic_cycle, dynamics):
+    from planlm.path_policy import PathPolicy
+
+    prepared = PreparedDataset(synthetic_cycle)
+    split = prepared["validation"]
+    planner = tiny_planner(prepared, dynamics=dynamics, max_sentences=4)
+    for policy in (PathPolicy("entropy", min_paths=1, max_paths=8), PathPolicy("converge", min_paths=2, tolerance=0.1)):
+        counts = np.zeros(split.num_sentences, np.int64)
+        paths = compute_plans(planner, split, 8, 3, 1.0, seed=0, device="cuda", precision="auto", policy=policy,
+                              num_paths_out=counts)
+        assert paths.shape == (split.num_sentences, 8, 3) and 0 <= paths.min() and paths.max() < 8
+        assert counts.min() >= policy.min_paths and counts.max() <= 8
+        again = np.zeros_like(counts)
+        np.testing.assert_array_equal(paths, compute_plans(planner, split, 8, 3, 1.0, seed=0, device="cuda",
+                                                           precision="auto", policy=policy, num_paths_out=again))
+        np.testing.assert_array_equal(counts, again)  # reproducible on the GPU

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -152,6 +153,19 @@ def test_rerun_reuses_a_complete_folder_and_resumes_an_interrupted_one(synthetic
     # Another configuration (learning rate) retrains from scratch: stale checkpoints are not resumed.
     train_planner(str(synthetic_cycle), str(tmp_path / "planner"), TINY_MODEL, tiny_train(max_epochs=1, lr=5e-3))
     assert len(list((out / "logs").glob("version_*/metrics.csv"))) == 1
+
+
+def test_a_corpus_prepared_again_into_the_same_folder_retrains_the_planner(tmp_path):
+    prepared = tmp_path / "prepared"
+    make_synthetic_prepared(prepared, rule="cycle", seed=0, num_articles={"train": 40, "validation": 8, "test": 8})
+    out = train_planner(str(prepared), str(tmp_path / "planner"), TINY_MODEL, tiny_train(max_epochs=1))
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    codebook = PreparedDataset(prepared).codebook_hash
+    shutil.rmtree(prepared)  # the same codebook (same seed), other articles
+    make_synthetic_prepared(prepared, rule="cycle", seed=0, num_articles={"train": 60, "validation": 8, "test": 8})
+    assert PreparedDataset(prepared).codebook_hash == codebook
+    train_planner(str(prepared), str(tmp_path / "planner"), TINY_MODEL, tiny_train(max_epochs=1))
+    assert (out / "model.safetensors").stat().st_mtime_ns != stamp
 
 
 def test_bad_input_gives_one_line_errors(synthetic_cycle, tmp_path):

@@ -395,6 +395,7 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
     # Knobs that do not change the trained planner stay out of the key (changing them keeps the run).
     display_only = ("progress_bar", "num_workers", "log_every_n_steps", "eval_batch_size")
     stage_config = {"prepared_dir": str(Path(prepared_dir).resolve()), "codebook_hash": prepared.codebook_hash,
+                    "prepared": prepared.manifest.get("config_fingerprint"),  # the corpus, not only its codebook
                     "model": asdict(config),
                     "train": {key: value for key, value in asdict(train).items() if key not in display_only}}
     if prepare_stage_dir(out, stage_config, keep_partial=True):
