@@ -125,3 +125,14 @@ def test_bf16_mixed_trains_on_a_cpu_with_it(synthetic_random, tmp_path, monkeypa
     out = train_lm(str(synthetic_random), str(tmp_path / "bf16"), train=quick(precision="bf16-mixed", accelerator="cpu"),
                    conditioning=ConditioningConfig(conditioning="oracle"))
     assert np.isfinite(read_manifest(out)["val_loss"])
+
+
+def test_none_on_a_frozen_pretrained_base_is_the_base_itself(tiny_gguf, synthetic_random, tmp_path):
+    path, written = tiny_gguf
+    out = train_lm(str(synthetic_random), str(tmp_path / "none"), train=quick(),
+                   model=LMModelConfig(name_or_path=str(path), finetune="frozen"))
+    manifest = read_manifest(out)
+    assert manifest["global_step"] == 0 and manifest["trainable_parameters"] == 0 and np.isfinite(manifest["val_loss"])
+    lm = PlannedLM.from_pretrained(out).lm
+    for name, weight in written.state_dict().items():
+        torch.testing.assert_close(lm.state_dict()[name], weight, rtol=0, atol=0)

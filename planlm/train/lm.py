@@ -357,9 +357,18 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, cond: Conditio
     if init is not None and init.adapter is not None and planned.adapter is not None \
             and asdict(init.config.adapter) == asdict(adapter):
         planned.adapter.load_state_dict(init.adapter.state_dict())
-    planned.apply_finetune(model.finetune, model.lora_rank, model.lora_alpha, model.lora_dropout,
-                           model.lora_target_modules)
-    return planned.train()  # from_pretrained (init_from) leaves the modules in eval mode: no dropout
+    if model.finetune == "frozen" and planned.adapter is None and lm_is_pretrained(model):
+        planned.lm.requires_grad_(False)  # "none" on a frozen pretrained base: the base itself, validated only
+        planned.config.finetune = "frozen"
+    else:
+        planned.apply_finetune(model.finetune, model.lora_rank, model.lora_alpha, model.lora_dropout,
+                               model.lora_target_modules)
+    return planned.train()
+
+
+def lm_is_pretrained(model: LMModelConfig) -> bool:
+    """Whether the LM starts from trained weights (a pretrained name or GGUF file, or a planned-LM folder)."""
+    return bool(model.name_or_path or model.init_from)  # from_pretrained (init_from) leaves the modules in eval mode: no dropout
 
 
 def _input_hashes(model: LMModelConfig, cond: ConditioningConfig) -> dict:
@@ -481,14 +490,17 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     last = checkpoints / "last.ckpt"
     ckpt_path = str(last) if _checkpoints_match(checkpoints, run_config, train.resume) and last.is_file() else None
     start = time.time()
-    trainer.fit(module, loaders[train.train_split], val_loaders, ckpt_path=ckpt_path)
+    if any(p.requires_grad for p in planned.parameters()):
+        trainer.fit(module, loaders[train.train_split], val_loaders, ckpt_path=ckpt_path)
+    elif has_val:  # a frozen pretrained LM without conditioning: nothing to train, its validation loss only
+        trainer.validate(module, val_loaders, verbose=False)
 
     best_path = checkpoint.best_model_path
     if has_val and best_path and Path(best_path).is_file():
         state = torch.load(best_path, map_location="cpu", weights_only=True)["state_dict"]
         module.load_state_dict(state)
     plan_usage = trainer.callback_metrics.get("val/plan_usage")  # of the last validation, nats per token
-    best_score = checkpoint.best_model_score
+    best_score = checkpoint.best_model_score if trainer.global_step else trainer.callback_metrics.get("val/loss")
     val_loss = float(best_score) if best_score is not None else None
     if trainer.is_global_zero:
         planned.cpu().save_pretrained(out, tokenizer=tokenizer)
