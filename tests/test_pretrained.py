@@ -64,6 +64,12 @@ def test_an_adapter_trains_on_a_gguf_base_with_its_own_tokenizer(tiny_gguf, tmp_
         model = PlannedLM.from_pretrained(out)
         assert model.config.base_model == str(path) and np.isfinite(read_manifest(out)["val_loss"])
         assert model.adapter.projection.weight.abs().sum() > 0  # the adapter moved off its no-op start
+    # `planlm generate` on it, offline, the plans beside the text
+    from planlm.evaluate.generate import SamplingConfig, generate
+
+    result = generate(str(tmp_path / "frozen"), str(prepared), article=0, boundary=1, device="cpu",
+                      sampling=SamplingConfig(max_new_tokens=12))
+    assert len(result["token_ids"]) == 12 and result["sentences"][0]["plan"]["action_paths"]
 
 
 def one_line_error(call) -> str:
