@@ -363,12 +363,12 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, cond: Conditio
     else:
         planned.apply_finetune(model.finetune, model.lora_rank, model.lora_alpha, model.lora_dropout,
                                model.lora_target_modules)
-    return planned.train()
+    return planned.train()  # from_pretrained (init_from) leaves the modules in eval mode: no dropout
 
 
 def lm_is_pretrained(model: LMModelConfig) -> bool:
     """Whether the LM starts from trained weights (a pretrained name or GGUF file, or a planned-LM folder)."""
-    return bool(model.name_or_path or model.init_from)  # from_pretrained (init_from) leaves the modules in eval mode: no dropout
+    return bool(model.name_or_path or model.init_from)
 
 
 def _input_hashes(model: LMModelConfig, cond: ConditioningConfig) -> dict:
