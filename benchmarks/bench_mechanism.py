@@ -319,10 +319,19 @@ def main() -> None:
     parser.add_argument("--base_epochs", type=int, default=2, help="epochs of each seed's plain base LM")
     parser.add_argument("--epochs", type=int, default=3, help="epochs of each condition, from its seed's base LM")
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping of the conditions (0: none)")
+    parser.add_argument("--adapter_lr", type=float, default=None, help="the adapter's learning rate (default: --lr)")
+    parser.add_argument("--tag", default="", help="train and evaluate the LMs under <out_dir>/<tag> (a recipe variant "
+                                                  "that shares the corpus and the planner)")
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--num_paths", type=int, default=10, help="K of the sampled condition and of ours")
     parser.add_argument("--horizon", type=int, default=3, help="T of ours (and of the planner)")
     parser.add_argument("--planner_epochs", type=int, default=30)
+    parser.add_argument("--planner_d_model", type=int, default=64)
+    parser.add_argument("--planner_layers", type=int, default=1)
+    parser.add_argument("--planner_lr", type=float, default=1e-3)
+    parser.add_argument("--planner_dir", default=None, help="planner folder (default <out_dir>/planner)")
+    parser.add_argument("--planner_only", action="store_true", help="stop after the planner's table")
     parser.add_argument("--k_sweep", type=int, nargs="+", default=[1, 2, 5, 10, 20])
     parser.add_argument("--bootstrap_samples", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1,
@@ -398,11 +407,12 @@ def main() -> None:
     confusion = (counts + 1e-3) / (counts + 1e-3).sum(1, keepdims=True)  # p(cluster | type), train split
 
     # 2. planner against the Bayes optimum given the clustering
-    planner_dir = str(out / "planner")
+    planner_dir = args.planner_dir or str(out / "planner")
     clock("train-planner", train_planner, prepared_dir=prepared_dir, out_dir=planner_dir,
-          model=PlannerShape(d_model=64, num_heads=2, dim_feedforward=128, horizon=args.horizon),
-          train=PlannerTrainArgs(batch_size=128, lr=1e-3, max_epochs=args.planner_epochs, eval_split="test",
-                                 progress_bar=False))
+          model=PlannerShape(d_model=args.planner_d_model, num_heads=2, dim_feedforward=2 * args.planner_d_model,
+                             num_layers=args.planner_layers, horizon=args.horizon),
+          train=PlannerTrainArgs(batch_size=128, lr=args.planner_lr, max_epochs=args.planner_epochs,
+                                 eval_split="test", progress_bar=False))
     summary = json.loads((Path(planner_dir) / "summary.json").read_text())["metrics"]
     optimum = bayes_optimum(splits["test"], types["test"], confusion, args.horizon, args.lag)
     floor = lm_floor(splits["test"], types["test"], args.lag)
@@ -417,34 +427,38 @@ def main() -> None:
     eval_dirs: dict[str, list[Path]] = {name: [] for name in CONDITIONS}
     metrics: dict[str, list[dict]] = {name: [] for name in CONDITIONS}
     sweep_dirs: list[Path] = []
+    if args.planner_only:
+        print("\n".join(planner_table(args, prepared, score, test_score, summary, optimum)[0]))
+        return
     for seed in args.seeds:
-        base_dir = out / "lm" / f"_base-seed{seed}"
+        base_dir = out / args.tag / "lm" / f"_base-seed{seed}"
         clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(base_dir),
               model=LMModelConfig(model_config=lm_model),
               train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, max_epochs=args.base_epochs,
                                   warmup_steps=20, seed=seed, progress_bar=False, log_every_n_steps=10, **window))
         for name in CONDITIONS:
-            model_dir = out / "lm" / f"{name}-seed{seed}"
+            model_dir = out / args.tag / "lm" / f"{name}-seed{seed}"
             clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(model_dir),
                   model=LMModelConfig(init_from=str(base_dir)),
                   conditioning=ConditioningConfig(**condition_config(name, planner_dir, args, seed)),
-                  train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, max_epochs=args.epochs,
-                                      warmup_steps=5, seed=seed, progress_bar=False, log_every_n_steps=10, **window))
-            eval_dir = out / "eval" / f"{name}-seed{seed}"
+                  train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, adapter_lr=args.adapter_lr,
+                                      max_epochs=args.epochs, warmup_steps=5, gradient_clip_val=args.clip or None,
+                                      seed=seed, progress_bar=False, log_every_n_steps=10, **window))
+            eval_dir = out / args.tag / "eval" / f"{name}-seed{seed}"
             metrics[name].append(clock("evaluate", evaluate, model_dir=str(model_dir), prepared_dir=prepared_dir,
                                        out_dir=str(eval_dir), split="test", batch_size=64, **eval_window,
                                        bootstrap_samples=args.bootstrap_samples))
             eval_dirs[name].append(eval_dir)
-        sweep_dir = out / "sweeps" / f"sampled-seed{seed}"
-        clock("sweep", sweep, model_dir=str(out / "lm" / f"sampled-seed{seed}"), prepared_dir=prepared_dir,
+        sweep_dir = out / args.tag / "sweeps" / f"sampled-seed{seed}"
+        clock("sweep", sweep, model_dir=str(out / args.tag / "lm" / f"sampled-seed{seed}"), prepared_dir=prepared_dir,
               out_dir=str(sweep_dir), kind="num_paths", num_paths=args.k_sweep, split="test", **eval_window,
               batch_size=64, bootstrap_samples=args.bootstrap_samples)
         sweep_dirs.append(sweep_dir)
     report(args, prepared, score, test_score, counts, summary, optimum, floor, metrics, eval_dirs, sweep_dirs, clock)
 
 
-def report(args, prepared, score, test_score, counts, summary, optimum, floor, metrics, eval_dirs, sweep_dirs,
-           clock) -> None:
+def planner_table(args, prepared, score, test_score, summary, optimum) -> tuple[list[str], list]:
+    """The corpus line, k-means purity and the planner against the Bayes optimum: (report lines, targets)."""
     targets: list[tuple[str, bool, str]] = []
     lines: list[str] = []
 
@@ -478,9 +492,20 @@ def report(args, prepared, score, test_score, counts, summary, optimum, floor, m
     targets.append(("planner step-1 NLL within 10% of the optimum", ratio <= 1.10,
                     f"{planner['nll'][0]:.4f} vs {optimum['nll'][0]:.4f} ({100 * (ratio - 1):+.1f}%)"))
 
+    return lines, targets
+
+
+def report(args, prepared, score, test_score, counts, summary, optimum, floor, metrics, eval_dirs, sweep_dirs,
+           clock) -> None:
+    lines, targets = planner_table(args, prepared, score, test_score, summary, optimum)
+
+    def say(text: str = "") -> None:
+        lines.append(text)
+
     seeds = args.seeds
     say(f"\n## LM test perplexity, {len(seeds)} seed(s) (each condition from its seed's base LM, "
-          f"{args.epochs} epoch(s) after {args.base_epochs} base epoch(s))\n")
+          f"{args.epochs} epoch(s) after {args.base_epochs} base epoch(s); lr {args.lr:g}, adapter lr "
+          f"{args.adapter_lr or args.lr:g}, gradient clipping {args.clip or 'none'})\n")
     say("| condition | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | pooled |")
     say("|---" * (len(seeds) + 3) + "|")
     from planlm.evaluate.bootstrap import read_per_article
@@ -542,7 +567,7 @@ def report(args, prepared, score, test_score, counts, summary, optimum, floor, m
     for name, ok, detail in targets:
         say(f"- {'PASS' if ok else 'FAIL'}: {name}: {detail}")
     print("\n".join(lines))
-    (Path(args.out_dir) / "report.md").write_text("\n".join(lines).lstrip("\n") + "\n")
+    (Path(args.out_dir) / args.tag / "report.md").write_text("\n".join(lines).lstrip("\n") + "\n")
 
 
 if __name__ == "__main__":

@@ -277,6 +277,22 @@ def test_frozen_trains_only_the_conditioning_and_lora_merges(synthetic_random, t
                  model=LMModelConfig(model_config=TINY, finetune="frozen"), conditioning=ConditioningConfig())
 
 
+def test_adapter_lr_is_the_learning_rate_of_the_adapter_alone(synthetic_random, tmp_path):
+    cond = ConditioningConfig(conditioning="oracle")
+    runs = {name: train_lm(str(synthetic_random), str(tmp_path / name), model=LMModelConfig(model_config=TINY),
+                           conditioning=cond, train=quick(adapter_lr=rate))
+            for name, rate in (("default", None), ("same", 1e-3), ("high", 1e-1))}
+    weights = {name: {**load_file(str(folder / "lm" / "model.safetensors")),
+                      **{f"adapter.{k}": v for k, v in load_file(str(folder / "adapter.safetensors")).items()}}
+               for name, folder in runs.items()}
+    for name, tensor in weights["default"].items():  # two groups at one rate = one group
+        torch.testing.assert_close(weights["same"][name], tensor, rtol=0, atol=0)
+    projection = "adapter.projection.weight"  # zero at init (no-op start): its size is how far it moved
+    assert weights["high"][projection].norm() > 10 * weights["default"][projection].norm() > 0
+    with pytest.raises(PlanlmError, match="adapter_lr must be > 0"):
+        quick(adapter_lr=0.0)
+
+
 def test_bad_input_gives_one_line_errors(synthetic_random, tmp_path):
     model = LMModelConfig(model_config=TINY)
     other_codebook = write_plan_cache(tmp_path / "other", synthetic_random, 2, 2, codebook_hash="0" * 64)

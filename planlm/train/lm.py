@@ -127,6 +127,9 @@ class LMTrainConfig:
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
+    adapter_lr: float | None = None
+    """Learning rate of the conditioning parameters (the adapter; None: lr). The adapter starts as a no-op
+    on an LM that is already trained, so a higher rate lets the plan channel open within a short finetune."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps (constant afterwards)."""
     max_epochs: int = 1
@@ -176,19 +179,21 @@ class LMTrainConfig:
         for name in ("batch_size", "accumulate_grad_batches", "max_epochs", "num_nodes", "log_every_n_steps"):
             if getattr(self, name) < 1:
                 raise PlanlmError(f"--train.{name} must be >= 1 (got {getattr(self, name)})")
-        if self.lr <= 0:
-            raise PlanlmError(f"--train.lr must be > 0 (got {self.lr})")
+        if self.lr <= 0 or (self.adapter_lr is not None and self.adapter_lr <= 0):
+            raise PlanlmError(f"--train.lr and --train.adapter_lr must be > 0 (got {self.lr}, {self.adapter_lr})")
 
 
 class LightningLM(L.LightningModule):
     """Training / validation steps and the optimiser of a PlannedLM."""
 
-    def __init__(self, model: PlannedLM, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0):
+    def __init__(self, model: PlannedLM, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0,
+                 adapter_lr: float | None = None):
         super().__init__()
         from torchmetrics import SumMetric
 
         self.model = model
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
+        self.adapter_lr = lr if adapter_lr is None else adapter_lr
         # Perplexity = exp(total NLL / total tokens) over the whole validation split (not a mean of batch means).
         # Validation loader 1 (models with plans) holds the same windows with the plans shuffled: plan usage.
         self.val_nll_sum, self.val_tokens = SumMetric(), SumMetric()
@@ -225,8 +230,12 @@ class LightningLM(L.LightningModule):
             metric.reset()
 
     def configure_optimizers(self):
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        adapter = list(self.model.adapter.parameters()) if self.model.adapter is not None else []
+        in_adapter = {id(p) for p in adapter}
+        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad and id(p) not in in_adapter],
+                   "lr": self.lr},
+                  {"params": [p for p in adapter if p.requires_grad], "lr": self.adapter_lr}]
+        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=self.weight_decay)
         warmup = max(1, self.warmup_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -486,7 +495,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         logger=[L.pytorch.loggers.CSVLogger(out, name="logs"), L.pytorch.loggers.TensorBoardLogger(out, name="tb")],
         enable_progress_bar=train.progress_bar, enable_model_summary=False, num_sanity_val_steps=0,
         default_root_dir=out)
-    module = LightningLM(planned, lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps)
+    module = LightningLM(planned, lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
+                         adapter_lr=train.adapter_lr)
     last = checkpoints / "last.ckpt"
     ckpt_path = str(last) if _checkpoints_match(checkpoints, run_config, train.resume) and last.is_file() else None
     start = time.time()
