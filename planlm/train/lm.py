@@ -36,7 +36,8 @@ class LMModelConfig:
     """Which LM to condition and how to finetune it."""
 
     name_or_path: str | None = None
-    """Pretrained LM: hub name (e.g. gpt2, the paper's) or local folder; takes precedence over model_config."""
+    """Pretrained LM: hub name (e.g. gpt2, the paper's), local folder, .gguf file or smollm2-135m (offline, exported
+    once to safetensors); takes precedence over model_config."""
     model_config: dict | None = field(default_factory=lambda: dict(TINY_GPT2))
     """Random-init LM config (AutoConfig.for_model keys incl. model_type), used when name_or_path and init_from are null."""
     init_from: str | None = None
