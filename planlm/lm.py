@@ -83,7 +83,8 @@ class PlannedLMConfig:
 
 
 def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None):
-    """An HF ``AutoModelForCausalLM``: pretrained (hub name or local folder) or randomly initialised.
+    """An HF ``AutoModelForCausalLM``: pretrained (hub name, local folder, ``*.gguf`` file or the offline
+    ``smollm2-135m``; see ``planlm.pretrained``) or randomly initialised.
 
     ``model_config`` (used when ``name_or_path`` is None) is an ``AutoConfig.for_model`` dict such as
     ``{"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}``; its
@@ -93,9 +94,12 @@ def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, v
 
     from planlm.data.resources import hub_available
 
+    from planlm.pretrained import resolve_pretrained
+
     if name_or_path:
+        path = resolve_pretrained(name_or_path)  # a GGUF file: its exported safetensors folder
         try:
-            lm = AutoModelForCausalLM.from_pretrained(name_or_path, local_files_only=not hub_available())
+            lm = AutoModelForCausalLM.from_pretrained(path, local_files_only=not hub_available())
         except Exception as e:
             raise PlanlmError(
                 f"causal LM {name_or_path!r} could not be loaded ({type(e).__name__}); give a local model folder, "

@@ -33,7 +33,8 @@ import torch
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.path_policy import PathPolicy, paths_summary, sample_with_policy
 from planlm.planner import WEIGHTS_FILE, Planner
-from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_manifest
+from planlm.utils import (PlanlmError, check_bf16, file_sha256, fingerprint, prepare_stage_dir, read_manifest,
+                          write_manifest)
 
 IGNORE_INDEX = -100  # target of a step beyond the article's end (ignored by the loss)
 MAX_ROWS = 4096  # most paths (B*K) per forward in compute_plans: bounds activation memory, keeps caches warm
@@ -47,7 +48,8 @@ def resolve_device(device: str) -> torch.device:
 
 def autocast(device: torch.device, precision: str):
     """bf16 autocast on CUDA by default (``auto``), fp32 elsewhere; ``bf16`` asks for it on any device
-    (CPUs with AMX run bf16 matrix products about 3x faster)."""
+    (CPUs with AVX512-BF16 or AMX run bf16 matrix products about 3x faster; others are refused)."""
+    check_bf16(precision, device.type, "--precision")
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()

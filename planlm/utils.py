@@ -9,6 +9,7 @@ that contract once for all stages.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -44,6 +45,34 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, np.generic):
         return obj.item()
     return obj
+
+
+def cache_root() -> Path:
+    """planlm's cache folder for derived files (offline tokenizer files, exported GGUF models):
+    $PLANLM_CACHE, default <tmp>/planlm-cache."""
+    import tempfile
+
+    return Path(os.environ.get("PLANLM_CACHE", Path(tempfile.gettempdir()) / "planlm-cache"))
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_supports_bf16() -> bool:
+    """Whether this CPU computes bf16 matrix products natively (AVX512-BF16 or AMX): without it, bf16
+    autocast on CPU is emulated and slower than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: ask oneDNN
+        import torch
+
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def check_bf16(precision: str | None, device_type: str, flag: str) -> None:
+    """One-line error for bf16 asked of a CPU that lacks it (``flag`` names the setting to change)."""
+    if precision and "bf16" in precision and device_type == "cpu" and not cpu_supports_bf16():
+        raise PlanlmError(f"{flag} {precision}: this CPU has no native bf16 (no avx512_bf16 / amx_bf16 in "
+                          f"/proc/cpuinfo); use fp32 ({flag} {'32-true' if 'mixed' in precision else 'fp32'})")
 
 
 def fingerprint(obj: Any) -> str:

@@ -149,3 +149,65 @@ def tiny_run_config(out_dir: Path, **overrides) -> dict:
     }
     config.update(overrides)
     return config
+
+
+def write_tiny_llama_gguf(path: Path, seed: int = 0, architecture: str = "llama", other_vocab: bool = False):
+    """A 1-layer, 32-wide random Llama with the GPT-2 tokenizer written as an F32 GGUF file, the way
+    llama.cpp's converter lays it out (q/k rows permuted, tensor names blk.N.*), so that it loads through
+    transformers' GGUF reader like the real SmolLM2 file. ``other_vocab`` renames one token (a tokenizer
+    that differs from GPT-2's); ``architecture`` sets general.architecture. Returns the HF model written."""
+    import json
+
+    import gguf
+    import numpy as np
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = load_tokenizer("gpt2")
+    heads, kv_heads, width = 2, 1, 32
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
+                         tie_word_embeddings=False)
+    lm = LlamaForCausalLM(config)
+
+    def permute(w: torch.Tensor, n_head: int) -> torch.Tensor:  # llama.cpp's rotary layout of q / k rows
+        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    names = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name("tiny-llama")
+    writer.add_context_length(128)
+    writer.add_embedding_length(width)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(64)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(width // heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(len(tokenizer))
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([token for token, _ in vocab[:-1]] + ["<|other|>" if other_vocab else vocab[-1][0]])
+    writer.add_token_types([1] * len(vocab))
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in merges])
+    writer.add_bos_token_id(tokenizer.bos_token_id)
+    writer.add_eos_token_id(tokenizer.eos_token_id)
+    for name, weight in lm.state_dict().items():
+        prefix, kind = name.rsplit(".", 1)
+        if prefix.startswith("model.layers."):
+            index, part = prefix[len("model.layers."):].split(".", 1)
+            gguf_name = f"blk.{index}.{layer[part]}.{kind}"
+        else:
+            gguf_name = f"{names[prefix]}.{kind}"
+        if gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+            weight = permute(weight, heads if "attn_q" in gguf_name else kv_heads)
+        writer.add_tensor(gguf_name, weight.detach().float().numpy().astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return lm.eval()

@@ -144,7 +144,7 @@ def _cli(args: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 def test_shipped_configs_validate_offline(tmp_path):
     root = Path(__file__).resolve().parents[1]
-    for name in ("demo.yaml", "offline-full.yaml", "paper.yaml"):
+    for name in ("demo.yaml", "offline-full.yaml", "paper.yaml", "pretrained-offline.yaml"):
         result = _cli(["run", "--config", str(root / "configs" / name), "--out_dir", str(tmp_path / name),
                        "--dry_run", "true"])
         assert result.returncode == 0, result.stderr[-2000:]

@@ -156,7 +156,8 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
         sentences: spaCy sentence splitting.
         embedding: Sentence encoder and batching.
         actions: k-means into ``num_actions`` abstract writing actions.
-        tokenizer: HF tokenizer of the language model, by hub name or local folder (``gpt2`` works offline).
+        tokenizer: HF tokenizer of the language model, by hub name, local folder or ``.gguf`` file (``gpt2`` and
+            ``smollm2-135m`` work offline).
         progress: Show progress bars.
 
     Returns:

