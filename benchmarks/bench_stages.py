@@ -27,8 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 LMS = {"tiny": dict(n_layer=2, n_embd=128, n_head=2), "gpt2": dict(n_layer=12, n_embd=768, n_head=12)}
 PLANNERS = {"tiny": dict(d_model=64, num_heads=2, dim_feedforward=128),
             "paper": dict(d_model=768, num_heads=2, dim_feedforward=2048)}
@@ -124,5 +122,4 @@ def print_table(rows, args) -> None:
 
 
 if __name__ == "__main__":
-    np.set_printoptions(precision=3)
     main()

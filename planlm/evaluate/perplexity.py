@@ -452,12 +452,13 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     plan_usage = cond.conditioning != "none" if plan_usage is None else plan_usage
     torch_device = resolve_device(device)
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
+    plans_manifest = read_manifest(cond.plans_dir) if cond.plans_dir else None
     config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
               "split": split, "conditioning": cond.cache_key(), "stride": stride, "context_length": context_length,
               "articles": num_articles, "device_type": torch_device.type, "precision": precision,
               "bootstrap_samples": bootstrap_samples, "confidence": confidence, "plan_usage": plan_usage,
               "planner": planner_hash(cond.planner_dir),
-              "plans": read_manifest(cond.plans_dir)["config_fingerprint"] if cond.plans_dir else None}
+              "plans": plans_manifest["config_fingerprint"] if cond.plans_dir else None}
     out = Path(out_dir)
     if prepare_stage_dir(out, config):
         import json
@@ -477,8 +478,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         "planner_time_s": result["planner_time_s"], "adapter_time_s": result["adapter_time_s"],
         "plans_from_cache": bool(cond.plans_dir), "path_policy": asdict(cond.path_policy),
         # with a plan cache the planner ran before: its time for the whole split, as sample-plans measured it
-        "cache_planner_time_s": (read_manifest(cond.plans_dir).get("planner_time_s") or {}).get(split)
-        if cond.plans_dir else None,
+        "cache_planner_time_s": (plans_manifest.get("planner_time_s") or {}).get(split) if cond.plans_dir else None,
         **paths_summary(result["num_paths"], cond.num_paths if cond.conditioning == "planner_sampled" else None),
         "tokens_per_s": total_tokens / max(result["wall_time_s"], 1e-9),
         "conditioning": cond.conditioning, "K": cond.num_paths, "T": cond.horizon, "tau": cond.temperature,
