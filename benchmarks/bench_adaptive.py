@@ -12,7 +12,7 @@ It reads finished runs (their prepared data, planner and trained LMs) and runs o
      K = 5, multipath, seed 0), the issue's target setting;
    - the mechanism corpus (``--mechanism_dir``: ``benchmarks/bench_mechanism.py``, ``--lag 6``), where the
      LM reads what only the planner can know (``--model``, default the sampled T = 1, K = 10 LM of seed 0).
-2. **Where the paths go**: the same policies through ``planlm.plans.compute_plans`` on the test boundaries
+2. **Where the paths go**: the same policies through ``planlm.plans.sampling.compute_plans`` on the test boundaries
    of the known-answer corpora (each sentence's type is read back from its first word), beside the
    planner's mean first-step entropy per class:
    - ``--control_dir`` (``--lag 0``, a Markov chain over 8 types): after a type with one successor the
@@ -55,7 +55,7 @@ def sentence_types(split) -> np.ndarray:
 
 
 def policies(args):
-    from planlm.path_policy import PathPolicy
+    from planlm.plans.policy import PathPolicy
 
     chosen = [PathPolicy("entropy", 1, budget) for budget in args.entropy_budgets]
     for setting in args.converge:
@@ -98,8 +98,8 @@ def compute_vs_perplexity(args, label: str, folder: str, model_dir: Path, run_di
 
 def paths_by_class(folder: Path, planner_dir: Path, policy, classes: dict[str, np.ndarray], split, seed: int = 0):
     """Mean paths per boundary of each class of test boundaries under ``policy``."""
-    from planlm.planner import Planner
-    from planlm.plans import compute_plans
+    from planlm.models.planner import Planner
+    from planlm.plans.sampling import compute_plans
 
     planner = Planner.from_pretrained(planner_dir)
     counts = np.zeros(split.num_sentences, dtype=np.int64)
@@ -113,8 +113,8 @@ def first_step_entropy(planner_dir: Path, split, batch_size: int = 512) -> np.nd
     policy reads)."""
     import torch
 
-    from planlm.planner import Planner
-    from planlm.plans import boundary_contexts
+    from planlm.models.planner import Planner
+    from planlm.plans.sampling import boundary_contexts
 
     planner = Planner.from_pretrained(planner_dir).eval()
     out = np.zeros(split.num_sentences)
@@ -195,7 +195,7 @@ def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
     from planlm.evaluate.bootstrap import compare_evaluations
     from planlm.evaluate.perplexity import evaluate
     from planlm.data.artifacts import PreparedDataset
-    from planlm.plans import sample_plans
+    from planlm.plans.sampling import sample_plans
 
     mech, out = Path(args.mechanism_dir), Path(args.out_dir)
     config = json.loads((mech / "lm" / args.model / "planned_lm.json").read_text())

@@ -36,11 +36,11 @@ NUM_ACTIONS = 16  # the synthetic vocabulary allows 16 actions of 3 words
 def build(root: Path, lm_size: str, num_articles: int, planner_size: str, dynamics_kinds: list[str]):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from planlm.adapter import AdapterConfig
+    from planlm.models.adapter import AdapterConfig
     from planlm.data.artifacts import PreparedDataset
     from planlm.data.synthetic import make_synthetic_prepared
-    from planlm.lm import PlannedLM, PlannedLMConfig
-    from planlm.planner import Planner, PlannerConfig
+    from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
+    from planlm.models.planner import Planner, PlannerConfig
 
     prepared_dir = make_synthetic_prepared(root / "prepared", num_actions=NUM_ACTIONS, embedding_dim=32,
                                            rule="skip",

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from planlm.adapter import AdapterConfig
-from planlm.lm import PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.models.adapter import AdapterConfig
+from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
 
 GPT2_VOCAB = 50257
 

@@ -365,13 +365,13 @@ def main() -> None:
     from planlm.data.resources import use_offline_mode_if_no_hub
 
     use_offline_mode_if_no_hub()
-    from planlm.data.actions import ActionsConfig
+    from planlm.data.kmeans import ActionsConfig
     from planlm.data.artifacts import PreparedDataset
     from planlm.data.corpus import CorpusConfig
     from planlm.data.prepare import prepare
     from planlm.evaluate.perplexity import evaluate
     from planlm.evaluate.sweeps import sweep
-    from planlm.planner import PlannerShape
+    from planlm.models.planner import PlannerShape
     from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
     from planlm.train.planner import PlannerTrainArgs, train_planner
 

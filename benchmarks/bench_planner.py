@@ -25,8 +25,9 @@ import torch
 
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.synthetic import make_synthetic_prepared
-from planlm.planner import Planner, PlannerConfig
-from planlm.plans import autocast, boundary_contexts, compute_plans
+from planlm.models.planner import Planner, PlannerConfig
+from planlm.plans.sampling import boundary_contexts, compute_plans
+from planlm.utils import autocast
 from planlm.train.planner import BoundaryCollate, LightningPlanner
 
 

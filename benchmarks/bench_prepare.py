@@ -96,7 +96,7 @@ def bench_embedding(sentences: list[str], batch_size: int, repeats: int, block_s
 def bench_kmeans(x: np.ndarray, num_actions: int, repeats: int, seed: int) -> dict:
     from sklearn.cluster import KMeans
 
-    from planlm.data.actions import ActionsConfig, assign_actions, fit_codebook, inertia
+    from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 
     x = np.ascontiguousarray(x, dtype=np.float32)
     centroids = {}

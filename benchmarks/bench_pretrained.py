@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from planlm.adapter import AdapterConfig
-from planlm.lm import PlannedLM, PlannedLMConfig, load_causal_lm
-from planlm.pretrained import SMOLLM2
+from planlm.models.adapter import AdapterConfig
+from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.models.pretrained import SMOLLM2
 
 FINETUNES = ("frozen", "lora", "full")
 PRECISIONS = ("fp32", "bf16")

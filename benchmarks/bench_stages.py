@@ -54,8 +54,8 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     from planlm.data.artifacts import PreparedDataset
     from planlm.data.synthetic import make_synthetic_prepared
     from planlm.evaluate.perplexity import evaluate
-    from planlm.planner import PlannerShape
-    from planlm.plans import sample_plans
+    from planlm.models.planner import PlannerShape
+    from planlm.plans.sampling import sample_plans
     from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
     from planlm.train.planner import PlannerTrainArgs, train_planner
 

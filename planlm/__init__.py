@@ -15,27 +15,27 @@ __version__ = "0.1.0"
 _API = {
     # commands
     "prepare": "planlm.data.prepare",
-    "actions": "planlm.data.inspect",
+    "actions": "planlm.data.actions",
     "train_planner": "planlm.train.planner",
-    "sample_plans": "planlm.plans",
+    "sample_plans": "planlm.plans.sampling",
     "train_lm": "planlm.train.lm",
     "evaluate": "planlm.evaluate.perplexity",
     "compare": "planlm.evaluate.bootstrap",
     "generate": "planlm.evaluate.generate",
     "edit_distance": "planlm.evaluate.edit_distance",
     "sweep": "planlm.evaluate.sweeps",
-    "run": "planlm.pipeline",
+    "run": "planlm.pipeline.run",
     "generate_text": "planlm.evaluate.generate",
     "PlannedGenerator": "planlm.evaluate.generate",
-    "compute_plans": "planlm.plans",
-    "load_plans": "planlm.plans",
-    "PathPolicy": "planlm.path_policy",
+    "compute_plans": "planlm.plans.sampling",
+    "load_plans": "planlm.plans.sampling",
+    "PathPolicy": "planlm.plans.policy",
     # data and networks
     "PreparedDataset": "planlm.data.artifacts",
-    "Planner": "planlm.planner",
-    "PlannerConfig": "planlm.planner",
-    "PlannedLM": "planlm.lm",
-    "AdapterConfig": "planlm.adapter",
+    "Planner": "planlm.models.planner",
+    "PlannerConfig": "planlm.models.planner",
+    "PlannedLM": "planlm.models.planned_lm",
+    "AdapterConfig": "planlm.models.adapter",
 }
 
 __all__ = sorted(_API)

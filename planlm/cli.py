@@ -12,16 +12,16 @@ import sys
 # command name -> "module:function". Each function is the Python API of that command.
 COMMANDS = {
     "prepare": "planlm.data.prepare:prepare",
-    "actions": "planlm.data.inspect:actions",
+    "actions": "planlm.data.actions:actions",
     "train-planner": "planlm.train.planner:train_planner",
-    "sample-plans": "planlm.plans:sample_plans",
+    "sample-plans": "planlm.plans.sampling:sample_plans",
     "train-lm": "planlm.train.lm:train_lm",
     "evaluate": "planlm.evaluate.perplexity:evaluate",
     "compare": "planlm.evaluate.bootstrap:compare",
     "generate": "planlm.evaluate.generate:generate",
     "edit-distance": "planlm.evaluate.edit_distance:edit_distance",
     "sweep": "planlm.evaluate.sweeps:sweep",
-    "run": "planlm.pipeline:run",
+    "run": "planlm.pipeline.run:run",
 }
 
 

@@ -8,6 +8,7 @@ that contract once for all stages.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -18,9 +19,12 @@ import shutil
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 MANIFEST = "manifest.json"
 
@@ -160,3 +164,22 @@ def prepare_stage_dir(stage_dir: str | Path, config: Any, *, keep_partial: bool 
             shutil.rmtree(stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     return False
+
+
+def resolve_device(device: str) -> torch.device:
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast on CUDA by default (``auto``), fp32 elsewhere; ``bf16`` asks for it on any device
+    (CPUs with AVX512-BF16 or AMX run bf16 matrix products about 3x faster; others are refused)."""
+    check_bf16(precision, device.type, "--precision")
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        import torch
+
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()

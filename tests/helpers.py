@@ -13,8 +13,8 @@ import torch
 
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
-from planlm.lm import PlannedLM, PlannedLMConfig
-from planlm.planner import Planner, PlannerConfig
+from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
+from planlm.models.planner import Planner, PlannerConfig
 
 
 def tiny_gpt2_config(**overrides) -> dict:
@@ -46,7 +46,7 @@ def tiny_planner(prepared: PreparedDataset, seed: int = 0, **overrides) -> Plann
 def tiny_planned_lm(prepared: PreparedDataset, adapter: str = "project_avg", seed: int = 0) -> PlannedLM:
     """`tiny_gpt2` with an oracle-conditioned adapter (K=2, T=3) whose projection is randomised, so that
     plan vectors really move the logits."""
-    from planlm.adapter import AdapterConfig
+    from planlm.models.adapter import AdapterConfig
 
     adapter_config = AdapterConfig(adapter=adapter, num_actions=prepared.num_actions, action_dim=prepared.embedding_dim,
                                    hidden_size=32, horizon=4, num_heads=2, init_no_op=False)

@@ -9,7 +9,7 @@ import pytest
 
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
-from planlm.data.inspect import actions, nearest_members
+from planlm.data.actions import actions, nearest_members
 from planlm.utils import PlanlmError
 
 

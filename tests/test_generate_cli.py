@@ -14,7 +14,7 @@ from helpers import chatty_planned_lm, tiny_gpt2, tiny_planner
 from planlm.cli import main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
-from planlm.lm import PlannedLM, PlannedLMConfig
+from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
 
 PROMPT = "Red blue green. Water fire"
 

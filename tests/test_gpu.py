@@ -10,7 +10,7 @@ import torch
 
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.perplexity import EvalConditioning, evaluate, evaluate_split
-from planlm.plans import compute_plans, load_plans, sample_plans
+from planlm.plans.sampling import compute_plans, load_plans, sample_plans
 
 from helpers import linear_output_dtypes, sampled_multipath, tiny_planner
 
@@ -84,7 +84,7 @@ def test_bf16_generation_on_cuda(synthetic_cycle):
 
 @pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
 def test_adaptive_path_policies_sample_on_cuda(synthetic_cycle, dynamics):
-    from planlm.path_policy import PathPolicy
+    from planlm.plans.policy import PathPolicy
 
     prepared = PreparedDataset(synthetic_cycle)
     split = prepared["validation"]

@@ -127,7 +127,7 @@ def _ran_now(out: Path) -> set[str]:
 
 @pytest.mark.slow
 def test_run_rebuilds_every_stage_downstream_of_a_changed_setting(tmp_path):
-    from planlm.pipeline import run
+    from planlm.pipeline.run import run
 
     out = tmp_path / "run"
     config = tiny_run_config(out, edit_distance={"max_articles": 1, "max_boundaries_per_article": 1, "new_tokens": 6,

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from planlm.adapter import AdapterConfig
+from planlm.models.adapter import AdapterConfig
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.windows import (WindowCollator, article_windows, collate_windows, make_action_source)
-from planlm.lm import PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
 from planlm.utils import PlanlmError
 
 VOCAB, WIDTH = 120, 32

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from planlm.adapter import AdapterConfig, build_adapter
+from planlm.models.adapter import AdapterConfig, build_adapter
 from planlm.data.artifacts import PreparedDataset
-from planlm.path_policy import (PathPolicy, entropy_num_paths, path_mask_from_counts, paths_summary, plan_change,
+from planlm.plans.policy import (PathPolicy, entropy_num_paths, path_mask_from_counts, paths_summary, plan_change,
                                 sample_with_policy, step_distribution)
-from planlm.plans import compute_plans, load_path_counts, sample_plans
+from planlm.plans.sampling import compute_plans, load_path_counts, sample_plans
 from planlm.utils import PlanlmError
 
 from helpers import read_csv, tiny_planned_lm, tiny_planner

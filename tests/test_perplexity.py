@@ -8,7 +8,7 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.data.windows import OracleActions
 from planlm.evaluate.perplexity import (EvalConditioning, evaluate, evaluate_split, protocol_label,
                                         scoring_windows, window_batches)
-from planlm.lm import PlannedLM
+from planlm.models.planned_lm import PlannedLM
 from planlm.utils import PlanlmError
 
 from helpers import (linear_output_dtypes, read_csv, sampled_multipath, tiny_gpt2, tiny_gpt2_config, tiny_planned_lm,
@@ -203,7 +203,7 @@ def test_cli_reuses_a_complete_evaluation_and_reports_user_errors_in_one_line(sy
 
 
 def test_a_plan_cache_gives_the_same_perplexity_as_running_the_planner(synthetic_random, tmp_path):
-    from planlm.plans import sample_plans
+    from planlm.plans.sampling import sample_plans
 
     prepared = PreparedDataset(synthetic_random)
     tiny_planner(prepared).save_pretrained(tmp_path / "planner")

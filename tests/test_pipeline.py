@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planlm.pipeline import run
+from planlm.pipeline.run import run
 from planlm.utils import PlanlmError
 
 from helpers import tiny_run_config
@@ -156,7 +156,7 @@ def test_shipped_configs_validate_offline(tmp_path):
 def test_one_planner_per_horizon_in_the_paper_config(tmp_path):
     """Cornille et al. is T = 1 read from a planner trained with horizon 1: conditions with equal planner
     sections share one planner, and a condition without one uses the shared planner."""
-    from planlm.pipeline import plan_stages
+    from planlm.pipeline.run import plan_stages
 
     config = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "paper.yaml").read_text())
     stages = plan_stages(tmp_path, config["prepare"], config["planner"], config["lm"], config.get("base_lm"),

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import tiny_run_config
-from planlm.pipeline import run
+from planlm.pipeline.run import run
 from planlm.utils import read_manifest
 
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from planlm.planner import Planner, PlannerConfig
+from planlm.models.planner import Planner, PlannerConfig
 from planlm.utils import PlanlmError
 
 TINY = dict(num_actions=8, embedding_dim=16, d_model=32, num_heads=2, dim_feedforward=64, dropout=0.0, horizon=6)
@@ -184,7 +184,7 @@ def test_shared_prefix_sampling_draws_exactly_what_independent_rollouts_draw():
 
 
 def test_causal_decoding_with_the_cache_equals_the_one_pass_teacher_forcing():
-    from planlm.planner_causal import causal_decode
+    from planlm.models.planner_causal import causal_decode
 
     planner = tiny_planner(seed=2, dynamics="causal", num_layers=2)
     embeds, mask = contexts(batch_size=4, num_sentences=5, seed=3)

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from helpers import read_csv, tiny_planner
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.synthetic import make_synthetic_prepared
-from planlm.planner import PlannerShape
-from planlm.plans import boundary_contexts, boundary_targets
+from planlm.models.planner import PlannerShape
+from planlm.plans.sampling import boundary_contexts, boundary_targets
 from planlm.train.planner import PlannerTrainArgs, train_planner
 from planlm.utils import read_manifest
 

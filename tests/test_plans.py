@@ -11,8 +11,8 @@ import torch
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.synthetic import make_synthetic_prepared
-from planlm.planner import Planner
-from planlm.plans import (IGNORE_INDEX, boundary_contexts, boundary_targets, compute_plans, load_plans,
+from planlm.models.planner import Planner
+from planlm.plans.sampling import (IGNORE_INDEX, boundary_contexts, boundary_targets, compute_plans, load_plans,
                           sample_plans)
 from planlm.utils import PlanlmError
 

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from planlm.cli import main as cli_main
-from planlm.data.actions import ActionsConfig, assign_actions, fit_codebook, inertia
+from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.data.artifacts import ARRAYS, SPLITS, PreparedDataset
 from planlm.data.corpus import CorpusConfig
 from planlm.data.embed import EmbedConfig, embed_sentences
@@ -353,8 +353,8 @@ def test_the_last_token_of_a_sentence_carries_the_next_sentences_plan(tmp_path):
     # PlannedLM adds plan vector plan_index[t] to token t's embedding (nothing where plan_index is -1)
     from helpers import tiny_gpt2
 
-    from planlm.adapter import AdapterConfig
-    from planlm.lm import PlannedLM, PlannedLMConfig
+    from planlm.models.adapter import AdapterConfig
+    from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
 
     adapter = AdapterConfig(num_actions=8, action_dim=4, hidden_size=32, init_no_op=False, init_from_codebook=False)
     model = PlannedLM(PlannedLMConfig(conditioning="oracle", adapter=adapter, num_paths=2, horizon=2, num_actions=8),

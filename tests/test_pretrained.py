@@ -14,7 +14,7 @@ import torch
 from helpers import write_tiny_llama_gguf
 
 from planlm.data.synthetic import make_synthetic_prepared
-from planlm.lm import PlannedLM, load_causal_lm
+from planlm.models.planned_lm import PlannedLM, load_causal_lm
 from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
 from planlm.utils import PlanlmError, read_manifest
 
@@ -100,7 +100,7 @@ def test_a_corpus_of_another_tokenizer_is_refused_before_training(tiny_gguf, syn
 
 
 def test_a_folder_with_a_gguf_quantization_config_is_refused_before_training(tiny_gguf, synthetic_random, tmp_path):
-    from planlm.pretrained import resolve_pretrained
+    from planlm.models.pretrained import resolve_pretrained
 
     folder = tmp_path / "quantised"
     shutil.copytree(resolve_pretrained(str(tiny_gguf[0])), folder)
@@ -114,7 +114,7 @@ def test_a_folder_with_a_gguf_quantization_config_is_refused_before_training(tin
 
 def test_bf16_on_a_cpu_without_it_is_refused(synthetic_random, tmp_path, monkeypatch):
     from planlm import utils
-    from planlm.plans import autocast
+    from planlm.utils import autocast
 
     monkeypatch.setattr(utils, "cpu_supports_bf16", lambda: False)
     message = one_line_error(lambda: train_lm(str(synthetic_random), str(tmp_path / "out"),

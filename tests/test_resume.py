@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from helpers import read_csv, tiny_gpt2_config, tiny_run_config
 from planlm.data.synthetic import make_synthetic_prepared
-from planlm.planner import PlannerShape
+from planlm.models.planner import PlannerShape
 from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.planner import PlannerTrainArgs, train_planner
 from planlm.utils import read_manifest

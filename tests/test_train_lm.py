@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
-from planlm.lm import PlannedLM
+from planlm.models.planned_lm import PlannedLM
 from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
 from planlm.utils import PlanlmError, read_manifest, write_manifest
 
@@ -187,8 +187,8 @@ def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
 
 
 def test_training_on_plans_of_an_adaptive_path_policy(synthetic_random, tmp_path):
-    from planlm.path_policy import PathPolicy
-    from planlm.plans import load_path_counts
+    from planlm.plans.policy import PathPolicy
+    from planlm.plans.sampling import load_path_counts
 
     prepared = PreparedDataset(synthetic_random)
     tiny_planner(prepared, max_sentences=8, horizon=2).save_pretrained(tmp_path / "planner")
@@ -208,7 +208,7 @@ def test_training_on_plans_of_an_adaptive_path_policy(synthetic_random, tmp_path
 
 
 def test_retraining_a_planner_or_the_base_lm_into_the_same_folder_retrains_the_lm(synthetic_random, tmp_path):
-    from planlm.planner import Planner, PlannerConfig
+    from planlm.models.planner import Planner, PlannerConfig
 
     prepared = PreparedDataset(synthetic_random)
 
@@ -272,7 +272,7 @@ def test_frozen_trains_only_the_conditioning_and_lora_merges(synthetic_random, t
     import lightning as L
 
     from planlm.data.resources import load_tokenizer
-    from planlm.lm import load_causal_lm
+    from planlm.models.planned_lm import load_causal_lm
 
     cond = ConditioningConfig(conditioning="oracle", init_no_op=False)
     folders = {mode: train_lm(str(synthetic_random), str(tmp_path / mode), conditioning=cond, train=quick(),
@@ -353,7 +353,7 @@ def test_a_pretrained_lm_with_another_tokenizer_is_refused(synthetic_random, tmp
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from planlm.lm import load_causal_lm
+    from planlm.models.planned_lm import load_causal_lm
 
     words = Tokenizer(models.WordLevel({"[UNK]": 0, "red": 1, "blue": 2}, unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -416,7 +416,7 @@ def test_a_llama_family_lm_trains_with_lora_and_plans(synthetic_random, tmp_path
     import lightning as L
 
     from planlm.data.resources import load_tokenizer
-    from planlm.lm import load_causal_lm
+    from planlm.models.planned_lm import load_causal_lm
 
     assert model.config.finetune == "lora"
     L.seed_everything(0)  # train_lm seeds with train.seed (0) right before it builds the LM: the same init

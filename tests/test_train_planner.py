@@ -12,9 +12,9 @@ import pytest
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset, PreparedSplit, write_split
 from planlm.data.synthetic import make_synthetic_prepared
-from planlm.planner import Planner
-from planlm.plans import load_plans, sample_plans
-from planlm.planner import PlannerShape
+from planlm.models.planner import Planner
+from planlm.plans.sampling import load_plans, sample_plans
+from planlm.models.planner import PlannerShape
 from planlm.train.planner import LengthGroupedSampler, PlannerTrainArgs, baseline_metrics, evaluate_planner, train_planner
 from planlm.utils import PlanlmError
 
@@ -213,7 +213,7 @@ def test_length_grouped_sampler_is_a_shuffled_permutation_with_grouped_batches()
 
 @pytest.mark.slow  # prepares a tiny real corpus with MiniLM and finetunes it inside h (~1 min)
 def test_finetuned_encoder_planner_end_to_end(tmp_path):
-    from planlm.data.actions import ActionsConfig
+    from planlm.data.kmeans import ActionsConfig
     from planlm.data.corpus import CorpusConfig
     from planlm.data.prepare import prepare
 

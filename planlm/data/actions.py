@@ -1,192 +1,119 @@
-"""k-means over sentence embeddings: the centroids are the codebook of abstract writing actions.
+"""``planlm actions``: what the abstract writing actions look like.
 
-Backends:
-
-- ``faiss`` (default): Lloyd iterations with faiss (on every GPU when faiss was built with CUDA),
-  run a few iterations per call so that a progress bar can show the inertia. faiss's own silent
-  subsampling (``max_points_per_centroid``) is switched off: the fit uses every train embedding,
-  or exactly ``fit_sample`` of them when that is set. Empty clusters are re-seeded by faiss (it
-  splits the largest cluster).
-- ``sklearn``: ``sklearn.cluster.KMeans`` (the paper's reference; slow on millions of sentences).
-
-Initialisation: ``k-means++`` (the paper's choice) or ``random`` (``num_actions`` distinct training
-points). For faiss, k-means++ seeds are computed with ``sklearn.cluster.kmeans_plusplus`` on a
-seeded subsample of at most ``init_sample`` points (32 per action by default): k-means++ is sequential and costs
-O(points x actions x log(actions)), which on the full corpus would take longer than the fit.
-
-Assignment: every sentence (train included) gets its nearest centroid (squared L2), computed in
-chunks straight from the memory-mapped embeddings. For train sentences this is the cluster of the
-fit, as the centroids are those of the last Lloyd step.
-
-Letters: N sentences, E embedding width, A actions.
+For every action: how many sentences it holds and the sentences nearest its centroid (among the
+sentences assigned to it), printed as text and written as ``actions.md``; the cluster-size
+distribution as ``cluster_sizes.png``; and the same numbers as ``actions.json``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
-from planlm.utils import PlanlmError
-
-
-@dataclass
-class ActionsConfig:
-    """k-means that turns sentence embeddings into actions."""
-
-    num_actions: int = 128
-    """Number of clusters = abstract writing actions (the paper: 1,024)."""
-    backend: Literal["faiss", "sklearn"] = "faiss"
-    """faiss (fast, GPU when present) or scikit-learn (the reference)."""
-    init: Literal["k-means++", "random"] = "k-means++"
-    """Centroid initialisation."""
-    init_sample: int | None = None
-    """faiss + k-means++: points the seeds are drawn from (a seeded subsample; None: 32 per action).
-    The seeding costs O(init_sample x num_actions x log num_actions); the Lloyd iterations then use
-    every point, so a larger sample buys nothing measurable (on the embedded corpus, 256 actions:
-    16 to 78 points per action give the same inertia within 0.1%)."""
-    num_iterations: int = 25
-    """Lloyd iterations (faiss) / the iteration cap (scikit-learn, which also stops on ``tol``)."""
-    fit_sample: int | None = None
-    """Fit on a seeded subsample of this many train sentences (None: all of them); every sentence is
-    still assigned to its nearest centroid."""
-    seed: int = 0
-    """Seed of the initialisation and subsampling."""
-    use_gpu: bool = True
-    """faiss: use the GPUs when faiss was built with CUDA support."""
-
-    def __post_init__(self):
-        if self.num_actions < 1:
-            raise PlanlmError(f"--actions.num_actions must be >= 1 (got {self.num_actions})")
-        if self.num_iterations < 1:
-            raise PlanlmError(f"--actions.num_iterations must be >= 1 (got {self.num_iterations})")
-        if self.fit_sample is not None and self.fit_sample < self.num_actions:
-            raise PlanlmError(f"--actions.fit_sample ({self.fit_sample}) must be >= --actions.num_actions "
-                              f"({self.num_actions}) or null")
-        if self.init_sample is not None and self.init_sample < self.num_actions:
-            raise PlanlmError(f"--actions.init_sample ({self.init_sample}) must be >= --actions.num_actions "
-                              f"({self.num_actions})")
+from planlm.data.artifacts import PreparedDataset
+from planlm.utils import PlanlmError, write_json
 
 
-_ITERATIONS_PER_CALL = 5
-
-
-def _faiss_gpus(config: ActionsConfig) -> int:
-    import faiss
-
-    return faiss.get_num_gpus() if config.use_gpu and hasattr(faiss, "get_num_gpus") else 0
-
-
-def _flat_index(dim: int, num_gpus: int):
-    import faiss
-
-    index = faiss.IndexFlatL2(dim)
-    return faiss.index_cpu_to_all_gpus(index) if num_gpus else index
-
-
-def _fit_rows(num_rows: int, config: ActionsConfig) -> np.ndarray | None:
-    if config.fit_sample is None or config.fit_sample >= num_rows:
-        return None
-    rng = np.random.default_rng(config.seed)
-    return np.sort(rng.choice(num_rows, size=config.fit_sample, replace=False))
-
-
-def initial_centroids(x: np.ndarray, config: ActionsConfig) -> np.ndarray:
-    """(A, E) starting centroids from the (N, E) fit data."""
-    rng = np.random.default_rng(config.seed)
-    if config.init == "random":
-        return np.ascontiguousarray(x[np.sort(rng.choice(len(x), size=config.num_actions, replace=False))])
-    from sklearn.cluster import kmeans_plusplus
-
-    init_sample = config.init_sample or 32 * config.num_actions
-    sample = x
-    if len(x) > init_sample:
-        sample = x[np.sort(rng.choice(len(x), size=init_sample, replace=False))]
-    # float64: scikit-learn computes float32 distances through a much slower upcasting path
-    centers, _ = kmeans_plusplus(np.asarray(sample, dtype=np.float64), config.num_actions, random_state=config.seed)
-    return np.ascontiguousarray(centers, dtype=np.float32)
-
-
-def _fit_faiss(x: np.ndarray, config: ActionsConfig, progress: bool) -> tuple[np.ndarray, float]:
-    import faiss
-
-    num_gpus = _faiss_gpus(config)
-    params = faiss.ClusteringParameters()
-    params.seed = config.seed
-    params.max_points_per_centroid = 1 << 30  # no silent subsampling: fit_sample says what is used
-    params.min_points_per_centroid = 1
-    params.verbose = False
-    centroids = initial_centroids(x, config)
-    index = _flat_index(x.shape[1], num_gpus)
-    bar = tqdm(total=config.num_iterations, desc=f"k-means (faiss{', gpu' if num_gpus else ''})",
-               disable=not progress, dynamic_ncols=True)
-    inertia = float("nan")
-    done = 0
-    while done < config.num_iterations:
-        # a few Lloyd steps per call: the bar advances and shows the inertia, at a small fixed cost per call
-        params.niter = min(_ITERATIONS_PER_CALL, config.num_iterations - done)
-        clustering = faiss.Clustering(x.shape[1], config.num_actions, params)
-        faiss.copy_array_to_vector(centroids.ravel(), clustering.centroids)
-        clustering.train(x, index)
-        centroids = faiss.vector_float_to_array(clustering.centroids).reshape(config.num_actions, x.shape[1])
-        stats = clustering.iteration_stats
-        inertia = float(stats.at(stats.size() - 1).obj)  # of the last assignment step
-        done += params.niter
-        bar.update(params.niter)
-        bar.set_postfix(inertia=f"{inertia:.4g}", refresh=False)
-    bar.close()
-    return np.ascontiguousarray(centroids, dtype=np.float32), inertia
-
-
-def _fit_sklearn(x: np.ndarray, config: ActionsConfig, progress: bool) -> tuple[np.ndarray, float]:
-    from sklearn.cluster import KMeans
-
-    bar = tqdm(total=1, desc="k-means (scikit-learn)", disable=not progress, dynamic_ncols=True)
-    km = KMeans(n_clusters=config.num_actions, init=config.init, n_init=1, max_iter=config.num_iterations,
-                random_state=config.seed).fit(x)
-    bar.update(1)
-    bar.close()
-    return np.ascontiguousarray(km.cluster_centers_, dtype=np.float32), float(km.inertia_)
-
-
-def fit_codebook(embeddings: np.ndarray, config: ActionsConfig, *, progress: bool = True) -> np.ndarray:
-    """Fit k-means on the (N, E) train embeddings (a memmap is fine) and return the (A, E) codebook."""
-    num_rows = len(embeddings)
-    if config.num_actions > num_rows:
-        raise PlanlmError(f"--actions.num_actions ({config.num_actions}) is larger than the number of training "
-                          f"sentences ({num_rows}); lower --actions.num_actions or use a bigger corpus")
-    rows = _fit_rows(num_rows, config)
-    # the one in-RAM copy of the fit data (faiss and scikit-learn need a contiguous float32 array)
-    x = np.ascontiguousarray(embeddings if rows is None else embeddings[rows], dtype=np.float32)  # (N, E)
-    fit = _fit_faiss if config.backend == "faiss" else _fit_sklearn
-    centroids, _ = fit(x, config, progress)
-    return centroids
-
-
-def assign_actions(embeddings: np.ndarray, codebook: np.ndarray, *, chunk_size: int = 65536,
-                   use_gpu: bool = True, progress: bool = True, desc: str = "assigning") -> np.ndarray:
-    """(N,) int64 index of the nearest centroid of every row, read from ``embeddings`` chunk by chunk."""
-    import faiss
-
-    num_gpus = faiss.get_num_gpus() if use_gpu and hasattr(faiss, "get_num_gpus") else 0
-    index = _flat_index(codebook.shape[1], num_gpus)
-    index.add(np.ascontiguousarray(codebook, dtype=np.float32))
-    actions = np.empty(len(embeddings), dtype=np.int64)  # (N,)
-    for start in tqdm(range(0, len(embeddings), chunk_size), desc=desc, disable=not progress or len(embeddings) == 0,
-                      dynamic_ncols=True):
-        chunk = np.ascontiguousarray(embeddings[start:start + chunk_size], dtype=np.float32)
-        _, nearest = index.search(chunk, 1)  # (chunk, 1)
-        actions[start:start + len(chunk)] = nearest[:, 0]
-    return actions
-
-
-def inertia(embeddings: np.ndarray, codebook: np.ndarray, actions: np.ndarray, chunk_size: int = 65536) -> float:
-    """Sum of squared distances of the rows to their assigned centroids."""
-    total = 0.0
-    for start in range(0, len(embeddings), chunk_size):
-        chunk = np.asarray(embeddings[start:start + chunk_size], dtype=np.float64)
+def nearest_members(embeddings: np.ndarray, actions: np.ndarray, codebook: np.ndarray, num_nearest: int,
+                    chunk_size: int = 65536) -> dict[int, list[tuple[int, float]]]:
+    """For every action, up to ``num_nearest`` (sentence, squared distance) of its members, closest first."""
+    distances = np.empty(len(actions), dtype=np.float64)  # (N,)
+    for start in range(0, len(actions), chunk_size):
+        chunk = np.asarray(embeddings[start:start + chunk_size], dtype=np.float64)  # (n, E)
         diff = chunk - codebook[actions[start:start + chunk_size]]
-        total += float(np.einsum("ne,ne->", diff, diff))
-    return total
+        distances[start:start + len(chunk)] = np.einsum("ne,ne->n", diff, diff)
+    order = np.lexsort((distances, actions))  # by action, then distance
+    sorted_actions = actions[order]
+    starts = np.searchsorted(sorted_actions, np.arange(len(codebook)), side="left")
+    stops = np.searchsorted(sorted_actions, np.arange(len(codebook)), side="right")
+    return {a: [(int(s), float(distances[s])) for s in order[lo:min(hi, lo + num_nearest)]]
+            for a, (lo, hi) in enumerate(zip(starts, stops))}
+
+
+def _plot_sizes(sizes: np.ndarray, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    ranked = np.sort(sizes)[::-1]
+    left.bar(np.arange(len(ranked)), ranked, width=1.0, color="tab:blue")
+    left.set_xlabel("action (ranked by size)")
+    left.set_ylabel("sentences")
+    left.set_title("cluster sizes, largest first")
+    right.hist(sizes, bins=min(50, max(5, len(sizes) // 4)), color="tab:orange")
+    right.set_xlabel("sentences per action")
+    right.set_ylabel("actions")
+    right.set_title("distribution of cluster sizes")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def actions(prepared_dir: str, out_dir: str | None = None, split: str = "train", num_nearest: int = 5,
+            max_print: int | None = 20, max_chars: int = 160) -> Path:
+    """Show each abstract writing action: its size and the sentences nearest its centroid.
+
+    Writes ``actions.md`` (every action), ``actions.json`` and ``cluster_sizes.png`` (the
+    cluster-size distribution) into ``out_dir`` and prints the largest actions.
+
+    Args:
+        prepared_dir: A folder written by ``planlm prepare``.
+        out_dir: Where to write the files (default: ``<prepared_dir>/actions``).
+        split: Which split's sentences to show (train, validation, test).
+        num_nearest: Sentences shown per action.
+        max_print: Actions printed to the terminal, largest first (None: all; the files always hold all).
+        max_chars: Longer sentences are shortened to this many characters in the output.
+
+    Returns:
+        The folder holding actions.md, actions.json and cluster_sizes.png.
+    """
+    if num_nearest < 1:
+        raise PlanlmError(f"--num_nearest must be >= 1 (got {num_nearest})")
+    prepared = PreparedDataset(prepared_dir)
+    data = prepared.split(split)
+    codebook = prepared.codebook.numpy().astype(np.float64)  # (A, E)
+    split_actions = np.asarray(data.actions)  # (N,)
+    num_actions = prepared.num_actions
+    sizes = np.bincount(split_actions, minlength=num_actions)  # (A,)
+    nearest = nearest_members(data.embeddings, split_actions, codebook, num_nearest)
+    out = Path(out_dir) if out_dir else Path(prepared_dir) / "actions"
+    out.mkdir(parents=True, exist_ok=True)
+
+    def shorten(text: str) -> str:
+        text = " ".join(text.split())
+        return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+    records = []
+    for action in np.argsort(-sizes, kind="stable"):
+        action = int(action)
+        records.append({"action": action, "size": int(sizes[action]),
+                        "share": float(sizes[action] / max(1, len(split_actions))),
+                        "nearest": [{"sentence": s, "distance": round(d, 6), "text": data.sentence_text(s)}
+                                    for s, d in nearest[action]]})
+    total = len(split_actions)
+    empty = int((sizes == 0).sum())
+    header = (f"{num_actions} actions over {total:,} {split} sentences of {prepared.path} "
+              f"(encoder {prepared.encoder_name}); largest {sizes.max() if total else 0:,}, "
+              f"median {int(np.median(sizes)):,}, smallest {sizes.min():,}, empty {empty}")
+    lines = ["# Abstract writing actions", "", header, "", "![cluster sizes](cluster_sizes.png)", "",
+             "| action | sentences | share | nearest sentences to the centroid |", "| ---: | ---: | ---: | --- |"]
+    for r in records:
+        texts = "<br>".join(f"{i + 1}. {shorten(n['text'])}".replace("|", "\\|") for i, n in enumerate(r["nearest"]))
+        lines.append(f"| {r['action']} | {r['size']:,} | {r['share']:.2%} | {texts or '(empty)'} |")
+    (out / "actions.md").write_text("\n".join(lines) + "\n")
+    write_json(out / "actions.json", {"prepared_dir": str(prepared.path), "split": split,
+                                      "num_actions": num_actions, "sentences": total, "empty": empty,
+                                      "actions": records})
+    _plot_sizes(sizes, out / "cluster_sizes.png", f"{num_actions} actions, {total:,} {split} sentences")
+
+    print(header)
+    for r in records[: max_print if max_print is not None else len(records)]:
+        print(f"\naction {r['action']}: {r['size']:,} sentences ({r['share']:.1%})")
+        for n in r["nearest"]:
+            print(f"  - {shorten(n['text'])}")
+    print(f"\nwrote {out / 'actions.md'}, {out / 'actions.json'}, {out / 'cluster_sizes.png'}")
+    return out

@@ -3,7 +3,7 @@
 Steps (each with a progress bar): read and shuffle the articles (``planlm.data.corpus``), split
 them into sentences with spaCy keeping character offsets, draw test / validation / train, embed the
 sentences into memory-mapped files (``planlm.data.embed``), fit k-means on the train embeddings and
-give every sentence its nearest centroid (``planlm.data.actions``), tokenise every whole article
+give every sentence its nearest centroid (``planlm.data.kmeans``), tokenise every whole article
 and map tokens to sentences by character offsets (``planlm.data.tokens``), write the folder format
 of ``planlm.data.artifacts`` and the manifest last.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from planlm.data.actions import ActionsConfig, assign_actions, fit_codebook, inertia
+from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.data.artifacts import ARRAYS, SPLITS, write_split
 from planlm.data.corpus import CorpusConfig, Skips, local_files, read_articles, resolve_kind
 from planlm.data.embed import EmbedConfig, embed_sentences

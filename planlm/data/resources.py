@@ -84,7 +84,7 @@ def use_offline_mode_if_no_hub() -> None:
 
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str = DEFAULT_TOKENIZER):
-    """Any HF tokenizer by hub name, local folder or GGUF file (``planlm.pretrained``). ``gpt2`` falls back
+    """Any HF tokenizer by hub name, local folder or GGUF file (``planlm.models.pretrained``). ``gpt2`` falls back
     to the offline BPE files."""
     from transformers import AutoTokenizer, GPT2TokenizerFast
 
@@ -94,7 +94,7 @@ def load_tokenizer(name_or_path: str = DEFAULT_TOKENIZER):
         except Exception:
             tok = GPT2TokenizerFast.from_pretrained(str(_offline_gpt2_dir()))
     else:
-        from planlm.pretrained import resolve_pretrained
+        from planlm.models.pretrained import resolve_pretrained
 
         path = resolve_pretrained(name_or_path)  # a GGUF file: the tokenizer of its exported folder
         try:

@@ -96,7 +96,7 @@ class CachedPlans:
         paths = paths.expand(-1, self.repeat, -1).contiguous() if self.repeat > 1 else paths  # (N, K, T)
         if self.path_counts is None:
             return paths, torch.ones_like(paths, dtype=torch.bool)
-        from planlm.path_policy import path_mask_from_counts
+        from planlm.plans.policy import path_mask_from_counts
 
         return paths, path_mask_from_counts(torch.from_numpy(self.path_counts[sentences]), self.num_paths, self.horizon)
 

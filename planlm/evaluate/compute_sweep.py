@@ -1,7 +1,7 @@
 """Compute against perplexity: fixed K beside the adaptive path policies (``planlm sweep --kind compute``).
 
 Every point is a full ``planlm evaluate`` of the same LM on the same articles, in
-``<out_dir>/<point>/``: fixed K = 1, 2, 5, 10, 20, 50 and each adaptive policy (``planlm.path_policy``)
+``<out_dir>/<point>/``: fixed K = 1, 2, 5, 10, 20, 50 and each adaptive policy (``planlm.plans.policy``)
 at the budgets given (its max_paths, tolerance, entropy_high). Each row records the paths sampled per
 boundary (mean and fraction of K_max), perplexity, its paired difference from fixed K_max (the largest
 fixed K) with the paired bootstrap interval over articles (``planlm.evaluate.bootstrap``), and the wall,
@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from planlm.path_policy import PathPolicy
+from planlm.plans.policy import PathPolicy
 from planlm.utils import PlanlmError, write_json
 
 COMPUTE_COLUMNS = ("value", "policy", "K", "paths_mean", "paths_fraction", "ppl", "ci_low", "ci_high", "reference",
@@ -115,7 +115,8 @@ def where_paths_went(eval_dir: Path, planner_dir: Optional[str], prepared_dir: s
     with the most and the fewest paths, each with the planner's top first actions and the following sentence."""
     from planlm.data.artifacts import PreparedDataset
     from planlm.evaluate.perplexity import load_planner
-    from planlm.plans import boundary_contexts, resolve_device
+    from planlm.plans.sampling import boundary_contexts
+    from planlm.utils import resolve_device
 
     counts = np.load(eval_dir / "num_paths.npy")  # (N_sent evaluated,)
     split_view = PreparedDataset(prepared_dir).split(split)

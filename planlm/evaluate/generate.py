@@ -42,7 +42,7 @@ from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.resources import load_tokenizer, split_sentences
 from planlm.evaluate.perplexity import (Conditioning, EvalConditioning, autocast, load_checked, load_planner,
                                         resolve_conditioning, resolve_device)
-from planlm.path_policy import PathPolicy, path_mask_from_counts, sample_with_policy
+from planlm.plans.policy import PathPolicy, path_mask_from_counts, sample_with_policy
 from planlm.utils import PlanlmError, write_json
 
 EmbedFn = Callable[[list[str]], np.ndarray]
@@ -182,7 +182,7 @@ def synthetic_embed_fn(prepared: PreparedDataset, split: str = "train") -> Embed
 
 def action_examples(prepared: PreparedDataset, split: str = "train") -> Callable[[int], str]:
     """action -> the sentence of ``split`` nearest its centroid (among the sentences assigned to it)."""
-    from planlm.data.inspect import nearest_members
+    from planlm.data.actions import nearest_members
 
     cache: dict = {}
 

@@ -17,7 +17,7 @@ How the windows are computed (exact, batched):
   attention mask, no position ids to fix) and many windows share one forward pass.
 - A plan vector per sentence is computed *once* for the whole evaluation (planner paths -> adapter),
   then gathered onto tokens (``plan_embeds``): the LM runs once per window whatever K is.
-- At each boundary the planner sees only the true sentences before it (``planlm.plans.compute_plans``).
+- At each boundary the planner sees only the true sentences before it (``planlm.plans.sampling.compute_plans``).
 
 Letters: B windows in a batch, L input tokens, P scored positions, K paths, T horizon, D LM width,
 N sentences, V vocabulary.
@@ -37,9 +37,9 @@ import torch.nn.functional as F
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_json, write_manifest
-from planlm.path_policy import PathPolicy, paths_summary, policy_keyed
-from planlm.planner import planner_hash
-from planlm.plans import autocast, resolve_device
+from planlm.plans.policy import PathPolicy, paths_summary, policy_keyed
+from planlm.models.planner import planner_hash
+from planlm.utils import autocast, resolve_device
 
 Conditioning = Literal["none", "fixed", "oracle", "planner_argmax", "planner_sampled"]
 CONDITIONINGS = ("none", "fixed", "oracle", "planner_argmax", "planner_sampled")
@@ -140,7 +140,7 @@ def plan_vector_table(model, source, sentences: np.ndarray, num_sentences: int, 
 
 def load_model(model_dir: str | Path):
     """A PlannedLM from a ``train-lm`` folder, or a bare HF causal-LM folder wrapped as conditioning ``none``."""
-    from planlm.lm import PlannedLM, PlannedLMConfig
+    from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
 
     model_dir = Path(model_dir)
     if (model_dir / "planned_lm.json").is_file():
@@ -263,7 +263,7 @@ def action_source(cond: EvalConditioning, prepared: PreparedDataset, split: Prep
     plans = argmax_plans = path_counts = None
     if cond.conditioning in ("planner_sampled", "planner_argmax"):
         if cond.plans_dir:
-            from planlm.plans import load_path_counts, load_plans
+            from planlm.plans.sampling import load_path_counts, load_plans
 
             plans = load_plans(cond.plans_dir, split.name, prepared=prepared,
                                argmax=cond.conditioning == "planner_argmax")
@@ -279,7 +279,7 @@ def action_source(cond: EvalConditioning, prepared: PreparedDataset, split: Prep
 
 
 def load_planner(planner_dir: str, prepared: PreparedDataset, device: torch.device):
-    from planlm.planner import Planner
+    from planlm.models.planner import Planner
 
     planner = Planner.from_pretrained(planner_dir, map_location=device)
     planner.check_matches(prepared, where=str(planner_dir))
@@ -291,7 +291,7 @@ def compute_planner_plans(cond: EvalConditioning, prepared: PreparedDataset, spl
                           precision: str = "fp32"):
     """Full-size (N_sent, K, T) sampled and (N_sent, T) argmax arrays, filled for ``sentences``, and the
     (N_sent,) paths per boundary of the sampled ones under the path policy (None for argmax)."""
-    from planlm.plans import compute_plans
+    from planlm.plans.sampling import compute_plans
 
     planner = load_planner(cond.planner_dir, prepared, device)
     sentences = np.asarray(sentences, dtype=np.int64)
@@ -429,7 +429,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
             permutation): how much the LM reads its plans (plan_usage_* in metrics.json). None: whenever
             the conditioning has plans; true on conditioning none is an error.
         path_policy: Paths per boundary of sampled plans: fixed (K = num_paths everywhere), entropy or converge
-            (at most K; planlm.path_policy). With plans_dir: the cache's own policy.
+            (at most K; planlm.plans.policy). With plans_dir: the cache's own policy.
 
     Returns:
         The metrics dict (also in ``<out_dir>/metrics.json``).

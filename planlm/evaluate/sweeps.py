@@ -17,8 +17,8 @@ from typing import Literal, Optional
 
 from planlm.evaluate.compute_sweep import DEFAULT_POLICIES, compute_points, compute_rows, write_compute_outputs
 from planlm.evaluate.perplexity import Conditioning, evaluate, model_fingerprint
-from planlm.path_policy import PathPolicy
-from planlm.planner import planner_hash
+from planlm.plans.policy import PathPolicy
+from planlm.models.planner import planner_hash
 from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, write_manifest
 
 COLUMNS = ("value", "ppl", "ci_low", "ci_high", "reference", "paired_diff", "paired_ci_low", "paired_ci_high",

@@ -1,6 +1,6 @@
 """``planlm train-lm``: finetune a causal LM conditioned on plans (section 3.3 of the paper).
 
-``LightningLM`` holds only the steps and the optimiser; the network is ``planlm.lm.PlannedLM``.
+``LightningLM`` holds only the steps and the optimiser; the network is ``planlm.models.planned_lm.PlannedLM``.
 The output folder is a ``PlannedLM`` folder (reload it with ``PlannedLM.from_pretrained(out_dir)``)
 plus ``checkpoints/`` (best + last, for resume), ``logs/`` (CSV) and ``tb/`` (TensorBoard), and is
 complete only once its ``manifest.json`` is written.
@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from planlm.adapter import AdapterConfig
+from planlm.models.adapter import AdapterConfig
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.windows import WindowCollator, article_windows, make_action_source
-from planlm.lm import Conditioning, PlannedLM, PlannedLMConfig, load_causal_lm
-from planlm.path_policy import PathPolicy, policy_keyed
+from planlm.models.planned_lm import Conditioning, PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.plans.policy import PathPolicy, policy_keyed
 from planlm.train.resume import EpochShuffle, RestoreRNG, last_checkpoint
 from planlm.utils import (PlanlmError, check_bf16, derive_seed, file_sha256, fingerprint, prepare_stage_dir,
                           read_manifest, write_manifest)
@@ -280,7 +280,7 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
     boundary (N,) or None})."""
     if not cond.conditioning.startswith("planner"):
         return None, None, {}, {}
-    from planlm.plans import load_path_counts, sample_plans
+    from planlm.plans.sampling import load_path_counts, sample_plans
 
     plans_dir = cond.plans_dir
     if plans_dir is None:
@@ -305,7 +305,7 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
     if cond.conditioning == "planner_sampled" and int(manifest["num_paths"]) != cond.num_paths:
         raise PlanlmError(f"{where}: cached K={manifest['num_paths']} paths but --conditioning.num_paths "
                           f"{cond.num_paths}; set num_paths: {manifest['num_paths']} or sample plans with K={cond.num_paths}")
-    from planlm.plans import load_plans
+    from planlm.plans.sampling import load_plans
 
     arrays = {split: load_plans(plans_path, split, prepared=prepared, argmax=cond.conditioning == "planner_argmax")
               for split in splits}
@@ -396,7 +396,7 @@ def _input_hashes(model: LMModelConfig, cond: ConditioningConfig) -> dict:
     plans (or the plan cache's key) and of the LM it starts from, so that retraining either into the same
     folder retrains this LM instead of reusing it."""
     from planlm.evaluate.perplexity import model_fingerprint
-    from planlm.planner import planner_hash
+    from planlm.models.planner import planner_hash
 
     hashes = {"init_from": model_fingerprint(model.init_from) if model.init_from else None}
     if cond.conditioning.startswith("planner") and cond.plans_dir:

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
-from planlm.planner import Planner, PlannerConfig, PlannerShape
-from planlm.plans import IGNORE_INDEX, boundary_contexts, boundary_targets, check_split, embed_split
+from planlm.models.planner import Planner, PlannerConfig, PlannerShape
+from planlm.plans.sampling import IGNORE_INDEX, boundary_contexts, boundary_targets, check_split, embed_split
 from planlm.train.resume import RestoreRNG, last_checkpoint
 from planlm.utils import PlanlmError, fingerprint, prepare_stage_dir, write_json, write_manifest
 

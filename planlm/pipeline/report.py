@@ -2,7 +2,7 @@
 
 It only reads what the stages wrote (``eval/<condition>/metrics.json``, ``edit/<condition>/metrics.json``,
 ``planner/summary.json``, ``sweeps/``, ``prepared/``), so it can be rebuilt at any time with
-``python -m planlm.report RUN_DIR``.
+``python -m planlm.pipeline.report RUN_DIR``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _fmt_ci(value: Optional[float], low: Optional[float], high: Optional[float],
 
 def _seed_numbers(run_dir: Path, name: str, seed: Optional[int]) -> dict:
     """One trained model's numbers: perplexity, plan usage, edit distance and the learned ReZero scalars."""
-    from planlm.pipeline import seed_dir
+    from planlm.pipeline.run import seed_dir
 
     metrics = _read_json(seed_dir(run_dir / "eval" / name, seed) / "metrics.json") or {}
     edit = _read_json(seed_dir(run_dir / "edit" / name, seed) / "metrics.json") or {}
@@ -67,7 +67,7 @@ def _over_seeds(run_dir: Path, name: str, per_seed: dict[int, dict]) -> dict:
     import numpy as np
 
     from planlm.evaluate.bootstrap import bootstrap_perplexity, read_per_article
-    from planlm.pipeline import seed_dir
+    from planlm.pipeline.run import seed_dir
 
     done = {seed: numbers for seed, numbers in per_seed.items() if numbers["ppl"] is not None}
     if not done:
@@ -325,7 +325,7 @@ def _actions_section(run_dir: Path, figures: Path, actions_shown: int) -> list[s
     import contextlib
     import io
 
-    from planlm.data.inspect import actions
+    from planlm.data.actions import actions
 
     with contextlib.redirect_stdout(io.StringIO()):  # the report shows them; the terminal need not
         folder = actions(str(prepared), out_dir=str(run_dir / "actions"), num_nearest=3, max_print=0)
@@ -383,7 +383,7 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
     return path
 
 
-if __name__ == "__main__":  # rebuild a report: python -m planlm.report RUN_DIR
+if __name__ == "__main__":  # rebuild a report: python -m planlm.pipeline.report RUN_DIR
     run = Path(sys.argv[1])
     state = _read_json(run / "run_state.json") or {}
     config = state.get("config") or {}

@@ -7,7 +7,7 @@
 A learned start latent is always prepended by h, so the first sentence of an article (empty
 context) has a valid state. The state grows by one latent per step; the paper's g re-encodes the whole
 set each step (no key/value cache is possible: every latent changes). ``dynamics="causal"`` swaps in a
-prefix-causal g and f with a cache (planlm.planner_causal), which makes extra paths cheap. Training uses
+prefix-causal g and f with a cache (planlm.models.planner_causal), which makes extra paths cheap. Training uses
 teacher forcing (``forward``); ``sample_paths`` draws K paths autoregressively, batched over paths
 and boundaries (one forward per step for all of them).
 
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planlm.planner_causal import CausalDynamics, CausalPrediction, causal_decode, causal_teacher_forcing
+from planlm.models.planner_causal import CausalDynamics, CausalPrediction, causal_decode, causal_teacher_forcing
 from planlm.utils import PlanlmError, file_sha256, write_json
 
 CONFIG_FILE = "config.json"
@@ -59,7 +59,7 @@ class PlannerShape:
     """Initialise the classifier of f and the action table of g from the codebook."""
     dynamics: Literal["recurrent", "causal"] = "recurrent"
     """g and f: "recurrent" is the paper's (g re-encodes the grown set of latents at every step); "causal"
-    encodes the set with a prefix-causal mask and a key/value cache (planlm.planner_causal): the same
+    encodes the set with a prefix-causal mask and a key/value cache (planlm.models.planner_causal): the same
     parameter counts, all T steps trained in one pass, and sampling costs one token per path and step."""
     dynamics_grad_scale: float = 0.5
     """Scale of the gradient that flows back through g into earlier states (MuZero: 0.5; recurrent only)."""
@@ -300,10 +300,10 @@ class Planner(nn.Module):
         """Sample num_paths action paths per boundary -> LongTensor (B, K, T); temperature 0 = argmax.
 
         ``num_paths`` is one K for every boundary, or a LongTensor (B,) of per-boundary counts (an adaptive
-        path policy, planlm.path_policy): then K = its maximum and the paths of boundary b beyond
+        path policy, planlm.plans.policy): then K = its maximum and the paths of boundary b beyond
         num_paths[b] are zero padding. Recurrent g: paths that share a prefix share its state. Causal g: the
         context is encoded once per boundary and each path adds one cached token per step
-        (planlm.planner_causal)."""
+        (planlm.models.planner_causal)."""
         counts = num_paths if torch.is_tensor(num_paths) else None
         most = num_paths if counts is None else int(counts.max())
         if most < 1 or (counts is not None and int(counts.min()) < 1) or horizon < 1 or temperature < 0:

@@ -1,6 +1,6 @@
 """A cacheable dynamics g and prediction f for the planner (``PlannerShape.dynamics = "causal"``).
 
-The paper's g (``dynamics = "recurrent"``, planlm.planner) appends Emb(action) to the set of latents and
+The paper's g (``dynamics = "recurrent"``, planlm.models.planner) appends Emb(action) to the set of latents and
 re-encodes the whole set at every step, so every latent changes and sampling K paths of T steps costs
 K * T full passes over the context. Here the set is encoded with a *prefix-causal* mask instead:
 

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from planlm.adapter import AdapterConfig, build_adapter
+from planlm.models.adapter import AdapterConfig, build_adapter
 from planlm.utils import PlanlmError, write_json
 
 Conditioning = Literal["none", "fixed", "oracle", "planner_argmax", "planner_sampled"]
@@ -84,7 +84,7 @@ class PlannedLMConfig:
 
 def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None):
     """An HF ``AutoModelForCausalLM``: pretrained (hub name, local folder, ``*.gguf`` file or the offline
-    ``smollm2-135m``; see ``planlm.pretrained``) or randomly initialised.
+    ``smollm2-135m``; see ``planlm.models.pretrained``) or randomly initialised.
 
     ``model_config`` (used when ``name_or_path`` is None) is an ``AutoConfig.for_model`` dict such as
     ``{"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}``; its
@@ -94,7 +94,7 @@ def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, v
 
     from planlm.data.resources import hub_available
 
-    from planlm.pretrained import resolve_pretrained
+    from planlm.models.pretrained import resolve_pretrained
 
     if name_or_path:
         path = resolve_pretrained(name_or_path)  # a GGUF file: its exported safetensors folder

@@ -18,7 +18,7 @@ With ``seeds: [0, 1, 2]`` the base LM and every condition are trained and evalua
 each in ``seed<N>/`` under the folders above (lm/_base/seed<N>, lm/<condition>/seed<N>, ...); the
 prepared corpus and the planners are shared by all seeds, and the sweeps use the first seed's models.
 Within a seed the conditions are paired (same start weights, data order and dropout: see train-lm).
-    report.md, results.json, results.csv, figures/   planlm.report
+    report.md, results.json, results.csv, figures/   planlm.pipeline.report
 
 A condition that fails is recorded (``results.json``, the report) and the others go on. Each YAML
 section is validated against the signature of the command it feeds before anything runs
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from planlm.sections import bind_section, deep_merge
+from planlm.pipeline.sections import bind_section, deep_merge
 from planlm.utils import PlanlmError, read_manifest, write_json
 
 _IO = {"prepare": {"out_dir", "progress"}, "train_planner": {"prepared_dir", "out_dir"},
@@ -380,7 +380,7 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
                                        "condition": stage.condition, "seed": stage.seed}
         progress.end(stage, status, seconds, reused)
         write_json(state_path, state)
-    from planlm.report import write_report
+    from planlm.pipeline.report import write_report
 
     report_path = write_report(out, state=state, conditions=conditions, seeds=seeds, **(report or {}))
     failed = [n for n, s in state["stages"].items() if s["status"] != "done"]

@@ -10,7 +10,7 @@ Plan cache folder (``planlm sample-plans``; default ``<planner_dir>/plans/K{K}-T
                          planner's model.safetensors), codebook_hash, num_actions, prepared_dir, counts
     <split>.npy          (N_sent, K, T) int64  sampled paths; row s = the paths for boundary s
     <split>.num_paths.npy (N_sent,) int64      paths of boundary s under the path policy (K for fixed): the
-                                               paths of row s beyond it are padding (planlm.path_policy)
+                                               paths of row s beyond it are padding (planlm.plans.policy)
     <split>.argmax.npy   (N_sent, T) int64     the greedy path of boundary s
 
 An adaptive path policy (``--path_policy``) is part of the cache key and of the default folder name
@@ -21,7 +21,6 @@ Letters: B boundaries, S context sentences, E embedding width, K paths, T horizo
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -31,28 +30,13 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
-from planlm.path_policy import PathPolicy, paths_summary, sample_with_policy
-from planlm.planner import WEIGHTS_FILE, Planner
-from planlm.utils import (PlanlmError, check_bf16, file_sha256, fingerprint, prepare_stage_dir, read_manifest,
-                          write_manifest)
+from planlm.plans.policy import PathPolicy, paths_summary, sample_with_policy
+from planlm.models.planner import WEIGHTS_FILE, Planner
+from planlm.utils import (PlanlmError, autocast, file_sha256, fingerprint, prepare_stage_dir, read_manifest,
+                          resolve_device, write_manifest)
 
 IGNORE_INDEX = -100  # target of a step beyond the article's end (ignored by the loss)
 MAX_ROWS = 4096  # most paths (B*K) per forward in compute_plans: bounds activation memory, keeps caches warm
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def autocast(device: torch.device, precision: str):
-    """bf16 autocast on CUDA by default (``auto``), fp32 elsewhere; ``bf16`` asks for it on any device
-    (CPUs with AVX512-BF16 or AMX run bf16 matrix products about 3x faster; others are refused)."""
-    check_bf16(precision, device.type, "--precision")
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def boundary_contexts(split: PreparedSplit, sentences: np.ndarray, max_sentences: int,
@@ -181,7 +165,7 @@ def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]
         batch_size: Boundaries per forward pass.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1`` ...
         precision: The planner's arithmetic: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
-        path_policy: Paths per boundary: fixed (K everywhere), entropy or converge (planlm.path_policy).
+        path_policy: Paths per boundary: fixed (K everywhere), entropy or converge (planlm.plans.policy).
 
     Returns:
         The plan cache folder.
