@@ -40,6 +40,7 @@ def build(root: Path, lm_size: str, num_articles: int, planner_size: str, dynami
     from planlm.data.artifacts import PreparedDataset
     from planlm.data.synthetic import make_synthetic_prepared
     from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
+    from planlm.plans.spec import PlanSpec
     from planlm.models.planner import Planner, PlannerConfig
 
     prepared_dir = make_synthetic_prepared(root / "prepared", num_actions=NUM_ACTIONS, embedding_dim=32,
@@ -54,9 +55,9 @@ def build(root: Path, lm_size: str, num_articles: int, planner_size: str, dynami
         planner.save_pretrained(root / f"planner-{dynamics}")
     width = LMS[lm_size]["n_embd"]
     lm = GPT2LMHeadModel(GPT2Config(n_positions=128, vocab_size=50257, **LMS[lm_size]))
-    adapter = AdapterConfig(adapter="multipath", num_actions=NUM_ACTIONS, action_dim=32, hidden_size=width,
+    adapter = AdapterConfig(kind="multipath", num_actions=NUM_ACTIONS, action_dim=32, hidden_size=width,
                             horizon=10, num_heads=2, init_no_op=False)
-    config = PlannedLMConfig(conditioning="planner_sampled", adapter=adapter, num_paths=10, horizon=10,
+    config = PlannedLMConfig(plans=PlanSpec(kind="planner_sampled", num_paths=10, horizon=10), adapter=adapter,
                              num_actions=NUM_ACTIONS, codebook_hash=prepared.codebook_hash)
     return prepared, PlannedLM(config, lm, prepared.codebook).eval()
 

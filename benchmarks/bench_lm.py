@@ -21,6 +21,7 @@ import torch
 
 from planlm.models.adapter import AdapterConfig
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.plans.spec import PlanSpec
 
 GPT2_VOCAB = 50257
 
@@ -44,13 +45,13 @@ def build(kind: str, lm_config: dict, args, device: torch.device) -> tuple[Plann
     lm = load_causal_lm(None, lm_config, vocab_size=GPT2_VOCAB)
     width = lm.get_input_embeddings().embedding_dim
     if kind == "none":
-        config = PlannedLMConfig(conditioning="none")
+        config = PlannedLMConfig()
     else:
-        adapter = AdapterConfig(adapter=kind, num_actions=args.num_actions, action_dim=args.action_dim,
+        adapter = AdapterConfig(kind=kind, num_actions=args.num_actions, action_dim=args.action_dim,
                                 hidden_size=width, horizon=args.horizon, num_heads=args.num_heads,
                                 init_no_op=False)
-        config = PlannedLMConfig(conditioning="planner_sampled", adapter=adapter, num_paths=args.num_paths,
-                                 horizon=args.horizon, num_actions=args.num_actions)
+        config = PlannedLMConfig(plans=PlanSpec(kind="planner_sampled", num_paths=args.num_paths,
+                                                  horizon=args.horizon), adapter=adapter, num_actions=args.num_actions)
     model = PlannedLM(config, lm).to(device).train()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 

@@ -21,6 +21,7 @@ import torch
 
 from planlm.models.adapter import AdapterConfig
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.plans.spec import PlanSpec
 from planlm.models.pretrained import SMOLLM2
 
 FINETUNES = ("frozen", "lora", "full")
@@ -41,9 +42,9 @@ def make_batch(vocab_size: int, args, gen: torch.Generator) -> dict[str, torch.T
 def build(lm, finetune: str, args) -> tuple[PlannedLM, torch.optim.Optimizer]:
     """A planned LM (oracle-style Project-and-Avg adapter) over a copy of ``lm``, finetuned as asked."""
     torch.manual_seed(0)
-    adapter = AdapterConfig(adapter="project_avg", num_actions=args.num_actions, action_dim=args.action_dim,
+    adapter = AdapterConfig(kind="project_avg", num_actions=args.num_actions, action_dim=args.action_dim,
                             hidden_size=lm.get_input_embeddings().embedding_dim, init_no_op=False)
-    config = PlannedLMConfig(conditioning="oracle", adapter=adapter, num_actions=args.num_actions)
+    config = PlannedLMConfig(plans=PlanSpec(kind="oracle"), adapter=adapter, num_actions=args.num_actions)
     model = PlannedLM(config, lm if finetune == "frozen" else copy.deepcopy(lm)).train()
     model.apply_finetune(finetune, lora_rank=args.lora_rank)
     trainable = [p for p in model.parameters() if p.requires_grad]

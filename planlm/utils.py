@@ -17,6 +17,7 @@ import os
 import platform
 import shutil
 import time
+from enum import Enum
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,8 @@ def to_jsonable(obj: Any) -> Any:
         return [to_jsonable(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
+    if isinstance(obj, Enum):
+        return obj.value
     if isinstance(obj, np.generic):
         return obj.item()
     return obj

@@ -14,6 +14,7 @@ import torch
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
+from planlm.plans.spec import PlanSpec
 from planlm.models.planner import Planner, PlannerConfig
 
 
@@ -48,9 +49,9 @@ def tiny_planned_lm(prepared: PreparedDataset, adapter: str = "project_avg", see
     plan vectors really move the logits."""
     from planlm.models.adapter import AdapterConfig
 
-    adapter_config = AdapterConfig(adapter=adapter, num_actions=prepared.num_actions, action_dim=prepared.embedding_dim,
+    adapter_config = AdapterConfig(kind=adapter, num_actions=prepared.num_actions, action_dim=prepared.embedding_dim,
                                    hidden_size=32, horizon=4, num_heads=2, init_no_op=False)
-    config = PlannedLMConfig(conditioning="oracle", adapter=adapter_config, num_paths=2, horizon=3,
+    config = PlannedLMConfig(plans=PlanSpec(kind="oracle", num_paths=2, horizon=3), adapter=adapter_config,
                              num_actions=prepared.num_actions, codebook_hash=prepared.codebook_hash,
                              tokenizer=prepared.tokenizer_name, base_model_config={"model_type": "gpt2"})
     model = PlannedLM(config, tiny_gpt2(seed), prepared.codebook)

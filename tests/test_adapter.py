@@ -44,7 +44,7 @@ def test_project_avg_matches_the_paper_formula():
 
 def test_fresh_multipath_equals_project_avg_exactly():
     torch.manual_seed(0)
-    multipath = MultiPath(config(adapter="multipath"))
+    multipath = MultiPath(config(kind="multipath"))
     project_avg = ProjectAvg(config())
     result = project_avg.load_state_dict(multipath.state_dict(), strict=False)
     assert not result.missing_keys  # the shared Emb, W, b
@@ -69,7 +69,7 @@ def test_fresh_multipath_equals_project_avg_exactly():
 
 def test_multipath_reads_order_within_a_path_but_not_order_of_paths():
     torch.manual_seed(0)
-    adapter = MultiPath(config(adapter="multipath")).eval()
+    adapter = MultiPath(config(kind="multipath")).eval()
     with torch.no_grad():
         adapter.alpha_path.fill_(1.0)
         adapter.alpha_sample.fill_(1.0)
@@ -87,7 +87,7 @@ def test_multipath_reads_order_within_a_path_but_not_order_of_paths():
 
 def test_no_rezero_ablation_drops_the_scalars_and_the_skip():
     torch.manual_seed(0)
-    ablation = MultiPath(config(adapter="multipath", rezero=False))
+    ablation = MultiPath(config(kind="multipath", rezero=False))
     assert not hasattr(ablation, "alpha_path")
     project_avg = ProjectAvg(config())
     project_avg.load_state_dict(ablation.state_dict(), strict=False)
@@ -126,7 +126,7 @@ def multipath_by_hand(adapter: MultiPath, action_paths, path_mask):
 @pytest.mark.parametrize("rezero", [True, False])
 def test_multipath_matches_equations_1_and_2_rebuilt_from_its_transformers(rezero, action_dim):
     torch.manual_seed(0)
-    adapter = MultiPath(config(adapter="multipath", rezero=rezero, num_layers=2, action_dim=action_dim)).eval()
+    adapter = MultiPath(config(kind="multipath", rezero=rezero, num_layers=2, action_dim=action_dim)).eval()
     with torch.no_grad():
         adapter.step_position.weight.normal_(std=0.5)  # positions that matter
         if rezero:
@@ -152,7 +152,7 @@ def test_multipath_matches_equations_1_and_2_rebuilt_from_its_transformers(rezer
 @pytest.mark.parametrize("kind", ["project_avg", "multipath"])
 def test_no_op_init_and_codebook_init(kind):
     codebook = torch.randn(NUM_ACTIONS, ACTION_DIM)
-    adapter = build_adapter(config(adapter=kind, init_no_op=True), codebook)
+    adapter = build_adapter(config(kind=kind, init_no_op=True), codebook)
     torch.testing.assert_close(adapter.action_embedding.weight.detach(), codebook)
     action_paths, path_mask = paths_and_mask()
     out = adapter(action_paths, path_mask)
@@ -160,11 +160,11 @@ def test_no_op_init_and_codebook_init(kind):
     out.sum().backward()
     assert adapter.projection.weight.grad.abs().sum() > 0  # ... and still learns
     with pytest.raises(PlanlmError, match="action_dim"):
-        build_adapter(config(adapter=kind), torch.randn(NUM_ACTIONS, ACTION_DIM + 1))
+        build_adapter(config(kind=kind), torch.randn(NUM_ACTIONS, ACTION_DIM + 1))
 
 
 def test_all_paths_masked_gives_finite_output():
-    adapter = MultiPath(config(adapter="multipath", rezero=False))
+    adapter = MultiPath(config(kind="multipath", rezero=False))
     action_paths = torch.zeros(2, 3, HORIZON, dtype=torch.long)
     mask = torch.zeros_like(action_paths, dtype=torch.bool)
     assert torch.isfinite(adapter(action_paths, mask)).all()
@@ -172,18 +172,18 @@ def test_all_paths_masked_gives_finite_output():
 
 def test_config_errors_name_the_flag():
     with pytest.raises(PlanlmError, match="--num_heads"):
-        config(adapter="multipath", num_heads=3)
+        config(kind="multipath", num_heads=3)
     with pytest.raises(PlanlmError, match="--horizon"):
         config(horizon=0)
     with pytest.raises(PlanlmError, match="--adapter"):
-        config(adapter="mean")
+        config(kind="mean")
     with pytest.raises(PlanlmError, match="horizon"):
-        MultiPath(config(adapter="multipath"))(torch.zeros(1, 1, HORIZON + 1, dtype=torch.long))
+        MultiPath(config(kind="multipath"))(torch.zeros(1, 1, HORIZON + 1, dtype=torch.long))
 
 
 def test_multipath_encodes_each_distinct_path_once_without_changing_results():
     torch.manual_seed(0)
-    adapter = MultiPath(config(adapter="multipath")).eval()
+    adapter = MultiPath(config(kind="multipath")).eval()
     with torch.no_grad():
         adapter.alpha_path.fill_(0.5)
         adapter.alpha_sample.fill_(0.5)
@@ -201,7 +201,7 @@ def test_multipath_encodes_each_distinct_path_once_without_changing_results():
 @pytest.mark.parametrize("action_dim", [ACTION_DIM, WIDTH])  # a map E -> D, or the paper's identity (E = D)
 def test_path_transformer_reads_the_actions_from_the_first_step(action_dim):
     torch.manual_seed(0)
-    adapter = MultiPath(config(adapter="multipath", action_dim=action_dim, init_no_op=True),
+    adapter = MultiPath(config(kind="multipath", action_dim=action_dim, init_no_op=True),
                         torch.randn(NUM_ACTIONS, action_dim)).eval()
     assert isinstance(adapter.path_input, torch.nn.Identity) == (action_dim == WIDTH)
     action_paths = torch.tensor([[[0, 1, 2, 3]], [[4, 5, 6, 7]], [[3, 2, 1, 0]]])  # (3, 1, 4)
@@ -215,7 +215,7 @@ def test_path_transformer_reads_the_actions_from_the_first_step(action_dim):
 
 def test_training_switches_both_rezero_scalars_on():
     torch.manual_seed(0)
-    adapter = MultiPath(config(adapter="multipath", init_no_op=True), torch.randn(NUM_ACTIONS, ACTION_DIM))
+    adapter = MultiPath(config(kind="multipath", init_no_op=True), torch.randn(NUM_ACTIONS, ACTION_DIM))
     target = torch.randn(5, WIDTH)
     optimizer = torch.optim.Adam(adapter.parameters(), lr=1e-2)
     assert adapter.alphas() == {"alpha_1": 0.0, "alpha_2": 0.0}
@@ -225,4 +225,4 @@ def test_training_switches_both_rezero_scalars_on():
         optimizer.step()
     assert all(abs(value) > 0 for value in adapter.alphas().values())
     assert ProjectAvg(config()).alphas() is None
-    assert MultiPath(config(adapter="multipath", rezero=False)).alphas() is None
+    assert MultiPath(config(kind="multipath", rezero=False)).alphas() is None

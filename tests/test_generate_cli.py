@@ -15,6 +15,7 @@ from planlm.cli import main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
+from planlm.plans.spec import PlanSpec
 
 PROMPT = "Red blue green. Water fire"
 
@@ -26,7 +27,7 @@ def plain_model(tmp_path_factory):
     with torch.no_grad():
         lm.transformer.wte.weight.mul_(30.0)  # tied output projection: sharper logits
     folder = tmp_path_factory.mktemp("generate_cli") / "model"
-    PlannedLM(PlannedLMConfig(conditioning="none", tokenizer="gpt2"), lm).save_pretrained(folder)
+    PlannedLM(PlannedLMConfig(tokenizer="gpt2"), lm).save_pretrained(folder)
     return folder
 
 

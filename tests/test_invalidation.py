@@ -15,7 +15,8 @@ from planlm.data.synthetic import make_synthetic_prepared
 from planlm.evaluate.edit_distance import edit_distance
 from planlm.evaluate.perplexity import evaluate
 from planlm.evaluate.sweeps import sweep
-from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
+from planlm.plans.spec import PlanSpec
+from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.utils import read_manifest
 
 
@@ -100,8 +101,7 @@ def test_train_lm_is_rebuilt_when_the_planner_in_its_folder_changes(tmp_path):
     def train() -> Path:
         return train_lm(str(prepared_dir), str(tmp_path / "model"),
                         model=LMModelConfig(model_config=tiny_gpt2_config()),
-                        conditioning=ConditioningConfig(conditioning="planner_sampled", num_paths=2, horizon=2,
-                                                        planner_dir=str(planner)),
+                        plans=PlanSpec(kind="planner_sampled", num_paths=2, horizon=2, planner_dir=str(planner)),
                         train=LMTrainConfig(batch_size=4, limit_train_batches=1, limit_val_batches=1,
                                             progress_bar=False))
 

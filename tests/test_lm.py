@@ -1,4 +1,4 @@
-"""PlannedLM on tiny random HF models, and the windows / action sources that feed it."""
+"""PlannedLM on tiny random HF models, and the windows that feed it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import torch
 
 from planlm.models.adapter import AdapterConfig
 from planlm.data.artifacts import PreparedDataset
-from planlm.data.windows import (WindowCollator, article_windows, collate_windows, make_action_source)
+from planlm.data.windows import WindowCollator, article_windows, collate_windows
+from planlm.plans.sources import OraclePlans
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.plans.spec import PlanSpec
 from planlm.utils import PlanlmError
 
 VOCAB, WIDTH = 120, 32
@@ -29,9 +31,9 @@ ARCHITECTURES = {
 def planned(model_type: str = "gpt2", adapter: str = "multipath", init_no_op: bool = True, seed: int = 0):
     torch.manual_seed(seed)
     lm = load_causal_lm(None, ARCHITECTURES[model_type], vocab_size=VOCAB).eval()
-    adapter_config = AdapterConfig(adapter=adapter, num_actions=8, action_dim=6, hidden_size=WIDTH, horizon=3,
+    adapter_config = AdapterConfig(kind=adapter, num_actions=8, action_dim=6, hidden_size=WIDTH, horizon=3,
                                    init_no_op=init_no_op)
-    config = PlannedLMConfig(conditioning="oracle", adapter=adapter_config, num_paths=2, horizon=3, num_actions=8)
+    config = PlannedLMConfig(plans=PlanSpec(kind="oracle", num_paths=2, horizon=3), adapter=adapter_config, num_actions=8)
     return PlannedLM(config, lm, codebook=torch.randn(8, 6)).eval()
 
 
@@ -145,7 +147,7 @@ def test_windows_never_cross_articles_and_predict_every_token_once(synthetic_ran
 def test_collate_dedupes_sentences_and_follows_the_alignment(synthetic_random):
     split = PreparedDataset(synthetic_random)["validation"]
     windows = article_windows(split, context_length=16, stride=15)[:5]
-    source = make_action_source("oracle", split, num_paths=2, horizon=3)
+    source = OraclePlans(split, num_paths=2, horizon=3)
     batch = WindowCollator(split, source)(windows)
     assert set(batch) == {"input_ids", "attention_mask", "labels", "plan_index", "action_paths", "path_mask"}
     num_sentences = batch["action_paths"].shape[0]
@@ -160,31 +162,3 @@ def test_collate_dedupes_sentences_and_follows_the_alignment(synthetic_random):
         np.testing.assert_array_equal(first_step, split.token_actions[start:end])
     none_batch = collate_windows(split, windows, None)
     assert "action_paths" not in none_batch and (none_batch["plan_index"] == -1).all()
-
-
-def test_action_sources(synthetic_random, tmp_path):
-    split = PreparedDataset(synthetic_random)["validation"]
-    last_of_first_article = split.sentence_range(0).stop - 1
-    sentences = np.array([0, last_of_first_article])
-    paths, mask = make_action_source("oracle", split, num_paths=2, horizon=3)(sentences)
-    np.testing.assert_array_equal(paths[0, 1], split.actions[0:3])
-    assert mask[0].all() and mask[1, :, 0].all() and not mask[1, :, 1:].any()  # cut at the article's end
-    assert (paths[:, 0] == paths[:, 1]).all()  # repeated over K
-    paths, mask = make_action_source("fixed", split, num_paths=2, horizon=3, fixed_action=5)(sentences)
-    assert (paths == 5).all() and mask.all()
-    assert make_action_source("none", split, num_paths=1, horizon=1) is None
-
-    plans = np.random.default_rng(0).integers(0, 8, (split.num_sentences, 4, 3))
-    paths, mask = make_action_source("planner_sampled", split, num_paths=4, horizon=3, plans=plans)(sentences)
-    np.testing.assert_array_equal(paths, plans[sentences])
-    assert mask.all()
-    paths, _ = make_action_source("planner_argmax", split, num_paths=2, horizon=3, argmax_plans=plans[:, 0])(sentences)
-    assert paths.shape == (2, 2, 3) and (paths[:, 1] == torch.from_numpy(plans[sentences, 0])).all()
-    with pytest.raises(PlanlmError, match="num_paths"):
-        make_action_source("planner_sampled", split, num_paths=2, horizon=3, plans=plans)
-    with pytest.raises(PlanlmError, match="horizon"):
-        make_action_source("planner_sampled", split, num_paths=4, horizon=5, plans=plans)
-    with pytest.raises(PlanlmError, match="rows"):
-        make_action_source("planner_sampled", split, num_paths=4, horizon=3, plans=plans[:-1])
-    with pytest.raises(PlanlmError, match="plan cache"):
-        make_action_source("planner_sampled", split, num_paths=4, horizon=3)

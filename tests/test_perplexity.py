@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from planlm.data.artifacts import PreparedDataset
-from planlm.data.windows import OracleActions
+from planlm.plans.sources import OraclePlans
 from planlm.evaluate.perplexity import (EvalConditioning, evaluate, evaluate_split, protocol_label,
                                         scoring_windows, window_batches)
 from planlm.models.planned_lm import PlannedLM
@@ -112,7 +112,7 @@ def test_conditioned_perplexity_matches_a_direct_planned_lm_forward(synthetic_ra
     prepared = PreparedDataset(synthetic_random)
     split = prepared["test"]
     model = PlannedLM.from_pretrained(planned_lm_dir).eval()
-    oracle = OracleActions(split, num_paths=2, horizon=3)
+    oracle = OraclePlans(split, num_paths=2, horizon=3)
     metrics = evaluate(str(planned_lm_dir), str(synthetic_random), str(tmp_path / "oracle"), max_articles=4,
                        batch_size=3, bootstrap_samples=50)
     assert metrics["conditioning"] == "oracle" and metrics["K"] == 2 and metrics["T"] == 3
@@ -231,11 +231,12 @@ def test_trained_oracle_model_end_to_end_beats_its_own_fixed_plans_in_a_paired_c
     """train-lm -> evaluate (two conditions at evaluation time) -> compare: on synthetic_random only the
     plan tells which words come next, so the true plans must beat a constant action clearly."""
     from planlm.evaluate.bootstrap import compare
-    from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
+    from planlm.plans.spec import PlanSpec
+    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
     model_dir = train_lm(str(synthetic_random), str(tmp_path / "oracle"),
                          model=LMModelConfig(model_config=tiny_gpt2_config()),
-                         conditioning=ConditioningConfig(conditioning="oracle"),
+                         plans=PlanSpec(kind="oracle"),
                          train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
                                              limit_val_batches=4, progress_bar=False))
     runs = {kind: evaluate(str(model_dir), str(synthetic_random), str(tmp_path / f"eval-{kind}"), conditioning=kind,

@@ -10,7 +10,7 @@ import torch
 from helpers import read_csv, tiny_planned_lm
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.synthetic import make_synthetic_prepared
-from planlm.data.windows import OracleActions
+from planlm.plans.sources import OraclePlans
 from planlm.evaluate.perplexity import evaluate, plan_vector_table
 
 
@@ -25,7 +25,7 @@ def reference_nll(model, split, article: int, context_length: int) -> float:
     """Every token but the article's first, scored after up to context_length - 1 tokens of the article, each
     input token conditioned on the oracle plan of its token_plan_sentence (the adapter runs inside the forward).
     Windows of the same length share a forward pass."""
-    source = OracleActions(split, model.config.num_paths, model.config.horizon)
+    source = OraclePlans(split, model.config.num_paths, model.config.horizon)
     tokens = split.token_range(article)
     ids, plan_sentence = np.asarray(split.input_ids), np.asarray(split.token_plan_sentence)
     windows: dict[int, list[tuple[int, int]]] = {}
@@ -69,7 +69,7 @@ def test_plan_vector_table_beyond_one_chunk_of_256_sentences(synthetic_random):
     prepared = PreparedDataset(synthetic_random)
     split = prepared["train"]
     model = tiny_planned_lm(prepared, adapter="multipath")
-    source = OracleActions(split, 2, 3)
+    source = OraclePlans(split, 2, 3)
     sentences = np.arange(split.num_sentences)[::-1][:300].copy()  # 300 sentences, not in order
     assert split.num_sentences > 300
     table = plan_vector_table(model, source, sentences, split.num_sentences, device="cpu", precision="fp32")

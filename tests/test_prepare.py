@@ -327,7 +327,8 @@ def test_tokens_belong_to_the_sentence_of_their_last_character():
 def test_the_last_token_of_a_sentence_carries_the_next_sentences_plan(tmp_path):
     """The ANCHORS shift, from prepared arrays through a training batch to the LM's input embeddings."""
     from planlm.data.artifacts import PreparedSplit, token_plan_sentence, write_split
-    from planlm.data.windows import OracleActions, collate_windows
+    from planlm.data.windows import collate_windows
+    from planlm.plans.sources import OraclePlans
 
     # two articles: sentences 0-2 (8 tokens) and 3-4 (3 tokens); split-global sentence of each token
     token_sentence = np.array([0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 4])
@@ -342,7 +343,7 @@ def test_the_last_token_of_a_sentence_carries_the_next_sentences_plan(tmp_path):
         "input_ids": np.arange(100, 111), "token_sentence": token_sentence})
     split = PreparedSplit(tmp_path / "split")
     assert np.array_equal(split.token_plan_sentence, plan) and np.array_equal(split.token_actions, actions[plan])
-    batch = collate_windows(split, [(0, 0, 8), (1, 8, 11)], OracleActions(split, num_paths=2, horizon=2))
+    batch = collate_windows(split, [(0, 0, 8), (1, 8, 11)], OraclePlans(split, num_paths=2, horizon=2))
     # the first step of the path conditioning each token is the action of its plan sentence; the second
     # is the next sentence's, masked past the article's end
     first_steps = batch["action_paths"][batch["plan_index"], 0, 0]  # (B, L)
@@ -355,9 +356,10 @@ def test_the_last_token_of_a_sentence_carries_the_next_sentences_plan(tmp_path):
 
     from planlm.models.adapter import AdapterConfig
     from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
+    from planlm.plans.spec import PlanSpec
 
     adapter = AdapterConfig(num_actions=8, action_dim=4, hidden_size=32, init_no_op=False, init_from_codebook=False)
-    model = PlannedLM(PlannedLMConfig(conditioning="oracle", adapter=adapter, num_paths=2, horizon=2, num_actions=8),
+    model = PlannedLM(PlannedLMConfig(plans=PlanSpec(kind="oracle", num_paths=2, horizon=2), adapter=adapter, num_actions=8),
                       tiny_gpt2(), None).eval()
     input_ids = torch.randint(0, 1000, batch["input_ids"].shape)
     with torch.no_grad():

@@ -15,7 +15,8 @@ from helpers import write_tiny_llama_gguf
 
 from planlm.data.synthetic import make_synthetic_prepared
 from planlm.models.planned_lm import PlannedLM, load_causal_lm
-from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
+from planlm.plans.spec import PlanSpec
+from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.utils import PlanlmError, read_manifest
 
 
@@ -60,7 +61,7 @@ def test_an_adapter_trains_on_a_gguf_base_with_its_own_tokenizer(tiny_gguf, tmp_
     for finetune in ("frozen", "lora"):
         out = train_lm(str(prepared), str(tmp_path / finetune), train=quick(),
                        model=LMModelConfig(name_or_path=str(path), finetune=finetune, lora_rank=2),
-                       conditioning=ConditioningConfig(conditioning="oracle"))
+                       plans=PlanSpec(kind="oracle"))
         model = PlannedLM.from_pretrained(out)
         assert model.config.base_model == str(path) and np.isfinite(read_manifest(out)["val_loss"])
         assert model.adapter.projection.weight.abs().sum() > 0  # the adapter moved off its no-op start
@@ -95,7 +96,7 @@ def test_a_corpus_of_another_tokenizer_is_refused_before_training(tiny_gguf, syn
     write_tiny_llama_gguf(other, other_vocab=True)
     message = one_line_error(lambda: train_lm(str(synthetic_random), str(tmp_path / "out"), train=quick(),
                                               model=LMModelConfig(name_or_path=str(other), finetune="frozen"),
-                                              conditioning=ConditioningConfig(conditioning="oracle")))
+                                              plans=PlanSpec(kind="oracle")))
     assert "manifest.json" in message and f"--tokenizer {other}" in message
 
 
@@ -129,7 +130,7 @@ def test_bf16_mixed_trains_on_a_cpu_with_it(synthetic_random, tmp_path, monkeypa
 
     monkeypatch.setattr(utils, "cpu_supports_bf16", lambda: True)  # emulated where the CPU lacks it: still correct
     out = train_lm(str(synthetic_random), str(tmp_path / "bf16"), train=quick(precision="bf16-mixed", accelerator="cpu"),
-                   conditioning=ConditioningConfig(conditioning="oracle"))
+                   plans=PlanSpec(kind="oracle"))
     assert np.isfinite(read_manifest(out)["val_loss"])
 
 

@@ -20,7 +20,9 @@ from safetensors.torch import load_file
 from helpers import read_csv, tiny_gpt2_config, tiny_run_config
 from planlm.data.synthetic import make_synthetic_prepared
 from planlm.models.planner import PlannerShape
-from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
+from planlm.models.adapter import AdapterSettings
+from planlm.plans.spec import PlanSpec
+from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.planner import PlannerTrainArgs, train_planner
 from planlm.utils import read_manifest
 
@@ -45,7 +47,7 @@ def test_train_lm_resumed_after_an_epoch_equals_the_uninterrupted_run(synthetic_
     """Dropout on (GPT-2's default 0.1), shuffled windows: the resumed epoch must see the same batches and the same
     dropout masks as the straight run's second epoch."""
     kwargs = dict(model=LMModelConfig(model_config=tiny_gpt2_config()),
-                  conditioning=ConditioningConfig(conditioning="oracle", init_no_op=False))
+                  plans=PlanSpec(kind="oracle"), adapter=AdapterSettings(init_no_op=False))
 
     def train(out: Path, epochs: int) -> Path:
         return train_lm(str(synthetic_random), str(out), **kwargs, train=LMTrainConfig(

@@ -15,7 +15,9 @@ from safetensors.torch import load_file
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
 from planlm.models.planned_lm import PlannedLM
-from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
+from planlm.models.adapter import AdapterSettings
+from planlm.plans.spec import PlanKind, PlanSpec
+from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.utils import PlanlmError, read_manifest, write_manifest
 
 from helpers import read_csv, tiny_gpt2_config, tiny_planner
@@ -54,17 +56,13 @@ def rescored_val_loss(model_dir: Path, prepared_dir: Path, num_windows: int, con
                       stride: int = 127) -> float:
     """The mean token NLL of the saved model on the first validation windows, outside Lightning: one window
     at a time, plans gathered per token from ``token_plan_sentence``, log-softmax by hand."""
-    from planlm.data.windows import article_windows, make_action_source
+    from planlm.data.windows import article_windows
+    from planlm.plans.sources import plan_source
 
     model = PlannedLM.from_pretrained(model_dir).eval()
-    config = model.config
-    split = PreparedDataset(prepared_dir)["validation"]
-    plans = {kind: np.load(Path(config.plans_dir) / name) for kind, name in
-             (("planner_sampled", "validation.npy"), ("planner_argmax", "validation.argmax.npy"))} \
-        if config.plans_dir else {}
-    source = make_action_source(config.conditioning, split, num_paths=config.num_paths, horizon=config.horizon,
-                                fixed_action=config.fixed_action, plans=plans.get("planner_sampled"),
-                                argmax_plans=plans.get("planner_argmax"))
+    prepared = PreparedDataset(prepared_dir)
+    split = prepared["validation"]
+    source = plan_source(model.config.plans, prepared, split)
     total, count = 0.0, 0
     for _, start, end in article_windows(split, context_length, stride)[:num_windows]:
         input_ids = torch.from_numpy(np.array(split.input_ids[start:end]))[None]  # (1, L)
@@ -92,7 +90,7 @@ def test_oracle_plans_beat_the_fixed_action_on_plan_determined_wording_long(synt
     losses = {}
     for kind in ("oracle", "fixed"):
         out = train_lm(str(synthetic_random), str(tmp_path / kind), model=LMModelConfig(model_config=TINY),
-                       conditioning=ConditioningConfig(conditioning=kind, adapter="multipath", num_paths=2, horizon=2),
+                       plans=PlanSpec(kind=kind, num_paths=2, horizon=2), adapter=AdapterSettings(kind="multipath"),
                        train=LMTrainConfig(batch_size=8, lr=1e-2, max_epochs=3, progress_bar=False))
         losses[kind] = val_loss(out)
     assert losses["oracle"] < losses["fixed"] - 0.2, losses
@@ -104,7 +102,7 @@ def test_oracle_plans_beat_the_fixed_action_on_plan_determined_wording(synthetic
     losses = {}
     for kind in ("oracle", "fixed"):
         out = train_lm(str(synthetic_random), str(tmp_path / kind), model=LMModelConfig(model_config=TINY),
-                       conditioning=ConditioningConfig(conditioning=kind),
+                       plans=PlanSpec(kind=kind),
                        train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
                                            progress_bar=False))
         losses[kind] = val_loss(out)
@@ -123,10 +121,10 @@ def test_every_adapter_and_source_trains_end_to_end(synthetic_random, tmp_path, 
     plans_dir = None
     if conditioning.startswith("planner"):
         plans_dir = str(write_plan_cache(tmp_path / "plans", synthetic_random, num_paths=3, horizon=horizon))
-    cond = ConditioningConfig(conditioning=conditioning, adapter=adapter, rezero=rezero, num_paths=num_paths,
-                              horizon=horizon, plans_dir=plans_dir, init_no_op=False)
+    plans = PlanSpec(kind=conditioning, num_paths=num_paths, horizon=horizon, plans_dir=plans_dir)
+    settings = AdapterSettings(kind=adapter, rezero=rezero, init_no_op=False)
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
-                   conditioning=cond, train=quick())
+                   plans=plans, adapter=settings, train=quick())
     manifest = read_manifest(out)
     assert manifest["global_step"] == 2 and np.isfinite(manifest["val_loss"])
     # the reported validation loss is the saved model's, on the validation windows (one batch of 4 here)
@@ -139,21 +137,21 @@ def test_every_adapter_and_source_trains_end_to_end(synthetic_random, tmp_path, 
     assert (out / "checkpoints" / "last.ckpt").is_file() and list((out / "logs").rglob("metrics.csv"))
     assert list((out / "tb").rglob("events.out.tfevents*"))
     model = PlannedLM.from_pretrained(out)
-    assert model.config.conditioning == conditioning and (model.adapter is None) == (conditioning == "none")
+    assert model.config.plans.kind == conditioning and (model.adapter is None) == (conditioning == "none")
     if conditioning != "none":
-        assert model.config.adapter.adapter == adapter and model.config.adapter.rezero == rezero
+        assert model.config.adapter.kind == adapter and model.config.adapter.rezero == rezero
         assert model.config.codebook_hash == PreparedDataset(synthetic_random).codebook_hash
     if plans_dir:  # which planner and plans produced the training plans
-        assert model.config.plans_dir == plans_dir and model.config.planner_hash == "feedbeef"
-        assert model.config.planner_dir == "/somewhere/planner"
+        assert model.config.plans.plans_dir == plans_dir and model.config.planner_hash == "feedbeef"
+        assert model.config.plans.planner_dir == "/somewhere/planner"
     # The folder reloads with its tokenizer, and the reloaded model scores text.
     tokenizer = model.load_tokenizer(out)
     ids = torch.tensor([tokenizer("Red blue green.")["input_ids"]])
     assert torch.isfinite(model(ids, labels=ids).loss)
     # Same config again: the complete folder is reused, not retrained.
     stamp = (out / "manifest.json").stat().st_mtime_ns
-    assert train_lm(str(synthetic_random), str(out), model=LMModelConfig(model_config=TINY), conditioning=cond,
-                    train=quick()) == out
+    assert train_lm(str(synthetic_random), str(out), model=LMModelConfig(model_config=TINY), plans=plans,
+                    adapter=settings, train=quick()) == out
     assert (out / "manifest.json").stat().st_mtime_ns == stamp
 
 
@@ -163,7 +161,7 @@ def test_reported_validation_loss_is_the_saved_models_on_the_whole_validation_sp
     from planlm.data.windows import article_windows
 
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
-                   conditioning=ConditioningConfig(conditioning="oracle", init_no_op=False),
+                   plans=PlanSpec(kind="oracle"), adapter=AdapterSettings(init_no_op=False),
                    train=quick(max_epochs=2, limit_train_batches=1, limit_val_batches=None, lr=1e-2))
     num_windows = len(article_windows(PreparedDataset(synthetic_random)["validation"], 128, 127))
     assert val_loss(out) == pytest.approx(rescored_val_loss(out, synthetic_random, num_windows), rel=1e-5)
@@ -176,14 +174,13 @@ def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
     planner = tiny_planner(prepared, max_sentences=8, horizon=2)
     planner.save_pretrained(tmp_path / "planner")
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
-                   conditioning=ConditioningConfig(conditioning="planner_sampled", adapter="multipath", num_paths=2,
-                                                   horizon=2, planner_dir=str(tmp_path / "planner")),
+                   plans=PlanSpec(kind="planner_sampled", num_paths=2, horizon=2, planner_dir=str(tmp_path / "planner")), adapter=AdapterSettings(kind="multipath"),
                    train=quick())
     config = PlannedLM.from_pretrained(out).config
     planner_dir = (tmp_path / "planner").resolve()
-    assert Path(config.plans_dir).resolve().is_relative_to(planner_dir)  # the default cache inside the planner
-    assert Path(config.planner_dir).resolve() == planner_dir
-    assert config.planner_hash == read_manifest(config.plans_dir)["planner_hash"] and len(config.planner_hash) == 64
+    assert Path(config.plans.plans_dir).resolve().is_relative_to(planner_dir)  # the default cache inside the planner
+    assert Path(config.plans.planner_dir).resolve() == planner_dir
+    assert config.planner_hash == read_manifest(config.plans.plans_dir)["planner_hash"] and len(config.planner_hash) == 64
 
 
 def test_training_on_plans_of_an_adaptive_path_policy(synthetic_random, tmp_path):
@@ -194,17 +191,15 @@ def test_training_on_plans_of_an_adaptive_path_policy(synthetic_random, tmp_path
     tiny_planner(prepared, max_sentences=8, horizon=2).save_pretrained(tmp_path / "planner")
     policy = PathPolicy("entropy", min_paths=1, entropy_high=0.5 * float(np.log(prepared.num_actions)))
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
-                   conditioning=ConditioningConfig(conditioning="planner_sampled", adapter="multipath", num_paths=4,
-                                                   horizon=2, planner_dir=str(tmp_path / "planner"),
-                                                   path_policy=policy), train=quick(limit_train_batches=2))
+                   plans=PlanSpec(kind="planner_sampled", num_paths=4, horizon=2, planner_dir=str(tmp_path / "planner"), path_policy=policy), adapter=AdapterSettings(kind="multipath"), train=quick(limit_train_batches=2))
     config = PlannedLM.from_pretrained(out).config
-    assert read_manifest(config.plans_dir)["config"]["path_policy"]["kind"] == "entropy"  # its own cache
-    counts = load_path_counts(config.plans_dir, "train")
+    assert read_manifest(config.plans.plans_dir)["config"]["path_policy"]["kind"] == "entropy"  # its own cache
+    counts = load_path_counts(config.plans.plans_dir, "train")
     assert counts.min() >= 1 and counts.max() <= 4
-    assert read_manifest(out)["config"]["conditioning"]["path_policy"]["kind"] == "entropy"  # in the reuse key
-    with pytest.raises(PlanlmError, match="path_policy.max_paths 8 differs from --conditioning.num_paths 4"):
-        ConditioningConfig(conditioning="planner_sampled", num_paths=4, planner_dir="p",
-                           path_policy=PathPolicy("entropy", max_paths=8))
+    assert read_manifest(out)["config"]["plans"]["path_policy"]["kind"] == "entropy"  # in the reuse key
+    with pytest.raises(PlanlmError, match="path_policy.max_paths 8 differs from --plans.num_paths 4"):
+        PlanSpec(kind="planner_sampled", num_paths=4, planner_dir="p",
+                 path_policy=PathPolicy("entropy", max_paths=8)).resolve()
 
 
 def test_retraining_a_planner_or_the_base_lm_into_the_same_folder_retrains_the_lm(synthetic_random, tmp_path):
@@ -220,9 +215,9 @@ def test_retraining_a_planner_or_the_base_lm_into_the_same_folder_retrains_the_l
         return str(planner.save_pretrained(tmp_path / "planner"))
 
     def train(base: str) -> dict:
-        cond = ConditioningConfig(conditioning="planner_argmax", planner_dir=str(tmp_path / "planner"))
+        plans = PlanSpec(kind="planner_argmax", planner_dir=str(tmp_path / "planner"))
         out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(init_from=base),
-                       conditioning=cond, train=quick(limit_train_batches=1))
+                       plans=plans, train=quick(limit_train_batches=1))
         return read_manifest(out)
 
     def train_base(seed: int) -> str:
@@ -243,7 +238,7 @@ def test_retraining_a_planner_or_the_base_lm_into_the_same_folder_retrains_the_l
 
 
 def test_resume_continues_from_last_checkpoint(synthetic_random, tmp_path):
-    kwargs = dict(model=LMModelConfig(model_config=TINY), conditioning=ConditioningConfig(conditioning="oracle"))
+    kwargs = dict(model=LMModelConfig(model_config=TINY), plans=PlanSpec(kind="oracle"))
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), train=quick(), **kwargs)
     first = load_file(str(out / "adapter.safetensors"))
     # A longer run of the same config resumes at step 2 instead of starting over.
@@ -256,12 +251,12 @@ def test_resume_continues_from_last_checkpoint(synthetic_random, tmp_path):
     assert not torch.equal(first["projection.weight"], load_file(str(out / "adapter.safetensors"))["projection.weight"])
     # Another config never resumes a foreign checkpoint: it starts from step 0.
     train_lm(str(synthetic_random), str(out), model=LMModelConfig(model_config=TINY),
-             conditioning=ConditioningConfig(conditioning="fixed"), train=quick(limit_train_batches=1))
+             plans=PlanSpec(kind="fixed"), train=quick(limit_train_batches=1))
     assert read_manifest(out)["global_step"] == 1
 
 
 def test_more_max_steps_after_a_run_stopped_inside_an_epoch_trains_them_all(synthetic_random, tmp_path):
-    kwargs = dict(model=LMModelConfig(model_config=TINY), conditioning=ConditioningConfig(conditioning="oracle"))
+    kwargs = dict(model=LMModelConfig(model_config=TINY), plans=PlanSpec(kind="oracle"))
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), train=quick(max_steps=2, max_epochs=1, limit_train_batches=None), **kwargs)
     assert read_manifest(out)["global_step"] == 2
     train_lm(str(synthetic_random), str(out), train=quick(max_steps=5, max_epochs=1, limit_train_batches=None), **kwargs)
@@ -274,8 +269,8 @@ def test_frozen_trains_only_the_conditioning_and_lora_merges(synthetic_random, t
     from planlm.data.resources import load_tokenizer
     from planlm.models.planned_lm import load_causal_lm
 
-    cond = ConditioningConfig(conditioning="oracle", init_no_op=False)
-    folders = {mode: train_lm(str(synthetic_random), str(tmp_path / mode), conditioning=cond, train=quick(),
+    folders = {mode: train_lm(str(synthetic_random), str(tmp_path / mode), plans=PlanSpec(kind="oracle"),
+                              adapter=AdapterSettings(init_no_op=False), train=quick(),
                               model=LMModelConfig(model_config=TINY, finetune=mode, lora_rank=2))
                for mode in ("frozen", "full", "lora")}
     L.seed_everything(0)  # train_lm seeds with train.seed (0) right before it builds the LM: the same init
@@ -295,13 +290,12 @@ def test_frozen_trains_only_the_conditioning_and_lora_merges(synthetic_random, t
     assert PlannedLM.from_pretrained(folders["lora"]).config.finetune == "lora"
     with pytest.raises(PlanlmError, match="nothing to train"):
         train_lm(str(synthetic_random), str(tmp_path / "bad"), train=quick(),
-                 model=LMModelConfig(model_config=TINY, finetune="frozen"), conditioning=ConditioningConfig())
+                 model=LMModelConfig(model_config=TINY, finetune="frozen"), plans=PlanSpec())
 
 
 def test_adapter_lr_is_the_learning_rate_of_the_adapter_alone(synthetic_random, tmp_path):
-    cond = ConditioningConfig(conditioning="oracle")
     runs = {name: train_lm(str(synthetic_random), str(tmp_path / name), model=LMModelConfig(model_config=TINY),
-                           conditioning=cond, train=quick(adapter_lr=rate))
+                           plans=PlanSpec(kind="oracle"), train=quick(adapter_lr=rate))
             for name, rate in (("default", None), ("same", 1e-3), ("high", 1e-1))}
     weights = {name: {**load_file(str(folder / "lm" / "model.safetensors")),
                       **{f"adapter.{k}": v for k, v in load_file(str(folder / "adapter.safetensors")).items()}}
@@ -319,18 +313,16 @@ def test_bad_input_gives_one_line_errors(synthetic_random, tmp_path):
     other_codebook = write_plan_cache(tmp_path / "other", synthetic_random, 2, 2, codebook_hash="0" * 64)
     with pytest.raises(PlanlmError, match="codebook") as err:
         train_lm(str(synthetic_random), str(tmp_path / "m1"), model=model, train=quick(),
-                 conditioning=ConditioningConfig(conditioning="planner_sampled", num_paths=2, horizon=2,
-                                                 plans_dir=str(other_codebook)))
+                 plans=PlanSpec(kind="planner_sampled", num_paths=2, horizon=2, plans_dir=str(other_codebook)))
     assert "\n" not in str(err.value)
     assert not (tmp_path / "m1" / "manifest.json").exists()
     plans = write_plan_cache(tmp_path / "plans", synthetic_random, 2, 2)
     with pytest.raises(PlanlmError, match="num_paths"):
         train_lm(str(synthetic_random), str(tmp_path / "m2"), model=model, train=quick(),
-                 conditioning=ConditioningConfig(conditioning="planner_sampled", num_paths=3, horizon=2,
-                                                 plans_dir=str(plans)))
+                 plans=PlanSpec(kind="planner_sampled", num_paths=3, horizon=2, plans_dir=str(plans)))
     with pytest.raises(PlanlmError, match="horizon"):
         train_lm(str(synthetic_random), str(tmp_path / "m3"), model=model, train=quick(),
-                 conditioning=ConditioningConfig(conditioning="planner_argmax", horizon=3, plans_dir=str(plans)))
+                 plans=PlanSpec(kind="planner_argmax", horizon=3, plans_dir=str(plans)))
     # An LM whose vocabulary cannot hold the corpus' GPT-2 token ids.
     with pytest.raises(PlanlmError, match="token embeddings|does not fit"):
         train_lm(str(synthetic_random), str(tmp_path / "m4"), train=quick(),
@@ -344,9 +336,12 @@ def test_bad_input_gives_one_line_errors(synthetic_random, tmp_path):
         train_lm(str(synthetic_random), str(tmp_path / "m5"), train=quick(), model=LMModelConfig(init_from=str(base)))
     with pytest.raises(PlanlmError, match="fixed_action"):
         train_lm(str(synthetic_random), str(tmp_path / "m6"), model=model, train=quick(),
-                 conditioning=ConditioningConfig(conditioning="fixed", fixed_action=8))
+                 plans=PlanSpec(kind="fixed", fixed_action=8))
     with pytest.raises(PlanlmError, match="plans_dir"):
-        ConditioningConfig(conditioning="planner_sampled")
+        train_lm(str(synthetic_random), str(tmp_path / "m7"), model=model, train=quick(),
+                 plans=PlanSpec(kind="planner_sampled"))
+    with pytest.raises(PlanlmError, match="--plans.kind 'sometimes': choose one of none, fixed"):
+        PlanSpec(kind="sometimes")
 
 
 def test_a_pretrained_lm_with_another_tokenizer_is_refused(synthetic_random, tmp_path):
@@ -378,7 +373,7 @@ def test_init_from_a_planned_lm_folder_keeps_its_weights(synthetic_random, tmp_p
     base = train_lm(str(synthetic_random), str(tmp_path / "base"), model=LMModelConfig(model_config=TINY),
                     train=quick(limit_train_batches=1))
     out = train_lm(str(synthetic_random), str(tmp_path / "next"), model=LMModelConfig(init_from=str(base),
-                   finetune="frozen"), conditioning=ConditioningConfig(conditioning="oracle"), train=quick())
+                   finetune="frozen"), plans=PlanSpec(kind="oracle"), train=quick())
     torch.testing.assert_close(load_file(str(out / "lm" / "model.safetensors")),
                                load_file(str(base / "lm" / "model.safetensors")))
     assert PlannedLM.from_pretrained(out).config.base_model_config == TINY
@@ -387,13 +382,14 @@ def test_init_from_a_planned_lm_folder_keeps_its_weights(synthetic_random, tmp_p
 def test_cli_train_lm(synthetic_random, tmp_path, capsys):
     out = tmp_path / "cli-model"
     args = ["train-lm", "--prepared_dir", str(synthetic_random), "--out_dir", str(out),
-            "--model.model_config", json.dumps(TINY), "--conditioning.conditioning", "oracle",
-            "--conditioning.adapter", "multipath", "--conditioning.num_paths", "2", "--conditioning.horizon", "2",
+            "--model.model_config", json.dumps(TINY), "--plans.kind", "oracle",
+            "--adapter.kind", "multipath", "--plans.num_paths", "2", "--plans.horizon", "2",
             "--train.limit_train_batches", "1", "--train.batch_size", "4", "--train.limit_val_batches", "1",
             "--train.progress_bar", "false"]
     cli_main(args)
     model = PlannedLM.from_pretrained(out)
-    assert model.config.adapter.adapter == "multipath" and model.config.num_paths == 2
+    assert model.config.adapter.kind == "multipath" and model.config.plans.num_paths == 2
+    assert model.config.plans.kind == PlanKind.oracle
     assert read_manifest(out)["global_step"] == 1
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
@@ -409,7 +405,7 @@ def test_a_llama_family_lm_trains_with_lora_and_plans(synthetic_random, tmp_path
              "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128}
     out = train_lm(str(synthetic_random), str(tmp_path / "llama"), train=quick(limit_train_batches=1),
                    model=LMModelConfig(model_config=llama, finetune="lora", lora_rank=2),
-                   conditioning=ConditioningConfig(conditioning="oracle", adapter="multipath", num_paths=2, horizon=2))
+                   plans=PlanSpec(kind="oracle", num_paths=2, horizon=2), adapter=AdapterSettings(kind="multipath"))
     model = PlannedLM.from_pretrained(out)
     assert model.lm.config.model_type == "llama" and np.isfinite(read_manifest(out)["val_loss"])
     # LoRA was on: only the rank-2 matrices and the adapter trained, and LoRA was merged into the attention

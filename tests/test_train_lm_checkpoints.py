@@ -8,7 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import read_csv, tiny_gpt2_config
-from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
+from planlm.models.adapter import AdapterSettings
+from planlm.plans.spec import PlanSpec
+from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.utils import read_manifest
 
 
@@ -21,7 +23,7 @@ def test_train_lm_saves_the_best_checkpoint_not_the_last(synthetic_random, tmp_p
     """A learning rate so large that validation gets worse after the first steps: the folder holds the weights
     of the best validation, which are not the last ones."""
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=tiny_gpt2_config()),
-                   conditioning=ConditioningConfig(conditioning="none"),
+                   plans=PlanSpec(kind="none"),
                    train=LMTrainConfig(batch_size=4, lr=0.3, max_steps=4, val_check_interval=2, limit_val_batches=2,
                                        gradient_clip_val=None, progress_bar=False, log_every_n_steps=1))
     manifest = read_manifest(out)
@@ -41,14 +43,14 @@ def test_train_lm_saves_the_best_checkpoint_not_the_last(synthetic_random, tmp_p
 
 
 def test_init_from_a_planned_lm_carries_its_adapter_over(synthetic_random, tmp_path):
-    conditioning = ConditioningConfig(conditioning="oracle", adapter="multipath", num_paths=2, horizon=2)
+    plans = dict(plans=PlanSpec(kind="oracle", num_paths=2, horizon=2), adapter=AdapterSettings(kind="multipath"))
     quick = dict(batch_size=4, limit_train_batches=2, limit_val_batches=1, progress_bar=False)
-    first = train_lm(str(synthetic_random), str(tmp_path / "first"), conditioning=conditioning,
+    first = train_lm(str(synthetic_random), str(tmp_path / "first"), **plans,
                      model=LMModelConfig(model_config=tiny_gpt2_config()), train=LMTrainConfig(lr=1e-2, **quick))
     trained = load_file(str(first / "adapter.safetensors"))
     assert trained["projection.weight"].abs().max() > 0  # moved away from its zero (no-op) initialisation
     # A second run from the first: with a vanishing learning rate, it ends where it started.
-    second = train_lm(str(synthetic_random), str(tmp_path / "second"), conditioning=conditioning,
+    second = train_lm(str(synthetic_random), str(tmp_path / "second"), **plans,
                       model=LMModelConfig(init_from=str(first)), train=LMTrainConfig(lr=1e-12, seed=1, **quick))
     carried = load_file(str(second / "adapter.safetensors"))
     for name, tensor in trained.items():
@@ -58,6 +60,6 @@ def test_init_from_a_planned_lm_carries_its_adapter_over(synthetic_random, tmp_p
                                rtol=0, atol=1e-6)
     # Another adapter shape cannot be carried over: it starts fresh (projection zero).
     other = train_lm(str(synthetic_random), str(tmp_path / "other"),
-                     conditioning=ConditioningConfig(conditioning="oracle", adapter="project_avg"),
+                     plans=PlanSpec(kind="oracle"), adapter=AdapterSettings(kind="project_avg"),
                      model=LMModelConfig(init_from=str(first)), train=LMTrainConfig(lr=1e-12, **quick))
     assert load_file(str(other / "adapter.safetensors"))["projection.weight"].abs().max() < 1e-6

@@ -26,7 +26,7 @@ N sentences, V vocabulary.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -37,12 +37,12 @@ import torch.nn.functional as F
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_json, write_manifest
-from planlm.plans.policy import PathPolicy, paths_summary, policy_keyed
+from planlm.plans.policy import paths_summary
+from planlm.plans.sources import plan_source
+from planlm.plans.spec import PlanKind, PlanSpec, evaluation_spec
 from planlm.models.planner import planner_hash
 from planlm.utils import autocast, resolve_device
 
-Conditioning = Literal["none", "fixed", "oracle", "planner_argmax", "planner_sampled"]
-CONDITIONINGS = ("none", "fixed", "oracle", "planner_argmax", "planner_sampled")
 UNSCORED_NOTE = "the first token of every article is not scored (it has no context)"
 
 
@@ -139,7 +139,7 @@ def plan_vector_table(model, source, sentences: np.ndarray, num_sentences: int, 
 
 
 def load_model(model_dir: str | Path):
-    """A PlannedLM from a ``train-lm`` folder, or a bare HF causal-LM folder wrapped as conditioning ``none``."""
+    """A PlannedLM from a ``train-lm`` folder, or a bare HF causal-LM folder wrapped as plans kind ``none``."""
     from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
 
     model_dir = Path(model_dir)
@@ -148,7 +148,7 @@ def load_model(model_dir: str | Path):
     if (model_dir / "config.json").is_file():
         from transformers import AutoModelForCausalLM
 
-        return PlannedLM(PlannedLMConfig(conditioning="none", tokenizer=str(model_dir)),
+        return PlannedLM(PlannedLMConfig(tokenizer=str(model_dir)),
                          AutoModelForCausalLM.from_pretrained(str(model_dir)))
     raise PlanlmError(f"{model_dir}: no model here (neither planned_lm.json nor an HF config.json); give the out_dir "
                       f"of a finished `planlm train-lm` or an HF model folder")
@@ -160,155 +160,6 @@ def model_fingerprint(model_dir: str | Path) -> str:
     files = sorted(p for p in model_dir.rglob("*.safetensors") if "checkpoints" not in p.parts)
     files += sorted(model_dir.rglob("*.json")) if not files else []
     return fingerprint({str(p.relative_to(model_dir)): file_sha256(p) for p in files})
-
-
-@dataclass
-class EvalConditioning:
-    """The conditioning of one evaluation: the model's training settings with evaluation-time overrides."""
-
-    conditioning: str
-    num_paths: int
-    horizon: int
-    temperature: float
-    seed: int
-    fixed_action: int
-    planner_dir: Optional[str]
-    plans_dir: Optional[str]
-    path_policy: PathPolicy = field(default_factory=PathPolicy)
-    """Paths per boundary of sampled plans (resolved: max_paths = num_paths)."""
-
-    def cache_key(self) -> dict:
-        """The settings evaluation folders are keyed on; a fixed policy adds nothing (older folders stay valid)."""
-        return policy_keyed(asdict(self))
-
-    def sampled_paths(self, path_counts: Optional[np.ndarray], sentences: np.ndarray) -> np.ndarray:
-        """(N,) paths the planner sampled for each of ``sentences``: the policy's counts for sampled plans, 1
-        for the argmax path, 0 without a planner."""
-        if self.conditioning == "planner_sampled":
-            if path_counts is not None:
-                return np.asarray(path_counts, dtype=np.int64)[sentences]
-            return np.full(len(sentences), self.num_paths, dtype=np.int64)
-        return np.full(len(sentences), int(self.conditioning == "planner_argmax"), dtype=np.int64)
-
-
-def resolve_conditioning(model, conditioning: Optional[str], num_paths: Optional[int], horizon: Optional[int],
-                         temperature: Optional[float], seed: Optional[int], fixed_action: Optional[int],
-                         planner_dir: Optional[str], plans_dir: Optional[str], model_dir: str,
-                         path_policy: Optional[PathPolicy] = None) -> EvalConditioning:
-    config = model.config
-    kind = config.conditioning if conditioning is None else conditioning
-    if kind not in CONDITIONINGS:
-        raise PlanlmError(f"--conditioning {kind!r}: choose one of {', '.join(CONDITIONINGS)}")
-    if kind != "none" and model.adapter is None:
-        raise PlanlmError(f"{model_dir}: the model was trained with conditioning none (no adapter); evaluate it with "
-                          f"--conditioning none")
-    resolved = EvalConditioning(
-        conditioning=kind,
-        num_paths=config.num_paths if num_paths is None else num_paths,
-        horizon=config.horizon if horizon is None else horizon,
-        temperature=config.temperature if temperature is None else temperature,
-        seed=config.seed if seed is None else seed,
-        fixed_action=config.fixed_action if fixed_action is None else fixed_action,
-        planner_dir=None if plans_dir else planner_dir or config.planner_dir,  # a plan cache replaces the planner
-        plans_dir=plans_dir)
-    if resolved.num_paths < 1:
-        raise PlanlmError(f"--num_paths {resolved.num_paths} must be >= 1")
-    if resolved.horizon < 1:
-        raise PlanlmError(f"--horizon {resolved.horizon} must be >= 1")
-    if model.adapter is not None and resolved.horizon > model.adapter.config.horizon:
-        raise PlanlmError(f"--horizon {resolved.horizon} exceeds the horizon the adapter of {model_dir} accepts "
-                          f"({model.adapter.config.horizon}); choose --horizon <= {model.adapter.config.horizon}")
-    if resolved.temperature < 0:
-        raise PlanlmError(f"--temperature {resolved.temperature} must be >= 0 (0 = argmax)")
-    if kind == "fixed" and not 0 <= resolved.fixed_action < max(config.num_actions, 1):
-        raise PlanlmError(f"--fixed_action {resolved.fixed_action} must be in [0, {config.num_actions})")
-    if kind.startswith("planner") and not (resolved.planner_dir or resolved.plans_dir):
-        raise PlanlmError(f"--conditioning {kind} needs a planner: the model records none; set --planner_dir")
-    if kind not in ("planner_sampled", "planner_argmax"):
-        resolved.planner_dir = resolved.plans_dir = None
-    if resolved.planner_dir and not (Path(resolved.planner_dir) / "model.safetensors").is_file():
-        raise PlanlmError(f"{resolved.planner_dir}: no trained planner here (model.safetensors missing); set "
-                          f"--planner_dir to a `planlm train-planner` folder or --plans_dir to a plan cache")
-    if resolved.plans_dir and read_manifest(resolved.plans_dir) is None:
-        raise PlanlmError(f"{resolved.plans_dir}: no complete plan cache here (manifest.json missing); run "
-                          f"`planlm sample-plans` first")
-    if kind != "planner_sampled":
-        resolved.temperature = 0.0 if kind == "planner_argmax" else resolved.temperature
-    resolved.path_policy = _resolve_policy(path_policy or PathPolicy(), resolved)
-    resolved.num_paths = resolved.path_policy.max_paths
-    return resolved
-
-
-def _resolve_policy(policy: PathPolicy, cond: EvalConditioning) -> PathPolicy:
-    """The path policy of an evaluation: only sampled plans have one (the others are K copies of one path);
-    a plan cache brings the policy it was sampled under."""
-    if cond.conditioning != "planner_sampled":
-        return PathPolicy().resolve(cond.num_paths)
-    if cond.plans_dir:
-        cached = read_manifest(cond.plans_dir).get("path_policy")
-        cached = PathPolicy(**cached) if cached else PathPolicy().resolve(cond.num_paths)
-        if policy.adaptive and policy.resolve(cond.num_paths) != cached:
-            raise PlanlmError(f"{cond.plans_dir}: the plan cache was sampled under path policy {cached.label()}, not "
-                              f"{policy.resolve(cond.num_paths).label()}; drop --path_policy or sample a cache with it")
-        return cached
-    return policy.resolve(cond.num_paths)
-
-
-def action_source(cond: EvalConditioning, prepared: PreparedDataset, split: PreparedSplit, sentences: np.ndarray,
-                  device: torch.device, plan_batch_size: int = 256, precision: str = "fp32"):
-    """The ActionSource of an evaluation; planner plans are computed for ``sentences`` only (the other
-    rows of the full-size plan arrays stay zero and are never read)."""
-    from planlm.data.windows import make_action_source
-
-    plans = argmax_plans = path_counts = None
-    if cond.conditioning in ("planner_sampled", "planner_argmax"):
-        if cond.plans_dir:
-            from planlm.plans.sampling import load_path_counts, load_plans
-
-            plans = load_plans(cond.plans_dir, split.name, prepared=prepared,
-                               argmax=cond.conditioning == "planner_argmax")
-            path_counts = load_path_counts(cond.plans_dir, split.name)
-            if cond.conditioning == "planner_argmax":
-                plans, argmax_plans = None, plans
-        else:
-            plans, argmax_plans, path_counts = compute_planner_plans(cond, prepared, split, sentences, device,
-                                                                     plan_batch_size, precision)
-    return make_action_source(cond.conditioning, split, num_paths=cond.num_paths, horizon=cond.horizon,
-                              fixed_action=cond.fixed_action, plans=plans, argmax_plans=argmax_plans,
-                              path_counts=path_counts)
-
-
-def load_planner(planner_dir: str, prepared: PreparedDataset, device: torch.device):
-    from planlm.models.planner import Planner
-
-    planner = Planner.from_pretrained(planner_dir, map_location=device)
-    planner.check_matches(prepared, where=str(planner_dir))
-    return planner.eval()
-
-
-def compute_planner_plans(cond: EvalConditioning, prepared: PreparedDataset, split: PreparedSplit,
-                          sentences: np.ndarray, device: torch.device, batch_size: int = 256,
-                          precision: str = "fp32"):
-    """Full-size (N_sent, K, T) sampled and (N_sent, T) argmax arrays, filled for ``sentences``, and the
-    (N_sent,) paths per boundary of the sampled ones under the path policy (None for argmax)."""
-    from planlm.plans.sampling import compute_plans
-
-    planner = load_planner(cond.planner_dir, prepared, device)
-    sentences = np.asarray(sentences, dtype=np.int64)
-    if cond.conditioning == "planner_argmax":
-        argmax_plans = np.zeros((split.num_sentences, cond.horizon), dtype=np.int64)
-        greedy = compute_plans(planner, split, 1, cond.horizon, 0.0, cond.seed, batch_size=batch_size,
-                               device=str(device), sentences=sentences, precision=precision)  # (N, 1, T)
-        argmax_plans[sentences] = greedy[:, 0]
-        return None, argmax_plans, None
-    plans = np.zeros((split.num_sentences, cond.num_paths, cond.horizon), dtype=np.int64)
-    counts = np.zeros(len(sentences), dtype=np.int64)
-    plans[sentences] = compute_plans(planner, split, cond.num_paths, cond.horizon, cond.temperature, cond.seed,
-                                     batch_size=batch_size, device=str(device), sentences=sentences,
-                                     precision=precision, policy=cond.path_policy, num_paths_out=counts)
-    path_counts = np.zeros(split.num_sentences, dtype=np.int64)
-    path_counts[sentences] = counts
-    return plans, None, path_counts
 
 
 def load_checked(model_dir: str, prepared_dir: str, split: str):
@@ -341,7 +192,7 @@ def check_compatible(model, prepared: PreparedDataset, split: PreparedSplit, mod
                               f"{prepared.path} has {prepared.num_actions}; evaluate on the corpus it was trained on")
 
 
-def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, cond: EvalConditioning,
+def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec: PlanSpec,
                    num_articles: int, stride: int = 1, context_length: int = 128, batch_size: int = 32,
                    device: str | torch.device = "cpu", precision: str = "auto", plan_usage: bool = False) -> dict:
     """In-memory evaluation of the first ``num_articles`` articles -> per-article arrays and timings
@@ -354,8 +205,8 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, cond:
     sentences = np.arange(num_sentences)
     plan_table, path_counts = None, None
     planner_done = began
-    if cond.conditioning != "none":
-        source = action_source(cond, prepared, split, sentences, device, precision=precision)
+    if spec.kind != PlanKind.none:
+        source = plan_source(spec, prepared, split, sentences=sentences, device=device, precision=precision)
         planner_done = time.perf_counter()
         path_counts = getattr(source, "path_counts", None)
         plan_table = plan_vector_table(model, source, sentences, split.num_sentences, device=device,
@@ -373,11 +224,12 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, cond:
     result = {"nll_sums": per_article(window_nll), "tokens": tokens, "windows": len(windows),
               "wall_time_s": finished - began, "plan_time_s": plans_done - began, "lm_time_s": finished - plans_done,
               "planner_time_s": planner_done - began, "adapter_time_s": plans_done - planner_done,
-              "num_paths": cond.sampled_paths(path_counts, sentences)}
+              "num_paths": spec.sampled_paths(path_counts, sentences)}
     if plan_usage:
-        from planlm.evaluate.plan_usage import ShuffledPlans, check_has_plans, plan_permutation
+        from planlm.evaluate.plan_usage import check_has_plans, plan_permutation
+        from planlm.plans.sources import ShuffledPlans
 
-        check_has_plans(cond.conditioning, "evaluate")
+        check_has_plans(spec.kind, "evaluate")
         shuffled = ShuffledPlans(source, plan_permutation(num_sentences))
         shuffled_table = plan_vector_table(model, shuffled, sentences, split.num_sentences, device=device,
                                            precision=precision)
@@ -386,14 +238,10 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, cond:
     return result
 
 
-def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test",
-             conditioning: Optional[Conditioning] = None, num_paths: Optional[int] = None,
-             horizon: Optional[int] = None, temperature: Optional[float] = None, seed: Optional[int] = None,
-             fixed_action: Optional[int] = None, planner_dir: Optional[str] = None, plans_dir: Optional[str] = None,
+def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test", plans: PlanSpec = PlanSpec(),
              stride: int = 1, context_length: int = 128, max_articles: Optional[int] = None, batch_size: int = 32,
              device: str = "auto", precision: Literal["auto", "fp32", "bf16"] = "auto",
-             bootstrap_samples: int = 1000, confidence: float = 0.95, plan_usage: Optional[bool] = None,
-             path_policy: PathPolicy = PathPolicy()) -> dict:
+             bootstrap_samples: int = 1000, confidence: float = 0.95, plan_usage: Optional[bool] = None) -> dict:
     """Perplexity of a trained (planned) LM on a prepared split, with a bootstrap CI over articles.
 
     Writes ``metrics.json`` (ppl, ci_low, ci_high, nll, tokens, articles, protocol, wall_time_s,
@@ -403,18 +251,13 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     the same settings and weights is reused.
 
     Args:
-        model_dir: Folder of a finished ``planlm train-lm`` (or a plain HF causal-LM folder: conditioning none).
+        model_dir: Folder of a finished ``planlm train-lm`` (or a plain HF causal-LM folder: plans kind none).
         prepared_dir: Prepared corpus (same tokenizer and codebook as the model's).
         out_dir: Evaluation folder to write.
         split: Split to evaluate.
-        conditioning: none, fixed, oracle, planner_argmax or planner_sampled; default: the model's own.
-        num_paths: K sampled paths per boundary (may differ from training); default: the model's.
-        horizon: T actions per path; default: the model's.
-        temperature: Planner sampling temperature tau; default: the model's.
-        seed: Seed of the planner's sampling; default: the model's.
-        fixed_action: Action of the fixed baseline; default: the model's.
-        planner_dir: Planner folder; default: the one the model was trained with.
-        plans_dir: Read plans from this plan cache (``planlm sample-plans``) instead of running the planner.
+        plans: The plans to evaluate with (kind, K, T, tau, seed, fixed_action, planner_dir, plans_dir,
+            path_policy); every field left unset is the model's own (planlm.plans.spec). A plans_dir reads a
+            plan cache instead of running the planner, with the path policy it was sampled under.
         stride: 1 = the reference protocol (every token with up to context_length - 1 tokens of context);
             S scores the last S tokens of each context_length window; context_length = non-overlapping.
         context_length: Window length in tokens (context + scored token).
@@ -427,9 +270,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         confidence: Confidence level of the interval.
         plan_usage: Also score the split with the plans shuffled across its sentences (a fixed seeded
             permutation): how much the LM reads its plans (plan_usage_* in metrics.json). None: whenever
-            the conditioning has plans; true on conditioning none is an error.
-        path_policy: Paths per boundary of sampled plans: fixed (K = num_paths everywhere), entropy or converge
-            (at most K; planlm.plans.policy). With plans_dir: the cache's own policy.
+            the model reads plans; true with plans kind none is an error.
 
     Returns:
         The metrics dict (also in ``<out_dir>/metrics.json``).
@@ -443,28 +284,28 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     if max_articles is not None and max_articles < 1:
         raise PlanlmError(f"--max_articles {max_articles} must be >= 1")
     prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
-    cond = resolve_conditioning(model, conditioning, num_paths, horizon, temperature, seed, fixed_action,
-                                planner_dir, plans_dir, model_dir, path_policy)
+    spec = evaluation_spec(plans, model, model_dir)
+    spec.check_source()
     if plan_usage:
         from planlm.evaluate.plan_usage import check_has_plans
 
-        check_has_plans(cond.conditioning, f"evaluate {model_dir}")
-    plan_usage = cond.conditioning != "none" if plan_usage is None else plan_usage
+        check_has_plans(spec.kind, f"evaluate {model_dir}")
+    plan_usage = spec.kind != PlanKind.none if plan_usage is None else plan_usage
     torch_device = resolve_device(device)
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
-    plans_manifest = read_manifest(cond.plans_dir) if cond.plans_dir else None
+    plans_manifest = read_manifest(spec.plans_dir) if spec.plans_dir else None
     config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
-              "split": split, "conditioning": cond.cache_key(), "stride": stride, "context_length": context_length,
+              "split": split, "plan_spec": spec.cache_key(), "stride": stride, "context_length": context_length,
               "articles": num_articles, "device_type": torch_device.type, "precision": precision,
               "bootstrap_samples": bootstrap_samples, "confidence": confidence, "plan_usage": plan_usage,
-              "planner": planner_hash(cond.planner_dir),
-              "plans": plans_manifest["config_fingerprint"] if cond.plans_dir else None}
+              "planner": planner_hash(spec.planner_dir),
+              "plans": plans_manifest["config_fingerprint"] if spec.plans_dir else None}
     out = Path(out_dir)
     if prepare_stage_dir(out, config):
         import json
 
         return json.loads((out / "metrics.json").read_text())
-    result = evaluate_split(model, prepared, split_view, cond, num_articles, stride, context_length, batch_size,
+    result = evaluate_split(model, prepared, split_view, spec, num_articles, stride, context_length, batch_size,
                             torch_device, precision, plan_usage)
     interval = bootstrap_perplexity(result["nll_sums"], result["tokens"], bootstrap_samples, confidence)
     total_tokens = int(result["tokens"].sum())
@@ -476,14 +317,14 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         "context_length": context_length, "windows": result["windows"],
         "wall_time_s": result["wall_time_s"], "plan_time_s": result["plan_time_s"], "lm_time_s": result["lm_time_s"],
         "planner_time_s": result["planner_time_s"], "adapter_time_s": result["adapter_time_s"],
-        "plans_from_cache": bool(cond.plans_dir), "path_policy": asdict(cond.path_policy),
+        "plans_from_cache": bool(spec.plans_dir), "path_policy": asdict(spec.path_policy),
         # with a plan cache the planner ran before: its time for the whole split, as sample-plans measured it
-        "cache_planner_time_s": (plans_manifest.get("planner_time_s") or {}).get(split) if cond.plans_dir else None,
-        **paths_summary(result["num_paths"], cond.num_paths if cond.conditioning == "planner_sampled" else None),
+        "cache_planner_time_s": (plans_manifest.get("planner_time_s") or {}).get(split) if spec.plans_dir else None,
+        **paths_summary(result["num_paths"], spec.num_paths if spec.kind == PlanKind.planner_sampled else None),
         "tokens_per_s": total_tokens / max(result["wall_time_s"], 1e-9),
-        "conditioning": cond.conditioning, "K": cond.num_paths, "T": cond.horizon, "tau": cond.temperature,
-        "seed": cond.seed, "fixed_action": cond.fixed_action if cond.conditioning == "fixed" else None,
-        "planner_dir": cond.planner_dir, "plans_dir": cond.plans_dir, "model_dir": str(model_dir),
+        "conditioning": str(spec.kind), "K": spec.num_paths, "T": spec.horizon, "tau": spec.temperature,
+        "seed": spec.seed, "fixed_action": spec.fixed_action if spec.kind == PlanKind.fixed else None,
+        "planner_dir": spec.planner_dir, "plans_dir": spec.plans_dir, "model_dir": str(model_dir),
         "prepared_dir": str(prepared_dir), "split": split, "device": str(torch_device), "precision": precision,
     }
     if plan_usage:
@@ -499,8 +340,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     write_json(out / "metrics.json", metrics)
     write_manifest(out, config, metrics=metrics)
     print(f"{model_dir} on {split} ({num_articles} articles, {total_tokens} tokens, {metrics['protocol']}; "
-          f"conditioning {cond.conditioning}, K={cond.num_paths}, T={cond.horizon}, tau={cond.temperature:g}"
-          f"{', ' + cond.path_policy.label() if cond.path_policy.adaptive else ''}): "
+          f"plans {spec.label()}): "
           f"ppl {metrics['ppl']:.3f} [{metrics['ci_low']:.3f}, {metrics['ci_high']:.3f}] "
           f"in {metrics['wall_time_s']:.1f}s ({metrics['tokens_per_s']:.0f} tokens/s; "
           f"{metrics['paths_mean']:.2f} paths per boundary, planner {metrics['planner_time_s']:.1f}s, "

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from planlm.data.windows import ActionSource
 from planlm.evaluate.bootstrap import paired_bootstrap
 from planlm.utils import PlanlmError
 
@@ -26,21 +25,10 @@ def plan_permutation(num_sentences: int, seed: int = SHUFFLE_SEED) -> np.ndarray
     return np.random.default_rng(seed).permutation(num_sentences)
 
 
-class ShuffledPlans:
-    """An action source whose sentence s gets the plan ``source`` gives sentence ``permutation[s]``."""
-
-    def __init__(self, source: ActionSource, permutation: np.ndarray):
-        self.source, self.permutation = source, np.asarray(permutation, dtype=np.int64)
-        self.num_paths, self.horizon = source.num_paths, source.horizon
-
-    def __call__(self, sentences: np.ndarray):
-        return self.source(self.permutation[np.asarray(sentences, dtype=np.int64)])
-
-
-def check_has_plans(conditioning: str, where: str) -> None:
+def check_has_plans(kind: str, where: str) -> None:
     """A plan-usage request on a model that reads no plan is a mistake, not a zero."""
-    if conditioning == "none":
-        raise PlanlmError(f"{where}: plan usage asked of a model with conditioning none (it reads no plan); "
+    if kind == "none":
+        raise PlanlmError(f"{where}: plan usage asked of a model with plans kind none (it reads no plan); "
                           f"set plan_usage: false (or leave it unset) for it")
 
 

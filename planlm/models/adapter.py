@@ -49,7 +49,7 @@ Design decisions the paper leaves open, made here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
@@ -63,42 +63,61 @@ ADAPTER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
-class AdapterConfig:
-    adapter: AdapterKind = "project_avg"
+class AdapterSettings:
+    """The adapter as a user chooses it (``train-lm --adapter.*``); its sizes come from the data and the LM."""
+
+    kind: AdapterKind = "project_avg"
     """project_avg (Project and Avg) or multipath (PathTransformer + SampleTransformer + ReZero)."""
-    num_actions: int = 1024
-    """A: size of the action vocabulary (codebook rows)."""
-    action_dim: int = 768
-    """E: width of the action embedding table (the codebook width when initialised from it)."""
-    hidden_size: int = 768
-    """D: the LM's embedding width; plan vectors are added to token embeddings."""
-    horizon: int = 10
-    """Longest path T the adapter accepts (number of position embeddings p_1..p_T)."""
+    action_dim: int | None = None
+    """E: width of the action embedding table (None: the codebook width; needed to initialise from it)."""
     num_layers: int = 1
     """Layers of the PathTransformer and of the SampleTransformer (multipath only)."""
     num_heads: int = 2
-    """Attention heads of both transformers (must divide hidden_size; multipath only)."""
+    """Attention heads of both transformers (must divide the LM width; multipath only)."""
     dim_feedforward: int | None = None
-    """Feed-forward width of both transformers (None: 2 * hidden_size)."""
+    """Feed-forward width of both transformers (None: 2 x the LM width)."""
     dropout: float = 0.0
     """Dropout inside both transformers."""
     rezero: bool = True
-    """multipath: ReZero scalars alpha_1, alpha_2 (init 0) around Project-and-Avg; False = the ablation."""
+    """multipath: ReZero scalars alpha_1, alpha_2 (init 0) around Project-and-Avg; False = the paper's ablation."""
     init_from_codebook: bool = True
     """Initialise Emb from the codebook centroids (needs action_dim == codebook width)."""
     init_no_op: bool = True
     """Initialise the projection W, b to zero so that a fresh adapter leaves the LM unchanged."""
 
+
+@dataclass
+class AdapterConfig(AdapterSettings):
+    """The whole shape of an adapter: the settings plus the sizes of its actions, its LM and its paths."""
+
+    action_dim: int = 768
+    """E: width of the action embedding table (the codebook width when initialised from it)."""
+    num_actions: int = 1024
+    """A: size of the action vocabulary (codebook rows)."""
+    hidden_size: int = 768
+    """D: the LM's embedding width; plan vectors are added to token embeddings."""
+    horizon: int = 10
+    """Longest path T the adapter accepts (number of position embeddings p_1..p_T)."""
+
+    @classmethod
+    def of(cls, settings: AdapterSettings, *, num_actions: int, codebook_width: int, hidden_size: int,
+           horizon: int) -> AdapterConfig:
+        """The config of ``settings`` for a codebook of ``num_actions`` x ``codebook_width``, an LM of width
+        ``hidden_size`` and paths of ``horizon`` steps."""
+        values = asdict(settings)
+        values["action_dim"] = settings.action_dim or codebook_width
+        return cls(**values, num_actions=num_actions, hidden_size=hidden_size, horizon=horizon)
+
     def __post_init__(self):
-        if self.adapter not in ("project_avg", "multipath"):
-            raise PlanlmError(f"--adapter {self.adapter!r}: choose project_avg or multipath")
+        if self.kind not in ("project_avg", "multipath"):
+            raise PlanlmError(f"--adapter.kind {self.kind!r}: choose project_avg or multipath")
         for name in ("num_actions", "action_dim", "hidden_size", "horizon", "num_layers", "num_heads"):
             if getattr(self, name) < 1:
-                raise PlanlmError(f"--{name} must be >= 1 (got {getattr(self, name)})")
-        if self.adapter == "multipath" and self.hidden_size % self.num_heads:
-            raise PlanlmError(f"--num_heads {self.num_heads} must divide the LM width {self.hidden_size}")
+                raise PlanlmError(f"--adapter.{name} must be >= 1 (got {getattr(self, name)})")
+        if self.kind == "multipath" and self.hidden_size % self.num_heads:
+            raise PlanlmError(f"--adapter.num_heads {self.num_heads} must divide the LM width {self.hidden_size}")
         if not 0.0 <= self.dropout < 1.0:
-            raise PlanlmError(f"--dropout must be in [0, 1) (got {self.dropout})")
+            raise PlanlmError(f"--adapter.dropout must be in [0, 1) (got {self.dropout})")
 
 
 def masked_mean(values: Tensor, mask: Tensor, dim: int) -> Tensor:
@@ -253,6 +272,6 @@ def _default_mask(action_paths: Tensor, path_mask: Tensor | None) -> Tensor:
 
 
 def build_adapter(config: AdapterConfig, codebook: Tensor | None = None) -> ProjectAvg:
-    """The adapter named by ``config.adapter``, Emb initialised from ``codebook`` when asked."""
-    cls = {"project_avg": ProjectAvg, "multipath": MultiPath}[config.adapter]
+    """The adapter named by ``config.kind``, Emb initialised from ``codebook`` when asked."""
+    cls = {"project_avg": ProjectAvg, "multipath": MultiPath}[config.kind]
     return cls(config, codebook)

@@ -11,9 +11,9 @@ an index into the N plans, or -1 for "no conditioning" (padding, or the ``none``
 
 A saved folder::
 
-    planned_lm.json          PlannedLMConfig (conditioning, adapter shape, provenance of the plans)
+    planned_lm.json          PlannedLMConfig (the plans' PlanSpec, adapter shape, provenance of the plans)
     lm/                      the HF model's save_pretrained (safetensors; LoRA merged in)
-    adapter.safetensors      the adapter's weights (absent for conditioning "none")
+    adapter.safetensors      the adapter's weights (absent for plans kind "none")
     codebook.safetensors     {"centroids": (A, E)} the actions the adapter was trained on
     tokenizer/               the tokenizer of the prepared corpus
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -31,41 +31,28 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from planlm.models.adapter import AdapterConfig, build_adapter
-from planlm.utils import PlanlmError, write_json
+from planlm.plans.spec import PlanKind, PlanSpec
+from planlm.utils import PlanlmError, to_jsonable, write_json
 
-Conditioning = Literal["none", "fixed", "oracle", "planner_argmax", "planner_sampled"]
-CONDITIONINGS = ("none", "fixed", "oracle", "planner_argmax", "planner_sampled")
 Finetune = Literal["full", "frozen", "lora"]
+LEGACY_PLAN_FIELDS = ("conditioning", "num_paths", "horizon", "temperature", "fixed_action", "seed", "planner_dir",
+                      "plans_dir")
 
 
 @dataclass
 class PlannedLMConfig:
-    conditioning: Conditioning = "none"
-    """Where the plans come from; "none" = the plain LM (no adapter)."""
+    plans: PlanSpec = field(default_factory=PlanSpec)
+    """The plans the model was trained with (resolved; evaluation inherits what it does not override)."""
     adapter: AdapterConfig | None = None
-    """Shape of the adapter (None for conditioning "none")."""
-    num_paths: int = 1
-    """K paths per plan the model was trained with."""
-    horizon: int = 1
-    """T steps per path the model was trained with."""
-    temperature: float = 1.0
-    """Sampling temperature of the planner's training plans."""
-    fixed_action: int = 0
-    """The action of the "fixed" baseline."""
-    seed: int = 0
-    """Seed of the sampled training plans."""
+    """Shape of the adapter (None for plans kind "none")."""
     tokenizer: str = "gpt2"
     """Tokenizer name of the prepared corpus (also saved under tokenizer/)."""
     num_actions: int = 0
     """A of the codebook the adapter was trained on."""
     codebook_hash: str | None = None
     """sha256 of the prepared codebook.safetensors."""
-    planner_dir: str | None = None
-    """Planner folder that produced the training plans."""
     planner_hash: str | None = None
-    """sha256 of that planner's model.safetensors."""
-    plans_dir: str | None = None
-    """Plan cache the training plans were read from."""
+    """sha256 of the model.safetensors of the planner that produced the training plans."""
     base_model: str | None = None
     """Hub name or folder of the pretrained LM (None: random init from base_model_config)."""
     base_model_config: dict | None = None
@@ -76,10 +63,25 @@ class PlannedLMConfig:
     def __post_init__(self):
         if isinstance(self.adapter, dict):
             self.adapter = AdapterConfig(**self.adapter)
-        if self.conditioning not in CONDITIONINGS:
-            raise PlanlmError(f"--conditioning {self.conditioning!r}: choose one of {', '.join(CONDITIONINGS)}")
-        if self.conditioning != "none" and self.adapter is None:
-            raise PlanlmError(f"conditioning {self.conditioning!r} needs an adapter config")
+        if isinstance(self.plans, dict):
+            self.plans = PlanSpec(**self.plans)
+        self.plans = self.plans.resolve()
+        if self.plans.kind != PlanKind.none and self.adapter is None:
+            raise PlanlmError(f"plans kind {self.plans.kind} needs an adapter config")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> PlannedLMConfig:
+        """From planned_lm.json; folders written before the ``plans`` group kept its fields at the top level."""
+        values = dict(values)
+        if "conditioning" in values:
+            legacy = {name: values.pop(name) for name in LEGACY_PLAN_FIELDS if name in values}
+            legacy["kind"] = legacy.pop("conditioning")
+            values["plans"] = legacy
+        if isinstance(values.get("adapter"), dict) and "adapter" in values["adapter"]:
+            adapter = dict(values["adapter"])
+            adapter["kind"] = adapter.pop("adapter")
+            values["adapter"] = adapter
+        return cls(**values)
 
 
 def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None):
@@ -136,7 +138,7 @@ class PlannedLM(nn.Module):
             self.register_buffer("codebook", codebook.detach().float().clone(), persistent=False)  # (A, E)
         else:
             self.codebook = None
-        self.adapter = build_adapter(config.adapter, codebook) if config.conditioning != "none" else None
+        self.adapter = build_adapter(config.adapter, codebook) if config.plans.kind != PlanKind.none else None
 
     @property
     def hidden_size(self) -> int:
@@ -145,7 +147,7 @@ class PlannedLM(nn.Module):
     def plan_vectors(self, action_paths: Tensor, path_mask: Tensor | None = None) -> Tensor:
         """(N, K, T) long [+ (N, K, T) bool] -> plan_embeds (N, D)."""
         if self.adapter is None:
-            raise PlanlmError("this model was trained without conditioning (conditioning: none); it has no adapter")
+            raise PlanlmError("this model was trained without plans (plans kind none); it has no adapter")
         return self.adapter(action_paths, path_mask)
 
     def token_plan_embeds(self, plan_vectors: Tensor, plan_index: Tensor) -> Tensor:
@@ -181,8 +183,8 @@ class PlannedLM(nn.Module):
             self.lm.requires_grad_(True)
         elif mode == "frozen":
             if self.adapter is None:
-                raise PlanlmError("finetune: frozen with conditioning: none leaves nothing to train; "
-                                  "choose full or lora, or a conditioning")
+                raise PlanlmError("finetune: frozen with plans kind none leaves nothing to train; "
+                                  "choose full or lora, or a plans kind")
             self.lm.requires_grad_(False)
         elif mode == "lora":
             from peft import LoraConfig, get_peft_model
@@ -217,7 +219,7 @@ class PlannedLM(nn.Module):
             save_file({"centroids": self.codebook.detach().cpu().contiguous()}, str(folder / "codebook.safetensors"))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(folder / "tokenizer"))
-        write_json(folder / "planned_lm.json", asdict(self.config))
+        write_json(folder / "planned_lm.json", to_jsonable(self.config))
         return folder
 
     @classmethod
@@ -229,7 +231,7 @@ class PlannedLM(nn.Module):
         if not config_path.is_file():
             raise PlanlmError(f"{folder}: not a planned-LM folder (planned_lm.json missing); "
                               f"give the out_dir of a finished `planlm train-lm`")
-        config = PlannedLMConfig(**json.loads(config_path.read_text()))
+        config = PlannedLMConfig.from_dict(json.loads(config_path.read_text()))
         lm = AutoModelForCausalLM.from_pretrained(str(folder / "lm"))
         codebook = None
         if (folder / "codebook.safetensors").is_file():
@@ -247,4 +249,4 @@ class PlannedLM(nn.Module):
         return load_tokenizer(str(path) if path.is_dir() else self.config.tokenizer)
 
 
-__all__ = ["PlannedLM", "PlannedLMConfig", "load_causal_lm", "Conditioning", "CONDITIONINGS"]
+__all__ = ["PlannedLM", "PlannedLMConfig", "load_causal_lm"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -20,11 +20,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from planlm.models.adapter import AdapterConfig
+from planlm.models.adapter import AdapterConfig, AdapterSettings
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
-from planlm.data.windows import WindowCollator, article_windows, make_action_source
-from planlm.models.planned_lm import Conditioning, PlannedLM, PlannedLMConfig, load_causal_lm
-from planlm.plans.policy import PathPolicy, policy_keyed
+from planlm.data.windows import WindowCollator, article_windows
+from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.plans.sources import check_cache, plan_source
+from planlm.plans.spec import PlanKind, PlanSpec
 from planlm.train.resume import EpochShuffle, RestoreRNG, last_checkpoint
 from planlm.utils import (PlanlmError, check_bf16, derive_seed, file_sha256, fingerprint, prepare_stage_dir,
                           read_manifest, write_manifest)
@@ -61,63 +62,6 @@ class LMModelConfig:
             raise PlanlmError("--model: set name_or_path, model_config or init_from")
         if self.lora_rank < 1:
             raise PlanlmError(f"--model.lora_rank must be >= 1 (got {self.lora_rank})")
-
-
-@dataclass
-class ConditioningConfig:
-    """Where the plans come from and how the adapter folds them into one vector per sentence."""
-
-    conditioning: Conditioning = "none"
-    """none (plain LM), fixed (one constant action), oracle (true actions), planner_argmax, planner_sampled."""
-    adapter: Literal["project_avg", "multipath"] = "project_avg"
-    """project_avg (Project and Avg) or multipath (PathTransformer + SampleTransformer)."""
-    rezero: bool = True
-    """multipath: ReZero scalars initialised to zero around Project-and-Avg (False: the paper's ablation)."""
-    num_paths: int = 1
-    """K paths per plan."""
-    horizon: int = 1
-    """T steps per path."""
-    temperature: float = 1.0
-    """Planner sampling temperature (planner_sampled with planner_dir)."""
-    fixed_action: int = 0
-    """The action of the fixed baseline."""
-    plans_dir: str | None = None
-    """A plan cache folder (`planlm sample-plans`); for planner_* conditioning."""
-    planner_dir: str | None = None
-    """A planner folder: its plan cache is sampled (or reused) when plans_dir is not given."""
-    seed: int = 0
-    """Seed of the sampled plans."""
-    action_dim: int | None = None
-    """Width of the action embedding (None: the codebook width)."""
-    num_layers: int = 1
-    """multipath: layers of PathTransformer and SampleTransformer."""
-    num_heads: int = 2
-    """multipath: attention heads (must divide the LM width)."""
-    dim_feedforward: int | None = None
-    """multipath: feed-forward width (None: 2 x the LM width)."""
-    init_from_codebook: bool = True
-    """Initialise the action embedding from the codebook centroids."""
-    init_no_op: bool = True
-    """Zero-initialise the adapter's projection so training starts from the unconditioned LM."""
-    path_policy: PathPolicy = field(default_factory=PathPolicy)
-    """planner_sampled with planner_dir: paths per boundary of the sampled plan cache (fixed: num_paths
-    everywhere; entropy or converge: at most num_paths, so the adapter trains on variable K)."""
-
-    def __post_init__(self):
-        kinds = ("none", "fixed", "oracle", "planner_argmax", "planner_sampled")
-        if self.conditioning not in kinds:
-            raise PlanlmError(f"--conditioning.conditioning {self.conditioning!r}: choose one of {', '.join(kinds)}")
-        if self.num_paths < 1 or self.horizon < 1:
-            raise PlanlmError(f"--conditioning.num_paths ({self.num_paths}) and horizon ({self.horizon}) must be >= 1")
-        if self.temperature < 0:
-            raise PlanlmError(f"--conditioning.temperature must be >= 0 (got {self.temperature})")
-        if self.path_policy.max_paths not in (None, self.num_paths):
-            raise PlanlmError(f"--conditioning.path_policy.max_paths {self.path_policy.max_paths} differs from "
-                              f"--conditioning.num_paths {self.num_paths}; leave max_paths unset (K = num_paths)")
-        self.path_policy.resolve(self.num_paths)  # min_paths <= K
-        if self.conditioning.startswith("planner") and not (self.plans_dir or self.planner_dir):
-            raise PlanlmError(f"--conditioning.conditioning {self.conditioning} needs --conditioning.plans_dir "
-                              f"or --conditioning.planner_dir")
 
 
 @dataclass
@@ -275,41 +219,20 @@ def _check_tokenizer(prepared: PreparedDataset, model: LMModelConfig, init_confi
     return tokenizer
 
 
-def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: list[str]):
-    """(plans_dir, plan-cache manifest, {split: sampled (N, K, T) or argmax (N, T) array}, {split: paths per
-    boundary (N,) or None})."""
-    if not cond.conditioning.startswith("planner"):
-        return None, None, {}, {}
-    from planlm.plans.sampling import load_path_counts, sample_plans
+def _training_plans(spec: PlanSpec, prepared: PreparedDataset, splits: list[str]) -> tuple[PlanSpec, dict | None]:
+    """The spec with its plan cache (sampled now, or reused, from the planner when none is given) and the cache's
+    manifest, after checking that the cache fits the spec and the corpus; other kinds need no cache."""
+    if not spec.kind.uses_planner:
+        return spec, None
+    if spec.plans_dir is None:
+        from planlm.plans.sampling import sample_plans
 
-    plans_dir = cond.plans_dir
-    if plans_dir is None:
-        policy = cond.path_policy if cond.conditioning == "planner_sampled" else PathPolicy()
-        plans_dir = str(sample_plans(planner_dir=cond.planner_dir, prepared_dir=str(prepared.path), splits=splits,
-                                     num_paths=cond.num_paths, horizon=cond.horizon,
-                                     temperature=cond.temperature, seed=cond.seed, path_policy=policy))
-    plans_path = Path(plans_dir)
-    manifest = read_manifest(plans_path)
-    if manifest is None:
-        raise PlanlmError(f"{plans_path}: not a complete plan cache (manifest.json missing); "
-                          f"run `planlm sample-plans --out_dir {plans_path}` first")
-    where = plans_path / "manifest.json"
-    if manifest.get("codebook_hash") != prepared.codebook_hash or int(manifest.get("num_actions", -1)) != prepared.num_actions:
-        raise PlanlmError(f"{where}: plans come from a planner with another codebook (codebook_hash "
-                          f"{str(manifest.get('codebook_hash'))[:12]}, {manifest.get('num_actions')} actions) than "
-                          f"{prepared.path} ({prepared.codebook_hash[:12]}, {prepared.num_actions}); resample the plans "
-                          f"with a planner trained on this corpus")
-    if int(manifest["horizon"]) != cond.horizon:
-        raise PlanlmError(f"{where}: cached horizon T={manifest['horizon']} but --conditioning.horizon "
-                          f"{cond.horizon}; set horizon: {manifest['horizon']} or sample plans with T={cond.horizon}")
-    if cond.conditioning == "planner_sampled" and int(manifest["num_paths"]) != cond.num_paths:
-        raise PlanlmError(f"{where}: cached K={manifest['num_paths']} paths but --conditioning.num_paths "
-                          f"{cond.num_paths}; set num_paths: {manifest['num_paths']} or sample plans with K={cond.num_paths}")
-    from planlm.plans.sampling import load_plans
-
-    arrays = {split: load_plans(plans_path, split, prepared=prepared, argmax=cond.conditioning == "planner_argmax")
-              for split in splits}
-    return str(plans_path), manifest, arrays, {split: load_path_counts(plans_path, split) for split in splits}
+        cache = sample_plans(planner_dir=spec.planner_dir, prepared_dir=str(prepared.path), splits=splits,
+                             num_paths=spec.num_paths, horizon=spec.horizon, temperature=spec.temperature,
+                             seed=spec.seed, path_policy=spec.path_policy)
+        spec = replace(spec, plans_dir=str(cache))
+    manifest = check_cache(spec, prepared)
+    return replace(spec, planner_dir=manifest.get("planner_dir") or spec.planner_dir), manifest
 
 
 def _loader(split: PreparedSplit, windows: list, source, batch_size: int, shuffle: bool, num_workers: int,
@@ -327,7 +250,8 @@ def data_order(windows: list, seed: int) -> EpochShuffle:
 
 def _shuffled_plans_loader(loader: DataLoader) -> DataLoader:
     """The validation loader with the plans shuffled across the split's sentences (plan usage)."""
-    from planlm.evaluate.plan_usage import ShuffledPlans, plan_permutation
+    from planlm.evaluate.plan_usage import plan_permutation
+    from planlm.plans.sources import ShuffledPlans
 
     collator = loader.collate_fn
     permutation = plan_permutation(collator.split.num_sentences)
@@ -336,46 +260,33 @@ def _shuffled_plans_loader(loader: DataLoader) -> DataLoader:
                       collate_fn=shuffled)
 
 
-def _build_model(prepared: PreparedDataset, model: LMModelConfig, cond: ConditioningConfig, tokenizer,
-                 provenance: dict, train_split_name: str, seed: int) -> PlannedLM:
+def _build_model(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec, adapter: AdapterSettings,
+                 tokenizer, planner_hash: str | None, train_split_name: str, seed: int) -> PlannedLM:
     """The LM (a random init drawn from ``seed``, the same for every condition) plus its adapter, drawn
     from a stream of its own so that it shifts nothing else."""
     L.seed_everything(seed, verbose=False)
     init = PlannedLM.from_pretrained(model.init_from) if model.init_from else None
     if init is not None and init.config.codebook_hash not in (None, prepared.codebook_hash) \
-            and cond.conditioning != "none":
+            and spec.kind != PlanKind.none:
         raise PlanlmError(f"{Path(model.init_from) / 'planned_lm.json'}: trained on another codebook than "
                           f"{prepared.path}; start from a model of this corpus or from a plain LM")
     lm = init.lm if init is not None else load_causal_lm(model.name_or_path, model.model_config, len(tokenizer))
-    train_split = prepared[train_split_name]
-    max_id = int(np.max(train_split.input_ids)) if train_split.num_tokens else 0
-    if max_id >= lm.get_input_embeddings().num_embeddings:
-        raise PlanlmError(f"{prepared.path}: token id {max_id} does not fit the LM's "
-                          f"{lm.get_input_embeddings().num_embeddings} embeddings; use an LM of tokenizer "
-                          f"{prepared.tokenizer_name!r}")
-    if cond.conditioning == "fixed" and not 0 <= cond.fixed_action < prepared.num_actions:
-        raise PlanlmError(f"--conditioning.fixed_action {cond.fixed_action}: {prepared.path} has actions "
-                          f"0..{prepared.num_actions - 1}")
-    adapter = None
-    if cond.conditioning != "none":
-        adapter = AdapterConfig(
-            adapter=cond.adapter, num_actions=prepared.num_actions,
-            action_dim=cond.action_dim or prepared.embedding_dim,
-            hidden_size=lm.get_input_embeddings().embedding_dim, horizon=cond.horizon, num_layers=cond.num_layers,
-            num_heads=cond.num_heads, dim_feedforward=cond.dim_feedforward, rezero=cond.rezero,
-            init_from_codebook=cond.init_from_codebook, init_no_op=cond.init_no_op)
+    _check_fits(lm, prepared, prepared[train_split_name], spec)
+    adapter_config = None
+    if spec.kind != PlanKind.none:
+        adapter_config = AdapterConfig.of(adapter, num_actions=prepared.num_actions,
+                                          codebook_width=prepared.embedding_dim,
+                                          hidden_size=lm.get_input_embeddings().embedding_dim, horizon=spec.horizon)
     config = PlannedLMConfig(
-        conditioning=cond.conditioning, adapter=adapter, num_paths=cond.num_paths, horizon=cond.horizon,
-        temperature=cond.temperature, fixed_action=cond.fixed_action, seed=cond.seed,
-        tokenizer=prepared.tokenizer_name, num_actions=prepared.num_actions, codebook_hash=prepared.codebook_hash,
+        plans=spec, adapter=adapter_config, tokenizer=prepared.tokenizer_name, num_actions=prepared.num_actions,
+        codebook_hash=prepared.codebook_hash, planner_hash=planner_hash,
         base_model=model.name_or_path or (init.config.base_model if init else None),
-        base_model_config=None if model.name_or_path else (init.config.base_model_config if init else model.model_config),
-        **provenance)
+        base_model_config=None if model.name_or_path else (init.config.base_model_config if init else model.model_config))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "adapter"))
         planned = PlannedLM(config, lm, prepared.codebook)
     if init is not None and init.adapter is not None and planned.adapter is not None \
-            and asdict(init.config.adapter) == asdict(adapter):
+            and asdict(init.config.adapter) == asdict(adapter_config):
         planned.adapter.load_state_dict(init.adapter.state_dict())
     if model.finetune == "frozen" and planned.adapter is None and lm_is_pretrained(model):
         planned.lm.requires_grad_(False)  # "none" on a frozen pretrained base: the base itself, validated only
@@ -386,12 +297,24 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, cond: Conditio
     return planned.train()  # from_pretrained (init_from) leaves the modules in eval mode: no dropout
 
 
+def _check_fits(lm, prepared: PreparedDataset, train_split: PreparedSplit, spec: PlanSpec) -> None:
+    """The corpus' token ids fit the LM's embeddings, and a fixed action is one of the corpus' actions."""
+    max_id = int(np.max(train_split.input_ids)) if train_split.num_tokens else 0
+    if max_id >= lm.get_input_embeddings().num_embeddings:
+        raise PlanlmError(f"{prepared.path}: token id {max_id} does not fit the LM's "
+                          f"{lm.get_input_embeddings().num_embeddings} embeddings; use an LM of tokenizer "
+                          f"{prepared.tokenizer_name!r}")
+    if spec.kind == PlanKind.fixed and not 0 <= spec.fixed_action < prepared.num_actions:
+        raise PlanlmError(f"--plans.fixed_action {spec.fixed_action}: {prepared.path} has actions "
+                          f"0..{prepared.num_actions - 1}")
+
+
 def lm_is_pretrained(model: LMModelConfig) -> bool:
     """Whether the LM starts from trained weights (a pretrained name or GGUF file, or a planned-LM folder)."""
     return bool(model.name_or_path or model.init_from)
 
 
-def _input_hashes(model: LMModelConfig, cond: ConditioningConfig) -> dict:
+def _input_hashes(model: LMModelConfig, spec: PlanSpec) -> dict:
     """What the folders a run reads hold, not only their names: the weights of the planner that makes the
     plans (or the plan cache's key) and of the LM it starts from, so that retraining either into the same
     folder retrains this LM instead of reusing it."""
@@ -399,10 +322,10 @@ def _input_hashes(model: LMModelConfig, cond: ConditioningConfig) -> dict:
     from planlm.models.planner import planner_hash
 
     hashes = {"init_from": model_fingerprint(model.init_from) if model.init_from else None}
-    if cond.conditioning.startswith("planner") and cond.plans_dir:
-        hashes["plans"] = (read_manifest(cond.plans_dir) or {}).get("config_fingerprint")
-    elif cond.conditioning.startswith("planner"):
-        hashes["planner"] = planner_hash(cond.planner_dir)  # missing weights: an error follows
+    if spec.kind.uses_planner and spec.plans_dir:
+        hashes["plans"] = (read_manifest(spec.plans_dir) or {}).get("config_fingerprint")
+    elif spec.kind.uses_planner:
+        hashes["planner"] = planner_hash(spec.planner_dir)  # missing weights: an error follows
     return hashes
 
 
@@ -427,7 +350,8 @@ _LENGTH_KNOBS = ("max_epochs", "val_check_interval", "limit_val_batches")
 
 # --------------------------------------------------------------------------------------------- command
 def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConfig(),
-             conditioning: ConditioningConfig = ConditioningConfig(), train: LMTrainConfig = LMTrainConfig()) -> Path:
+             plans: PlanSpec = PlanSpec(), adapter: AdapterSettings = AdapterSettings(),
+             train: LMTrainConfig = LMTrainConfig()) -> Path:
     """Finetune a causal LM conditioned on plans (fixed / oracle / planner actions) or on nothing.
 
     The output folder reloads with ``PlannedLM.from_pretrained(out_dir)``; it is reused when complete
@@ -437,7 +361,9 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         prepared_dir: A prepared corpus folder (`planlm prepare`).
         out_dir: The model folder to write.
         model: Which LM to condition (pretrained, random init or a planned-LM folder) and the finetuning mode.
-        conditioning: Where the plans come from (none, fixed, oracle, planner_argmax, planner_sampled) and the adapter.
+        plans: Where the plans come from (kind: none, fixed, oracle, planner_argmax, planner_sampled), K, T, tau,
+            seed, fixed action, planner or plan cache; unset fields take the defaults (K = T = 1, tau = 1).
+        adapter: How the adapter folds K paths into one vector (kind: project_avg or multipath, its layers).
         train: Run knobs (window, batch, optimiser, Lightning trainer).
 
     Returns:
@@ -449,26 +375,26 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     on_gpu = torch.cuda.is_available() and train.accelerator in ("auto", "gpu", "cuda")
     precision = train.precision or ("bf16-mixed" if on_gpu else "32-true")
     check_bf16(precision, "cuda" if on_gpu else "cpu", "--train.precision")
+    spec = plans.resolve()
+    spec.check_source()
     prepared = PreparedDataset(prepared_dir)
     out = Path(out_dir)
     splits = [train.train_split, train.val_split]
     for split in splits:
         prepared.split(split)  # one-line error for a missing split
     run_config = {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
-                  "model": asdict(model), "conditioning": policy_keyed(asdict(conditioning)),
-                  "inputs": _input_hashes(model, conditioning),
+                  "model": asdict(model), "plans": spec.cache_key(), "adapter": asdict(adapter),
+                  "inputs": _input_hashes(model, spec),
                   "train": {k: v for k, v in asdict(train).items() if k not in ("progress_bar", "num_workers", "resume")}}
     if prepare_stage_dir(out, run_config, keep_partial=True):
         return out
 
     init_config = PlannedLM.from_pretrained(model.init_from).config if model.init_from else None
     tokenizer = _check_tokenizer(prepared, model, init_config)
-    plans_dir, plans_manifest, plan_arrays, path_counts = _plan_arrays(conditioning, prepared, splits)
-    provenance = {"plans_dir": plans_dir,
-                  "planner_dir": (plans_manifest or {}).get("planner_dir") or conditioning.planner_dir,
-                  "planner_hash": (plans_manifest or {}).get("planner_hash")}
+    spec, plans_manifest = _training_plans(spec, prepared, splits)
+    planner_hash = (plans_manifest or {}).get("planner_hash")
 
-    planned = _build_model(prepared, model, conditioning, tokenizer, provenance, train.train_split, train.seed)
+    planned = _build_model(prepared, model, spec, adapter, tokenizer, planner_hash, train.train_split, train.seed)
     L.seed_everything(derive_seed(train.seed, "dropout"), verbose=False)  # the same dropout stream in every condition
 
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -476,18 +402,14 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     for split_name, shuffle in ((train.train_split, True), (train.val_split, False)):
         split = prepared[split_name]
         windows = article_windows(split, train.context_length, train.stride)
-        source = make_action_source(conditioning.conditioning, split, num_paths=conditioning.num_paths,
-                                    horizon=conditioning.horizon, fixed_action=conditioning.fixed_action,
-                                    plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_sampled" else None,
-                                    argmax_plans=plan_arrays.get(split_name) if conditioning.conditioning == "planner_argmax" else None,
-                                    path_counts=path_counts.get(split_name))
+        source = plan_source(spec, prepared, split)
         loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers,
                                       pad_token_id, train.seed)
     if not len(loaders[train.train_split]):
         raise PlanlmError(f"{prepared.path / train.train_split}: no training window (articles with >= 2 tokens)")
     has_val = len(loaders[train.val_split]) > 0
     val_loaders = [loaders[train.val_split]] if has_val else None
-    if has_val and conditioning.conditioning != "none":  # plan usage: the same windows, the plans shuffled
+    if has_val and spec.kind != PlanKind.none:  # plan usage: the same windows, the plans shuffled
         val_loaders.append(_shuffled_plans_loader(loaders[train.val_split]))
 
     checkpoints = out / "checkpoints"
@@ -527,8 +449,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     if trainer.is_global_zero:
         planned.cpu().save_pretrained(out, tokenizer=tokenizer)
         write_manifest(out, run_config, prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
-                       conditioning=conditioning.conditioning, adapter=conditioning.adapter if
-                       conditioning.conditioning != "none" else None, **provenance,
+                       conditioning=str(spec.kind), adapter=adapter.kind if spec.kind != PlanKind.none else None,
+                       plans_dir=spec.plans_dir, planner_dir=spec.planner_dir, planner_hash=planner_hash,
                        plans_manifest=plans_manifest, global_step=trainer.global_step,
                        best_checkpoint=best_path or None, val_loss=val_loss,
                        last_val_plan_usage=float(plan_usage) if plan_usage is not None else None,

@@ -1,0 +1,190 @@
+"""Plan sources: one interface that gives the action paths of any set of sentence boundaries.
+
+A ``PlanSource`` maps split-global sentence indices ``sentences (N,)`` to ``action_paths (N, K, T)``
+long and ``path_mask (N, K, T)`` bool: the plan of boundary s (the paths for sentences s, s+1, ...,
+s+T-1). Training (``planlm.data.windows``), evaluation (plan vectors per sentence), plan usage
+(``ShuffledPlans``) and generation read plans through it, whatever their kind:
+
+- ``FixedPlans``: one constant action everywhere (the Fixed baseline);
+- ``OraclePlans``: the true actions of the same article, masked past its end;
+- ``CachedPlans``: rows of a plan cache (``planlm sample-plans``), or of plans a planner has just
+  computed for the boundaries a command needs (``planner_plans``).
+
+``plan_source(spec, ...)`` builds the source of a resolved ``PlanSpec``. It checks K and T against
+the cache or the planner once; the sources themselves trust their arrays.
+
+Letters: N sentences asked for, N_sent sentences of the split, K paths, T horizon.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Protocol
+
+import numpy as np
+import torch
+
+from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.plans.spec import PlanKind, PlanSpec
+from planlm.utils import PlanlmError, read_manifest
+
+
+class PlanSource(Protocol):
+    num_paths: int
+    horizon: int
+
+    def __call__(self, sentences: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """sentences (N,) split-global -> action_paths (N, K, T) long, path_mask (N, K, T) bool."""
+        ...
+
+
+class FixedPlans:
+    """The Fixed baseline: every step of every path is one constant action (no information)."""
+
+    def __init__(self, fixed_action: int, num_paths: int, horizon: int):
+        self.fixed_action, self.num_paths, self.horizon = fixed_action, num_paths, horizon
+
+    def __call__(self, sentences: np.ndarray):
+        shape = (len(sentences), self.num_paths, self.horizon)
+        return torch.full(shape, self.fixed_action, dtype=torch.long), torch.ones(shape, dtype=torch.bool)
+
+
+class OraclePlans:
+    """The true actions of sentences s..s+T-1 of the same article, masked past its end, repeated over K."""
+
+    def __init__(self, split: PreparedSplit, num_paths: int, horizon: int):
+        self.num_paths, self.horizon = num_paths, horizon
+        self.actions = np.asarray(split.actions)
+        self.article_end = np.asarray(split.sentence_offsets)[1:][split.sentence_article]  # (N_sent,)
+
+    def __call__(self, sentences: np.ndarray):
+        sentences = np.asarray(sentences, dtype=np.int64)
+        steps = sentences[:, None] + np.arange(self.horizon)  # (N, T)
+        valid = steps < self.article_end[sentences][:, None]  # (N, T)
+        paths = self.actions[np.where(valid, steps, sentences[:, None])]  # (N, T)
+        paths = torch.from_numpy(paths).unsqueeze(1).expand(-1, self.num_paths, -1)  # (N, K, T)
+        mask = torch.from_numpy(valid).unsqueeze(1).expand(-1, self.num_paths, -1)  # (N, K, T)
+        return paths.contiguous(), mask.contiguous()
+
+
+class CachedPlans:
+    """Rows of plan arrays: sampled paths (N_sent, K, T), or argmax paths (N_sent, T) repeated K times.
+
+    A planner does not know where the article ends, so every step of a path is valid; with ``path_counts``
+    (N_sent,) (an adaptive path policy) only the first path_counts[s] paths of row s are, the others are
+    masked out (boundaries with different K in one batch)."""
+
+    def __init__(self, plans: np.ndarray, num_paths: int, horizon: int, path_counts: Optional[np.ndarray] = None):
+        self.repeat = num_paths if plans.ndim == 2 else 1
+        self.plans = plans[:, None, :] if plans.ndim == 2 else plans  # (N_sent, K or 1, T)
+        self.num_paths, self.horizon = num_paths, horizon
+        self.path_counts = None if path_counts is None or self.repeat > 1 else np.asarray(path_counts, dtype=np.int64)
+
+    def __call__(self, sentences: np.ndarray):
+        sentences = np.asarray(sentences, dtype=np.int64)
+        paths = torch.from_numpy(np.asarray(self.plans[sentences], dtype=np.int64))
+        paths = paths.expand(-1, self.repeat, -1).contiguous() if self.repeat > 1 else paths  # (N, K, T)
+        if self.path_counts is None:
+            return paths, torch.ones_like(paths, dtype=torch.bool)
+        from planlm.plans.policy import path_mask_from_counts
+
+        return paths, path_mask_from_counts(torch.from_numpy(self.path_counts[sentences]), self.num_paths, self.horizon)
+
+
+def plan_source(spec: PlanSpec, prepared: PreparedDataset, split: PreparedSplit, *,
+                sentences: Optional[np.ndarray] = None, device: str | torch.device = "cpu", precision: str = "fp32",
+                batch_size: int = 256) -> Optional[PlanSource]:
+    """The source of a resolved spec (None for kind none). Planner plans come from ``spec.plans_dir`` when set,
+    else the planner of ``spec.planner_dir`` runs now on ``sentences`` (default: every boundary of the split)."""
+    if spec.kind == PlanKind.none:
+        return None
+    spec.check_source()
+    if spec.kind == PlanKind.fixed:
+        return FixedPlans(spec.fixed_action, spec.num_paths, spec.horizon)
+    if spec.kind == PlanKind.oracle:
+        return OraclePlans(split, spec.num_paths, spec.horizon)
+    if spec.plans_dir:
+        return cached_plans(spec, prepared, split)
+    sentences = np.arange(split.num_sentences) if sentences is None else np.asarray(sentences, dtype=np.int64)
+    return planner_plans(spec, prepared, split, sentences, torch.device(device), precision, batch_size)
+
+
+def cached_plans(spec: PlanSpec, prepared: PreparedDataset, split: PreparedSplit) -> CachedPlans:
+    """The plans of ``split`` in the cache ``spec.plans_dir``, after checking that the cache fits the spec and
+    the prepared corpus (codebook, K, T, rows)."""
+    from planlm.plans.sampling import load_path_counts, load_plans
+
+    check_cache(spec, prepared)
+    argmax = spec.kind == PlanKind.planner_argmax
+    plans = load_plans(spec.plans_dir, split.name, prepared=prepared, argmax=argmax)
+    counts = None if argmax else load_path_counts(spec.plans_dir, split.name)  # None: a cache made before policies
+    return CachedPlans(plans, spec.num_paths, spec.horizon, counts)
+
+
+def check_cache(spec: PlanSpec, prepared: PreparedDataset) -> dict:
+    """The manifest of the plan cache ``spec.plans_dir``, after checking its codebook, horizon and K."""
+    where = Path(spec.plans_dir) / "manifest.json"
+    manifest = read_manifest(spec.plans_dir)
+    if manifest is None:
+        raise PlanlmError(f"{spec.plans_dir}: not a complete plan cache (manifest.json missing); run "
+                          f"`planlm sample-plans --out_dir {spec.plans_dir}` first")
+    if manifest.get("codebook_hash") != prepared.codebook_hash or \
+            int(manifest.get("num_actions", -1)) != prepared.num_actions:
+        raise PlanlmError(f"{where}: plans come from a planner with another codebook (codebook_hash "
+                          f"{str(manifest.get('codebook_hash'))[:12]}, {manifest.get('num_actions')} actions) than "
+                          f"{prepared.path} ({prepared.codebook_hash[:12]}, {prepared.num_actions}); resample the plans "
+                          f"with a planner trained on this corpus")
+    if int(manifest["horizon"]) != spec.horizon:
+        raise PlanlmError(f"{where}: cached horizon T={manifest['horizon']} but --plans.horizon {spec.horizon}; set "
+                          f"horizon: {manifest['horizon']} or sample plans with T={spec.horizon}")
+    if spec.kind == PlanKind.planner_sampled and int(manifest["num_paths"]) != spec.num_paths:
+        raise PlanlmError(f"{where}: cached K={manifest['num_paths']} paths but --plans.num_paths {spec.num_paths}; "
+                          f"set num_paths: {manifest['num_paths']} or sample plans with K={spec.num_paths}")
+    return manifest
+
+
+def load_planner(planner_dir: str, prepared: PreparedDataset, device: torch.device):
+    """A trained planner on ``device`` in eval mode, checked against the prepared corpus's actions."""
+    from planlm.models.planner import Planner
+
+    planner = Planner.from_pretrained(planner_dir, map_location=device)
+    planner.check_matches(prepared, where=str(planner_dir))
+    return planner.eval()
+
+
+def planner_plans(spec: PlanSpec, prepared: PreparedDataset, split: PreparedSplit, sentences: np.ndarray,
+                  device: torch.device, precision: str = "fp32", batch_size: int = 256) -> CachedPlans:
+    """Plans the planner of ``spec.planner_dir`` computes now for ``sentences`` (the other rows of the full-size
+    arrays stay zero and are never read): the argmax path, or K sampled paths under the spec's path policy."""
+    from planlm.plans.sampling import compute_plans
+
+    planner = load_planner(spec.planner_dir, prepared, device)
+    if spec.kind == PlanKind.planner_argmax:
+        argmax = np.zeros((split.num_sentences, spec.horizon), dtype=np.int64)
+        greedy = compute_plans(planner, split, 1, spec.horizon, 0.0, spec.seed, batch_size=batch_size,
+                               device=str(device), sentences=sentences, precision=precision)  # (N, 1, T)
+        argmax[sentences] = greedy[:, 0]
+        return CachedPlans(argmax, spec.num_paths, spec.horizon)
+    plans = np.zeros((split.num_sentences, spec.num_paths, spec.horizon), dtype=np.int64)
+    counts = np.zeros(len(sentences), dtype=np.int64)
+    plans[sentences] = compute_plans(planner, split, spec.num_paths, spec.horizon, spec.temperature, spec.seed,
+                                     batch_size=batch_size, device=str(device), sentences=sentences,
+                                     precision=precision, policy=spec.path_policy, num_paths_out=counts)
+    path_counts = np.zeros(split.num_sentences, dtype=np.int64)
+    path_counts[sentences] = counts
+    return CachedPlans(plans, spec.num_paths, spec.horizon, path_counts)
+
+
+class ShuffledPlans:
+    """A source whose sentence s gets the plan ``source`` gives sentence ``permutation[s]`` (plan usage)."""
+
+    def __init__(self, source: PlanSource, permutation: np.ndarray):
+        self.source, self.permutation = source, np.asarray(permutation, dtype=np.int64)
+        self.num_paths, self.horizon = source.num_paths, source.horizon
+
+    def __call__(self, sentences: np.ndarray):
+        return self.source(self.permutation[np.asarray(sentences, dtype=np.int64)])
+
+
+__all__ = ["PlanSource", "FixedPlans", "OraclePlans", "CachedPlans", "ShuffledPlans", "plan_source",
+           "cached_plans", "check_cache", "planner_plans", "load_planner"]

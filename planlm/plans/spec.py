@@ -1,0 +1,218 @@
+"""``PlanSpec``: where the plans of a planned LM come from, as one typed value.
+
+Training (``planlm train-lm --plans.kind ...``), evaluation, generation, edit distance and sweeps all
+take it as one argument group, ``plans``. A field left unset (None) is inherited: at training from
+the defaults below, at evaluation from the spec the model was trained with (``planned_lm.json``), so
+``planlm evaluate --plans.num_paths 20`` changes K and keeps everything else of the model's plans.
+``resolve`` fills the unset fields and validates the whole value once; every later stage trusts it.
+
+The kinds (``PlanKind``):
+
+- ``none``: no plans (the plain LM, no adapter);
+- ``fixed``: every step of every path is one constant action (the Fixed baseline: no information);
+- ``oracle``: the true actions of the next T sentences (an upper bound);
+- ``planner_argmax``: the planner's greedy path, repeated K times (Cornille et al. at T = K = 1);
+- ``planner_sampled``: K paths sampled at temperature tau (ours), as many per boundary as the path
+  policy gives (``planlm.plans.policy``).
+
+Planner plans come from a plan cache (``plans_dir``, ``planlm sample-plans``) or from a planner
+(``planner_dir``): training samples (or reuses) the planner's cache, evaluation and generation run the
+planner on the boundaries they need. ``planlm.plans.sources`` turns a resolved spec into a ``PlanSource``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from enum import Enum
+from typing import Optional
+
+import numpy as np
+
+from planlm.plans.policy import PathPolicy, policy_keyed
+from planlm.utils import PlanlmError
+
+
+class PlanKind(str, Enum):
+    """Where the actions of a plan come from."""
+
+    none = "none"
+    fixed = "fixed"
+    oracle = "oracle"
+    planner_argmax = "planner_argmax"
+    planner_sampled = "planner_sampled"
+
+    @property
+    def uses_planner(self) -> bool:
+        return self in (PlanKind.planner_argmax, PlanKind.planner_sampled)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+KINDS = ", ".join(kind.value for kind in PlanKind)
+
+
+@dataclass
+class PlanSpec:
+    """Where the plans come from and how many: kind, K, T, tau, seed, fixed action, planner and plan cache.
+    Unset fields (None) are inherited (training: the defaults; evaluation: the model's own)."""
+
+    kind: Optional[PlanKind] = None
+    """none (plain LM), fixed (one constant action), oracle (true actions), planner_argmax or planner_sampled."""
+    num_paths: Optional[int] = None
+    """K paths per plan (default 1); under an adaptive path policy the most a boundary gets."""
+    horizon: Optional[int] = None
+    """T actions per path (default 1)."""
+    temperature: Optional[float] = None
+    """tau, the planner's sampling temperature (default 1.0; planner_argmax: 0)."""
+    seed: Optional[int] = None
+    """Seed of the sampled plans (default 0)."""
+    fixed_action: Optional[int] = None
+    """The action of the fixed baseline (default 0)."""
+    planner_dir: Optional[str] = None
+    """A planner folder (`planlm train-planner`): plans are sampled from it."""
+    plans_dir: Optional[str] = None
+    """A plan cache folder (`planlm sample-plans`): plans are read from it (takes precedence over planner_dir)."""
+    path_policy: Optional[PathPolicy] = None
+    """Paths per boundary of sampled plans: fixed (K everywhere; default), entropy or converge (at most K)."""
+
+    def __post_init__(self):
+        if self.kind is not None and not isinstance(self.kind, PlanKind):
+            try:
+                self.kind = PlanKind(str(self.kind))
+            except ValueError:
+                raise PlanlmError(f"--plans.kind {self.kind!r}: choose one of {KINDS}") from None
+        if isinstance(self.path_policy, dict):
+            self.path_policy = PathPolicy(**self.path_policy)
+
+    def resolve(self, base: Optional[PlanSpec] = None) -> PlanSpec:
+        """This spec with its unset fields taken from ``base`` (then the defaults), normalised and validated.
+
+        A plan cache and a path policy are never inherited: the training cache holds other splits, and an
+        evaluation chooses its own compute per boundary (default: K paths everywhere)."""
+        values = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and base is not None and f.name not in NOT_INHERITED:
+                value = getattr(base, f.name)
+            values[f.name] = value
+        if self.plans_dir:  # an explicit plan cache replaces the base's planner
+            values["planner_dir"] = self.planner_dir
+        policy = values["path_policy"] or PathPolicy()
+        if self.num_paths is None and policy.max_paths is not None:  # K from the policy's most paths
+            values["num_paths"] = policy.max_paths
+        spec = PlanSpec(**{name: DEFAULTS.get(name) if value is None else value for name, value in values.items()})
+        spec.check()
+        spec._normalise()
+        return spec
+
+    def _normalise(self) -> None:
+        if not self.kind.uses_planner:
+            self.planner_dir = self.plans_dir = None
+        if self.kind == PlanKind.planner_argmax:
+            self.temperature = 0.0
+        if self.kind != PlanKind.planner_sampled:  # only sampled plans have a policy: the others are K copies
+            self.path_policy = PathPolicy()
+        self.path_policy = self.path_policy.resolve(self.num_paths)
+
+    def check(self) -> None:
+        """One-line errors for values no plan source can serve."""
+        if self.num_paths < 1 or self.horizon < 1:
+            raise PlanlmError(f"--plans.num_paths ({self.num_paths}) and --plans.horizon ({self.horizon}) must be "
+                              f">= 1")
+        if self.temperature < 0:
+            raise PlanlmError(f"--plans.temperature {self.temperature} must be >= 0 (0 = argmax)")
+        if self.path_policy.max_paths not in (None, self.num_paths):
+            raise PlanlmError(f"--plans.path_policy.max_paths {self.path_policy.max_paths} differs from "
+                              f"--plans.num_paths {self.num_paths}; leave max_paths unset (K = num_paths)")
+
+    def check_source(self) -> None:
+        """Planner plans need a plan cache or a planner to come from (checked where plans are read)."""
+        if self.kind.uses_planner and not (self.plans_dir or self.planner_dir):
+            raise PlanlmError(f"--plans.kind {self.kind} needs --plans.plans_dir (a plan cache) or "
+                              f"--plans.planner_dir (a planner); the model records neither")
+
+    def cache_key(self) -> dict:
+        """The settings reuse keys hold: a fixed path policy adds nothing (older folders stay valid)."""
+        return policy_keyed({**asdict(self), "kind": str(self.kind)})
+
+    def sampled_paths(self, path_counts: Optional[np.ndarray], sentences: np.ndarray) -> np.ndarray:
+        """(N,) paths the planner sampled for each of ``sentences``: the policy's counts for sampled plans, 1
+        for the argmax path, 0 without a planner."""
+        if self.kind == PlanKind.planner_sampled:
+            if path_counts is not None:
+                return np.asarray(path_counts, dtype=np.int64)[sentences]
+            return np.full(len(sentences), self.num_paths, dtype=np.int64)
+        return np.full(len(sentences), int(self.kind == PlanKind.planner_argmax), dtype=np.int64)
+
+    def label(self) -> str:
+        """A short description, e.g. ``planner_sampled, K=5, T=5, tau=1``."""
+        text = f"{self.kind}, K={self.num_paths}, T={self.horizon}, tau={self.temperature:g}"
+        return text + (f", {self.path_policy.label()}" if self.path_policy.adaptive else "")
+
+
+NOT_INHERITED = ("plans_dir", "path_policy")
+DEFAULTS = {"kind": PlanKind.none, "num_paths": 1, "horizon": 1, "temperature": 1.0, "seed": 0, "fixed_action": 0,
+            "path_policy": PathPolicy()}
+
+
+def evaluation_spec(overrides: PlanSpec, model, model_dir: str) -> PlanSpec:
+    """The plans of an evaluation: the model's training spec with ``overrides``, checked against the model
+    (its adapter, its actions) and the folders it names."""
+    from pathlib import Path
+
+    from planlm.utils import read_manifest
+
+    spec = overrides.resolve(model.config.plans)
+    if spec.kind != PlanKind.none and model.adapter is None:
+        raise PlanlmError(f"{model_dir}: the model was trained with plans kind none (no adapter); evaluate it with "
+                          f"--plans.kind none")
+    if model.adapter is not None and spec.horizon > model.adapter.config.horizon:
+        raise PlanlmError(f"--plans.horizon {spec.horizon} exceeds the horizon the adapter of {model_dir} accepts "
+                          f"({model.adapter.config.horizon}); choose --plans.horizon <= {model.adapter.config.horizon}")
+    if spec.kind == PlanKind.fixed and not 0 <= spec.fixed_action < max(model.config.num_actions, 1):
+        raise PlanlmError(f"--plans.fixed_action {spec.fixed_action} must be in [0, {model.config.num_actions})")
+    if spec.planner_dir and not spec.plans_dir and not (Path(spec.planner_dir) / "model.safetensors").is_file():
+        raise PlanlmError(f"{spec.planner_dir}: no trained planner here (model.safetensors missing); set "
+                          f"--plans.planner_dir to a `planlm train-planner` folder or --plans.plans_dir to a plan cache")
+    if spec.plans_dir:
+        manifest = read_manifest(spec.plans_dir)
+        if manifest is None:
+            raise PlanlmError(f"{spec.plans_dir}: no complete plan cache here (manifest.json missing); run "
+                              f"`planlm sample-plans` first")
+        spec = replace(spec, planner_dir=None, path_policy=_cached_policy(spec, overrides, manifest))
+    return spec
+
+
+def _cached_policy(spec: PlanSpec, overrides: PlanSpec, manifest: dict) -> PathPolicy:
+    """A plan cache brings the path policy it was sampled under; asking for another one is an error."""
+    if spec.kind != PlanKind.planner_sampled:
+        return spec.path_policy
+    cached = manifest.get("path_policy")
+    cached = PathPolicy(**cached) if cached else PathPolicy().resolve(spec.num_paths)
+    asked = overrides.path_policy
+    if asked is not None and asked.adaptive and asked.resolve(spec.num_paths) != cached:
+        raise PlanlmError(f"{spec.plans_dir}: the plan cache was sampled under path policy {cached.label()}, not "
+                          f"{asked.resolve(spec.num_paths).label()}; drop --plans.path_policy or sample a cache with it")
+    return cached
+
+
+# Settings that moved into the ``plans`` group (or were renamed): the one-line error names the new key.
+RENAMED = {
+    "conditioning": "plans (kind, num_paths, horizon, temperature, seed, fixed_action, planner_dir, plans_dir, "
+                    "path_policy) and adapter (kind, rezero, num_layers, ...)",
+    "num_paths": "plans.num_paths", "horizon": "plans.horizon", "temperature": "plans.temperature",
+    "plan_temperature": "plans.temperature", "fixed_num_paths": "plans.num_paths", "seed": "plans.seed",
+    "plan_seed": "plans.seed", "fixed_action": "plans.fixed_action", "planner_dir": "plans.planner_dir",
+    "plans_dir": "plans.plans_dir", "path_policy": "plans.path_policy",
+}
+
+
+def check_renamed(keys, command_keys: set[str], where: str) -> None:
+    """A key that ``command`` no longer takes because it moved into ``plans``: one line naming the new key."""
+    for key in keys:
+        if key in RENAMED and key not in command_keys:
+            raise PlanlmError(f"{where}: {key!r} is now {RENAMED[key]}; rename it in your config or command line")
+
+
+__all__ = ["PlanKind", "PlanSpec", "evaluation_spec", "check_renamed", "RENAMED"]

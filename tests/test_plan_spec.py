@@ -1,0 +1,148 @@
+"""PlanSpec (resolution, validation, old keys) and the plan sources every command reads plans through."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from planlm.data.artifacts import PreparedDataset
+from planlm.models.planned_lm import PlannedLMConfig
+from planlm.plans.policy import PathPolicy
+from planlm.plans.sources import CachedPlans, FixedPlans, OraclePlans, ShuffledPlans, plan_source
+from planlm.plans.spec import PlanKind, PlanSpec, check_renamed
+from planlm.utils import PlanlmError, write_manifest
+
+
+def test_resolve_fills_defaults_then_inherits_from_the_base():
+    spec = PlanSpec(kind="planner_sampled", planner_dir="p").resolve()
+    assert (spec.kind, spec.num_paths, spec.horizon, spec.temperature, spec.seed) == \
+        (PlanKind.planner_sampled, 1, 1, 1.0, 0)
+    assert spec.path_policy == PathPolicy().resolve(1)
+    trained = PlanSpec(kind="planner_sampled", num_paths=5, horizon=4, temperature=2.0, seed=3, planner_dir="p",
+                       plans_dir="cache").resolve()
+    evaluated = PlanSpec(num_paths=20).resolve(trained)
+    assert (evaluated.num_paths, evaluated.horizon, evaluated.temperature, evaluated.seed) == (20, 4, 2.0, 3)
+    assert evaluated.planner_dir == "p" and evaluated.plans_dir is None  # a training cache is never inherited
+    cached = PlanSpec(plans_dir="other").resolve(trained)
+    assert cached.plans_dir == "other" and cached.planner_dir is None  # an explicit cache replaces the planner
+    # an adaptive policy's most paths sets K when K is not given
+    assert PlanSpec(path_policy=PathPolicy("entropy", max_paths=8)).resolve(trained).num_paths == 8
+
+
+def test_resolve_normalises_each_kind():
+    argmax = PlanSpec(kind="planner_argmax", temperature=2.0, planner_dir="p").resolve()
+    assert argmax.temperature == 0.0
+    fixed = PlanSpec(kind="fixed", planner_dir="p", plans_dir="c", path_policy=PathPolicy("entropy")).resolve()
+    assert fixed.planner_dir is None and fixed.plans_dir is None and not fixed.path_policy.adaptive
+    assert PlanSpec(kind="oracle").resolve().kind.uses_planner is False
+
+
+@pytest.mark.parametrize("spec,message", [
+    (PlanSpec(num_paths=0), "--plans.num_paths"),
+    (PlanSpec(horizon=0), "--plans.horizon"),
+    (PlanSpec(temperature=-1.0), "--plans.temperature -1.0 must be >= 0"),
+    (PlanSpec(num_paths=4, path_policy=PathPolicy("entropy", max_paths=8)), "max_paths 8 differs"),
+])
+def test_bad_values_are_one_line_errors(spec, message):
+    with pytest.raises(PlanlmError, match=message):
+        spec.resolve()
+
+
+def test_kind_is_an_enum_parsed_from_text_and_written_as_text():
+    assert PlanSpec(kind="oracle").kind is PlanKind.oracle
+    with pytest.raises(PlanlmError, match="--plans.kind 'sampled': choose one of none, fixed, oracle"):
+        PlanSpec(kind="sampled")
+    key = PlanSpec(kind="oracle").resolve().cache_key()
+    assert json.loads(json.dumps(key))["kind"] == "oracle" and "path_policy" not in key  # fixed: not in the key
+    with pytest.raises(PlanlmError, match="needs --plans.plans_dir"):
+        PlanSpec(kind="planner_sampled").resolve().check_source()
+
+
+def test_old_keys_name_the_new_one():
+    with pytest.raises(PlanlmError, match="evaluate: 'plan_temperature' is now plans.temperature"):
+        check_renamed(["plan_temperature"], {"sampling"}, "evaluate")
+    with pytest.raises(PlanlmError, match="'conditioning' is now plans"):
+        check_renamed(["conditioning", "model"], {"model"}, "lm")
+    check_renamed(["num_paths"], {"num_paths"}, "sweep")  # a key the command still has is not an old key
+
+
+def test_a_model_folder_of_the_old_format_loads():
+    old = {"conditioning": "planner_argmax", "num_paths": 1, "horizon": 1, "temperature": 1.0, "fixed_action": 0,
+           "seed": 0, "planner_dir": "planner", "plans_dir": "cache", "tokenizer": "gpt2", "num_actions": 8,
+           "adapter": {"adapter": "project_avg", "num_actions": 8, "action_dim": 4, "hidden_size": 8, "horizon": 1}}
+    config = PlannedLMConfig.from_dict(old)
+    assert config.plans.kind is PlanKind.planner_argmax and config.plans.planner_dir == "planner"
+    assert config.plans.temperature == 0.0 and config.adapter.kind == "project_avg"
+
+
+def test_sources_of_each_kind(synthetic_random, tmp_path):
+    prepared = PreparedDataset(synthetic_random)
+    split = prepared["validation"]
+    last_of_first_article = split.sentence_range(0).stop - 1
+    sentences = np.array([0, last_of_first_article])
+    oracle = plan_source(PlanSpec(kind="oracle", num_paths=2, horizon=3).resolve(), prepared, split)
+    assert isinstance(oracle, OraclePlans)
+    paths, mask = oracle(sentences)
+    np.testing.assert_array_equal(paths[0, 1], split.actions[0:3])
+    assert mask[0].all() and mask[1, :, 0].all() and not mask[1, :, 1:].any()  # cut at the article's end
+    assert (paths[:, 0] == paths[:, 1]).all()  # repeated over K
+    fixed = plan_source(PlanSpec(kind="fixed", num_paths=2, horizon=3, fixed_action=5).resolve(), prepared, split)
+    paths, mask = fixed(sentences)
+    assert isinstance(fixed, FixedPlans) and (paths == 5).all() and mask.all()
+    assert plan_source(PlanSpec().resolve(), prepared, split) is None
+    shuffled = ShuffledPlans(oracle, np.arange(split.num_sentences)[::-1])
+    torch.testing.assert_close(shuffled(sentences)[0], oracle(split.num_sentences - 1 - sentences)[0])
+
+
+def write_cache(folder, prepared, split: str, plans: np.ndarray):
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / f"{split}.npy", plans)
+    np.save(folder / f"{split}.argmax.npy", plans[:, 0])
+    write_manifest(folder, {"test": str(folder)}, num_paths=plans.shape[1], horizon=plans.shape[2], temperature=1.0,
+                   seed=0, planner_hash="feedbeef", planner_dir="/somewhere/planner",
+                   codebook_hash=prepared.codebook_hash, num_actions=prepared.num_actions,
+                   prepared_dir=str(prepared.path), splits=[split])
+    return str(folder)
+
+
+def test_cached_plans_are_checked_once_against_the_spec(synthetic_random, tmp_path):
+    prepared = PreparedDataset(synthetic_random)
+    split = prepared["validation"]
+    plans = np.random.default_rng(0).integers(0, prepared.num_actions, (split.num_sentences, 4, 3))
+    cache = write_cache(tmp_path / "cache", prepared, "validation", plans)
+    sentences = np.array([0, 3])
+    sampled = plan_source(PlanSpec(kind="planner_sampled", num_paths=4, horizon=3, plans_dir=cache).resolve(),
+                          prepared, split)
+    paths, mask = sampled(sentences)
+    assert isinstance(sampled, CachedPlans) and mask.all()
+    np.testing.assert_array_equal(paths, plans[sentences])
+    argmax = plan_source(PlanSpec(kind="planner_argmax", num_paths=2, horizon=3, plans_dir=cache).resolve(),
+                         prepared, split)
+    paths, _ = argmax(sentences)
+    assert paths.shape == (2, 2, 3) and (paths[:, 1] == torch.from_numpy(plans[sentences, 0])).all()
+    for spec, message in [(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, plans_dir=cache), "cached K=4"),
+                          (PlanSpec(kind="planner_sampled", num_paths=4, horizon=5, plans_dir=cache), "horizon T=3"),
+                          (PlanSpec(kind="planner_sampled", num_paths=4, horizon=3, plans_dir=str(tmp_path)),
+                           "not a complete plan cache")]:
+        with pytest.raises(PlanlmError, match=message):
+            plan_source(spec.resolve(), prepared, split)
+    short = write_cache(tmp_path / "short", prepared, "validation", plans[:-1])
+    with pytest.raises(PlanlmError, match="rows"):
+        plan_source(PlanSpec(kind="planner_sampled", num_paths=4, horizon=3, plans_dir=short).resolve(), prepared, split)
+
+
+def test_a_live_planner_plans_only_the_boundaries_asked_for(synthetic_cycle, tmp_path):
+    from helpers import tiny_planner
+
+    prepared = PreparedDataset(synthetic_cycle)
+    split = prepared["validation"]
+    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
+    spec = PlanSpec(kind="planner_sampled", num_paths=3, horizon=2, planner_dir=str(tmp_path / "planner")).resolve()
+    asked = np.array([1, 4, 7])
+    source = plan_source(spec, prepared, split, sentences=asked)
+    paths, mask = source(asked)
+    assert paths.shape == (3, 3, 2) and mask.all()
+    assert (np.asarray(source.plans)[np.setdiff1d(np.arange(split.num_sentences), asked)] == 0).all()
