@@ -46,8 +46,8 @@ def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 class Dynamics(nn.Module, ABC):
-    """g, and how the planner runs g with f. ``latents (B, n, D), latent_mask (B, n), slot (B,)`` are h's
-    output: the latents, which are real, and the sentence slot of the first planned action."""
+    """g, and how the planner runs g with f. Every method starts from h's output: latents (B, n, D),
+    latent_mask (B, n) [True = a real latent] and slot (B,), the sentence slot of the first planned action."""
 
     prediction_class: type[nn.Module]
     """The f this g runs with; the planner builds it right after g (so parameters are created g, then f)."""
