@@ -23,7 +23,8 @@ from rapidfuzz.distance import Levenshtein
 from planlm.data.resources import split_sentences
 from planlm.evaluate.bootstrap import bootstrap_mean
 from planlm.evaluate.generate import SamplingConfig, build_generator, encoder_embed_fn
-from planlm.evaluate.perplexity import Conditioning, model_fingerprint
+from planlm.evaluate.loading import model_fingerprint
+from planlm.evaluate.perplexity import Conditioning
 from planlm.plans.policy import PathPolicy, paths_summary
 from planlm.models.planner import planner_hash
 from planlm.utils import PlanlmError, prepare_stage_dir, write_json, write_manifest

@@ -40,10 +40,10 @@ import torch
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.resources import load_tokenizer, split_sentences
-from planlm.evaluate.perplexity import (Conditioning, EvalConditioning, autocast, load_checked, load_planner,
-                                        resolve_conditioning, resolve_device)
+from planlm.evaluate.loading import load_checked, load_planner
+from planlm.evaluate.perplexity import Conditioning, EvalConditioning, resolve_conditioning
 from planlm.plans.policy import PathPolicy, path_mask_from_counts, sample_with_policy
-from planlm.utils import PlanlmError, write_json
+from planlm.utils import PlanlmError, autocast, resolve_device, write_json
 
 EmbedFn = Callable[[list[str]], np.ndarray]
 

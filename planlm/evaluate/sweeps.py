@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from planlm.evaluate.compute_sweep import DEFAULT_POLICIES, compute_points, compute_rows, write_compute_outputs
-from planlm.evaluate.perplexity import Conditioning, evaluate, model_fingerprint
+from planlm.evaluate.loading import model_fingerprint
+from planlm.evaluate.perplexity import Conditioning, evaluate
 from planlm.plans.policy import PathPolicy
 from planlm.models.planner import planner_hash
 from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, write_manifest
