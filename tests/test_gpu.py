@@ -10,7 +10,8 @@ import torch
 
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.perplexity import EvalConditioning, evaluate, evaluate_split
-from planlm.plans.sampling import compute_plans, load_plans, sample_plans
+from planlm.plans.cache import load_plans
+from planlm.plans.sampling import compute_plans, sample_plans
 
 from helpers import linear_output_dtypes, sampled_multipath, tiny_planner
 

@@ -240,7 +240,7 @@ def action_source(cond: EvalConditioning, prepared: PreparedDataset, split: Prep
     plans = argmax_plans = path_counts = None
     if cond.conditioning in ("planner_sampled", "planner_argmax"):
         if cond.plans_dir:
-            from planlm.plans.sampling import load_path_counts, load_plans
+            from planlm.plans.cache import load_path_counts, load_plans
 
             plans = load_plans(cond.plans_dir, split.name, prepared=prepared,
                                argmax=cond.conditioning == "planner_argmax")

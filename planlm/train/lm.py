@@ -280,7 +280,8 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
     boundary (N,) or None})."""
     if not cond.conditioning.startswith("planner"):
         return None, None, {}, {}
-    from planlm.plans.sampling import load_path_counts, sample_plans
+    from planlm.plans.cache import load_path_counts
+    from planlm.plans.sampling import sample_plans
 
     plans_dir = cond.plans_dir
     if plans_dir is None:
@@ -305,7 +306,7 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
     if cond.conditioning == "planner_sampled" and int(manifest["num_paths"]) != cond.num_paths:
         raise PlanlmError(f"{where}: cached K={manifest['num_paths']} paths but --conditioning.num_paths "
                           f"{cond.num_paths}; set num_paths: {manifest['num_paths']} or sample plans with K={cond.num_paths}")
-    from planlm.plans.sampling import load_plans
+    from planlm.plans.cache import load_plans
 
     arrays = {split: load_plans(plans_path, split, prepared=prepared, argmax=cond.conditioning == "planner_argmax")
               for split in splits}
