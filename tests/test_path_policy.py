@@ -253,7 +253,8 @@ def test_paths_summary_counts_every_boundary():
 
 def test_generation_plans_each_sentence_end_under_the_policy(synthetic_cycle):
     from planlm.data.resources import load_tokenizer
-    from planlm.evaluate.generate import PlannedGenerator, SamplingConfig, synthetic_embed_fn
+    from planlm.evaluate.generate import synthetic_embed_fn
+    from planlm.evaluate.generator import PlannedGenerator, SamplingConfig
     from planlm.evaluate.perplexity import EvalConditioning
 
     from helpers import chatty_planned_lm

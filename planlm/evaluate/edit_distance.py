@@ -2,7 +2,7 @@
 
 At sentence starts of evaluation articles: the context is the <= 128-token window of the article
 ending at the boundary; the planned LM samples 128 new tokens (temperature 1.0, re-planning at every
-generated sentence end, ``planlm.evaluate.generate``); the generated text and the true continuation
+generated sentence end, ``planlm.evaluate.generator``); the generated text and the true continuation
 (the next 128 true tokens of the article) are split into sentences with the corpus's splitter,
 embedded with the corpus's encoder and assigned to their nearest centroid. The score is the
 Levenshtein distance of the two action sequences (rapidfuzz), raw and divided by the reference
@@ -22,7 +22,8 @@ from rapidfuzz.distance import Levenshtein
 
 from planlm.data.resources import split_sentences
 from planlm.evaluate.bootstrap import bootstrap_mean
-from planlm.evaluate.generate import SamplingConfig, build_generator, encoder_embed_fn
+from planlm.evaluate.generate import build_generator, encoder_embed_fn
+from planlm.evaluate.generator import SamplingConfig
 from planlm.evaluate.loading import model_fingerprint
 from planlm.evaluate.perplexity import Conditioning
 from planlm.plans.policy import PathPolicy, paths_summary
