@@ -25,6 +25,7 @@ N sentences, V vocabulary.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -373,14 +374,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     Returns:
         The metrics dict (also in ``<out_dir>/metrics.json``).
     """
-    if not 1 <= stride <= context_length:
-        raise PlanlmError(f"--stride {stride} must be in [1, --context_length={context_length}]")
-    if context_length < 2:
-        raise PlanlmError(f"--context_length {context_length} must be >= 2")
-    if batch_size < 1:
-        raise PlanlmError(f"--batch_size {batch_size} must be >= 1")
-    if max_articles is not None and max_articles < 1:
-        raise PlanlmError(f"--max_articles {max_articles} must be >= 1")
+    _check_protocol(stride, context_length, batch_size, max_articles)
     prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
     cond = resolve_conditioning(model, conditioning, num_paths, horizon, temperature, seed, fixed_action,
                                 planner_dir, plans_dir, model_dir, path_policy)
@@ -400,11 +394,34 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
               "plans": plans_manifest["config_fingerprint"] if cond.plans_dir else None}
     out = Path(out_dir)
     if prepare_stage_dir(out, config):
-        import json
-
         return json.loads((out / "metrics.json").read_text())
     result = evaluate_split(model, prepared, split_view, cond, num_articles, stride, context_length, batch_size,
                             torch_device, precision, plan_usage)
+    metrics = _metrics(result, cond, split_view, num_articles, plans_manifest, stride=stride,
+                       context_length=context_length, bootstrap_samples=bootstrap_samples, confidence=confidence,
+                       plan_usage=plan_usage, model_dir=model_dir, prepared_dir=prepared_dir, split=split,
+                       device=torch_device, precision=precision)
+    _write_evaluation(out, config, metrics, result, split_view, num_articles)
+    _print_summary(metrics, cond, plan_usage)
+    return metrics
+
+
+def _check_protocol(stride: int, context_length: int, batch_size: int, max_articles: Optional[int]) -> None:
+    if not 1 <= stride <= context_length:
+        raise PlanlmError(f"--stride {stride} must be in [1, --context_length={context_length}]")
+    if context_length < 2:
+        raise PlanlmError(f"--context_length {context_length} must be >= 2")
+    if batch_size < 1:
+        raise PlanlmError(f"--batch_size {batch_size} must be >= 1")
+    if max_articles is not None and max_articles < 1:
+        raise PlanlmError(f"--max_articles {max_articles} must be >= 1")
+
+
+def _metrics(result: dict, cond: EvalConditioning, split_view: PreparedSplit, num_articles: int,
+             plans_manifest: Optional[dict], *, stride: int, context_length: int, bootstrap_samples: int,
+             confidence: float, plan_usage: bool, model_dir: str, prepared_dir: str, split: str,
+             device: torch.device, precision: str) -> dict:
+    """The contents of metrics.json: perplexity with its bootstrap CI, the compute, the settings."""
     interval = bootstrap_perplexity(result["nll_sums"], result["tokens"], bootstrap_samples, confidence)
     total_tokens = int(result["tokens"].sum())
     metrics = {
@@ -423,13 +440,19 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         "conditioning": cond.conditioning, "K": cond.num_paths, "T": cond.horizon, "tau": cond.temperature,
         "seed": cond.seed, "fixed_action": cond.fixed_action if cond.conditioning == "fixed" else None,
         "planner_dir": cond.planner_dir, "plans_dir": cond.plans_dir, "model_dir": str(model_dir),
-        "prepared_dir": str(prepared_dir), "split": split, "device": str(torch_device), "precision": precision,
+        "prepared_dir": str(prepared_dir), "split": split, "device": str(device), "precision": precision,
     }
     if plan_usage:
         from planlm.evaluate.plan_usage import plan_usage_metrics
 
         metrics.update(plan_usage_metrics(result["nll_sums"], result["nll_sums_shuffled"], result["tokens"],
                                           bootstrap_samples, confidence))
+    return metrics
+
+
+def _write_evaluation(out: Path, config: dict, metrics: dict, result: dict, split_view: PreparedSplit,
+                      num_articles: int) -> None:
+    """per_article.csv, num_paths.npy, metrics.json and, last, the manifest."""
     articles = split_view.articles
     write_per_article(out / "per_article.csv", [
         {"article": a, "id": articles[a]["id"], "nll_sum": repr(float(result["nll_sums"][a])),
@@ -437,9 +460,12 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     np.save(out / "num_paths.npy", result["num_paths"])
     write_json(out / "metrics.json", metrics)
     write_manifest(out, config, metrics=metrics)
-    print(f"{model_dir} on {split} ({num_articles} articles, {total_tokens} tokens, {metrics['protocol']}; "
-          f"conditioning {cond.conditioning}, K={cond.num_paths}, T={cond.horizon}, tau={cond.temperature:g}"
-          f"{', ' + cond.path_policy.label() if cond.path_policy.adaptive else ''}): "
+
+
+def _print_summary(metrics: dict, cond: EvalConditioning, plan_usage: bool) -> None:
+    print(f"{metrics['model_dir']} on {metrics['split']} ({metrics['articles']} articles, {metrics['tokens']} tokens, "
+          f"{metrics['protocol']}; conditioning {cond.conditioning}, K={cond.num_paths}, T={cond.horizon}, "
+          f"tau={cond.temperature:g}{', ' + cond.path_policy.label() if cond.path_policy.adaptive else ''}): "
           f"ppl {metrics['ppl']:.3f} [{metrics['ci_low']:.3f}, {metrics['ci_high']:.3f}] "
           f"in {metrics['wall_time_s']:.1f}s ({metrics['tokens_per_s']:.0f} tokens/s; "
           f"{metrics['paths_mean']:.2f} paths per boundary, planner {metrics['planner_time_s']:.1f}s, "
@@ -448,4 +474,3 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         print(f"plan usage: ppl with shuffled plans {metrics['ppl_shuffled_plans']:.3f}, "
               f"{metrics['plan_usage_ppl']:+.3f} [{metrics['plan_usage_ci_low']:+.3f}, "
               f"{metrics['plan_usage_ci_high']:+.3f}] ({metrics['plan_usage_nats']:+.4f} nats/token)")
-    return metrics
