@@ -12,7 +12,7 @@ import numpy as np
 
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
-from planlm.evaluate.generator import EmbedFn, GenerationResult, PlannedGenerator, SamplingConfig
+from planlm.evaluate.generator import EmbedFn, GenerationResult, PlannedGenerator, Prompt, SamplingConfig
 from planlm.evaluate.loading import load_checked, load_planner
 from planlm.evaluate.perplexity import Conditioning, EvalConditioning, resolve_conditioning
 from planlm.plans.policy import PathPolicy
@@ -149,26 +149,37 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
     generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, conditioning, num_paths, horizon,
                                                       plan_temperature, None, fixed_action, planner_dir, device, seed,
                                                       precision=precision, path_policy=path_policy)
+    start = _start(generator, split_view, prompt, article, boundary, context_length)
+    result = generator.generate(start, sampling)
+    _add_action_examples(result, prepared)
+    print(result.format())
+    out = asdict(result)
+    if out_file:
+        write_json(out_file, out)
+    return out
+
+
+
+def _start(generator: PlannedGenerator, split_view, prompt: Optional[str], article: Optional[int], boundary: int,
+           context_length: int) -> Prompt:
+    """The prompt of the command: a test article's prefix or free text."""
     if article is not None:
         if not 0 <= article < split_view.num_articles:
             raise PlanlmError(f"--article {article}: {split_view.path} has articles 0..{split_view.num_articles - 1}")
-        start = generator.prompt_from_article(split_view, article, boundary, context_length)
-    else:
-        if generator.cond.conditioning == "oracle":
-            raise PlanlmError("--conditioning oracle needs --article (the true future of a test article)")
-        start = generator.prompt_from_text(prompt)
-    result = generator.generate(start, sampling)
+        return generator.prompt_from_article(split_view, article, boundary, context_length)
+    if generator.cond.conditioning == "oracle":
+        raise PlanlmError("--conditioning oracle needs --article (the true future of a test article)")
+    return generator.prompt_from_text(prompt)
+
+
+def _add_action_examples(result: GenerationResult, prepared: PreparedDataset) -> None:
+    """Each plan's actions, each with the train sentence nearest its centroid (``plan.actions``)."""
     examples = action_examples(prepared)
     for sentence in result.sentences:
         if sentence["plan"]:
             used = sorted({a for path, valid in zip(sentence["plan"]["action_paths"], sentence["plan"]["path_mask"])
                            for a, ok in zip(path, valid) if ok})
             sentence["plan"]["actions"] = {int(a): examples(a) for a in used}
-    print(result.format())
-    out = asdict(result)
-    if out_file:
-        write_json(out_file, out)
-    return out
 
 
 __all__ = ["generate", "generate_text", "build_generator", "encoder_embed_fn", "synthetic_embed_fn", "action_examples"]
