@@ -114,7 +114,7 @@ def where_paths_went(eval_dir: Path, planner_dir: Optional[str], prepared_dir: s
     """How an adaptive evaluation spent its paths: histogram over boundaries and the ``examples`` boundaries
     with the most and the fewest paths, each with the planner's top first actions and the following sentence."""
     from planlm.data.artifacts import PreparedDataset
-    from planlm.evaluate.perplexity import load_planner
+    from planlm.evaluate.loading import load_planner
     from planlm.plans.sampling import boundary_contexts
     from planlm.utils import resolve_device
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from planlm.evaluate.compute_sweep import DEFAULT_POLICIES, compute_points, compute_rows, write_compute_outputs
-from planlm.evaluate.perplexity import Conditioning, evaluate, model_fingerprint
+from planlm.evaluate.loading import model_fingerprint
+from planlm.evaluate.perplexity import Conditioning, evaluate
 from planlm.plans.policy import PathPolicy
 from planlm.models.planner import planner_hash
 from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, write_manifest
@@ -118,16 +119,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
         return compute_sweep(model_dir, prepared_dir, out_dir, num_paths, policies, conditioning, split, horizon,
                              temperature, seed, planner_dir, stride, context_length, max_articles, batch_size, device,
                              precision, bootstrap_samples)
-    values = list(num_paths if kind == "num_paths" else temperatures)
-    reference = 1 if kind == "num_paths" else 1.0  # K = 1: one sampled path; tau = 1: the planner's distribution
-    if values and reference not in values:
-        values = sorted(values + [reference])
-    if not values:
-        raise PlanlmError(f"--{'num_paths' if kind == 'num_paths' else 'temperatures'} is empty: give values to sweep")
-    if kind == "num_paths" and min(values) < 1:
-        raise PlanlmError(f"--num_paths {values}: every K must be >= 1")
-    if kind == "temperature" and min(values) < 0:
-        raise PlanlmError(f"--temperatures {values}: every tau must be >= 0")
+    values, reference = _swept_values(kind, num_paths, temperatures)
     out = Path(out_dir)
     config = {"model_dir": str(Path(model_dir).resolve()), "prepared_dir": str(Path(prepared_dir).resolve()),
               "kind": kind, "values": values, "conditioning": conditioning, "split": split,
@@ -141,27 +133,58 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
               "planner": planner_hash(planner_dir or _recorded_planner(model_dir))}
     if prepare_stage_dir(out, config, keep_partial=True):  # keep_partial: finished points are reused
         return out
+    shared = dict(split=split, conditioning=conditioning, horizon=horizon, seed=seed, planner_dir=planner_dir,
+                  stride=stride, context_length=context_length, max_articles=max_articles, batch_size=batch_size,
+                  device=device, precision=precision, bootstrap_samples=bootstrap_samples, plan_usage=False)
+    rows = _evaluate_points(model_dir, prepared_dir, out, kind, values, fixed_num_paths, temperature, shared)
+    add_paired_differences(rows, reference, bootstrap_samples)
+    _write_table(rows, out / f"sweep_{kind}.csv")
+    plot_sweep(rows, kind, out / f"sweep_{kind}.png", title=f"{Path(model_dir).name}: {conditioning}, {kind} sweep")
+    write_manifest(out, config, rows=rows)
+    _print_table(rows, kind, reference)
+    return out
+
+
+def _swept_values(kind: str, num_paths: list[int], temperatures: list[float]) -> tuple[list, float]:
+    """The values of a K or tau sweep, with its reference point (K = 1 or tau = 1) added when missing."""
+    values = list(num_paths if kind == "num_paths" else temperatures)
+    reference = 1 if kind == "num_paths" else 1.0  # K = 1: one sampled path; tau = 1: the planner's distribution
+    if values and reference not in values:
+        values = sorted(values + [reference])
+    if not values:
+        raise PlanlmError(f"--{'num_paths' if kind == 'num_paths' else 'temperatures'} is empty: give values to sweep")
+    if kind == "num_paths" and min(values) < 1:
+        raise PlanlmError(f"--num_paths {values}: every K must be >= 1")
+    if kind == "temperature" and min(values) < 0:
+        raise PlanlmError(f"--temperatures {values}: every tau must be >= 0")
+    return values, reference
+
+
+def _evaluate_points(model_dir: str, prepared_dir: str, out: Path, kind: str, values: list,
+                     fixed_num_paths: Optional[int], temperature: Optional[float], shared: dict) -> list[dict]:
+    """One ``evaluate`` per swept value in ``<out>/<kind>-<value>`` (``shared``: its other arguments) -> the
+    table's rows, with the wall time relative to the first point."""
     rows = []
     for value in values:
         point = out / f"{kind}-{value:g}"
-        metrics = evaluate(model_dir, prepared_dir, str(point), split=split, conditioning=conditioning,
-                           num_paths=int(value) if kind == "num_paths" else fixed_num_paths, horizon=horizon,
-                           temperature=float(value) if kind == "temperature" else temperature, seed=seed,
-                           planner_dir=planner_dir, stride=stride, context_length=context_length,
-                           max_articles=max_articles, batch_size=batch_size, device=device, precision=precision,
-                           bootstrap_samples=bootstrap_samples, plan_usage=False)
+        metrics = evaluate(model_dir, prepared_dir, str(point),
+                           num_paths=int(value) if kind == "num_paths" else fixed_num_paths,
+                           temperature=float(value) if kind == "temperature" else temperature, **shared)
         rows.append({"value": value, **{c: metrics[c] for c in COLUMNS if c in metrics}, "eval_dir": str(point)})
     base = rows[0]["wall_time_s"]
     for row in rows:
         row["relative_wall_time"] = row["wall_time_s"] / base if base > 0 else float("nan")
-    add_paired_differences(rows, reference, bootstrap_samples)
-    csv_path, png_path = out / f"sweep_{kind}.csv", out / f"sweep_{kind}.png"
-    with open(csv_path, "w", newline="") as f:
+    return rows
+
+
+def _write_table(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    plot_sweep(rows, kind, png_path, title=f"{Path(model_dir).name}: {conditioning}, {kind} sweep")
-    write_manifest(out, config, rows=rows)
+
+
+def _print_table(rows: list[dict], kind: str, reference: float) -> None:
     label = "K" if kind == "num_paths" else "tau"
     print(f"{label:>6} {'ppl':>9} {'95% CI':>21} {f'paired - {label}={reference:g}':>16} {'95% CI':>21} "
           f"{'time (rel.)':>12}")
@@ -169,7 +192,6 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
         print(f"{row['value']:>6g} {row['ppl']:>9.3f} [{row['ci_low']:>8.3f}, {row['ci_high']:>8.3f}] "
               f"{row['paired_diff']:>+16.3f} [{row['paired_ci_low']:>+8.3f}, {row['paired_ci_high']:>+8.3f}] "
               f"{row['relative_wall_time']:>11.2f}x")
-    return out
 
 
 def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: list[int], policies: list[PathPolicy],

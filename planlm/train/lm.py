@@ -280,7 +280,8 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
     boundary (N,) or None})."""
     if not cond.conditioning.startswith("planner"):
         return None, None, {}, {}
-    from planlm.plans.sampling import load_path_counts, sample_plans
+    from planlm.plans.cache import load_path_counts
+    from planlm.plans.sampling import sample_plans
 
     plans_dir = cond.plans_dir
     if plans_dir is None:
@@ -305,7 +306,7 @@ def _plan_arrays(cond: ConditioningConfig, prepared: PreparedDataset, splits: li
     if cond.conditioning == "planner_sampled" and int(manifest["num_paths"]) != cond.num_paths:
         raise PlanlmError(f"{where}: cached K={manifest['num_paths']} paths but --conditioning.num_paths "
                           f"{cond.num_paths}; set num_paths: {manifest['num_paths']} or sample plans with K={cond.num_paths}")
-    from planlm.plans.sampling import load_plans
+    from planlm.plans.cache import load_plans
 
     arrays = {split: load_plans(plans_path, split, prepared=prepared, argmax=cond.conditioning == "planner_argmax")
               for split in splits}
@@ -395,7 +396,7 @@ def _input_hashes(model: LMModelConfig, cond: ConditioningConfig) -> dict:
     """What the folders a run reads hold, not only their names: the weights of the planner that makes the
     plans (or the plan cache's key) and of the LM it starts from, so that retraining either into the same
     folder retrains this LM instead of reusing it."""
-    from planlm.evaluate.perplexity import model_fingerprint
+    from planlm.evaluate.loading import model_fingerprint
     from planlm.models.planner import planner_hash
 
     hashes = {"init_from": model_fingerprint(model.init_from) if model.init_from else None}
