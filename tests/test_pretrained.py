@@ -38,7 +38,7 @@ def quick(**overrides) -> LMTrainConfig:
 
 
 def test_a_gguf_file_loads_as_the_model_it_holds_and_is_exported_once(tiny_gguf, monkeypatch):
-    from planlm import pretrained
+    from planlm.models import pretrained
 
     path, written = tiny_gguf
     lm = load_causal_lm(str(path))
