@@ -70,7 +70,8 @@ def sync(device: torch.device) -> None:
 @torch.no_grad()
 def bare_forward(lm, split, windows, batch_size: int, device: torch.device, precision: str, keep_scored: bool) -> float:
     """The same windows and batches through the plain HF LM; returns seconds."""
-    from planlm.evaluate.perplexity import autocast, window_batches
+    from planlm.evaluate.perplexity import window_batches
+    from planlm.utils import autocast
 
     input_ids_all = torch.from_numpy(np.array(split.input_ids)).to(device)
     batches = window_batches(windows, batch_size)
@@ -98,7 +99,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats; the best of each is reported")
     args = parser.parse_args()
 
-    from planlm.evaluate.perplexity import EvalConditioning, evaluate_split, resolve_device, scoring_windows
+    from planlm.evaluate.perplexity import EvalConditioning, evaluate_split, scoring_windows
+    from planlm.utils import resolve_device
 
     device = resolve_device(args.device)
     with tempfile.TemporaryDirectory() as tmp:

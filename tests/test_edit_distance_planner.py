@@ -7,7 +7,8 @@ import json
 from helpers import chatty_planned_lm, read_csv, tiny_planner
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.edit_distance import action_edit_distance, edit_distance
-from planlm.evaluate.generate import SamplingConfig, generate
+from planlm.evaluate.generate import generate
+from planlm.evaluate.generator import SamplingConfig
 
 
 def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, tmp_path):

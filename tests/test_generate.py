@@ -7,8 +7,8 @@ import torch
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer, split_sentences
 from planlm.data.tokens import assign_tokens_to_sentences
-from planlm.evaluate.generate import (PlannedGenerator, SamplingConfig, _plan_alignment, generate, generate_text,
-                                      synthetic_embed_fn)
+from planlm.evaluate.generate import generate, generate_text, synthetic_embed_fn
+from planlm.evaluate.generator import PlannedGenerator, SamplingConfig, _plan_alignment
 from planlm.evaluate.perplexity import EvalConditioning
 from planlm.utils import PlanlmError
 

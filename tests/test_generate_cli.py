@@ -100,7 +100,8 @@ class TinyEncoder:
 def test_generation_embeds_sentences_with_the_corpus_encoder_and_its_normalisation(synthetic_random, tmp_path):
     """A corpus prepared with a real encoder and normalize: true: the planner's context for the prompt's and
     the generated sentences is the encoder's unit-norm embedding of their text."""
-    from planlm.evaluate.generate import SamplingConfig, build_generator
+    from planlm.evaluate.generate import build_generator
+    from planlm.evaluate.generator import SamplingConfig
 
     encoder = TinyEncoder.build(tmp_path)
     prepared_dir = tmp_path / "prepared"

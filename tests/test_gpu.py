@@ -10,7 +10,8 @@ import torch
 
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.perplexity import EvalConditioning, evaluate, evaluate_split
-from planlm.plans.sampling import compute_plans, load_plans, sample_plans
+from planlm.plans.cache import load_plans
+from planlm.plans.sampling import compute_plans, sample_plans
 
 from helpers import linear_output_dtypes, sampled_multipath, tiny_planner
 
@@ -66,7 +67,8 @@ def test_evaluation_on_cuda_runs_bf16_and_matches_fp32_closely(synthetic_random,
 
 def test_bf16_generation_on_cuda(synthetic_cycle):
     from planlm.data.resources import load_tokenizer
-    from planlm.evaluate.generate import SamplingConfig, generate_text, synthetic_embed_fn
+    from planlm.evaluate.generate import generate_text, synthetic_embed_fn
+    from planlm.evaluate.generator import SamplingConfig
 
     from helpers import chatty_planned_lm
 

@@ -14,7 +14,8 @@ from planlm.models.adapter import AdapterConfig, build_adapter
 from planlm.data.artifacts import PreparedDataset
 from planlm.plans.policy import (PathPolicy, entropy_num_paths, path_mask_from_counts, paths_summary, plan_change,
                                 sample_with_policy, step_distribution)
-from planlm.plans.sampling import compute_plans, load_path_counts, sample_plans
+from planlm.plans.cache import load_path_counts
+from planlm.plans.sampling import compute_plans, sample_plans
 from planlm.utils import PlanlmError
 
 from helpers import read_csv, tiny_planned_lm, tiny_planner
@@ -252,7 +253,8 @@ def test_paths_summary_counts_every_boundary():
 
 def test_generation_plans_each_sentence_end_under_the_policy(synthetic_cycle):
     from planlm.data.resources import load_tokenizer
-    from planlm.evaluate.generate import PlannedGenerator, SamplingConfig, synthetic_embed_fn
+    from planlm.evaluate.generate import synthetic_embed_fn
+    from planlm.evaluate.generator import PlannedGenerator, SamplingConfig
     from planlm.evaluate.perplexity import EvalConditioning
 
     from helpers import chatty_planned_lm

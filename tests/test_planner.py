@@ -183,26 +183,37 @@ def test_shared_prefix_sampling_draws_exactly_what_independent_rollouts_draw():
     assert torch.equal(got, expected)
 
 
-def test_causal_decoding_with_the_cache_equals_the_one_pass_teacher_forcing():
-    from planlm.models.planner_causal import causal_decode
+def decode(planner, embeds, mask, actions, num_paths: int = 1):
+    """Step-by-step decoding (Dynamics.start, then step) that feeds ``actions`` (B*K, T) -> logits (B*K, T, A)."""
+    latents, latent_mask, slot = planner.representation(embeds, mask)
+    state = planner.dynamics.start(planner.prediction, latents, latent_mask, slot, actions.shape[1])
+    if num_paths > 1:
+        state = state.repeat_paths(num_paths)  # the causal caches: K adjacent rows per boundary
+    logits = [state.logits]
+    for step in range(1, actions.shape[1]):
+        state = planner.dynamics.step(planner.prediction, state, actions[:, step - 1])
+        logits.append(state.logits)
+    return torch.stack(logits, dim=1)
 
+
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_step_by_step_decoding_equals_teacher_forcing(dynamics):
+    planner = tiny_planner(seed=2, dynamics=dynamics, num_layers=2)
+    embeds, mask = contexts(batch_size=4, num_sentences=5, seed=3)
+    given = torch.randint(0, 8, (4, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(decode(planner, embeds, mask, given), planner(embeds, mask, given),
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_causal_decoding_with_the_cache_equals_the_one_pass_teacher_forcing():
     planner = tiny_planner(seed=2, dynamics="causal", num_layers=2)
     embeds, mask = contexts(batch_size=4, num_sentences=5, seed=3)
     num_paths, horizon = 3, 6
-    given = torch.randint(0, 8, (4, num_paths, horizon), generator=torch.Generator().manual_seed(4))
-
-    def feed(logits, draws):  # replays the given actions instead of choosing
-        step = feed.step
-        feed.step += 1
-        return given[:, :, 0] if step == 0 else given.flatten(0, 1)[:, step:step + 1]
-
-    feed.step = 0
+    given = torch.randint(0, 8, (4 * num_paths, horizon), generator=torch.Generator().manual_seed(4))  # (B*K, T)
     with torch.no_grad():
-        latents, latent_mask, slot = planner.representation(embeds, mask)
-        paths, cached = causal_decode(planner, latents, latent_mask, slot, num_paths, horizon, feed, keep_logits=True)
-        one_pass = planner(embeds.repeat_interleave(num_paths, 0), mask.repeat_interleave(num_paths, 0),
-                           given.flatten(0, 1))  # (B*K, T, A)
-    assert torch.equal(paths, given)
+        cached = decode(planner, embeds, mask, given, num_paths)  # context cached once per boundary
+        one_pass = planner(embeds.repeat_interleave(num_paths, 0), mask.repeat_interleave(num_paths, 0), given)
     torch.testing.assert_close(cached, one_pass, rtol=1e-4, atol=1e-5)
 
 

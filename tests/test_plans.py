@@ -12,8 +12,8 @@ from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.synthetic import make_synthetic_prepared
 from planlm.models.planner import Planner
-from planlm.plans.sampling import (IGNORE_INDEX, boundary_contexts, boundary_targets, compute_plans, load_plans,
-                          sample_plans)
+from planlm.plans.cache import load_plans
+from planlm.plans.sampling import IGNORE_INDEX, boundary_contexts, boundary_targets, compute_plans, sample_plans
 from planlm.utils import PlanlmError
 
 from helpers import linear_output_dtypes, tiny_planner

@@ -39,7 +39,7 @@ def quick(**overrides) -> LMTrainConfig:
 
 
 def test_a_gguf_file_loads_as_the_model_it_holds_and_is_exported_once(tiny_gguf, monkeypatch):
-    from planlm import pretrained
+    from planlm.models import pretrained
 
     path, written = tiny_gguf
     lm = load_causal_lm(str(path))
@@ -66,7 +66,8 @@ def test_an_adapter_trains_on_a_gguf_base_with_its_own_tokenizer(tiny_gguf, tmp_
         assert model.config.base_model == str(path) and np.isfinite(read_manifest(out)["val_loss"])
         assert model.adapter.projection.weight.abs().sum() > 0  # the adapter moved off its no-op start
     # `planlm generate` on it, offline, the plans beside the text
-    from planlm.evaluate.generate import SamplingConfig, generate
+    from planlm.evaluate.generate import generate
+    from planlm.evaluate.generator import SamplingConfig
 
     result = generate(str(tmp_path / "frozen"), str(prepared), article=0, boundary=1, device="cpu",
                       sampling=SamplingConfig(max_new_tokens=12))

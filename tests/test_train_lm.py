@@ -185,7 +185,7 @@ def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
 
 def test_training_on_plans_of_an_adaptive_path_policy(synthetic_random, tmp_path):
     from planlm.plans.policy import PathPolicy
-    from planlm.plans.sampling import load_path_counts
+    from planlm.plans.cache import load_path_counts
 
     prepared = PreparedDataset(synthetic_random)
     tiny_planner(prepared, max_sentences=8, horizon=2).save_pretrained(tmp_path / "planner")

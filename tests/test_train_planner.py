@@ -13,7 +13,8 @@ from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset, PreparedSplit, write_split
 from planlm.data.synthetic import make_synthetic_prepared
 from planlm.models.planner import Planner
-from planlm.plans.sampling import load_plans, sample_plans
+from planlm.plans.cache import load_plans
+from planlm.plans.sampling import sample_plans
 from planlm.models.planner import PlannerShape
 from planlm.train.planner import LengthGroupedSampler, PlannerTrainArgs, baseline_metrics, evaluate_planner, train_planner
 from planlm.utils import PlanlmError

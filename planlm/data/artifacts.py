@@ -16,7 +16,7 @@ Layout of a prepared folder (all arrays are ``.npy`` files that load memory-mapp
         token_plan_sentence.npy (N_tok,) int64       sentence whose action/plan conditions the token
         token_actions.npy       (N_tok,) int64       actions[token_plan_sentence]
 
-Alignment convention (ANCHORS.md): every token carries the action of its own sentence, except the
+Alignment convention (the one of the predecessor's public code, Cornille et al.): every token carries the action of its own sentence, except the
 last token of a sentence, which carries the next sentence's action, so that the position that
 predicts the first token of sentence i is already conditioned on action i. The last token of an
 article keeps its own sentence. Sentence indices are split-global; sentence ``s`` of article ``a``

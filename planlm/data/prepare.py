@@ -169,13 +169,7 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
     if prepare_stage_dir(out, config, keep_partial=True):
         print(f"planlm prepare: {out} is complete for this config; reusing it")
         return out
-    for split in SPLITS:  # drop stale results of another config, keep embeddings to resume from
-        for name in ARRAYS:
-            if name != "embeddings":
-                (out / split / f"{name}.npy").unlink(missing_ok=True)
-    (out / "codebook.safetensors").unlink(missing_ok=True)
-    shutil.rmtree(out / "actions", ignore_errors=True)  # `planlm actions` output of the old codebook
-
+    _drop_stale(out)
     skips = Skips()
     drawn = take_articles(corpus, sentences, skips, progress)
     num_train_sentences = sum(len(s) for s in drawn["train"][1])
@@ -183,46 +177,13 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
         raise PlanlmError(f"--actions.num_actions ({actions.num_actions}) is larger than the number of training "
                           f"sentences ({num_train_sentences}); lower --actions.num_actions or use more articles")
     tok = load_tokenizer(tokenizer)
-
-    # sentences and embeddings of every split (streamed to <split>/embeddings.npy)
-    layout = {}
-    for split in SPLITS:
-        articles, spans = drawn[split]
-        sentence_offsets = np.concatenate([[0], np.cumsum([len(s) for s in spans], dtype=np.int64)]).astype(np.int64)
-        texts = [art["text"][start:end] for art, article_spans in zip(articles, spans) for start, end in article_spans]
-        (out / split).mkdir(parents=True, exist_ok=True)
-        embeddings = embed_sentences(texts, out / split / "embeddings.npy", embedding, desc=f"embedding {split}",
-                                    progress=progress)
-        layout[split] = (sentence_offsets, embeddings)
-
+    layout = {split: _embed_split(out, split, *drawn[split], embedding, progress) for split in SPLITS}
     codebook = fit_codebook(layout["train"][1], actions, progress=progress)  # (A, E)
     counts, kmeans = {}, {"backend": actions.backend, "init": actions.init}
     for split in SPLITS:
-        articles, spans = drawn[split]
-        sentence_offsets, embeddings = layout[split]
-        split_actions = assign_actions(embeddings, codebook, use_gpu=actions.use_gpu, progress=progress,
-                                       desc=f"assigning {split}")
-        if split == "train":
-            kmeans["inertia_per_sentence"] = inertia(embeddings, codebook, split_actions) / max(1, len(embeddings))
-            kmeans["empty_clusters"] = int(actions.num_actions - len(np.unique(split_actions)))
-        tokens = _tokenize(tok, articles, spans, sentence_offsets, f"tokenizing {split}", progress)
-        write_split(out / split, articles, {
-            "sentence_offsets": sentence_offsets,
-            "sentence_spans": np.concatenate(spans) if spans else np.zeros((0, 2), np.int64),
-            "actions": split_actions,
-            **tokens,
-        })
-        counts[split] = {"articles": len(articles), "sentences": int(len(split_actions)),
-                         "tokens": int(tokens["token_offsets"][-1])}
-
-    import torch
-    from safetensors.torch import save_file
-
-    save_file({"centroids": torch.from_numpy(codebook)}, str(out / "codebook.safetensors"))
-    hashes = {"codebook.safetensors": file_sha256(out / "codebook.safetensors")}
-    for split in SPLITS:
-        for name in ("articles.jsonl", *(f"{a}.npy" for a in ARRAYS)):
-            hashes[f"{split}/{name}"] = file_sha256(out / split / name)
+        counts[split] = _write_split(out, split, *drawn[split], *layout[split], codebook, actions, tok, kmeans,
+                                     progress)
+    hashes = _save_codebook_and_hash(out, codebook)
     wall_time = time.time() - started
     short = {}
     if corpus.num_train is not None and counts["train"]["articles"] < corpus.num_train:
@@ -232,6 +193,60 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
                    skipped=dict(skips), short=short, kmeans=kmeans, hashes=hashes, wall_time_s=round(wall_time, 1))
     _summary(out, counts, skips, short, kmeans, wall_time)
     return out
+
+
+def _drop_stale(out: Path) -> None:
+    """Drop the results of another config; keep the embeddings, to resume from."""
+    for split in SPLITS:
+        for name in ARRAYS:
+            if name != "embeddings":
+                (out / split / f"{name}.npy").unlink(missing_ok=True)
+    (out / "codebook.safetensors").unlink(missing_ok=True)
+    shutil.rmtree(out / "actions", ignore_errors=True)  # `planlm actions` output of the old codebook
+
+
+def _embed_split(out: Path, split: str, articles: list, spans: list, embedding: EmbedConfig,
+                 progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(sentence_offsets (N_art + 1,), embeddings (N_sent, E)) of one split, streamed to <split>/embeddings.npy."""
+    sentence_offsets = np.concatenate([[0], np.cumsum([len(s) for s in spans], dtype=np.int64)]).astype(np.int64)
+    texts = [art["text"][start:end] for art, article_spans in zip(articles, spans) for start, end in article_spans]
+    (out / split).mkdir(parents=True, exist_ok=True)
+    embeddings = embed_sentences(texts, out / split / "embeddings.npy", embedding, desc=f"embedding {split}",
+                                 progress=progress)
+    return sentence_offsets, embeddings
+
+
+def _write_split(out: Path, split: str, articles: list, spans: list, sentence_offsets: np.ndarray,
+                 embeddings: np.ndarray, codebook: np.ndarray, actions: ActionsConfig, tok, kmeans: dict,
+                 progress: bool) -> dict:
+    """Assign the split's sentences to actions, tokenize its articles and write its arrays; its counts.
+    On the train split, also the k-means quality (into ``kmeans``)."""
+    split_actions = assign_actions(embeddings, codebook, use_gpu=actions.use_gpu, progress=progress,
+                                   desc=f"assigning {split}")
+    if split == "train":
+        kmeans["inertia_per_sentence"] = inertia(embeddings, codebook, split_actions) / max(1, len(embeddings))
+        kmeans["empty_clusters"] = int(actions.num_actions - len(np.unique(split_actions)))
+    tokens = _tokenize(tok, articles, spans, sentence_offsets, f"tokenizing {split}", progress)
+    write_split(out / split, articles, {
+        "sentence_offsets": sentence_offsets,
+        "sentence_spans": np.concatenate(spans) if spans else np.zeros((0, 2), np.int64),
+        "actions": split_actions,
+        **tokens,
+    })
+    return {"articles": len(articles), "sentences": int(len(split_actions)), "tokens": int(tokens["token_offsets"][-1])}
+
+
+def _save_codebook_and_hash(out: Path, codebook: np.ndarray) -> dict[str, str]:
+    """Write codebook.safetensors; the sha256 of it and of every split file."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"centroids": torch.from_numpy(codebook)}, str(out / "codebook.safetensors"))
+    hashes = {"codebook.safetensors": file_sha256(out / "codebook.safetensors")}
+    for split in SPLITS:
+        for name in ("articles.jsonl", *(f"{a}.npy" for a in ARRAYS)):
+            hashes[f"{split}/{name}"] = file_sha256(out / split / name)
+    return hashes
 
 
 def _summary(out: Path, counts: dict, skips: Skips, short: dict, kmeans: dict, wall_time: float) -> None:

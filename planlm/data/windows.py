@@ -12,7 +12,7 @@ T horizon.
 - ``collate_windows`` builds a batch: token tensors plus the plans of the batch's *unique*
   sentences (``plan_index (B, L)`` points into them; -1 = no plan), so the adapter runs once per
   sentence, not once per token. Token t is conditioned on the plan of ``token_plan_sentence[t]``
-  (the ANCHORS alignment: the last token of a sentence already carries the next sentence's plan).
+  (the alignment of ``planlm.data.artifacts``: the last token of a sentence already carries the next sentence's plan).
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def where_paths_went(eval_dir: Path, planner_dir: Optional[str], prepared_dir: s
     """How an adaptive evaluation spent its paths: histogram over boundaries and the ``examples`` boundaries
     with the most and the fewest paths, each with the planner's top first actions and the following sentence."""
     from planlm.data.artifacts import PreparedDataset
-    from planlm.evaluate.perplexity import load_planner
+    from planlm.models.planner import Planner
     from planlm.plans.sampling import boundary_contexts
     from planlm.utils import resolve_device
 
@@ -124,7 +124,7 @@ def where_paths_went(eval_dir: Path, planner_dir: Optional[str], prepared_dir: s
     chosen = {"most": order[:examples], "fewest": order[::-1][:examples]}
     report = {"hist": {int(k): int(c) for k, c in zip(*np.unique(counts, return_counts=True))},
               "paths_mean": float(counts.mean()), "boundaries": int(len(counts))}
-    planner = load_planner(planner_dir, PreparedDataset(prepared_dir), resolve_device("cpu")) if planner_dir else None
+    planner = Planner.for_corpus(planner_dir, PreparedDataset(prepared_dir), resolve_device("cpu")) if planner_dir else None
     for group, sentences in chosen.items():
         items = []
         probs = None

@@ -1,8 +1,8 @@
-"""Edit distance between the action sequences of generated and true continuations (ANCHORS.md).
+"""Edit distance between the action sequences of generated and true continuations (the paper's protocol).
 
 At sentence starts of evaluation articles: the context is the <= 128-token window of the article
 ending at the boundary; the planned LM samples 128 new tokens (temperature 1.0, re-planning at every
-generated sentence end, ``planlm.evaluate.generate``); the generated text and the true continuation
+generated sentence end, ``planlm.evaluate.generator``); the generated text and the true continuation
 (the next 128 true tokens of the article) are split into sentences with the corpus's splitter,
 embedded with the corpus's encoder and assigned to their nearest centroid. The score is the
 Levenshtein distance of the two action sequences (rapidfuzz), raw and divided by the reference
@@ -12,6 +12,7 @@ length, averaged over boundaries with a bootstrap confidence interval.
 from __future__ import annotations
 
 import csv
+import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -22,9 +23,11 @@ from rapidfuzz.distance import Levenshtein
 
 from planlm.data.resources import split_sentences
 from planlm.evaluate.bootstrap import bootstrap_mean
-from planlm.evaluate.generate import SamplingConfig, build_generator, encoder_embed_fn
-from planlm.evaluate.perplexity import Conditioning, model_fingerprint
-from planlm.plans.policy import PathPolicy, paths_summary
+from planlm.evaluate.generate import build_generator, encoder_embed_fn
+from planlm.evaluate.generator import SamplingConfig
+from planlm.evaluate.loading import model_fingerprint
+from planlm.plans.policy import paths_summary
+from planlm.plans.spec import PlanSpec
 from planlm.models.planner import planner_hash
 from planlm.utils import PlanlmError, prepare_stage_dir, write_json, write_manifest
 
@@ -77,12 +80,9 @@ FIELDS = ("article", "id", "boundary", "distance", "normalized", "generated_acti
 def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test",
                   max_articles: Optional[int] = 100, max_boundaries_per_article: Optional[int] = 2, seed: int = 0,
                   context_length: int = 128, new_tokens: int = 128, temperature: float = 1.0,
-                  top_k: Optional[int] = None, top_p: Optional[float] = None,
-                  conditioning: Optional[Conditioning] = None, num_paths: Optional[int] = None,
-                  horizon: Optional[int] = None, plan_temperature: Optional[float] = None,
-                  fixed_action: Optional[int] = None, planner_dir: Optional[str] = None, device: str = "auto",
-                  precision: Literal["auto", "fp32", "bf16"] = "auto", bootstrap_samples: int = 1000,
-                  confidence: float = 0.95, path_policy: PathPolicy = PathPolicy()) -> dict:
+                  top_k: Optional[int] = None, top_p: Optional[float] = None, plans: PlanSpec = PlanSpec(),
+                  device: str = "auto", precision: Literal["auto", "fp32", "bf16"] = "auto",
+                  bootstrap_samples: int = 1000, confidence: float = 0.95) -> dict:
     """Edit distance between the action sequences of generated and true continuations at sentence starts.
 
     Writes ``per_boundary.csv``, ``metrics.json`` (mean distance and normalised distance with bootstrap
@@ -101,64 +101,80 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
         temperature: LM sampling temperature (the protocol: 1.0).
         top_k: Top-k sampling (the protocol: off).
         top_p: Nucleus sampling (the protocol: off).
-        conditioning: none, fixed, oracle, planner_argmax or planner_sampled; default: the model's.
-        num_paths: K paths per plan; default: the model's.
-        horizon: T actions per path; default: the model's.
-        plan_temperature: Planner sampling temperature tau; default: the model's.
-        fixed_action: Action of the fixed baseline; default: the model's.
-        planner_dir: Planner folder; default: the model's.
+        plans: The plans (kind, num_paths, horizon, temperature, seed, fixed_action, planner_dir, path_policy);
+            unset fields: the model's own.
         device: auto, cpu, cuda ...
         precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16; for the LM, the adapter and the
             planner.
         bootstrap_samples: Bootstrap resamples of the confidence intervals.
         confidence: Confidence level.
-        path_policy: Paths per boundary of sampled plans: fixed (num_paths), entropy or converge (at most num_paths).
 
     Returns:
         The metrics dict.
     """
+    sampling = _sampling_config(new_tokens, temperature, top_k, top_p)
+    _check_limits(context_length, max_articles, max_boundaries_per_article)
+    generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, plans, device, seed,
+                                                      precision=precision)
+    embed_fn, codebook = generator.embed_fn or encoder_embed_fn(prepared), prepared.codebook.numpy()
+    num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
+    spec = generator.spec
+    config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
+              "split": split, "articles": num_articles, "max_boundaries_per_article": max_boundaries_per_article,
+              "seed": seed, "context_length": context_length, "sampling": sampling, "plan_spec": spec.cache_key(),
+              "planner": planner_hash(spec.planner_dir),
+              "device_type": generator.device.type, "precision": precision, "bootstrap_samples": bootstrap_samples,
+              "confidence": confidence}
+    out = Path(out_dir)
+    if prepare_stage_dir(out, config):
+        return json.loads((out / "metrics.json").read_text())
+    boundaries = select_boundaries(split_view.sentence_offsets, num_articles, max_boundaries_per_article, seed)
+    if not boundaries:
+        raise PlanlmError(f"{split_view.path}: no sentence start with context in the first {num_articles} articles "
+                          f"(every article has one sentence); raise --max_articles or use another --split")
+    rows, generated_tokens, wall_time = _continue_boundaries(generator, split_view, boundaries, sampling,
+                                                             context_length, new_tokens, embed_fn, codebook)
+    metrics = {**_distance_summary(rows, bootstrap_samples, confidence, seed), "articles": num_articles,
+               "generated_tokens": generated_tokens, "wall_time_s": wall_time,
+               "tokens_per_s": generated_tokens / max(wall_time, 1e-9), "conditioning": str(spec.kind),
+               "K": spec.num_paths, "T": spec.horizon, "tau": spec.temperature, "temperature": temperature,
+               "top_k": top_k, "top_p": top_p, "new_tokens": new_tokens, "context_length": context_length,
+               "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "split": split,
+               "path_policy": asdict(spec.path_policy),
+               **paths_summary(np.asarray(generator.paths_sampled), spec.num_paths)}
+    _write_outputs(out, config, rows, metrics)
+    print(f"{model_dir} on {split} ({len(rows)} boundaries; plans {spec.label()}): edit distance {metrics['edit_distance']:.3f} [{metrics['ci_low']:.3f}, "
+          f"{metrics['ci_high']:.3f}], normalised {metrics['normalized']:.3f} in {wall_time:.1f}s")
+    return metrics
+
+
+def _sampling_config(new_tokens: int, temperature: float, top_k: Optional[int], top_p: Optional[float]) -> SamplingConfig:
     try:
-        sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+        return SamplingConfig(max_new_tokens=new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
     except PlanlmError as e:  # name this command's flags
         raise PlanlmError(str(e).replace("--sampling.max_new_tokens", "--new_tokens").replace("--sampling.", "--")) from None
+
+
+def _check_limits(context_length: int, max_articles: Optional[int], max_boundaries_per_article: Optional[int]) -> None:
     if context_length < 1:
         raise PlanlmError(f"--context_length {context_length} must be >= 1")
     if max_articles is not None and max_articles < 1:
         raise PlanlmError(f"--max_articles {max_articles} must be >= 1")
     if max_boundaries_per_article is not None and max_boundaries_per_article < 1:
         raise PlanlmError(f"--max_boundaries_per_article {max_boundaries_per_article} must be >= 1")
-    generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, conditioning, num_paths, horizon,
-                                                      plan_temperature, None, fixed_action, planner_dir, device, seed,
-                                                      precision=precision, path_policy=path_policy)
-    embed_fn = generator.embed_fn or encoder_embed_fn(prepared)
-    codebook = prepared.codebook.numpy()
-    num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
-    cond = generator.cond
-    config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
-              "split": split, "articles": num_articles, "max_boundaries_per_article": max_boundaries_per_article,
-              "seed": seed, "context_length": context_length, "sampling": sampling, "conditioning": cond.cache_key(),
-              "planner": planner_hash(cond.planner_dir),
-              "device_type": generator.device.type, "precision": precision, "bootstrap_samples": bootstrap_samples,
-              "confidence": confidence}
-    out = Path(out_dir)
-    if prepare_stage_dir(out, config):
-        import json
 
-        return json.loads((out / "metrics.json").read_text())
-    boundaries = select_boundaries(split_view.sentence_offsets, num_articles, max_boundaries_per_article, seed)
-    if not boundaries:
-        raise PlanlmError(f"{split_view.path}: no sentence start with context in the first {num_articles} articles "
-                          f"(every article has one sentence); raise --max_articles or use another --split")
+
+def _continue_boundaries(generator, split_view, boundaries: list[tuple[int, int]], sampling: SamplingConfig,
+                         context_length: int, new_tokens: int, embed_fn: Callable[[list[str]], np.ndarray],
+                         codebook: np.ndarray) -> tuple[list[dict], int, float]:
+    """Generate at every boundary, in order (one sampling generator walks them) -> (rows of per_boundary.csv,
+    generated tokens, wall time)."""
     rows, began, generated_tokens = [], time.perf_counter(), 0
-    tokenizer = generator.tokenizer
     for article, boundary in boundaries:
         prompt = generator.prompt_from_article(split_view, article, boundary, context_length)
         result = generator.generate(prompt, sampling)
         generated_tokens += len(result.token_ids)
-        tokens = split_view.token_range(article)
-        token_sentence = np.asarray(split_view.token_sentence[tokens.start:tokens.stop])
-        begin = tokens.start + int(np.searchsorted(token_sentence, split_view.sentence_range(article).start + boundary))
-        reference = tokenizer.decode([int(t) for t in split_view.input_ids[begin:min(begin + new_tokens, tokens.stop)]])
+        reference = _reference_text(generator.tokenizer, split_view, article, boundary, new_tokens)
         generated_actions, reference_actions = text_actions([result.text, reference], embed_fn, codebook,
                                                             generator.sentence_splitter)
         distance, normalized = action_edit_distance(generated_actions, reference_actions)
@@ -167,26 +183,31 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
                      "generated_actions": " ".join(map(str, generated_actions)),
                      "reference_actions": " ".join(map(str, reference_actions)),
                      "generated_text": result.text, "reference_text": reference})
-    wall_time = time.perf_counter() - began
+    return rows, generated_tokens, time.perf_counter() - began
+
+
+def _reference_text(tokenizer, split_view, article: int, boundary: int, new_tokens: int) -> str:
+    """The true continuation: the next ``new_tokens`` tokens of the article from its sentence ``boundary``."""
+    tokens = split_view.token_range(article)
+    token_sentence = np.asarray(split_view.token_sentence[tokens.start:tokens.stop])
+    begin = tokens.start + int(np.searchsorted(token_sentence, split_view.sentence_range(article).start + boundary))
+    return tokenizer.decode([int(t) for t in split_view.input_ids[begin:min(begin + new_tokens, tokens.stop)]])
+
+
+def _distance_summary(rows: list[dict], bootstrap_samples: int, confidence: float, seed: int) -> dict:
+    """Mean raw and normalised distance over the boundaries, each with its bootstrap interval."""
     raw = bootstrap_mean(np.array([r["distance"] for r in rows], float), bootstrap_samples, confidence, seed)
     norm = bootstrap_mean(np.array([r["normalized"] for r in rows], float), bootstrap_samples, confidence, seed)
-    metrics = {"edit_distance": raw["mean"], "ci_low": raw["ci_low"], "ci_high": raw["ci_high"],
-               "normalized": norm["mean"], "normalized_ci_low": norm["ci_low"], "normalized_ci_high": norm["ci_high"],
-               "confidence": confidence, "boundaries": len(rows), "articles": num_articles,
-               "generated_tokens": generated_tokens, "wall_time_s": wall_time,
-               "tokens_per_s": generated_tokens / max(wall_time, 1e-9), "conditioning": cond.conditioning,
-               "K": cond.num_paths, "T": cond.horizon, "tau": cond.temperature, "temperature": temperature,
-               "top_k": top_k, "top_p": top_p, "new_tokens": new_tokens, "context_length": context_length,
-               "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "split": split,
-               "path_policy": asdict(cond.path_policy),
-               **paths_summary(np.asarray(generator.paths_sampled), cond.num_paths)}
+    return {"edit_distance": raw["mean"], "ci_low": raw["ci_low"], "ci_high": raw["ci_high"],
+            "normalized": norm["mean"], "normalized_ci_low": norm["ci_low"], "normalized_ci_high": norm["ci_high"],
+            "confidence": confidence, "boundaries": len(rows)}
+
+
+def _write_outputs(out: Path, config: dict, rows: list[dict], metrics: dict) -> None:
+    """per_boundary.csv, metrics.json and, last, the manifest."""
     with open(out / "per_boundary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
     write_json(out / "metrics.json", metrics)
     write_manifest(out, config, metrics=metrics)
-    print(f"{model_dir} on {split} ({len(rows)} boundaries; conditioning {cond.conditioning}, K={cond.num_paths}, "
-          f"T={cond.horizon}): edit distance {metrics['edit_distance']:.3f} [{raw['ci_low']:.3f}, {raw['ci_high']:.3f}], "
-          f"normalised {metrics['normalized']:.3f} in {wall_time:.1f}s")
-    return metrics

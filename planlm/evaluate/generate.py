@@ -1,142 +1,22 @@
-"""Planned generation: sample text from a planned LM, re-planning whenever a sentence ends.
-
-``PlannedGenerator`` keeps one document: complete sentences (their embeddings are the planner's
-context), the open sentence being written, the token ids and, for every position, the plan whose
-vector conditions that input token. The planner is called
-
-- once for the prompt: one plan per prompt sentence, from the sentences before it (for a test
-  article's prefix: the true sentences and their prepared embeddings);
-- again whenever the sentence splitter (the prepared corpus's, ``split_sentences``) sees one more
-  complete sentence in the open text (the number of sentences grows), with the generated sentences
-  embedded by the corpus's encoder (or an injected ``embed_fn``).
-
-Alignment (ANCHORS.md, as in training): the last token of a sentence already carries the next
-sentence's plan, because it is the position that predicts the next sentence's first token. The
-splitter can only see that a sentence ended once the next one has started, so on re-planning the
-generator *rolls back*: it drops the tokens of the new sentence, crops the KV cache to before the
-previous sentence's last token, feeds that token again with the new plan and samples on. Nothing
-already kept changes its conditioning silently: the only position whose plan changes is re-run.
-A rollback happens at most once per position (a later re-plan for the same spot only conditions the
-following tokens), so generation always progresses. The splitter can also take a sentence end back
-("red." + "." reads as one sentence "red.."): the next tokens then return to the open sentence's
-plan, and the positions already fed with the later plan keep it and are listed in
-``GenerationResult.unaligned_positions`` (``token_plan_sentence`` records every position's plan).
-
-With ``use_cache`` the KV cache (``past_key_values``) is extended token by token; without it, every
-step re-runs the whole window (the reference the cache is tested against). When the sequence
-reaches the LM's position limit, the window slides (the oldest half is dropped and the cache rebuilt).
-
-Letters: K paths, T horizon, E sentence-embedding width, D LM width, V vocabulary.
-"""
+"""The ``generate`` command: continue a prompt or a test article's prefix with a planned LM
+(``planlm.evaluate.generator``) and show each generated sentence's plan with example sentences of its
+actions; also the sentence embedders that generation and ``edit-distance`` use for generated text."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Literal, Optional
 
 import numpy as np
-import torch
 
-from planlm.data.artifacts import PreparedDataset, PreparedSplit
-from planlm.data.resources import load_tokenizer, split_sentences
-from planlm.evaluate.perplexity import (Conditioning, EvalConditioning, autocast, load_checked, load_planner,
-                                        resolve_conditioning, resolve_device)
-from planlm.plans.policy import PathPolicy, path_mask_from_counts, sample_with_policy
-from planlm.utils import PlanlmError, write_json
-
-EmbedFn = Callable[[list[str]], np.ndarray]
-
-
-@dataclass
-class SamplingConfig:
-    """How tokens are drawn."""
-
-    max_new_tokens: int = 128
-    """Tokens to generate."""
-    temperature: float = 1.0
-    """Softmax temperature of the LM (0 = greedy)."""
-    top_k: Optional[int] = None
-    """Keep only the k most likely tokens (None: off)."""
-    top_p: Optional[float] = None
-    """Nucleus sampling: keep the smallest set of tokens with this much probability (None: off)."""
-    use_cache: bool = True
-    """Extend a KV cache token by token (False: re-run the window every step; same result, slower)."""
-
-    def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise PlanlmError(f"--sampling.max_new_tokens {self.max_new_tokens} must be >= 1")
-        if self.temperature < 0:
-            raise PlanlmError(f"--sampling.temperature {self.temperature} must be >= 0 (0 = greedy)")
-        if self.top_k is not None and self.top_k < 1:
-            raise PlanlmError(f"--sampling.top_k {self.top_k} must be >= 1")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise PlanlmError(f"--sampling.top_p {self.top_p} must be in (0, 1]")
-
-
-@dataclass
-class PlanRecord:
-    """One planner call for one boundary of the document."""
-
-    sentence: int
-    """Index (in the document) of the sentence this plan is for."""
-    context_sentences: int
-    """How many complete sentences the planner saw."""
-    action_paths: list
-    """(K, T) sampled action ids."""
-    path_mask: list
-    """(K, T) which steps are valid."""
-
-
-@dataclass
-class Prompt:
-    """What generation starts from: tokens, complete sentences and the plans of the prompt's tokens."""
-
-    input_ids: list[int]
-    text_before_open: str
-    """Prompt text of the complete sentences (shown, not re-split)."""
-    open_text: str
-    """Text of the prompt's open (unfinished) sentence; "" at a sentence boundary."""
-    context_embeds: np.ndarray
-    """(S, E) embeddings of the complete sentences of the document (the planner's context)."""
-    token_sentence: list[int]
-    """Document sentence whose plan conditions each prompt token."""
-    sentence_contexts: dict
-    """document sentence -> (S_j, E) planner context for the plans of the prompt's tokens."""
-    oracle_sentences: Optional[list[int]] = None
-    """Split-global sentence of each document sentence (article prefixes; for oracle plans)."""
-
-
-@dataclass
-class GenerationResult:
-    prompt: str
-    text: str
-    """The generated continuation."""
-    sentences: list = field(default_factory=list)
-    """Generated sentences with their plan: {text, complete, plan: {action_paths, actions: {id: nearest sentence}}}."""
-    planner_calls: int = 0
-    rollbacks: int = 0
-    lm_calls: int = 0
-    token_ids: list = field(default_factory=list)
-    token_logprobs: list = field(default_factory=list)
-    """log p(token) of every generated token under the LM (temperature 1, no top-k/top-p)."""
-    token_plan_sentence: list = field(default_factory=list)
-    """For every input position (prompt + generated): the document sentence whose plan conditioned it."""
-    unaligned_positions: list = field(default_factory=list)
-    """Positions fed with the next sentence's plan before the splitter merged that sentence end away."""
-
-    def format(self) -> str:
-        lines = [f"PROMPT: {self.prompt.strip()}", ""]
-        for i, sentence in enumerate(self.sentences):
-            lines.append(f"[{i + 1}] {sentence['text'].strip()}")
-            plan = sentence.get("plan")
-            if plan:
-                for k, path in enumerate(plan["action_paths"]):
-                    lines.append(f"      path {k + 1}: " + " -> ".join(str(a) for a in path))
-                for action, example in plan.get("actions", {}).items():
-                    lines.append(f"      action {action}: {example!r}")
-        lines.append(f"({self.planner_calls} planner calls, {self.rollbacks} rollbacks, {len(self.token_ids)} tokens)")
-        return "\n".join(lines)
+from planlm.data.artifacts import PreparedDataset
+from planlm.data.resources import load_tokenizer
+from planlm.evaluate.generator import EmbedFn, GenerationResult, PlannedGenerator, Prompt, SamplingConfig
+from planlm.evaluate.loading import load_checked
+from planlm.models.planner import Planner
+from planlm.plans.spec import PlanKind, PlanSpec, evaluation_spec
+from planlm.utils import PlanlmError, resolve_device, write_json
 
 
 def encoder_embed_fn(prepared: PreparedDataset) -> EmbedFn:
@@ -196,343 +76,42 @@ def action_examples(prepared: PreparedDataset, split: str = "train") -> Callable
     return example
 
 
-class PlannedGenerator:
-    """Generates from a PlannedLM with re-planning at generated sentence ends (see the module docstring)."""
-
-    def __init__(self, model, tokenizer, conditioning: EvalConditioning, *, planner=None,
-                 embed_fn: EmbedFn | None = None, split: PreparedSplit | None = None,
-                 sentence_splitter: str = "sentencizer", device: str | torch.device = "cpu", seed: int = 0,
-                 precision: str = "auto"):
-        self.model = model.to(device).eval()
-        self.precision = precision  # autocast of the LM, the adapter and the planner (auto: bf16 on CUDA)
-        self.tokenizer = tokenizer
-        # A hand-built EvalConditioning may leave the policy's max_paths unset: K = its num_paths.
-        self.cond = replace(conditioning, path_policy=conditioning.path_policy.resolve(conditioning.num_paths))
-        self.planner = planner.to(device).eval() if planner is not None else None
-        self.embed_fn = embed_fn
-        self.split = split
-        self.sentence_splitter = sentence_splitter
-        self.device = torch.device(device)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        if conditioning.conditioning.startswith("planner") and planner is None:
-            raise PlanlmError(f"conditioning {conditioning.conditioning} needs a planner (set --planner_dir)")
-        if conditioning.conditioning == "oracle" and split is None:
-            raise PlanlmError("oracle plans in generation need a test article's prefix (set --article)")
-        config = model.lm.config
-        self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 1024)
-        self.planner_calls = 0
-        self.lm_calls = 0
-        self.paths_sampled: list[int] = []  # paths per planned boundary (the path policy's counts)
-
-    # ------------------------------------------------------------------------------ prompts
-    def prompt_from_text(self, text: str, history_embeds: np.ndarray | None = None) -> Prompt:
-        """A free prompt: its sentences (all but the last complete) embedded with ``embed_fn``."""
-        ids = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        input_ids, offsets = list(ids["input_ids"]), np.asarray(ids["offset_mapping"], dtype=np.int64).reshape(-1, 2)
-        if not input_ids:
-            raise PlanlmError("--prompt is empty: give some text (or --article for a test article's prefix)")
-        spans = split_sentences([text], self.sentence_splitter)[0] or [(0, len(text))]
-        complete = spans[:-1]
-        width = self.cond_embedding_width()
-        history = np.zeros((0, width), np.float32) if history_embeds is None else np.asarray(history_embeds, np.float32)
-        embeds = self._embed([text[a:b] for a, b in complete]) if complete else np.zeros((0, width), np.float32)
-        context = np.concatenate([history, embeds]) if len(embeds) else history
-        from planlm.data.tokens import assign_tokens_to_sentences
-
-        local = assign_tokens_to_sentences(offsets, np.asarray(spans, dtype=np.int64))  # (L,) prompt sentence
-        local = _plan_alignment(local)
-        first = len(history)
-        token_sentence = [first + int(j) for j in local]
-        contexts = {first + j: context[:first + j] for j in range(len(spans))}
-        return Prompt(input_ids, text[:spans[-1][0]], text[spans[-1][0]:], context, token_sentence, contexts)
-
-    def prompt_from_article(self, split: PreparedSplit, article: int, boundary: int, context_length: int = 128) -> Prompt:
-        """The <= context_length tokens of ``article`` before its sentence ``boundary`` (article-local),
-        planned from the true sentences and their prepared embeddings."""
-        sentences = split.sentence_range(article)
-        if not 1 <= boundary <= len(sentences):
-            raise PlanlmError(f"{split.path}: article {article} has {len(sentences)} sentences; --boundary must be in "
-                              f"[1, {len(sentences)}] (the number of true sentences before the generated text)")
-        s = sentences.start + boundary
-        tokens = split.token_range(article)
-        token_sentence = np.asarray(split.token_sentence[tokens.start:tokens.stop])
-        begin = tokens.start + int(np.searchsorted(token_sentence, s))  # first token of sentence s
-        start = max(tokens.start, begin - context_length)
-        if begin == start:
-            raise PlanlmError(f"{split.path}: article {article} has no token before sentence {boundary}")
-        plan_sentence = np.asarray(split.token_plan_sentence[start:begin]) - sentences.start  # document-local
-        context = np.asarray(split.embeddings[sentences.start:s], dtype=np.float32)  # (S, E) true embeddings
-        contexts = {int(j): context[:int(j)] for j in np.unique(plan_sentence)}
-        text = split.articles[article]["text"]
-        first_char = int(split.sentence_spans[int(split.token_sentence[start])][0])
-        prompt_text = text[:int(split.sentence_spans[s - 1][1])]
-        return Prompt([int(t) for t in split.input_ids[start:begin]], prompt_text[first_char:], "",
-                      context, [int(j) for j in plan_sentence], contexts, list(sentences))
-
-    def cond_embedding_width(self) -> int:
-        if self.planner is not None:
-            return self.planner.config.embedding_dim
-        if self.model.codebook is not None:
-            return int(self.model.codebook.shape[1])
-        return 1
-
-    def _embed(self, texts: list[str]) -> np.ndarray:
-        if self.cond.conditioning in ("none", "fixed", "oracle") and self.embed_fn is None:
-            return np.zeros((len(texts), self.cond_embedding_width()), np.float32)  # the planner is not used
-        if self.embed_fn is None:
-            raise PlanlmError("generation needs an embed_fn for the generated sentences (the corpus's encoder)")
-        return np.asarray(self.embed_fn(list(texts)), dtype=np.float32)
-
-    # ------------------------------------------------------------------------------ planning
-    @torch.no_grad()
-    def plan(self, contexts: list[np.ndarray], sentences: list[int], oracle: list[int] | None = None):
-        """One planner call for several boundaries -> action_paths (B, K, T), path_mask (B, K, T), vectors (B, D)."""
-        kind, num_paths, horizon = self.cond.conditioning, self.cond.num_paths, self.cond.horizon
-        batch = len(contexts)
-        if kind == "none":
-            return None, None, None
-        if kind == "fixed":
-            paths = torch.full((batch, num_paths, horizon), self.cond.fixed_action, dtype=torch.long)
-            mask = torch.ones_like(paths, dtype=torch.bool)
-        elif kind == "oracle":
-            from planlm.data.windows import OracleActions
-
-            if oracle is None:
-                raise PlanlmError("oracle plans need a test article's prefix (prompt_from_article / --article)")
-            source = OracleActions(self.split, num_paths, horizon)
-            inside = [s < len(oracle) for s in sentences]
-            global_sentences = np.asarray([oracle[s] if ok else oracle[-1] for s, ok in zip(sentences, inside)])
-            paths, mask = source(global_sentences)
-            mask = mask & torch.tensor(inside)[:, None, None]  # past the article's end: no information
-        else:
-            width = self.planner.config.embedding_dim
-            max_sentences = self.planner.config.max_sentences
-            contexts = [c[-max_sentences:] if len(c) else np.zeros((0, width), np.float32) for c in contexts]
-            longest = max(len(c) for c in contexts)
-            context_embeds = torch.zeros(batch, longest, width)  # (B, S, E)
-            context_mask = torch.zeros(batch, longest, dtype=torch.bool)  # (B, S)
-            for i, c in enumerate(contexts):
-                context_embeds[i, :len(c)] = torch.from_numpy(np.array(c, np.float32))
-                context_mask[i, :len(c)] = True
-            context_embeds, context_mask = context_embeds.to(self.device), context_mask.to(self.device)
-            self.planner_calls += 1
-            with autocast(self.device, self.precision):
-                if kind == "planner_argmax":
-                    paths = self.planner.argmax_path(context_embeds, context_mask, horizon)
-                    paths = paths[:, None].expand(-1, num_paths, -1)
-                    mask = torch.ones_like(paths, dtype=torch.bool)
-                else:
-                    paths, counts = sample_with_policy(self.planner, context_embeds, context_mask,
-                                                       self.cond.path_policy, horizon, self.cond.temperature,
-                                                       self.generator)  # (B, K, T), (B,)
-                    mask = path_mask_from_counts(counts, paths.shape[1], horizon)
-                    self.paths_sampled += counts.tolist()
-        paths, mask = paths.to(self.device), mask.to(self.device)
-        with autocast(self.device, self.precision):
-            vectors = self.model.plan_vectors(paths, mask).float()  # (B, D)
-        return paths, mask, vectors
-
-    # ------------------------------------------------------------------------------ decoding
-    def _sample(self, logits: torch.Tensor, sampling: SamplingConfig) -> int:
-        logits = logits.float()[None]  # (1, V)
-        if sampling.temperature == 0:
-            return int(logits.argmax(-1))
-        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-        logits = TemperatureLogitsWarper(sampling.temperature)(None, logits)
-        if sampling.top_k is not None:
-            logits = TopKLogitsWarper(sampling.top_k)(None, logits)
-        if sampling.top_p is not None:
-            logits = TopPLogitsWarper(sampling.top_p)(None, logits)
-        probs = torch.softmax(logits, -1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
-
-    @torch.no_grad()
-    def _next_logits(self, state: dict, use_cache: bool) -> torch.Tensor:
-        ids, position_plan = state["ids"], state["position_plan"]
-        if len(ids) - state["window_start"] >= self.max_positions:  # slide: drop the oldest half
-            state["window_start"] = len(ids) - self.max_positions // 2
-            state["cache"], state["cached"] = None, 0
-        begin = state["window_start"] + (state["cached"] if use_cache else 0)
-        input_ids = torch.tensor(ids[begin:], device=self.device)[None]  # (1, L)
-        kwargs = {}
-        if state["vectors"]:
-            table = torch.stack(state["vectors"])  # (P, D) every plan made so far
-            kwargs["plan_embeds"] = table[torch.tensor(position_plan[begin:], device=self.device)][None]  # (1, L, D)
-        self.lm_calls += 1
-        with autocast(self.device, self.precision):
-            if use_cache:
-                out = self.model(input_ids=input_ids, past_key_values=state["cache"], use_cache=True,
-                                 logits_to_keep=1, **kwargs)
-                state["cache"], state["cached"] = out.past_key_values, len(ids) - state["window_start"]
-            else:
-                out = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1, **kwargs)
-        return out.logits[0, -1]  # (V,)
-
-    def _add_plans(self, state: dict, paths, mask, vectors, sentences: list[int], contexts: list[np.ndarray]) -> list[int]:
-        ids = []
-        for i, sentence in enumerate(sentences):
-            if vectors is not None:
-                state["vectors"].append(vectors[i])
-            state["records"].append(PlanRecord(sentence, len(contexts[i]),
-                                               paths[i].tolist() if paths is not None else [],
-                                               mask[i].tolist() if mask is not None else []))
-            ids.append(len(state["records"]) - 1)
-        return ids
-
-    @torch.no_grad()
-    def generate(self, prompt: Prompt, sampling: SamplingConfig | None = None) -> GenerationResult:
-        sampling = sampling or SamplingConfig()
-        self.planner_calls = self.lm_calls = 0
-        state = {"ids": list(prompt.input_ids), "position_plan": [], "vectors": [], "records": [], "cache": None,
-                 "cached": 0, "window_start": 0, "logprobs": []}
-        # Plans of the prompt's tokens (one batched planner call) and of the open sentence.
-        prompt_sentences = sorted(set(prompt.token_sentence))
-        contexts = [prompt.sentence_contexts[j] for j in prompt_sentences]
-        paths, mask, vectors = self.plan(contexts, prompt_sentences, prompt.oracle_sentences)
-        plan_ids = dict(zip(prompt_sentences, self._add_plans(state, paths, mask, vectors, prompt_sentences, contexts)))
-        state["position_plan"] = [plan_ids[j] for j in prompt.token_sentence]
-        doc_context = prompt.context_embeds  # (S, E) complete sentences
-        open_sentence = len(doc_context)  # document index of the sentence being written
-        if open_sentence in plan_ids:
-            current_plan = plan_ids[open_sentence]
-        else:
-            paths, mask, vectors = self.plan([doc_context], [open_sentence], prompt.oracle_sentences)
-            current_plan = self._add_plans(state, paths, mask, vectors, [open_sentence], [doc_context])[0]
-        prompt_len = len(prompt.input_ids)
-        plan_of_sentence = {open_sentence: current_plan}
-        complete_texts: list[str] = []
-        num_complete, last_rollback, rollbacks = 0, -1, 0
-        first_open = open_sentence  # document index of the first sentence of the open text
-        unaligned: set[int] = set()
-        embed_cache: dict[str, np.ndarray] = {}
-        steps = 0
-        while len(state["ids"]) - prompt_len < sampling.max_new_tokens and steps < 4 * sampling.max_new_tokens:
-            steps += 1
-            logits = self._next_logits(state, sampling.use_cache)  # (V,)
-            token = self._sample(logits, sampling)
-            state["logprobs"].append(float(torch.log_softmax(logits.float(), -1)[token]))
-            state["ids"].append(token)
-            state["position_plan"].append(current_plan)
-            generated = state["ids"][prompt_len:]
-            open_text = prompt.open_text + self.tokenizer.decode(generated)
-            spans = split_sentences([open_text], self.sentence_splitter)[0]
-            complete = spans[:-1]
-            if len(complete) < num_complete:
-                # The splitter merged sentences again (e.g. "red." + "." = "red.."): the open sentence is an
-                # earlier one, so its plan conditions the next tokens. Positions already fed with the later
-                # plan keep it (they are reported as unaligned, not silently re-conditioned).
-                num_complete = len(complete)
-                current_plan = plan_of_sentence[first_open + num_complete]
-                state["position_plan"][-1] = current_plan
-                fed = state["position_plan"][:-1]
-                unaligned.update(p for p in range(max(last_rollback - 1, prompt_len - 1), len(fed))
-                                 if state["records"][fed[p]].sentence > first_open + num_complete)
-                continue
-            if len(complete) == num_complete:
-                continue
-            # One more complete sentence: re-plan the new open sentence from every complete one.
-            num_complete = len(complete)
-            complete_texts = [open_text[a:b] for a, b in complete]
-            new = [t for t in complete_texts if t not in embed_cache]
-            if new:
-                embed_cache.update(zip(new, self._embed(new)))
-            context = np.concatenate([prompt.context_embeds] + [embed_cache[t][None] for t in complete_texts])
-            open_sentence = len(context)
-            paths, mask, vectors = self.plan([context], [open_sentence], prompt.oracle_sentences)
-            current_plan = self._add_plans(state, paths, mask, vectors, [open_sentence], [context])[0]
-            plan_of_sentence[open_sentence] = current_plan
-            # First generated token of the new sentence: the first whose last character lies after the
-            # end of the last complete sentence (as in planlm.data.tokens).
-            boundary_char = complete[-1][1] - len(prompt.open_text)
-            first_new = prompt_len + _first_token_after(self.tokenizer, generated, boundary_char)
-            if prompt_len <= first_new < len(state["ids"]) and first_new > last_rollback:
-                rollbacks += 1
-                last_rollback = first_new
-                del state["ids"][first_new:], state["position_plan"][first_new:]
-                del state["logprobs"][first_new - prompt_len:]
-                state["position_plan"][first_new - 1] = current_plan  # the previous sentence's last token
-                keep = first_new - 1 - state["window_start"]
-                if state["cache"] is not None and keep > 0:
-                    if state["cached"] > keep:  # a negative crop removes tokens in every transformers version
-                        state["cache"].crop(keep - state["cached"])
-                    state["cached"] = keep
-                else:
-                    state["cache"], state["cached"] = None, 0
-            else:
-                state["position_plan"][-1] = current_plan  # not fed yet: it gets the new plan
-        generated = state["ids"][prompt_len:]
-        open_text = prompt.open_text + self.tokenizer.decode(generated)
-        spans = split_sentences([open_text], self.sentence_splitter)[0]
-        sentences = []
-        for j, (a, b) in enumerate(spans):
-            record = state["records"][plan_of_sentence.get(first_open + j, current_plan)]
-            sentences.append({"text": open_text[a:b], "complete": j < len(spans) - 1,
-                              "plan": {"action_paths": record.action_paths, "path_mask": record.path_mask,
-                                       "context_sentences": record.context_sentences}
-                              if record.action_paths else None})
-        return GenerationResult(prompt=prompt.text_before_open + prompt.open_text,
-                                text=self.tokenizer.decode(generated), sentences=sentences,
-                                planner_calls=self.planner_calls, rollbacks=rollbacks, lm_calls=self.lm_calls,
-                                token_ids=generated, token_logprobs=state["logprobs"],
-                                token_plan_sentence=[state["records"][p].sentence for p in state["position_plan"]],
-                                unaligned_positions=sorted(p for p in unaligned if p < len(state["ids"])))
-
-
-def _plan_alignment(local_sentence: np.ndarray) -> np.ndarray:
-    """ANCHORS convention within one text: the last token of a sentence carries the next sentence."""
-    plan = local_sentence.copy()
-    move = np.flatnonzero(local_sentence[1:] != local_sentence[:-1])
-    plan[move] = local_sentence[move + 1]
-    return plan
-
-
-def _first_token_after(tokenizer, token_ids: list[int], char: int) -> int:
-    """Index of the first token whose decoded text ends after character ``char`` of decode(token_ids)."""
-    for i in range(len(token_ids)):
-        if len(tokenizer.decode(token_ids[:i + 1])) > char:
-            return i
-    return len(token_ids)
-
-
-def generate_text(model, tokenizer, prompt: str, *, conditioning: EvalConditioning | None = None, planner=None,
+def generate_text(model, tokenizer, prompt: str, *, plans: PlanSpec | None = None, planner=None,
                   embed_fn: EmbedFn | None = None, sampling: SamplingConfig | None = None, seed: int = 0,
                   device: str = "cpu", precision: str = "auto") -> GenerationResult:
-    """Python API: continue ``prompt`` with a PlannedLM (plans from ``planner`` when conditioning asks)."""
-    conditioning = conditioning or EvalConditioning("none", 1, 1, 1.0, 0, 0, None, None)
-    generator = PlannedGenerator(model, tokenizer, conditioning, planner=planner, embed_fn=embed_fn,
+    """Python API: continue ``prompt`` with a PlannedLM (plans from ``planner`` when ``plans`` asks; default none)."""
+    generator = PlannedGenerator(model, tokenizer, plans or PlanSpec(), planner=planner, embed_fn=embed_fn,
                                  device=device, seed=seed, precision=precision)
     return generator.generate(generator.prompt_from_text(prompt), sampling)
 
 
-def build_generator(model_dir: str, prepared_dir: str, split: str, conditioning: Optional[str], num_paths, horizon,
-                    plan_temperature, plan_seed, fixed_action, planner_dir, device: str, seed: int,
-                    embed_fn: EmbedFn | None = None, precision: str = "auto", path_policy: PathPolicy | None = None):
-    """Load everything a command needs: (generator, prepared dataset, split view)."""
+def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSpec, device: str, seed: int,
+                    embed_fn: EmbedFn | None = None, precision: str = "auto"):
+    """Load everything a command needs: (generator, prepared dataset, split view). ``plans`` overrides the
+    model's own plans field by field."""
+    if plans.plans_dir:
+        raise PlanlmError("--plans.plans_dir: generation plans the text it writes, so it needs the planner; set "
+                          "--plans.planner_dir instead (default: the model's)")
     prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
-    cond = resolve_conditioning(model, conditioning, num_paths, horizon, plan_temperature, plan_seed, fixed_action,
-                                planner_dir, None, model_dir, path_policy)
+    spec = evaluation_spec(plans, model, model_dir)
+    spec.check_source()
     torch_device = resolve_device(device)
-    planner = load_planner(cond.planner_dir, prepared, torch_device) if cond.planner_dir else None
+    planner = Planner.for_corpus(spec.planner_dir, prepared, torch_device) if spec.planner_dir else None
     if (Path(model_dir) / "planned_lm.json").is_file():
         tokenizer = model.load_tokenizer(model_dir)
     else:
         tokenizer = load_tokenizer(prepared.tokenizer_name)
-    needs_embeddings = cond.conditioning.startswith("planner")
-    embed_fn = embed_fn or (encoder_embed_fn(prepared) if needs_embeddings else None)
+    embed_fn = embed_fn or (encoder_embed_fn(prepared) if spec.kind.uses_planner else None)
     splitter = prepared.manifest.get("config", {}).get("sentences", {}).get("splitter", "sentencizer")
-    generator = PlannedGenerator(model, tokenizer, cond, planner=planner, embed_fn=embed_fn, split=split_view,
+    generator = PlannedGenerator(model, tokenizer, spec, planner=planner, embed_fn=embed_fn, split=split_view,
                                  sentence_splitter=splitter, device=torch_device, seed=seed, precision=precision)
     return generator, prepared, split_view
 
 
 def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, article: Optional[int] = None,
              boundary: int = 1, split: str = "test", sampling: SamplingConfig = SamplingConfig(),
-             conditioning: Optional[Conditioning] = None, num_paths: Optional[int] = None,
-             horizon: Optional[int] = None, plan_temperature: Optional[float] = None,
-             fixed_action: Optional[int] = None, planner_dir: Optional[str] = None, context_length: int = 128,
-             seed: int = 0, device: str = "auto", precision: Literal["auto", "fp32", "bf16"] = "auto",
-             out_file: Optional[str] = None, path_policy: PathPolicy = PathPolicy()) -> dict:
+             plans: PlanSpec = PlanSpec(), context_length: int = 128, seed: int = 0, device: str = "auto",
+             precision: Literal["auto", "fp32", "bf16"] = "auto", out_file: Optional[str] = None) -> dict:
     """Generate text with a planned LM, re-planning at every generated sentence end, and show the plans.
 
     For each generated sentence it prints the sampled action paths and, for each action, the train
@@ -546,43 +125,25 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
         boundary: With --article: how many of its sentences form the prefix (generation starts the next one).
         split: Split of --article.
         sampling: How tokens are drawn (max_new_tokens, temperature, top_k, top_p, use_cache).
-        conditioning: none, fixed, oracle (needs --article), planner_argmax, planner_sampled; default: the model's.
-        num_paths: K paths per plan; default: the model's.
-        horizon: T actions per path; default: the model's.
-        plan_temperature: Planner sampling temperature tau; default: the model's.
-        fixed_action: Action of the fixed baseline; default: the model's.
-        planner_dir: Planner folder; default: the model's.
+        plans: The plans (kind: none, fixed, oracle (needs --article), planner_argmax, planner_sampled; num_paths,
+            horizon, temperature, seed, fixed_action, planner_dir, path_policy); unset fields: the model's own.
         context_length: With --article: prefix tokens at most.
         seed: Seed of token and plan sampling.
         device: auto, cpu, cuda ...
         precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16; for the LM, the adapter and the
             planner.
         out_file: Also write the result as JSON here.
-        path_policy: Paths per boundary of sampled plans: fixed (num_paths), entropy or converge (at most num_paths).
 
     Returns:
         The result: prompt, text, sentences with their plans, planner_calls, rollbacks.
     """
     if (prompt is None) == (article is None):
         raise PlanlmError("give exactly one of --prompt TEXT or --article N (a test article's prefix)")
-    generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, conditioning, num_paths, horizon,
-                                                      plan_temperature, None, fixed_action, planner_dir, device, seed,
-                                                      precision=precision, path_policy=path_policy)
-    if article is not None:
-        if not 0 <= article < split_view.num_articles:
-            raise PlanlmError(f"--article {article}: {split_view.path} has articles 0..{split_view.num_articles - 1}")
-        start = generator.prompt_from_article(split_view, article, boundary, context_length)
-    else:
-        if generator.cond.conditioning == "oracle":
-            raise PlanlmError("--conditioning oracle needs --article (the true future of a test article)")
-        start = generator.prompt_from_text(prompt)
+    generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, plans, device, seed,
+                                                      precision=precision)
+    start = _start(generator, split_view, prompt, article, boundary, context_length)
     result = generator.generate(start, sampling)
-    examples = action_examples(prepared)
-    for sentence in result.sentences:
-        if sentence["plan"]:
-            used = sorted({a for path, valid in zip(sentence["plan"]["action_paths"], sentence["plan"]["path_mask"])
-                           for a, ok in zip(path, valid) if ok})
-            sentence["plan"]["actions"] = {int(a): examples(a) for a in used}
+    _add_action_examples(result, prepared)
     print(result.format())
     out = asdict(result)
     if out_file:
@@ -590,5 +151,27 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
     return out
 
 
-__all__ = ["PlannedGenerator", "SamplingConfig", "GenerationResult", "generate", "generate_text",
-           "encoder_embed_fn", "synthetic_embed_fn"]
+
+def _start(generator: PlannedGenerator, split_view, prompt: Optional[str], article: Optional[int], boundary: int,
+           context_length: int) -> Prompt:
+    """The prompt of the command: a test article's prefix or free text."""
+    if article is not None:
+        if not 0 <= article < split_view.num_articles:
+            raise PlanlmError(f"--article {article}: {split_view.path} has articles 0..{split_view.num_articles - 1}")
+        return generator.prompt_from_article(split_view, article, boundary, context_length)
+    if generator.spec.kind == PlanKind.oracle:
+        raise PlanlmError("--plans.kind oracle needs --article (the true future of a test article)")
+    return generator.prompt_from_text(prompt)
+
+
+def _add_action_examples(result: GenerationResult, prepared: PreparedDataset) -> None:
+    """Each plan's actions, each with the train sentence nearest its centroid (``plan.actions``)."""
+    examples = action_examples(prepared)
+    for sentence in result.sentences:
+        if sentence["plan"]:
+            used = sorted({a for path, valid in zip(sentence["plan"]["action_paths"], sentence["plan"]["path_mask"])
+                           for a, ok in zip(path, valid) if ok})
+            sentence["plan"]["actions"] = {int(a): examples(a) for a in used}
+
+
+__all__ = ["generate", "generate_text", "build_generator", "encoder_embed_fn", "synthetic_embed_fn", "action_examples"]

@@ -1,6 +1,6 @@
 """Perplexity of a (planned) LM on a prepared split: the reference protocol and its faster variants.
 
-Reference protocol (ANCHORS.md): every token of an article but its first (it has no context) is
+Reference protocol (the predecessor's, Cornille et al.): every token of an article but its first (it has no context) is
 scored with up to 127 tokens of in-article context, i.e. by the last position of a stride-1 window
 of at most 128 tokens. ``--stride S`` scores S tokens per 128-token window; ``--stride 128`` gives
 plain non-overlapping windows. PPL = exp(total NLL / scored tokens).
@@ -25,6 +25,7 @@ N sentences, V vocabulary.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,7 +37,8 @@ import torch.nn.functional as F
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
-from planlm.utils import PlanlmError, file_sha256, fingerprint, prepare_stage_dir, read_manifest, write_json, write_manifest
+from planlm.evaluate.loading import load_checked, model_fingerprint
+from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, write_json, write_manifest
 from planlm.plans.policy import paths_summary
 from planlm.plans.sources import plan_source
 from planlm.plans.spec import PlanKind, PlanSpec, evaluation_spec
@@ -138,60 +140,6 @@ def plan_vector_table(model, source, sentences: np.ndarray, num_sentences: int, 
     return table
 
 
-def load_model(model_dir: str | Path):
-    """A PlannedLM from a ``train-lm`` folder, or a bare HF causal-LM folder wrapped as plans kind ``none``."""
-    from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
-
-    model_dir = Path(model_dir)
-    if (model_dir / "planned_lm.json").is_file():
-        return PlannedLM.from_pretrained(model_dir)
-    if (model_dir / "config.json").is_file():
-        from transformers import AutoModelForCausalLM
-
-        return PlannedLM(PlannedLMConfig(tokenizer=str(model_dir)),
-                         AutoModelForCausalLM.from_pretrained(str(model_dir)))
-    raise PlanlmError(f"{model_dir}: no model here (neither planned_lm.json nor an HF config.json); give the out_dir "
-                      f"of a finished `planlm train-lm` or an HF model folder")
-
-
-def model_fingerprint(model_dir: str | Path) -> str:
-    """Identity of a model folder for the evaluation cache key: the hashes of its weight files."""
-    model_dir = Path(model_dir)
-    files = sorted(p for p in model_dir.rglob("*.safetensors") if "checkpoints" not in p.parts)
-    files += sorted(model_dir.rglob("*.json")) if not files else []
-    return fingerprint({str(p.relative_to(model_dir)): file_sha256(p) for p in files})
-
-
-def load_checked(model_dir: str, prepared_dir: str, split: str):
-    """(prepared dataset, split view, model) after checking that the model fits the prepared corpus."""
-    prepared = PreparedDataset(prepared_dir)
-    split_view = prepared.split(split)
-    model = load_model(model_dir)
-    check_compatible(model, prepared, split_view, model_dir)
-    return prepared, split_view, model
-
-
-def check_compatible(model, prepared: PreparedDataset, split: PreparedSplit, model_dir: str) -> None:
-    config = model.config
-    vocab = model.lm.get_input_embeddings().num_embeddings
-    if split.num_tokens and int(np.max(split.input_ids)) >= vocab:
-        raise PlanlmError(f"{split.path}/input_ids.npy: token id {int(np.max(split.input_ids))} is outside the "
-                          f"{vocab}-token vocabulary of {model_dir}; evaluate on a corpus prepared with the model's "
-                          f"tokenizer")
-    if (Path(model_dir) / "planned_lm.json").is_file() and config.tokenizer != prepared.tokenizer_name:
-        raise PlanlmError(f"{model_dir}/planned_lm.json: tokenizer {config.tokenizer!r} differs from the prepared "
-                          f"corpus's {prepared.tokenizer_name!r} ({prepared.path}); evaluate on a corpus prepared "
-                          f"with the model's tokenizer")
-    if model.adapter is not None:
-        if config.codebook_hash and config.codebook_hash != prepared.codebook_hash:
-            raise PlanlmError(f"{model_dir}/planned_lm.json: the adapter was trained on codebook "
-                              f"{config.codebook_hash[:12]} but {prepared.path} has {prepared.codebook_hash[:12]}; "
-                              f"evaluate on the prepared corpus the model was trained on")
-        if model.adapter.config.num_actions != prepared.num_actions:
-            raise PlanlmError(f"{model_dir}: the adapter knows {model.adapter.config.num_actions} actions but "
-                              f"{prepared.path} has {prepared.num_actions}; evaluate on the corpus it was trained on")
-
-
 def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec: PlanSpec,
                    num_articles: int, stride: int = 1, context_length: int = 128, batch_size: int = 32,
                    device: str | torch.device = "cpu", precision: str = "auto", plan_usage: bool = False) -> dict:
@@ -255,9 +203,9 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         prepared_dir: Prepared corpus (same tokenizer and codebook as the model's).
         out_dir: Evaluation folder to write.
         split: Split to evaluate.
-        plans: The plans to evaluate with (kind, K, T, tau, seed, fixed_action, planner_dir, plans_dir,
-            path_policy); every field left unset is the model's own (planlm.plans.spec). A plans_dir reads a
-            plan cache instead of running the planner, with the path policy it was sampled under.
+        plans: The plans to evaluate with (kind, num_paths K, horizon T, temperature tau, seed, fixed_action,
+            planner_dir, plans_dir, path_policy); every field left unset is the model's own (planlm.plans.spec).
+            A plans_dir reads a plan cache instead of running the planner, with the path policy it was sampled under.
         stride: 1 = the reference protocol (every token with up to context_length - 1 tokens of context);
             S scores the last S tokens of each context_length window; context_length = non-overlapping.
         context_length: Window length in tokens (context + scored token).
@@ -275,14 +223,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     Returns:
         The metrics dict (also in ``<out_dir>/metrics.json``).
     """
-    if not 1 <= stride <= context_length:
-        raise PlanlmError(f"--stride {stride} must be in [1, --context_length={context_length}]")
-    if context_length < 2:
-        raise PlanlmError(f"--context_length {context_length} must be >= 2")
-    if batch_size < 1:
-        raise PlanlmError(f"--batch_size {batch_size} must be >= 1")
-    if max_articles is not None and max_articles < 1:
-        raise PlanlmError(f"--max_articles {max_articles} must be >= 1")
+    _check_protocol(stride, context_length, batch_size, max_articles)
     prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
     spec = evaluation_spec(plans, model, model_dir)
     spec.check_source()
@@ -302,11 +243,34 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
               "plans": plans_manifest["config_fingerprint"] if spec.plans_dir else None}
     out = Path(out_dir)
     if prepare_stage_dir(out, config):
-        import json
-
         return json.loads((out / "metrics.json").read_text())
     result = evaluate_split(model, prepared, split_view, spec, num_articles, stride, context_length, batch_size,
                             torch_device, precision, plan_usage)
+    metrics = _metrics(result, spec, split_view, num_articles, plans_manifest, stride=stride,
+                       context_length=context_length, bootstrap_samples=bootstrap_samples, confidence=confidence,
+                       plan_usage=plan_usage, model_dir=model_dir, prepared_dir=prepared_dir, split=split,
+                       device=torch_device, precision=precision)
+    _write_evaluation(out, config, metrics, result, split_view, num_articles)
+    _print_summary(metrics, spec, plan_usage)
+    return metrics
+
+
+def _check_protocol(stride: int, context_length: int, batch_size: int, max_articles: Optional[int]) -> None:
+    if not 1 <= stride <= context_length:
+        raise PlanlmError(f"--stride {stride} must be in [1, --context_length={context_length}]")
+    if context_length < 2:
+        raise PlanlmError(f"--context_length {context_length} must be >= 2")
+    if batch_size < 1:
+        raise PlanlmError(f"--batch_size {batch_size} must be >= 1")
+    if max_articles is not None and max_articles < 1:
+        raise PlanlmError(f"--max_articles {max_articles} must be >= 1")
+
+
+def _metrics(result: dict, spec: PlanSpec, split_view: PreparedSplit, num_articles: int,
+             plans_manifest: Optional[dict], *, stride: int, context_length: int, bootstrap_samples: int,
+             confidence: float, plan_usage: bool, model_dir: str, prepared_dir: str, split: str,
+             device: torch.device, precision: str) -> dict:
+    """The contents of metrics.json: perplexity with its bootstrap CI, the compute, the settings."""
     interval = bootstrap_perplexity(result["nll_sums"], result["tokens"], bootstrap_samples, confidence)
     total_tokens = int(result["tokens"].sum())
     metrics = {
@@ -325,13 +289,19 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         "conditioning": str(spec.kind), "K": spec.num_paths, "T": spec.horizon, "tau": spec.temperature,
         "seed": spec.seed, "fixed_action": spec.fixed_action if spec.kind == PlanKind.fixed else None,
         "planner_dir": spec.planner_dir, "plans_dir": spec.plans_dir, "model_dir": str(model_dir),
-        "prepared_dir": str(prepared_dir), "split": split, "device": str(torch_device), "precision": precision,
+        "prepared_dir": str(prepared_dir), "split": split, "device": str(device), "precision": precision,
     }
     if plan_usage:
         from planlm.evaluate.plan_usage import plan_usage_metrics
 
         metrics.update(plan_usage_metrics(result["nll_sums"], result["nll_sums_shuffled"], result["tokens"],
                                           bootstrap_samples, confidence))
+    return metrics
+
+
+def _write_evaluation(out: Path, config: dict, metrics: dict, result: dict, split_view: PreparedSplit,
+                      num_articles: int) -> None:
+    """per_article.csv, num_paths.npy, metrics.json and, last, the manifest."""
     articles = split_view.articles
     write_per_article(out / "per_article.csv", [
         {"article": a, "id": articles[a]["id"], "nll_sum": repr(float(result["nll_sums"][a])),
@@ -339,8 +309,11 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     np.save(out / "num_paths.npy", result["num_paths"])
     write_json(out / "metrics.json", metrics)
     write_manifest(out, config, metrics=metrics)
-    print(f"{model_dir} on {split} ({num_articles} articles, {total_tokens} tokens, {metrics['protocol']}; "
-          f"plans {spec.label()}): "
+
+
+def _print_summary(metrics: dict, spec: PlanSpec, plan_usage: bool) -> None:
+    print(f"{metrics['model_dir']} on {metrics['split']} ({metrics['articles']} articles, {metrics['tokens']} tokens, "
+          f"{metrics['protocol']}; plans {spec.label()}): "
           f"ppl {metrics['ppl']:.3f} [{metrics['ci_low']:.3f}, {metrics['ci_high']:.3f}] "
           f"in {metrics['wall_time_s']:.1f}s ({metrics['tokens_per_s']:.0f} tokens/s; "
           f"{metrics['paths_mean']:.2f} paths per boundary, planner {metrics['planner_time_s']:.1f}s, "
@@ -349,4 +322,3 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         print(f"plan usage: ppl with shuffled plans {metrics['ppl_shuffled_plans']:.3f}, "
               f"{metrics['plan_usage_ppl']:+.3f} [{metrics['plan_usage_ci_low']:+.3f}, "
               f"{metrics['plan_usage_ci_high']:+.3f}] ({metrics['plan_usage_nats']:+.4f} nats/token)")
-    return metrics

@@ -12,14 +12,17 @@ too when not in the list) on the same articles, with its paired bootstrap interv
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal, Optional
 
 from planlm.evaluate.compute_sweep import DEFAULT_POLICIES, compute_points, compute_rows, write_compute_outputs
-from planlm.evaluate.perplexity import Conditioning, evaluate, model_fingerprint
+from planlm.evaluate.loading import model_fingerprint
+from planlm.evaluate.perplexity import evaluate
 from planlm.plans.policy import PathPolicy
+from planlm.plans.spec import PlanKind, PlanSpec
 from planlm.models.planner import planner_hash
-from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, write_manifest
+from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, to_jsonable, write_manifest
 
 COLUMNS = ("value", "ppl", "ci_low", "ci_high", "reference", "paired_diff", "paired_ci_low", "paired_ci_high",
            "wall_time_s", "relative_wall_time", "plan_time_s", "lm_time_s",
@@ -71,10 +74,8 @@ def add_paired_differences(rows: list[dict], reference: float, bootstrap_samples
 def sweep(model_dir: str, prepared_dir: str, out_dir: str,
           kind: Literal["num_paths", "temperature", "compute"] = "num_paths",
           num_paths: list[int] = [1, 2, 5, 10, 20, 50], temperatures: list[float] = [0.25, 0.5, 1.0, 2.0, 4.0],
-          policies: list[PathPolicy] = DEFAULT_POLICIES,
-          conditioning: Conditioning = "planner_sampled", split: str = "test", fixed_num_paths: Optional[int] = None,
-          horizon: Optional[int] = None, temperature: Optional[float] = None, seed: Optional[int] = None,
-          planner_dir: Optional[str] = None, stride: int = 1, context_length: int = 128,
+          policies: list[PathPolicy] = DEFAULT_POLICIES, plans: PlanSpec = PlanSpec(kind=PlanKind.planner_sampled),
+          split: str = "test", stride: int = 1, context_length: int = 128,
           max_articles: Optional[int] = None, batch_size: int = 32, device: str = "auto",
           precision: Literal["auto", "fp32", "bf16"] = "auto", bootstrap_samples: int = 1000) -> Path:
     """Sweep K (sampled paths), tau (planner temperature) or planning compute at inference: perplexity, its
@@ -94,13 +95,9 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
         temperatures: tau values of the temperature sweep (tau = 1, the reference, is added if missing).
         policies: compute sweep: the adaptive path policies at their budgets (max_paths unset: K_max), e.g.
             [{kind: entropy, max_paths: 10}, {kind: converge, tolerance: 0.1}].
-        conditioning: Conditioning of every point (the sweeps are about planner_sampled).
+        plans: The plans of every point, but for the swept value (kind planner_sampled; num_paths: K of the
+            temperature sweep, temperature: tau of the K sweep, horizon, seed, planner_dir); unset: the model's.
         split: Split to evaluate.
-        fixed_num_paths: K of the temperature sweep; default: the model's.
-        horizon: T; default: the model's.
-        temperature: tau of the K sweep; default: the model's.
-        seed: Planner sampling seed; default: the model's.
-        planner_dir: Planner folder; default: the model's.
         stride: Perplexity protocol (1 = reference).
         context_length: Window length in tokens.
         max_articles: Evaluate only the first N articles.
@@ -115,9 +112,35 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
     if kind not in ("num_paths", "temperature", "compute"):
         raise PlanlmError(f"--kind {kind!r}: choose num_paths, temperature or compute")
     if kind == "compute":
-        return compute_sweep(model_dir, prepared_dir, out_dir, num_paths, policies, conditioning, split, horizon,
-                             temperature, seed, planner_dir, stride, context_length, max_articles, batch_size, device,
-                             precision, bootstrap_samples)
+        return compute_sweep(model_dir, prepared_dir, out_dir, num_paths, policies, plans, split, stride,
+                             context_length, max_articles, batch_size, device, precision, bootstrap_samples)
+    values, reference = _swept_values(kind, num_paths, temperatures)
+    out = Path(out_dir)
+    config = {"model_dir": str(Path(model_dir).resolve()), "prepared_dir": str(Path(prepared_dir).resolve()),
+              "kind": kind, "values": values, "plans": to_jsonable(plans), "split": split,
+              "stride": stride, "context_length": context_length,
+              "max_articles": max_articles, "batch_size": batch_size, "device": device, "precision": precision,
+              "bootstrap_samples": bootstrap_samples,
+              # What the folders hold, not only their paths: a retrained model or planner keeps its path.
+              "model": model_fingerprint(model_dir),
+              "prepared": (read_manifest(prepared_dir) or {}).get("config_fingerprint"),
+              "planner": planner_hash(plans.planner_dir or _recorded_planner(model_dir))}
+    if prepare_stage_dir(out, config, keep_partial=True):  # keep_partial: finished points are reused
+        return out
+    shared = dict(split=split, stride=stride, context_length=context_length, max_articles=max_articles,
+                  batch_size=batch_size, device=device, precision=precision, bootstrap_samples=bootstrap_samples,
+                  plan_usage=False)
+    rows = _evaluate_points(model_dir, prepared_dir, out, kind, values, plans, shared)
+    add_paired_differences(rows, reference, bootstrap_samples)
+    _write_table(rows, out / f"sweep_{kind}.csv")
+    plot_sweep(rows, kind, out / f"sweep_{kind}.png", title=f"{Path(model_dir).name}: {plans.kind or 'its own plans'}, {kind} sweep")
+    write_manifest(out, config, rows=rows)
+    _print_table(rows, kind, reference)
+    return out
+
+
+def _swept_values(kind: str, num_paths: list[int], temperatures: list[float]) -> tuple[list, float]:
+    """The values of a K or tau sweep, with its reference point (K = 1 or tau = 1) added when missing."""
     values = list(num_paths if kind == "num_paths" else temperatures)
     reference = 1 if kind == "num_paths" else 1.0  # K = 1: one sampled path; tau = 1: the planner's distribution
     if values and reference not in values:
@@ -128,40 +151,33 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
         raise PlanlmError(f"--num_paths {values}: every K must be >= 1")
     if kind == "temperature" and min(values) < 0:
         raise PlanlmError(f"--temperatures {values}: every tau must be >= 0")
-    out = Path(out_dir)
-    config = {"model_dir": str(Path(model_dir).resolve()), "prepared_dir": str(Path(prepared_dir).resolve()),
-              "kind": kind, "values": values, "conditioning": conditioning, "split": split,
-              "fixed_num_paths": fixed_num_paths, "horizon": horizon, "temperature": temperature, "seed": seed,
-              "planner_dir": planner_dir, "stride": stride, "context_length": context_length,
-              "max_articles": max_articles, "batch_size": batch_size, "device": device, "precision": precision,
-              "bootstrap_samples": bootstrap_samples,
-              # What the folders hold, not only their paths: a retrained model or planner keeps its path.
-              "model": model_fingerprint(model_dir),
-              "prepared": (read_manifest(prepared_dir) or {}).get("config_fingerprint"),
-              "planner": planner_hash(planner_dir or _recorded_planner(model_dir))}
-    if prepare_stage_dir(out, config, keep_partial=True):  # keep_partial: finished points are reused
-        return out
+    return values, reference
+
+
+def _evaluate_points(model_dir: str, prepared_dir: str, out: Path, kind: str, values: list, plans: PlanSpec,
+                     shared: dict) -> list[dict]:
+    """One ``evaluate`` per swept value in ``<out>/<kind>-<value>`` (``shared``: its other arguments) -> the
+    table's rows, with the wall time relative to the first point."""
     rows = []
     for value in values:
         point = out / f"{kind}-{value:g}"
-        metrics = evaluate(model_dir, prepared_dir, str(point), split=split, conditioning=conditioning,
-                           num_paths=int(value) if kind == "num_paths" else fixed_num_paths, horizon=horizon,
-                           temperature=float(value) if kind == "temperature" else temperature, seed=seed,
-                           planner_dir=planner_dir, stride=stride, context_length=context_length,
-                           max_articles=max_articles, batch_size=batch_size, device=device, precision=precision,
-                           bootstrap_samples=bootstrap_samples, plan_usage=False)
+        swept = {"num_paths": int(value)} if kind == "num_paths" else {"temperature": float(value)}
+        metrics = evaluate(model_dir, prepared_dir, str(point), plans=replace(plans, **swept), **shared)
         rows.append({"value": value, **{c: metrics[c] for c in COLUMNS if c in metrics}, "eval_dir": str(point)})
     base = rows[0]["wall_time_s"]
     for row in rows:
         row["relative_wall_time"] = row["wall_time_s"] / base if base > 0 else float("nan")
-    add_paired_differences(rows, reference, bootstrap_samples)
-    csv_path, png_path = out / f"sweep_{kind}.csv", out / f"sweep_{kind}.png"
-    with open(csv_path, "w", newline="") as f:
+    return rows
+
+
+def _write_table(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    plot_sweep(rows, kind, png_path, title=f"{Path(model_dir).name}: {conditioning}, {kind} sweep")
-    write_manifest(out, config, rows=rows)
+
+
+def _print_table(rows: list[dict], kind: str, reference: float) -> None:
     label = "K" if kind == "num_paths" else "tau"
     print(f"{label:>6} {'ppl':>9} {'95% CI':>21} {f'paired - {label}={reference:g}':>16} {'95% CI':>21} "
           f"{'time (rel.)':>12}")
@@ -169,14 +185,11 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
         print(f"{row['value']:>6g} {row['ppl']:>9.3f} [{row['ci_low']:>8.3f}, {row['ci_high']:>8.3f}] "
               f"{row['paired_diff']:>+16.3f} [{row['paired_ci_low']:>+8.3f}, {row['paired_ci_high']:>+8.3f}] "
               f"{row['relative_wall_time']:>11.2f}x")
-    return out
 
 
 def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: list[int], policies: list[PathPolicy],
-                  conditioning: str, split: str, horizon: Optional[int], temperature: Optional[float],
-                  seed: Optional[int], planner_dir: Optional[str], stride: int, context_length: int,
-                  max_articles: Optional[int], batch_size: int, device: str, precision: str,
-                  bootstrap_samples: int) -> Path:
+                  plans: PlanSpec, split: str, stride: int, context_length: int, max_articles: Optional[int],
+                  batch_size: int, device: str, precision: str, bootstrap_samples: int) -> Path:
     """The compute sweep of ``sweep``: fixed K and adaptive policies on the same LM and articles."""
     from dataclasses import asdict
 
@@ -186,22 +199,20 @@ def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: li
     out = Path(out_dir)
     config = {"model_dir": str(Path(model_dir).resolve()), "prepared_dir": str(Path(prepared_dir).resolve()),
               "kind": "compute", "points": [(name, asdict(policy)) for name, _, policy in points],
-              "conditioning": conditioning, "split": split, "horizon": horizon, "temperature": temperature,
-              "seed": seed, "planner_dir": planner_dir, "stride": stride, "context_length": context_length,
+              "plans": to_jsonable(plans), "split": split, "stride": stride, "context_length": context_length,
               "max_articles": max_articles, "batch_size": batch_size, "device": device, "precision": precision,
               "bootstrap_samples": bootstrap_samples, "model": model_fingerprint(model_dir),
               "prepared": (read_manifest(prepared_dir) or {}).get("config_fingerprint"),
-              "planner": planner_hash(planner_dir or _recorded_planner(model_dir))}
+              "planner": planner_hash(plans.planner_dir or _recorded_planner(model_dir))}
     if prepare_stage_dir(out, config, keep_partial=True):  # finished points are reused
         return out
     metrics = []
     for name, max_paths, policy in points:
-        metrics.append(evaluate(model_dir, prepared_dir, str(out / name), split=split, conditioning=conditioning,
-                                num_paths=max_paths, horizon=horizon, temperature=temperature, seed=seed,
-                                planner_dir=planner_dir, stride=stride, context_length=context_length,
-                                max_articles=max_articles, batch_size=batch_size, device=device,
-                                precision=precision, bootstrap_samples=bootstrap_samples, plan_usage=False,
-                                path_policy=policy))
+        metrics.append(evaluate(model_dir, prepared_dir, str(out / name), split=split,
+                                plans=replace(plans, num_paths=max_paths, path_policy=policy), stride=stride,
+                                context_length=context_length, max_articles=max_articles, batch_size=batch_size,
+                                device=device, precision=precision, bootstrap_samples=bootstrap_samples,
+                                plan_usage=False))
         if policy.adaptive:
             where_paths_went(out / name, metrics[-1]["planner_dir"], prepared_dir, split)
     rows = compute_rows(points, metrics, out)
@@ -215,5 +226,7 @@ def _recorded_planner(model_dir: str) -> str | None:
     """The planner folder a planned-LM folder records (the one its evaluations use by default)."""
     import json
 
+    from planlm.models.planned_lm import PlannedLMConfig
+
     config = Path(model_dir) / "planned_lm.json"
-    return json.loads(config.read_text()).get("planner_dir") if config.is_file() else None
+    return PlannedLMConfig.from_dict(json.loads(config.read_text())).plans.planner_dir if config.is_file() else None

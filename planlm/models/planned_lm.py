@@ -6,7 +6,7 @@ T horizon, D the LM's width.
 The plan vector c_i of sentence i (one adapter call per *unique* sentence, N of them) is added to
 the token embedding of every token whose ``plan_index`` points at i, and the sum enters the
 unchanged HF model through ``inputs_embeds``. Which sentence conditions a token is the data's
-business (``token_plan_sentence``, the ANCHORS convention); here it is ``plan_index (B, L)``:
+business (``token_plan_sentence``, the alignment of ``planlm.data.artifacts``); here it is ``plan_index (B, L)``:
 an index into the N plans, or -1 for "no conditioning" (padding, or the ``none`` kind).
 
 A saved folder::

@@ -5,11 +5,11 @@
     p(a_{i+k})  = f(z_{1:i+k})                0 <= k < T   transformer, masked mean pool, linear
 
 A learned start latent is always prepended by h, so the first sentence of an article (empty
-context) has a valid state. The state grows by one latent per step; the paper's g re-encodes the whole
-set each step (no key/value cache is possible: every latent changes). ``dynamics="causal"`` swaps in a
-prefix-causal g and f with a cache (planlm.models.planner_causal), which makes extra paths cheap. Training uses
-teacher forcing (``forward``); ``sample_paths`` draws K paths autoregressively, batched over paths
-and boundaries (one forward per step for all of them).
+context) has a valid state. g and f come as one ``Dynamics`` (planlm.models.dynamics): the paper's
+recurrent g, which re-encodes the grown set each step, or (``dynamics="causal"``) a prefix-causal g and f
+with a key/value cache (planlm.models.dynamics_causal), which makes extra paths cheap. The planner runs
+h, then hands the latents to its dynamics: teacher forcing in training (``forward``), step-by-step
+decoding for the argmax path, and ``sample_paths`` for K paths, batched over paths and boundaries.
 
 Letters: B batch (boundaries), S context sentences, T horizon, K paths, A actions, D width
 (d_model), E sentence-embedding width, N flattened rows, n latents in a state.
@@ -27,12 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planlm.models.planner_causal import CausalDynamics, CausalPrediction, causal_decode, causal_teacher_forcing
+from planlm.models.dynamics import Dynamics, RecurrentDynamics
+from planlm.models.dynamics_causal import CausalDynamics
 from planlm.utils import PlanlmError, file_sha256, write_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PREPARED_FILE = "prepared.json"
+DYNAMICS: dict[str, type[Dynamics]] = {"recurrent": RecurrentDynamics, "causal": CausalDynamics}
 
 
 @dataclass
@@ -59,7 +61,7 @@ class PlannerShape:
     """Initialise the classifier of f and the action table of g from the codebook."""
     dynamics: Literal["recurrent", "causal"] = "recurrent"
     """g and f: "recurrent" is the paper's (g re-encodes the grown set of latents at every step); "causal"
-    encodes the set with a prefix-causal mask and a key/value cache (planlm.models.planner_causal): the same
+    encodes the set with a prefix-causal mask and a key/value cache (planlm.models.dynamics_causal): the same
     parameter counts, all T steps trained in one pass, and sampling costs one token per path and step."""
     dynamics_grad_scale: float = 0.5
     """Scale of the gradient that flows back through g into earlier states (MuZero: 0.5; recurrent only)."""
@@ -76,8 +78,8 @@ class PlannerShape:
                               f"fix --model.d_model or --model.num_heads")
         if not 0.0 <= self.dropout < 1.0:
             raise PlanlmError(f"planner config: dropout={self.dropout} must be in [0, 1); fix --model.dropout")
-        if self.dynamics not in ("recurrent", "causal"):
-            raise PlanlmError(f"planner config: dynamics={self.dynamics!r}; choose recurrent or causal "
+        if self.dynamics not in DYNAMICS:
+            raise PlanlmError(f"planner config: dynamics={self.dynamics!r}; choose {' or '.join(DYNAMICS)} "
                               f"(fix --model.dynamics)")
 
 
@@ -113,17 +115,6 @@ def sinusoidal_positions(slots: torch.Tensor, width: int) -> torch.Tensor:
     angles = slots.float().unsqueeze(-1) * freqs  # (..., width/2)
     encoding = torch.cat([angles.sin(), angles.cos()], dim=-1)
     return F.pad(encoding, (0, width - 2 * half))
-
-
-def transformer(config: PlannerConfig) -> nn.TransformerEncoder:
-    layer = nn.TransformerEncoderLayer(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
-                                       batch_first=True)
-    return nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
-
-
-def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """Identity forward; multiplies the gradient by ``scale`` (MuZero's trick for the recurrent state)."""
-    return x * scale + x.detach() * (1.0 - scale)
 
 
 class SentencePositions(nn.Module):
@@ -188,46 +179,6 @@ class Representation(nn.Module):
         return latents, latent_mask, next_slot
 
 
-class Dynamics(nn.Module):
-    """g: append Emb(action) at the next sentence slot, then a transformer over the grown set."""
-
-    def __init__(self, config: PlannerConfig, positions: SentencePositions):
-        super().__init__()
-        self.action_embedding = nn.Embedding(config.num_actions, config.d_model)
-        self.transformer = transformer(config)
-        self.positions = positions  # shared with h (no parameters of g's own when sinusoidal)
-        self.grad_scale = config.dynamics_grad_scale
-
-    def forward(self, latents: torch.Tensor, latent_mask: torch.Tensor, actions: torch.Tensor, slot: torch.Tensor):
-        """latents (N, n, D), latent_mask (N, n), actions (N,), slot (N,) -> latents (N, n+1, D), mask (N, n+1)."""
-        latents = scale_gradient(latents, self.grad_scale)
-        new = self.action_embedding(actions) + self.positions(slot)  # (N, D)
-        latents = torch.cat([latents, new.unsqueeze(1)], dim=1)  # (N, n+1, D)
-        latent_mask = torch.cat([latent_mask, torch.ones_like(latent_mask[:, :1])], dim=1)  # (N, n+1)
-        return self.transformer(latents, src_key_padding_mask=~latent_mask), latent_mask
-
-
-class Prediction(nn.Module):
-    """f: transformer over the latents, mean pool over the valid ones, linear classifier over actions."""
-
-    def __init__(self, config: PlannerConfig):
-        super().__init__()
-        self.transformer = transformer(config)
-        self.classifier = nn.Linear(config.d_model, config.num_actions)
-
-    def forward(self, latents: torch.Tensor, latent_mask: torch.Tensor) -> torch.Tensor:
-        """latents (N, n, D), latent_mask (N, n) -> logits (N, A)."""
-        hidden = self.transformer(latents, src_key_padding_mask=~latent_mask)  # (N, n, D)
-        weights = latent_mask.unsqueeze(-1).to(hidden.dtype)  # (N, n, 1)
-        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1)  # (N, D)
-        return self.classifier(pooled)  # (N, A)
-
-
-def greedy(logits: torch.Tensor, draws: int) -> torch.Tensor:
-    """logits (N, A) -> the argmax action ``draws`` times (N, draws)."""
-    return logits.argmax(dim=-1, keepdim=True).expand(-1, draws)
-
-
 class Planner(nn.Module):
     """p(a_i .. a_{i+T-1} | t_1 .. t_{i-1}) factorised autoregressively over the T steps."""
 
@@ -235,12 +186,8 @@ class Planner(nn.Module):
         super().__init__()
         self.config = config
         self.representation = Representation(config)  # h
-        if config.dynamics == "causal":
-            self.dynamics = CausalDynamics(config, self.representation.positions)  # g
-            self.prediction = CausalPrediction(config)  # f
-        else:
-            self.dynamics = Dynamics(config, self.representation.positions)  # g
-            self.prediction = Prediction(config)  # f
+        self.dynamics = DYNAMICS[config.dynamics](config, self.representation.positions)  # g
+        self.prediction = self.dynamics.prediction_class(config)  # f
         self.prepared_info: dict = {}  # num_actions, embedding_dim, codebook_hash, encoder of the training corpus
         if codebook is not None and config.init_from_codebook:
             self.init_from_codebook(codebook)
@@ -269,22 +216,15 @@ class Planner(nn.Module):
         """Run h, then f and g for ``horizon`` steps: feed ``target_actions`` (teacher forcing) or, when None,
         the planner's own argmax actions. Returns logits (B, T, A) and the fed/argmax actions (B, T)."""
         latents, latent_mask, slot = self.representation(context_embeds, context_mask)
-        if self.config.dynamics == "causal":
-            if target_actions is not None:
-                fed = target_actions[:, :horizon].clamp(min=0)  # masked steps (-100) feed action 0
-                return causal_teacher_forcing(self, latents, latent_mask, slot, fed), fed
-            paths, logits = causal_decode(self, latents, latent_mask, slot, 1, horizon, greedy, keep_logits=True)
-            return logits, paths[:, 0]
-        logits, actions = [], []
-        for step in range(horizon):
-            if step > 0:
-                latents, latent_mask = self.dynamics(latents, latent_mask, actions[-1], slot + step - 1)
-            step_logits = self.prediction(latents, latent_mask)  # (B, A)
-            logits.append(step_logits)
-            if target_actions is not None:
-                actions.append(target_actions[:, step].clamp(min=0))  # masked steps (-100) feed action 0
-            else:
-                actions.append(step_logits.argmax(dim=-1))
+        if target_actions is not None:
+            fed = target_actions[:, :horizon].clamp(min=0)  # masked steps (-100) feed action 0
+            return self.dynamics.teacher_forcing(self.prediction, latents, latent_mask, slot, fed), fed
+        state = self.dynamics.start(self.prediction, latents, latent_mask, slot, horizon)
+        logits, actions = [state.logits], [state.logits.argmax(dim=-1)]  # (B, A), (B,)
+        for _ in range(1, horizon):
+            state = self.dynamics.step(self.prediction, state, actions[-1])
+            logits.append(state.logits)
+            actions.append(state.logits.argmax(dim=-1))
         return torch.stack(logits, dim=1), torch.stack(actions, dim=1)
 
     def forward(self, context_embeds: torch.Tensor, context_mask: torch.Tensor,
@@ -301,9 +241,7 @@ class Planner(nn.Module):
 
         ``num_paths`` is one K for every boundary, or a LongTensor (B,) of per-boundary counts (an adaptive
         path policy, planlm.plans.policy): then K = its maximum and the paths of boundary b beyond
-        num_paths[b] are zero padding. Recurrent g: paths that share a prefix share its state. Causal g: the
-        context is encoded once per boundary and each path adds one cached token per step
-        (planlm.models.planner_causal)."""
+        num_paths[b] are zero padding. How the paths are batched is the dynamics' (``Dynamics.sample``)."""
         counts = num_paths if torch.is_tensor(num_paths) else None
         most = num_paths if counts is None else int(counts.max())
         if most < 1 or (counts is not None and int(counts.min()) < 1) or horizon < 1 or temperature < 0:
@@ -311,59 +249,21 @@ class Planner(nn.Module):
                               f"(got {num_paths}, {horizon}, {temperature})")
         if temperature == 0:
             return self.argmax_path(context_embeds, context_mask, horizon).unsqueeze(1).expand(-1, most, -1)
-        if counts is not None and self.config.dynamics == "causal":
-            return self._sample_causal_groups(context_embeds, context_mask, counts, horizon, temperature, generator)
+        if counts is not None and not self.dynamics.mixed_path_counts:
+            return self._sample_count_groups(context_embeds, context_mask, counts, horizon, temperature, generator)
         was_training = self.training
         self.eval()
         try:
             latents, latent_mask, slot = self.representation(context_embeds, context_mask)
-            if self.config.dynamics == "causal":
-                def draw(logits: torch.Tensor, draws: int) -> torch.Tensor:  # (N, A) -> (N, draws)
-                    probs = torch.softmax(logits / temperature, dim=-1)
-                    return torch.multinomial(probs, draws, replacement=True, generator=generator)
-
-                return causal_decode(self, latents, latent_mask, slot, num_paths, horizon, draw)
-            batch_size = latents.shape[0]
-            if counts is None:
-                counts = torch.full((batch_size,), num_paths, dtype=torch.long, device=latents.device)
-            paths = self._sample_recurrent(latents, latent_mask, slot, counts.to(latents.device), horizon,
-                                           temperature, generator)  # (sum counts, T)
-            if int(counts.min()) == most:
-                return paths.view(batch_size, most, horizon)  # (B, K, T)
-            return _pad_paths(paths, counts.to(latents.device), most)  # (B, K_max, T)
+            return self.dynamics.sample(self.prediction, latents, latent_mask, slot, num_paths, horizon, temperature,
+                                        generator)
         finally:
             self.train(was_training)
 
-    def _sample_recurrent(self, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
-                          counts: torch.Tensor, horizon: int, temperature: float,
-                          generator: torch.Generator | None) -> torch.Tensor:
-        """counts (B,) paths per boundary -> the paths, boundary after boundary: (sum counts, T).
-
-        Paths that share a prefix share their state, so g and f run once per distinct (boundary, prefix):
-        U <= sum(counts) states. Each path samples from its own row of probabilities, so the draws are
-        exactly those of independent rollouts."""
-        batch_size = latents.shape[0]
-        state_of_path = torch.arange(batch_size, device=latents.device).repeat_interleave(counts)  # (P,)
-        step_logits = self.prediction(latents, latent_mask)  # (U=B, A): step 0 is shared by a boundary's paths
-        actions = []
-        for step in range(horizon):
-            if step > 0:
-                keys = state_of_path * self.config.num_actions + actions[-1]  # (P,) (parent state, action)
-                unique_keys, state_of_path = torch.unique(keys, return_inverse=True)  # (U,), (P,)
-                parent = unique_keys // self.config.num_actions  # (U,)
-                latents, latent_mask = self.dynamics(latents[parent], latent_mask[parent],
-                                                     unique_keys % self.config.num_actions,
-                                                     slot[parent] + step - 1)  # (U, n+1, D)
-                slot = slot[parent]  # (U,)
-                step_logits = self.prediction(latents, latent_mask)  # (U, A)
-            probs = torch.softmax(step_logits.float() / temperature, dim=-1)[state_of_path]  # (P, A)
-            actions.append(torch.multinomial(probs, 1, generator=generator).squeeze(1))  # (P,)
-        return torch.stack(actions, dim=1)  # (P, T)
-
-    def _sample_causal_groups(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, counts: torch.Tensor,
-                              horizon: int, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-        """Per-boundary counts with the causal g: one batched decode per distinct count (its caches hold K
-        rows per boundary) -> (B, K_max, T), zero padding beyond each boundary's count."""
+    def _sample_count_groups(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, counts: torch.Tensor,
+                             horizon: int, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+        """Per-boundary counts for a dynamics that takes one K per call: one batch per distinct count
+        -> (B, K_max, T), zero padding beyond each boundary's count."""
         most = int(counts.max())
         out = torch.zeros(len(counts), most, horizon, dtype=torch.long, device=context_embeds.device)
         for count in torch.unique(counts).tolist():
@@ -419,6 +319,13 @@ class Planner(nn.Module):
             planner.prepared_info = json.loads((folder / PREPARED_FILE).read_text())
         return planner.to(map_location)
 
+    @classmethod
+    def for_corpus(cls, folder: str | Path, prepared, map_location: str | torch.device = "cpu") -> "Planner":
+        """A trained planner in eval mode, after checking that it was trained on ``prepared``'s actions."""
+        planner = cls.from_pretrained(folder, map_location=map_location)
+        planner.check_matches(prepared, where=str(folder))
+        return planner.eval()
+
     def check_matches(self, prepared, where: str = "") -> None:
         """One-line PlanlmError when this planner was trained on other actions than ``prepared``'s."""
         info = self.prepared_info
@@ -433,15 +340,6 @@ class Planner(nn.Module):
             raise PlanlmError(f"{where}: planner was trained with codebook {info['codebook_hash'][:12]} but "
                               f"{prepared.path} has codebook {prepared.codebook_hash[:12]}; train a planner on "
                               f"this prepared corpus")
-
-
-def _pad_paths(paths: torch.Tensor, counts: torch.Tensor, most: int) -> torch.Tensor:
-    """paths (sum counts, T), boundary after boundary -> (B, most, T) with zero padding beyond each count."""
-    starts = torch.cumsum(counts, 0) - counts  # (B,) first row of each boundary
-    slot = torch.arange(len(paths), device=paths.device) - starts.repeat_interleave(counts)  # (P,) path index
-    out = paths.new_zeros(len(counts), most, paths.shape[1])
-    out[torch.arange(len(counts), device=paths.device).repeat_interleave(counts), slot] = paths
-    return out
 
 
 def planner_hash(folder: str | Path | None) -> str | None:

@@ -17,7 +17,7 @@ The paper samples the same K paths at every boundary and names that cost as its 
 Batched, never one boundary at a time: a batch of B boundaries comes back as ``action_paths (B, K_max, T)``
 plus ``num_paths (B,)``; the paths of boundary b beyond ``num_paths[b]`` are padding, masked out by
 ``path_mask_from_counts`` (the adapters drop a path with no valid step), so boundaries with different K
-share one adapter call. Plan caches store ``num_paths`` next to the paths (``planlm.plans.sampling``).
+share one adapter call. Plan caches store ``num_paths`` next to the paths (``planlm.plans.cache``).
 
 Letters: B boundaries, K paths (K_max the most any boundary gets), T horizon, A actions.
 """

@@ -1,20 +1,10 @@
-"""Plans for every sentence boundary of a prepared split, and the on-disk plan cache.
+"""Plans for every sentence boundary of a prepared split: the planner's contexts and targets, the
+sampling loop (``compute_plans``) and the ``sample-plans`` command that fills the plan cache
+(``planlm.plans.cache``).
 
 Boundary s (split-global sentence index) is the point before sentence s; its context is the true
 sentences of the same article before s (the last ``max_sentences`` of them) and its plan is the
 actions of sentences s, s+1, ..., s+T-1.
-
-Plan cache folder (``planlm sample-plans``; default ``<planner_dir>/plans/K{K}-T{T}-tau{tau}-seed{seed}``)::
-
-    manifest.json        written last: num_paths, horizon, temperature, seed, planner_hash (sha256 of the
-                         planner's model.safetensors), codebook_hash, num_actions, prepared_dir, counts
-    <split>.npy          (N_sent, K, T) int64  sampled paths; row s = the paths for boundary s
-    <split>.num_paths.npy (N_sent,) int64      paths of boundary s under the path policy (K for fixed): the
-                                               paths of row s beyond it are padding (planlm.plans.policy)
-    <split>.argmax.npy   (N_sent, T) int64     the greedy path of boundary s
-
-An adaptive path policy (``--path_policy``) is part of the cache key and of the default folder name
-(``...-seed{seed}-{kind}-{fingerprint}``); the manifest records the paths per boundary of every split.
 
 Letters: B boundaries, S context sentences, E embedding width, K paths, T horizon, N_sent sentences.
 """
@@ -30,10 +20,10 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.plans.cache import default_plans_dir
 from planlm.plans.policy import PathPolicy, paths_summary, sample_with_policy
 from planlm.models.planner import WEIGHTS_FILE, Planner
-from planlm.utils import (PlanlmError, autocast, file_sha256, fingerprint, prepare_stage_dir, read_manifest,
-                          resolve_device, write_manifest)
+from planlm.utils import PlanlmError, autocast, file_sha256, prepare_stage_dir, resolve_device, write_manifest
 
 IGNORE_INDEX = -100  # target of a step beyond the article's end (ignored by the loss)
 MAX_ROWS = 4096  # most paths (B*K) per forward in compute_plans: bounds activation memory, keeps caches warm
@@ -135,14 +125,6 @@ def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizo
     return out
 
 
-def default_plans_dir(planner_dir: str | Path, num_paths: int, horizon: int, temperature: float, seed: int,
-                      policy: PathPolicy | None = None) -> Path:
-    name = f"K{num_paths}-T{horizon}-tau{temperature:g}-seed{seed}"
-    if policy is not None and policy.adaptive:  # a cache sampled under one policy is never read for another
-        name += f"-{policy.kind}-{fingerprint(policy.cache_key())[:8]}"
-    return Path(planner_dir) / "plans" / name
-
-
 def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]] = None, num_paths: int = 10,
                  horizon: Optional[int] = None, temperature: float = 1.0, seed: int = 0,
                  out_dir: Optional[str] = None, batch_size: int = 256, device: str = "auto",
@@ -170,9 +152,8 @@ def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]
     Returns:
         The plan cache folder.
     """
-    planner = Planner.from_pretrained(planner_dir)
     prepared = PreparedDataset(prepared_dir)
-    planner.check_matches(prepared, where=str(planner_dir))
+    planner = Planner.for_corpus(planner_dir, prepared)
     horizon = planner.config.horizon if horizon is None else horizon
     _check_sampling(num_paths, horizon, temperature, batch_size)
     policy = path_policy.resolve(num_paths)
@@ -234,41 +215,3 @@ def _sample_split(planner: Planner, split: PreparedSplit, out: Path, num_paths: 
     del sampled, greedy
     np.save(out / f"{split.name}.num_paths.npy", path_counts)
     return paths_summary(path_counts, num_paths)
-
-
-def load_plans(plans_dir: str | Path, split: str, *, prepared: PreparedDataset | None = None,
-               argmax: bool = False) -> np.ndarray:
-    """Memory-mapped cached plans of one split: (N_sent, K, T) int64, or (N_sent, T) with ``argmax``.
-
-    With ``prepared``, checks that the plans were made for its actions (codebook and num_actions) and
-    cover every sentence of the split.
-    """
-    plans_dir = Path(plans_dir)
-    manifest = read_manifest(plans_dir)
-    if manifest is None:
-        raise PlanlmError(f"{plans_dir}: no complete plan cache here (manifest.json missing); run "
-                          f"`planlm sample-plans` to build it")
-    path = plans_dir / (f"{split}.argmax.npy" if argmax else f"{split}.npy")
-    if not path.is_file():
-        raise PlanlmError(f"{plans_dir}: no plans for split {split!r} (has {manifest.get('splits')}); rerun "
-                          f"`planlm sample-plans --splits` with it")
-    if prepared is not None:
-        if manifest.get("num_actions") != prepared.num_actions:
-            raise PlanlmError(f"{plans_dir}/manifest.json: plans use num_actions={manifest.get('num_actions')} but "
-                              f"{prepared.path} has {prepared.num_actions}; sample plans with a planner trained on it")
-        if manifest.get("codebook_hash") != prepared.codebook_hash:
-            raise PlanlmError(f"{plans_dir}/manifest.json: plans were made for codebook "
-                              f"{str(manifest.get('codebook_hash'))[:12]} but {prepared.path} has "
-                              f"{prepared.codebook_hash[:12]}; sample plans with a planner trained on it")
-    plans = np.load(path, mmap_mode="r")
-    if prepared is not None and len(plans) != prepared.split(split).num_sentences:
-        raise PlanlmError(f"{path}: {len(plans)} rows but {prepared.path}/{split} has "
-                          f"{prepared.split(split).num_sentences} sentences; rerun `planlm sample-plans`")
-    return plans
-
-
-def load_path_counts(plans_dir: str | Path, split: str) -> np.ndarray | None:
-    """(N_sent,) paths per boundary of a cached split (the first that many of each row are real), or None
-    for a cache made before path policies (every boundary has K paths)."""
-    path = Path(plans_dir) / f"{split}.num_paths.npy"
-    return np.load(path) if path.is_file() else None

@@ -143,22 +143,14 @@ def check_cache(spec: PlanSpec, prepared: PreparedDataset) -> dict:
     return manifest
 
 
-def load_planner(planner_dir: str, prepared: PreparedDataset, device: torch.device):
-    """A trained planner on ``device`` in eval mode, checked against the prepared corpus's actions."""
-    from planlm.models.planner import Planner
-
-    planner = Planner.from_pretrained(planner_dir, map_location=device)
-    planner.check_matches(prepared, where=str(planner_dir))
-    return planner.eval()
-
-
 def planner_plans(spec: PlanSpec, prepared: PreparedDataset, split: PreparedSplit, sentences: np.ndarray,
                   device: torch.device, precision: str = "fp32", batch_size: int = 256) -> CachedPlans:
     """Plans the planner of ``spec.planner_dir`` computes now for ``sentences`` (the other rows of the full-size
     arrays stay zero and are never read): the argmax path, or K sampled paths under the spec's path policy."""
+    from planlm.models.planner import Planner
     from planlm.plans.sampling import compute_plans
 
-    planner = load_planner(spec.planner_dir, prepared, device)
+    planner = Planner.for_corpus(spec.planner_dir, prepared, device)
     if spec.kind == PlanKind.planner_argmax:
         argmax = np.zeros((split.num_sentences, spec.horizon), dtype=np.int64)
         greedy = compute_plans(planner, split, 1, spec.horizon, 0.0, spec.seed, batch_size=batch_size,
@@ -187,4 +179,4 @@ class ShuffledPlans:
 
 
 __all__ = ["PlanSource", "FixedPlans", "OraclePlans", "CachedPlans", "ShuffledPlans", "plan_source",
-           "cached_plans", "check_cache", "planner_plans", "load_planner"]
+           "cached_plans", "check_cache", "planner_plans"]

@@ -318,7 +318,7 @@ def _input_hashes(model: LMModelConfig, spec: PlanSpec) -> dict:
     """What the folders a run reads hold, not only their names: the weights of the planner that makes the
     plans (or the plan cache's key) and of the LM it starts from, so that retraining either into the same
     folder retrains this LM instead of reusing it."""
-    from planlm.evaluate.perplexity import model_fingerprint
+    from planlm.evaluate.loading import model_fingerprint
     from planlm.models.planner import planner_hash
 
     hashes = {"init_from": model_fingerprint(model.init_from) if model.init_from else None}

@@ -1,6 +1,6 @@
 """A cacheable dynamics g and prediction f for the planner (``PlannerShape.dynamics = "causal"``).
 
-The paper's g (``dynamics = "recurrent"``, planlm.models.planner) appends Emb(action) to the set of latents and
+The paper's g (``dynamics = "recurrent"``, planlm.models.dynamics) appends Emb(action) to the set of latents and
 re-encodes the whole set at every step, so every latent changes and sampling K paths of T steps costs
 K * T full passes over the context. Here the set is encoded with a *prefix-causal* mask instead:
 
@@ -24,9 +24,17 @@ A actions, D width, H heads, Dh head width, N rows (B or B*K).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from planlm.models.dynamics import Dynamics
+
+if TYPE_CHECKING:
+    from planlm.models.planner import PlannerConfig
 
 Cache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, H, length, Dh)
 
@@ -134,10 +142,52 @@ class CausalStack(nn.Module):
         return x
 
 
-class CausalDynamics(nn.Module):
-    """g: Emb(action) at the next sentence slot, appended to the latents under the prefix-causal mask."""
+class CausalPrediction(nn.Module):
+    """f: the prefix-causal stack over g's outputs, a running mean over context and steps, linear classifier."""
 
-    def __init__(self, config, positions: nn.Module):
+    def __init__(self, config: PlannerConfig):
+        super().__init__()
+        self.transformer = CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
+                                       config.num_layers)
+        self.classifier = nn.Linear(config.d_model, config.num_actions)
+
+
+@dataclass
+class CausalState:
+    """The caches after some steps. g_context, f_context: per-layer keys and values of the context
+    (B, H, n, Dh), shared by a boundary's paths; context_mask (B, n); sums (N, D) and counts (N, 1) of
+    the running mean; slot (N,) of the next action; logits (N, A) of the next action; g_own, f_own:
+    per-layer buffers (N, H, horizon-1, Dh) of the rows' own steps, allocated at the first step."""
+
+    g_context: Cache
+    f_context: Cache
+    context_mask: torch.Tensor
+    sums: torch.Tensor
+    counts: torch.Tensor
+    slot: torch.Tensor
+    logits: torch.Tensor
+    horizon: int
+    steps: int = 0
+    g_own: Cache | None = None
+    f_own: Cache | None = None
+
+    def repeat_paths(self, num_paths: int) -> CausalState:
+        """One row per boundary -> num_paths adjacent rows per boundary (B*K), before the first step."""
+        return replace(self, sums=self.sums.repeat_interleave(num_paths, dim=0),
+                       counts=self.counts.repeat_interleave(num_paths, dim=0),
+                       slot=self.slot.repeat_interleave(num_paths),
+                       logits=self.logits.repeat_interleave(num_paths, dim=0))
+
+
+class CausalDynamics(Dynamics):
+    """g: Emb(action) at the next sentence slot, appended to the latents under the prefix-causal mask.
+
+    Decoding (start, step, sample) runs without gradients: its caches are filled in place."""
+
+    prediction_class = CausalPrediction
+    mixed_path_counts = False  # the caches hold K adjacent rows per boundary
+
+    def __init__(self, config: PlannerConfig, positions: nn.Module):
         super().__init__()
         self.action_embedding = nn.Embedding(config.num_actions, config.d_model)
         self.transformer = CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
@@ -148,67 +198,63 @@ class CausalDynamics(nn.Module):
         """actions (N, s), slots (N, s) -> step latents (N, s, D)."""
         return self.action_embedding(actions) + self.positions(slots)
 
+    def teacher_forcing(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
+                        slot: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """All T steps in one pass. latents (B, n, D), latent_mask (B, n), slot (B,), actions (B, T) fed
+        actions (step t sees actions < t) -> logits (B, T, A)."""
+        horizon = actions.shape[1]
+        steps = torch.arange(horizon - 1, device=latents.device)
+        step_latents = self.embed_actions(actions[:, :-1], slot[:, None] + steps)  # (B, T-1, D)
+        hidden, _ = self.transformer(torch.cat([latents, step_latents], dim=1), latent_mask)  # (B, n+T-1, D)
+        hidden, _ = prediction.transformer(hidden, latent_mask)  # (B, n+T-1, D)
+        num_context = latents.shape[1]
+        weights = latent_mask.unsqueeze(-1).to(hidden.dtype)  # (B, n, 1)
+        context_sum = (hidden[:, :num_context] * weights).sum(dim=1, keepdim=True)  # (B, 1, D)
+        step_sums = torch.cumsum(hidden[:, num_context:], dim=1)  # (B, T-1, D)
+        sums = torch.cat([context_sum, context_sum + step_sums], dim=1)  # (B, T, D)
+        counts = weights.sum(dim=1, keepdim=True) + torch.arange(horizon, device=latents.device)[None, :, None]
+        return prediction.classifier(sums / counts)  # (B, T, A)
 
-class CausalPrediction(nn.Module):
-    """f: the prefix-causal stack over g's outputs, a running mean over context and steps, linear classifier."""
+    @torch.no_grad()
+    def start(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
+              slot: torch.Tensor, horizon: int) -> CausalState:
+        """The context encoded once per boundary: its caches and the step-0 logits (B, A)."""
+        hidden, g_context = self.transformer(latents, latent_mask)  # (B, n, D)
+        hidden, f_context = prediction.transformer(hidden, latent_mask)  # (B, n, D)
+        weights = latent_mask.unsqueeze(-1).to(hidden.dtype)
+        sums = (hidden * weights).sum(dim=1)  # (B, D)
+        counts = weights.sum(dim=1)  # (B, 1)
+        logits = prediction.classifier(sums / counts)  # (B, A)
+        return CausalState(g_context, f_context, latent_mask, sums, counts, slot, logits, horizon)
 
-    def __init__(self, config):
-        super().__init__()
-        self.transformer = CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
-                                       config.num_layers)
-        self.classifier = nn.Linear(config.d_model, config.num_actions)
+    @torch.no_grad()
+    def step(self, prediction: CausalPrediction, state: CausalState, actions: torch.Tensor) -> CausalState:
+        """One cached token per row (N = B*K, a boundary's K paths adjacent): actions (N,)."""
+        g_own, f_own = state.g_own, state.f_own
+        if g_own is None:  # filled one step at a time
+            g_own = self.transformer.new_buffers(len(actions), state.horizon - 1, state.g_context[0][0])
+            f_own = prediction.transformer.new_buffers(len(actions), state.horizon - 1, state.f_context[0][0])
+        new = self.embed_actions(actions[:, None], state.slot[:, None])  # (N, 1, D)
+        new = self.transformer.step(new, state.g_context, state.context_mask, g_own, state.steps)
+        new = prediction.transformer.step(new, state.f_context, state.context_mask, f_own, state.steps)
+        sums, counts = state.sums + new[:, 0], state.counts + 1
+        logits = prediction.classifier(sums / counts)  # (N, A)
+        return replace(state, sums=sums, counts=counts, slot=state.slot + 1, logits=logits, steps=state.steps + 1,
+                       g_own=g_own, f_own=f_own)
 
+    @torch.no_grad()
+    def sample(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
+               slot: torch.Tensor, num_paths: int, horizon: int, temperature: float,
+               generator: torch.Generator | None) -> torch.Tensor:
+        """K draws per boundary at step 0 (a boundary's paths share that state), then one per path and step."""
+        def draw(logits: torch.Tensor, draws: int) -> torch.Tensor:  # (N, A) -> (N, draws)
+            probs = torch.softmax(logits.float() / temperature, dim=-1)
+            return torch.multinomial(probs, draws, replacement=True, generator=generator)
 
-def causal_teacher_forcing(planner, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
-                           actions: torch.Tensor) -> torch.Tensor:
-    """All T steps in one pass. latents (B, n, D), latent_mask (B, n), slot (B,), actions (B, T) fed
-    actions (step t sees actions < t) -> logits (B, T, A)."""
-    dynamics, prediction = planner.dynamics, planner.prediction
-    horizon = actions.shape[1]
-    steps = torch.arange(horizon - 1, device=latents.device)
-    step_latents = dynamics.embed_actions(actions[:, :-1], slot[:, None] + steps)  # (B, T-1, D)
-    hidden, _ = dynamics.transformer(torch.cat([latents, step_latents], dim=1), latent_mask)  # (B, n+T-1, D)
-    hidden, _ = prediction.transformer(hidden, latent_mask)  # (B, n+T-1, D)
-    num_context = latents.shape[1]
-    weights = latent_mask.unsqueeze(-1).to(hidden.dtype)  # (B, n, 1)
-    context_sum = (hidden[:, :num_context] * weights).sum(dim=1, keepdim=True)  # (B, 1, D)
-    step_sums = torch.cumsum(hidden[:, num_context:], dim=1)  # (B, T-1, D)
-    sums = torch.cat([context_sum, context_sum + step_sums], dim=1)  # (B, T, D)
-    counts = weights.sum(dim=1, keepdim=True) + torch.arange(horizon, device=latents.device)[None, :, None]
-    return prediction.classifier(sums / counts)  # (B, T, A)
-
-
-@torch.no_grad()
-def causal_decode(planner, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor, num_paths: int,
-                  horizon: int, choose, keep_logits: bool = False):
-    """Autoregressive decoding with the caches: the context is encoded once per boundary, then each of
-    the B*K paths adds one token per step. ``choose(logits (N, A), draws) -> actions (N, draws)`` picks
-    the actions: K draws per boundary at step 0 (a boundary's paths share that state), then one per path.
-    Returns actions (B, K, T) and, with keep_logits, logits (B*K, T, A)."""
-    dynamics, prediction = planner.dynamics, planner.prediction
-    batch = latents.shape[0]
-    hidden, g_context = dynamics.transformer(latents, latent_mask)  # (B, n, D)
-    hidden, f_context = prediction.transformer(hidden, latent_mask)  # (B, n, D)
-    weights = latent_mask.unsqueeze(-1).to(hidden.dtype)
-    sums = (hidden * weights).sum(dim=1)  # (B, D)
-    counts = weights.sum(dim=1)  # (B, 1)
-    logits = prediction.classifier(sums / counts)  # (B, A)
-    actions = choose(logits.float(), num_paths)  # (B, K)
-    path_actions = [actions.reshape(-1)]
-    path_logits = [logits.repeat_interleave(num_paths, dim=0)] if keep_logits else []
-    sums, counts = sums.repeat_interleave(num_paths, dim=0), counts.repeat_interleave(num_paths, dim=0)  # (B*K, .)
-    path_slot = slot.repeat_interleave(num_paths)  # (B*K,)
-    rows = batch * num_paths
-    g_own = dynamics.transformer.new_buffers(rows, horizon - 1, g_context[0][0])  # filled one step at a time
-    f_own = prediction.transformer.new_buffers(rows, horizon - 1, f_context[0][0])
-    for step in range(1, horizon):
-        new = dynamics.embed_actions(path_actions[-1][:, None], (path_slot + step - 1)[:, None])  # (B*K, 1, D)
-        new = dynamics.transformer.step(new, g_context, latent_mask, g_own, step - 1)
-        new = prediction.transformer.step(new, f_context, latent_mask, f_own, step - 1)
-        sums, counts = sums + new[:, 0], counts + 1
-        logits = prediction.classifier(sums / counts)  # (B*K, A)
-        path_actions.append(choose(logits.float(), 1)[:, 0])
-        if keep_logits:
-            path_logits.append(logits)
-    paths = torch.stack(path_actions, dim=1).view(batch, num_paths, horizon)  # (B, K, T)
-    return (paths, torch.stack(path_logits, dim=1)) if keep_logits else paths
+        state = self.start(prediction, latents, latent_mask, slot, horizon)
+        actions = [draw(state.logits, num_paths).reshape(-1)]  # (B*K,)
+        state = state.repeat_paths(num_paths)
+        for _ in range(1, horizon):
+            state = self.step(prediction, state, actions[-1])
+            actions.append(draw(state.logits, 1)[:, 0])
+        return torch.stack(actions, dim=1).view(latents.shape[0], num_paths, horizon)  # (B, K, T)

@@ -1,0 +1,65 @@
+"""Loading what the evaluation commands evaluate: planned-LM and planner folders, checked against the
+prepared corpus, and the weights' fingerprint that keys the evaluation folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.utils import PlanlmError, file_sha256, fingerprint
+
+
+def load_model(model_dir: str | Path):
+    """A PlannedLM from a ``train-lm`` folder, or a bare HF causal-LM folder wrapped as plans kind ``none``."""
+    from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
+
+    model_dir = Path(model_dir)
+    if (model_dir / "planned_lm.json").is_file():
+        return PlannedLM.from_pretrained(model_dir)
+    if (model_dir / "config.json").is_file():
+        from transformers import AutoModelForCausalLM
+
+        return PlannedLM(PlannedLMConfig(tokenizer=str(model_dir)),
+                         AutoModelForCausalLM.from_pretrained(str(model_dir)))
+    raise PlanlmError(f"{model_dir}: no model here (neither planned_lm.json nor an HF config.json); give the out_dir "
+                      f"of a finished `planlm train-lm` or an HF model folder")
+
+
+def model_fingerprint(model_dir: str | Path) -> str:
+    """Identity of a model folder for the evaluation cache key: the hashes of its weight files."""
+    model_dir = Path(model_dir)
+    files = sorted(p for p in model_dir.rglob("*.safetensors") if "checkpoints" not in p.parts)
+    files += sorted(model_dir.rglob("*.json")) if not files else []
+    return fingerprint({str(p.relative_to(model_dir)): file_sha256(p) for p in files})
+
+
+def load_checked(model_dir: str, prepared_dir: str, split: str):
+    """(prepared dataset, split view, model) after checking that the model fits the prepared corpus."""
+    prepared = PreparedDataset(prepared_dir)
+    split_view = prepared.split(split)
+    model = load_model(model_dir)
+    check_compatible(model, prepared, split_view, model_dir)
+    return prepared, split_view, model
+
+
+def check_compatible(model, prepared: PreparedDataset, split: PreparedSplit, model_dir: str) -> None:
+    config = model.config
+    vocab = model.lm.get_input_embeddings().num_embeddings
+    if split.num_tokens and int(np.max(split.input_ids)) >= vocab:
+        raise PlanlmError(f"{split.path}/input_ids.npy: token id {int(np.max(split.input_ids))} is outside the "
+                          f"{vocab}-token vocabulary of {model_dir}; evaluate on a corpus prepared with the model's "
+                          f"tokenizer")
+    if (Path(model_dir) / "planned_lm.json").is_file() and config.tokenizer != prepared.tokenizer_name:
+        raise PlanlmError(f"{model_dir}/planned_lm.json: tokenizer {config.tokenizer!r} differs from the prepared "
+                          f"corpus's {prepared.tokenizer_name!r} ({prepared.path}); evaluate on a corpus prepared "
+                          f"with the model's tokenizer")
+    if model.adapter is not None:
+        if config.codebook_hash and config.codebook_hash != prepared.codebook_hash:
+            raise PlanlmError(f"{model_dir}/planned_lm.json: the adapter was trained on codebook "
+                              f"{config.codebook_hash[:12]} but {prepared.path} has {prepared.codebook_hash[:12]}; "
+                              f"evaluate on the prepared corpus the model was trained on")
+        if model.adapter.config.num_actions != prepared.num_actions:
+            raise PlanlmError(f"{model_dir}: the adapter knows {model.adapter.config.num_actions} actions but "
+                              f"{prepared.path} has {prepared.num_actions}; evaluate on the corpus it was trained on")

@@ -1,0 +1,194 @@
+"""The planner's dynamics g, and how g runs with the prediction f: one interface, the paper's recurrent g.
+
+    z_{1:i+k}   = g(z_{1:i+k-1}, a_{i+k-1})   1 <= k < T   append Emb(action) to the latents
+    p(a_{i+k})  = f(z_{1:i+k})                0 <= k < T
+
+A ``Dynamics`` is g together with the ways the planner runs g and f after h:
+
+    teacher_forcing   the logits of all T steps for given actions (training, evaluation)
+    start, step       step-by-step decoding: the state after h with its step-0 logits, then one action
+                      per row and step (the argmax path)
+    sample            K sampled paths per boundary, batched the way this g allows
+
+f is passed in rather than owned by g: the planner holds g as ``dynamics`` and f as ``prediction``,
+the state-dict keys of every saved planner. Each g names the f it runs with (``prediction_class``).
+Two implementations: ``RecurrentDynamics`` (the paper's, here: g re-encodes the grown set of latents
+at every step, so every latent changes) and ``CausalDynamics`` (planlm.models.dynamics_causal: a
+prefix-causal g and f with a key/value cache, which makes extra paths cheap).
+
+Letters: B batch (boundaries), T horizon, K paths, A actions, D width (d_model), n latents in a
+state, N rows of a state (B, or one per path or per distinct prefix), U distinct prefixes,
+P paths in all (sum of the per-boundary counts).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from planlm.models.planner import PlannerConfig
+
+
+def transformer(config: PlannerConfig) -> nn.TransformerEncoder:
+    layer = nn.TransformerEncoderLayer(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
+                                       batch_first=True)
+    return nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
+
+
+def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Identity forward; multiplies the gradient by ``scale`` (MuZero's trick for the recurrent state)."""
+    return x * scale + x.detach() * (1.0 - scale)
+
+
+class Dynamics(nn.Module, ABC):
+    """g, and how the planner runs g with f. Every method starts from h's output: latents (B, n, D),
+    latent_mask (B, n) [True = a real latent] and slot (B,), the sentence slot of the first planned action."""
+
+    prediction_class: type[nn.Module]
+    """The f this g runs with; the planner builds it right after g (so parameters are created g, then f)."""
+    mixed_path_counts: bool
+    """Whether ``sample`` takes a different number of paths per boundary in one call; if not, the planner
+    samples each distinct count as a batch of its own."""
+
+    @abstractmethod
+    def teacher_forcing(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor,
+                        slot: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """actions (B, T) fed actions (step t sees actions < t) -> logits (B, T, A)."""
+
+    @abstractmethod
+    def start(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
+              horizon: int):
+        """The decoding state after h (one row per boundary); its ``logits`` (B, A) are step 0's."""
+
+    @abstractmethod
+    def step(self, prediction: nn.Module, state, actions: torch.Tensor):
+        """actions (N,), one per row of ``state`` -> the state one step later, with the next ``logits`` (N, A)."""
+
+    @abstractmethod
+    def sample(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
+               num_paths: int | torch.Tensor, horizon: int, temperature: float,
+               generator: torch.Generator | None) -> torch.Tensor:
+        """Sampled action paths (B, K, T) at ``temperature`` > 0. ``num_paths``: one K, or (where
+        ``mixed_path_counts``) a LongTensor (B,) of counts: then K is its maximum and the paths of boundary b
+        beyond num_paths[b] are zero padding."""
+
+
+class RecurrentPrediction(nn.Module):
+    """f: transformer over the latents, mean pool over the valid ones, linear classifier over actions."""
+
+    def __init__(self, config: PlannerConfig):
+        super().__init__()
+        self.transformer = transformer(config)
+        self.classifier = nn.Linear(config.d_model, config.num_actions)
+
+    def forward(self, latents: torch.Tensor, latent_mask: torch.Tensor) -> torch.Tensor:
+        """latents (N, n, D), latent_mask (N, n) -> logits (N, A)."""
+        hidden = self.transformer(latents, src_key_padding_mask=~latent_mask)  # (N, n, D)
+        weights = latent_mask.unsqueeze(-1).to(hidden.dtype)  # (N, n, 1)
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1)  # (N, D)
+        return self.classifier(pooled)  # (N, A)
+
+
+@dataclass
+class RecurrentState:
+    """The set of latents after some steps: latents (N, n, D), latent_mask (N, n), slot (N,) of the next
+    action, logits (N, A) of the next action."""
+
+    latents: torch.Tensor
+    latent_mask: torch.Tensor
+    slot: torch.Tensor
+    logits: torch.Tensor
+
+    def select(self, rows: torch.Tensor) -> RecurrentState:
+        """rows (U,) -> the state of those rows."""
+        return RecurrentState(self.latents[rows], self.latent_mask[rows], self.slot[rows], self.logits[rows])
+
+
+class RecurrentDynamics(Dynamics):
+    """The paper's g: append Emb(action) at the next sentence slot, then a transformer over the grown set.
+
+    No key/value cache is possible (every latent changes), so decoding re-encodes the whole set each step;
+    sampling shares the state of paths with a common prefix instead."""
+
+    prediction_class = RecurrentPrediction
+    mixed_path_counts = True
+
+    def __init__(self, config: PlannerConfig, positions: nn.Module):
+        super().__init__()
+        self.action_embedding = nn.Embedding(config.num_actions, config.d_model)
+        self.transformer = transformer(config)
+        self.positions = positions  # shared with h (no parameters of g's own when sinusoidal)
+        self.grad_scale = config.dynamics_grad_scale
+
+    def forward(self, latents: torch.Tensor, latent_mask: torch.Tensor, actions: torch.Tensor, slot: torch.Tensor):
+        """latents (N, n, D), latent_mask (N, n), actions (N,), slot (N,) -> latents (N, n+1, D), mask (N, n+1)."""
+        latents = scale_gradient(latents, self.grad_scale)
+        new = self.action_embedding(actions) + self.positions(slot)  # (N, D)
+        latents = torch.cat([latents, new.unsqueeze(1)], dim=1)  # (N, n+1, D)
+        latent_mask = torch.cat([latent_mask, torch.ones_like(latent_mask[:, :1])], dim=1)  # (N, n+1)
+        return self.transformer(latents, src_key_padding_mask=~latent_mask), latent_mask
+
+    def start(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
+              horizon: int) -> RecurrentState:
+        return RecurrentState(latents, latent_mask, slot, prediction(latents, latent_mask))  # logits (B, A)
+
+    def step(self, prediction: nn.Module, state: RecurrentState, actions: torch.Tensor) -> RecurrentState:
+        latents, latent_mask = self(state.latents, state.latent_mask, actions, state.slot)  # (N, n+1, D)
+        return RecurrentState(latents, latent_mask, state.slot + 1, prediction(latents, latent_mask))
+
+    def teacher_forcing(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor,
+                        slot: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        state = self.start(prediction, latents, latent_mask, slot, actions.shape[1])
+        logits = [state.logits]
+        for step in range(1, actions.shape[1]):
+            state = self.step(prediction, state, actions[:, step - 1])
+            logits.append(state.logits)
+        return torch.stack(logits, dim=1)  # (B, T, A)
+
+    def sample(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
+               num_paths: int | torch.Tensor, horizon: int, temperature: float,
+               generator: torch.Generator | None) -> torch.Tensor:
+        batch_size = latents.shape[0]
+        if torch.is_tensor(num_paths):
+            counts = num_paths.to(latents.device)
+        else:
+            counts = torch.full((batch_size,), num_paths, dtype=torch.long, device=latents.device)
+        state = self.start(prediction, latents, latent_mask, slot, horizon)
+        paths = self._sample_shared_prefixes(prediction, state, counts, horizon, temperature, generator)
+        most = int(counts.max())
+        if int(counts.min()) == most:
+            return paths.view(batch_size, most, horizon)  # (B, K, T)
+        return pad_paths(paths, counts, most)  # (B, K_max, T)
+
+    def _sample_shared_prefixes(self, prediction: nn.Module, state: RecurrentState, counts: torch.Tensor,
+                                horizon: int, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+        """counts (B,) paths per boundary -> the paths, boundary after boundary: (P, T).
+
+        Paths that share a prefix share their state, so g and f run once per distinct (boundary, prefix):
+        U <= P states. Each path samples from its own row of probabilities, so the draws are exactly those
+        of independent rollouts."""
+        num_actions = state.logits.shape[-1]
+        state_of_path = torch.arange(len(counts), device=counts.device).repeat_interleave(counts)  # (P,)
+        actions = []
+        for step in range(horizon):
+            if step > 0:
+                keys = state_of_path * num_actions + actions[-1]  # (P,) (parent state, action)
+                unique_keys, state_of_path = torch.unique(keys, return_inverse=True)  # (U,), (P,)
+                state = self.step(prediction, state.select(unique_keys // num_actions), unique_keys % num_actions)
+            probs = torch.softmax(state.logits.float() / temperature, dim=-1)[state_of_path]  # (P, A)
+            actions.append(torch.multinomial(probs, 1, generator=generator).squeeze(1))  # (P,)
+        return torch.stack(actions, dim=1)  # (P, T)
+
+
+def pad_paths(paths: torch.Tensor, counts: torch.Tensor, most: int) -> torch.Tensor:
+    """paths (P, T), boundary after boundary -> (B, most, T) with zero padding beyond each count."""
+    starts = torch.cumsum(counts, 0) - counts  # (B,) first row of each boundary
+    slot = torch.arange(len(paths), device=paths.device) - starts.repeat_interleave(counts)  # (P,) path index
+    out = paths.new_zeros(len(counts), most, paths.shape[1])
+    out[torch.arange(len(counts), device=paths.device).repeat_interleave(counts), slot] = paths
+    return out

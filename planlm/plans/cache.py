@@ -1,0 +1,72 @@
+"""The on-disk plan cache: where ``planlm sample-plans`` puts a cache, and reading it back.
+
+Plan cache folder (``planlm sample-plans``; default ``<planner_dir>/plans/K{K}-T{T}-tau{tau}-seed{seed}``)::
+
+    manifest.json        written last: num_paths, horizon, temperature, seed, planner_hash (sha256 of the
+                         planner's model.safetensors), codebook_hash, num_actions, prepared_dir, counts
+    <split>.npy          (N_sent, K, T) int64  sampled paths; row s = the paths for boundary s
+    <split>.num_paths.npy (N_sent,) int64      paths of boundary s under the path policy (K for fixed): the
+                                               paths of row s beyond it are padding (planlm.plans.policy)
+    <split>.argmax.npy   (N_sent, T) int64     the greedy path of boundary s
+
+An adaptive path policy (``--path_policy``) is part of the cache key and of the default folder name
+(``...-seed{seed}-{kind}-{fingerprint}``); the manifest records the paths per boundary of every split.
+
+Letters: K paths, T horizon, N_sent sentences.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from planlm.data.artifacts import PreparedDataset
+from planlm.plans.policy import PathPolicy
+from planlm.utils import PlanlmError, fingerprint, read_manifest
+
+
+def default_plans_dir(planner_dir: str | Path, num_paths: int, horizon: int, temperature: float, seed: int,
+                      policy: PathPolicy | None = None) -> Path:
+    name = f"K{num_paths}-T{horizon}-tau{temperature:g}-seed{seed}"
+    if policy is not None and policy.adaptive:  # a cache sampled under one policy is never read for another
+        name += f"-{policy.kind}-{fingerprint(policy.cache_key())[:8]}"
+    return Path(planner_dir) / "plans" / name
+
+
+def load_plans(plans_dir: str | Path, split: str, *, prepared: PreparedDataset | None = None,
+               argmax: bool = False) -> np.ndarray:
+    """Memory-mapped cached plans of one split: (N_sent, K, T) int64, or (N_sent, T) with ``argmax``.
+
+    With ``prepared``, checks that the plans were made for its actions (codebook and num_actions) and
+    cover every sentence of the split.
+    """
+    plans_dir = Path(plans_dir)
+    manifest = read_manifest(plans_dir)
+    if manifest is None:
+        raise PlanlmError(f"{plans_dir}: no complete plan cache here (manifest.json missing); run "
+                          f"`planlm sample-plans` to build it")
+    path = plans_dir / (f"{split}.argmax.npy" if argmax else f"{split}.npy")
+    if not path.is_file():
+        raise PlanlmError(f"{plans_dir}: no plans for split {split!r} (has {manifest.get('splits')}); rerun "
+                          f"`planlm sample-plans --splits` with it")
+    if prepared is not None:
+        if manifest.get("num_actions") != prepared.num_actions:
+            raise PlanlmError(f"{plans_dir}/manifest.json: plans use num_actions={manifest.get('num_actions')} but "
+                              f"{prepared.path} has {prepared.num_actions}; sample plans with a planner trained on it")
+        if manifest.get("codebook_hash") != prepared.codebook_hash:
+            raise PlanlmError(f"{plans_dir}/manifest.json: plans were made for codebook "
+                              f"{str(manifest.get('codebook_hash'))[:12]} but {prepared.path} has "
+                              f"{prepared.codebook_hash[:12]}; sample plans with a planner trained on it")
+    plans = np.load(path, mmap_mode="r")
+    if prepared is not None and len(plans) != prepared.split(split).num_sentences:
+        raise PlanlmError(f"{path}: {len(plans)} rows but {prepared.path}/{split} has "
+                          f"{prepared.split(split).num_sentences} sentences; rerun `planlm sample-plans`")
+    return plans
+
+
+def load_path_counts(plans_dir: str | Path, split: str) -> np.ndarray | None:
+    """(N_sent,) paths per boundary of a cached split (the first that many of each row are real), or None
+    for a cache made before path policies (every boundary has K paths)."""
+    path = Path(plans_dir) / f"{split}.num_paths.npy"
+    return np.load(path) if path.is_file() else None
