@@ -45,6 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_mechanism import SUCCESSORS, TYPE_NAMES, TYPES  # noqa: E402  the corpus's known answer
+from planlm.plans.spec import PlanSpec
 
 OPENER_TYPE = {opener: index for index, name in enumerate(TYPE_NAMES) for opener in TYPES[name][0]}
 
@@ -74,7 +75,7 @@ def compute_vs_perplexity(args, label: str, folder: str, model_dir: Path, run_di
 
     out = sweep(str(model_dir), str(run_dir / "prepared"), str(Path(args.out_dir) / folder),
                 kind="compute", num_paths=args.fixed, policies=policies(args), split="test",
-                planner_dir=str(run_dir / "planner"), context_length=context_length, stride=stride,
+                plans=PlanSpec(planner_dir=str(run_dir / "planner")), context_length=context_length, stride=stride,
                 max_articles=args.max_articles, batch_size=64, device="cpu", bootstrap_samples=args.bootstrap_samples)
     with open(out / "sweep_compute.csv") as f:
         rows = list(csv.DictReader(f))
@@ -219,7 +220,7 @@ def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
         counts = sum(np.where(mask, keep[c], 0) for c, mask in classes.items()).astype(np.int64)
         np.save(folder / "test.num_paths.npy", counts)
         metrics = evaluate(str(mech / "lm" / args.model), str(mech / "prepared"), str(out / f"eval-keep{name}"),
-                           plans_dir=str(folder), context_length=args.context_length,
+                           plans=PlanSpec(plans_dir=str(folder)), context_length=args.context_length,
                            stride=args.context_length - 1, max_articles=args.max_articles, batch_size=64,
                            device="cpu", plan_usage=False, bootstrap_samples=args.bootstrap_samples)
         diff = compare_evaluations(sweep_dir / "fixed-50", out / f"eval-keep{name}", num_samples=args.bootstrap_samples)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from planlm.plans.spec import PlanSpec
 
 LMS = {"tiny": dict(n_layer=2, n_embd=128, n_head=2), "small": dict(n_layer=6, n_embd=384, n_head=6),
        "gpt2": dict(n_layer=12, n_embd=768, n_head=12)}
@@ -99,7 +100,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats; the best of each is reported")
     args = parser.parse_args()
 
-    from planlm.evaluate.perplexity import EvalConditioning, evaluate_split, scoring_windows
+    from planlm.evaluate.perplexity import evaluate_split, scoring_windows
     from planlm.utils import resolve_device
 
     device = resolve_device(args.device)
@@ -112,8 +113,7 @@ def main() -> None:
         scored = int((windows[:, 3] - windows[:, 2]).sum())
 
         def run(dynamics: str, num_paths: int, num_articles: int = args.articles) -> dict:
-            cond = EvalConditioning("planner_sampled", num_paths, 10, 1.0, 0, 0, str(root / f"planner-{dynamics}"),
-                                    None)
+            cond = PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=10, temperature=1.0, seed=0, fixed_action=0, planner_dir=str(root / f"planner-{dynamics}")).resolve()
             return evaluate_split(model, prepared, split, cond, num_articles, stride=1, batch_size=args.batch_size,
                                   device=device, precision=args.precision)
 

@@ -278,21 +278,16 @@ CONDITIONS = ("none", "fixed", "argmax", "sampled", "ours", "oracle")
 
 
 def condition_config(name: str, planner_dir: str, args, seed: int) -> dict:
-    if name == "none":
-        return {"conditioning": "none"}
-    if name == "fixed":
-        return {"conditioning": "fixed"}
-    if name == "argmax":
-        return {"conditioning": "planner_argmax", "num_paths": 1, "horizon": 1, "planner_dir": planner_dir}
-    if name == "sampled":
-        return {"conditioning": "planner_sampled", "num_paths": args.num_paths, "horizon": 1,
-                "temperature": 1.0, "planner_dir": planner_dir, "seed": seed}
-    if name == "ours":
-        return {"conditioning": "planner_sampled", "adapter": "multipath", "num_paths": args.num_paths,
-                "horizon": args.horizon, "temperature": 1.0, "planner_dir": planner_dir, "seed": seed}
-    if name == "oracle":
-        return {"conditioning": "oracle"}
-    raise ValueError(name)
+    """The train-lm arguments (plans, adapter) of one condition of the benchmark."""
+    from planlm.models.adapter import AdapterSettings
+    from planlm.plans.spec import PlanSpec
+
+    sampled = dict(kind="planner_sampled", num_paths=args.num_paths, temperature=1.0, planner_dir=planner_dir,
+                   seed=seed)
+    plans = {"none": PlanSpec(kind="none"), "fixed": PlanSpec(kind="fixed"), "oracle": PlanSpec(kind="oracle"),
+             "argmax": PlanSpec(kind="planner_argmax", num_paths=1, horizon=1, planner_dir=planner_dir),
+             "sampled": PlanSpec(horizon=1, **sampled), "ours": PlanSpec(horizon=args.horizon, **sampled)}[name]
+    return {"plans": plans, "adapter": AdapterSettings(kind="multipath" if name == "ours" else "project_avg")}
 
 
 def main() -> None:
@@ -372,7 +367,7 @@ def main() -> None:
     from planlm.evaluate.perplexity import evaluate
     from planlm.evaluate.sweeps import sweep
     from planlm.models.planner import PlannerShape
-    from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
+    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
     from planlm.train.planner import PlannerTrainArgs, train_planner
 
     out = Path(args.out_dir)
@@ -449,7 +444,7 @@ def main() -> None:
             model_dir = out / args.tag / "lm" / f"{name}-seed{seed}"
             clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(model_dir),
                   model=LMModelConfig(init_from=str(base_dir)),
-                  conditioning=ConditioningConfig(**condition_config(name, planner_dir, args, seed)),
+                  **condition_config(name, planner_dir, args, seed),
                   train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, adapter_lr=args.adapter_lr,
                                       max_epochs=args.epochs, warmup_steps=5, gradient_clip_val=args.clip or None,
                                       seed=seed, progress_bar=False, log_every_n_steps=10, **window))

@@ -26,6 +26,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from planlm.plans.spec import PlanSpec
 
 LMS = {"tiny": dict(n_layer=2, n_embd=128, n_head=2), "gpt2": dict(n_layer=12, n_embd=768, n_head=12)}
 PLANNERS = {"tiny": dict(d_model=64, num_heads=2, dim_feedforward=128),
@@ -56,7 +57,8 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     from planlm.evaluate.perplexity import evaluate
     from planlm.models.planner import PlannerShape
     from planlm.plans.sampling import sample_plans
-    from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
+    from planlm.models.adapter import AdapterSettings
+    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
     from planlm.train.planner import PlannerTrainArgs, train_planner
 
     accelerator = {"auto": "auto", "cpu": "cpu", "cuda": "gpu"}[args.device]
@@ -86,8 +88,8 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     began = time.perf_counter()
     lm = train_lm(str(prepared_dir), str(root / "lm"),
                   LMModelConfig(model_config={"model_type": "gpt2", "n_positions": 128, **LMS[args.lm]}),
-                  ConditioningConfig(conditioning="planner_sampled", adapter="multipath", num_paths=10, horizon=10,
-                                     plans_dir=str(plans), num_heads=2),
+                  PlanSpec(kind="planner_sampled", num_paths=10, horizon=10, plans_dir=str(plans)),
+                  AdapterSettings(kind="multipath", num_heads=2),
                   LMTrainConfig(batch_size=32, max_epochs=1, accelerator=accelerator, progress_bar=False))
     rows.append(("train_lm multipath K=T=10 (one epoch)", time.perf_counter() - began, tokens, "tokens"))
 
@@ -95,7 +97,7 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
                                    (1, args.eval_articles, f"evaluate, stride 1 ({args.eval_articles} articles)")):
         began = time.perf_counter()
         metrics = evaluate(str(lm), str(prepared_dir), str(root / f"eval{stride}"), stride=stride,
-                           max_articles=articles, device=args.device, plans_dir=str(plans))
+                           max_articles=articles, device=args.device, plans=PlanSpec(plans_dir=str(plans)))
         rows.append((name, time.perf_counter() - began, metrics["tokens"], "tokens"))
     return rows
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -14,7 +15,7 @@ import torch
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
-from planlm.plans.spec import PlanSpec
+from planlm.plans.spec import PlanKind, PlanSpec
 from planlm.models.planner import Planner, PlannerConfig
 
 
@@ -61,20 +62,25 @@ def tiny_planned_lm(prepared: PreparedDataset, adapter: str = "project_avg", see
     return model.eval()
 
 
+def use_planner(model: PlannedLM, planner_dir) -> PlannedLM:
+    """``model`` as if trained on plans sampled from the planner in ``planner_dir`` (its K and T kept)."""
+    model.config.plans = replace(model.config.plans, kind=PlanKind.planner_sampled, planner_dir=str(planner_dir))
+    return model
+
+
 CHATTY_WORDS = (" red", " water", ".")
 
 
 def sampled_multipath(prepared: PreparedDataset, planner_dir: Path):
     """A tiny multipath planned LM with both ReZero scalars at 1 (its path and sample transformers on)
     and the conditioning of 2 sampled paths of 3 steps from a tiny planner saved in ``planner_dir``."""
-    from planlm.evaluate.perplexity import EvalConditioning
-
+    
     tiny_planner(prepared).save_pretrained(planner_dir)
     model = tiny_planned_lm(prepared, adapter="multipath")
     with torch.no_grad():
         model.adapter.alpha_path.fill_(1.0)
         model.adapter.alpha_sample.fill_(1.0)
-    return model, EvalConditioning("planner_sampled", 2, 3, 1.0, 0, 0, str(planner_dir), None)
+    return model, PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, temperature=1.0, seed=0, fixed_action=0, planner_dir=str(planner_dir)).resolve()
 
 
 def chatty_planned_lm(prepared: PreparedDataset, period_bias: float = 0.66, seed: int = 0) -> PlannedLM:

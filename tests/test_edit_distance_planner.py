@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 
-from helpers import chatty_planned_lm, read_csv, tiny_planner
+from helpers import chatty_planned_lm, read_csv, tiny_planner, use_planner
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.edit_distance import action_edit_distance, edit_distance
 from planlm.evaluate.generate import generate
 from planlm.evaluate.generator import SamplingConfig
+from planlm.plans.spec import PlanSpec
 
 
 def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, tmp_path):
     prepared = PreparedDataset(synthetic_cycle)
     tiny_planner(prepared).save_pretrained(tmp_path / "planner")
     model = chatty_planned_lm(prepared)  # writes short sentences: generation re-plans at each
-    model.config.conditioning, model.config.planner_dir = "planner_sampled", str(tmp_path / "planner")
+    use_planner(model, str(tmp_path / "planner"))
     model.save_pretrained(tmp_path / "model")
     kwargs = dict(max_articles=3, max_boundaries_per_article=1, new_tokens=12, seed=6, bootstrap_samples=20,
                   device="cpu")  # seed 6: the first continuation ends two sentences
@@ -32,12 +33,12 @@ def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, tmp_path):
     # the same prompt, the same planner calls (re-planning at generated sentence ends) and the same draws.
     first = rows[0]
     generated = generate(str(tmp_path / "model"), str(synthetic_cycle), article=int(first["article"]),
-                         boundary=int(first["boundary"]), sampling=SamplingConfig(max_new_tokens=12), seed=6,
+                         boundary=int(first["boundary"]), sampling=SamplingConfig(max_new_tokens=12), plans=PlanSpec(seed=6),
                          device="cpu")
     assert generated["text"] == first["generated_text"] and generated["planner_calls"] >= 3
     assert all(s["plan"] and len(s["plan"]["action_paths"]) == 2 for s in generated["sentences"])
     # The plans matter: the fixed action instead of the planner's plans writes other continuations.
-    edit_distance(str(tmp_path / "model"), str(synthetic_cycle), str(tmp_path / "fixed"), conditioning="fixed", **kwargs)
+    edit_distance(str(tmp_path / "model"), str(synthetic_cycle), str(tmp_path / "fixed"), plans=PlanSpec(kind="fixed"), **kwargs)
     fixed = read_csv(tmp_path / "fixed" / "per_boundary.csv")
     assert [r["generated_text"] for r in fixed] != [r["generated_text"] for r in rows]
     assert json.loads((tmp_path / "fixed" / "metrics.json").read_text())["conditioning"] == "fixed"

@@ -9,10 +9,10 @@ from planlm.data.resources import load_tokenizer, split_sentences
 from planlm.data.tokens import assign_tokens_to_sentences
 from planlm.evaluate.generate import generate, generate_text, synthetic_embed_fn
 from planlm.evaluate.generator import PlannedGenerator, SamplingConfig, _plan_alignment
-from planlm.evaluate.perplexity import EvalConditioning
 from planlm.utils import PlanlmError
 
 from helpers import chatty_planned_lm, linear_output_dtypes, tiny_gpt2, tiny_planned_lm, tiny_planner
+from planlm.plans.spec import PlanSpec
 
 class CountingPlanner:
     """Records the context of every sample_paths call (the planner itself does the work)."""
@@ -30,7 +30,7 @@ class CountingPlanner:
 
 
 def sampled(num_paths=2):
-    return EvalConditioning("planner_sampled", num_paths, 3, 1.0, 0, 0, "unused", None)
+    return PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=3, temperature=1.0, seed=0, fixed_action=0, planner_dir="unused").resolve()
 
 
 def test_synthetic_embeddings_land_on_the_centroid_of_the_sentence_action(synthetic_cycle):
@@ -123,7 +123,7 @@ def test_oracle_generation_from_an_article_prefix_plans_the_true_future(syntheti
     prepared = PreparedDataset(synthetic_random)
     split = prepared["test"]
     tok = load_tokenizer("gpt2")
-    cond = EvalConditioning("oracle", 2, 3, 1.0, 0, 0, None, None)
+    cond = PlanSpec(kind="oracle", num_paths=2, horizon=3, temperature=1.0, seed=0, fixed_action=0).resolve()
     generator = PlannedGenerator(chatty_planned_lm(prepared), tok, cond, split=split,
                                  embed_fn=synthetic_embed_fn(prepared), seed=0)
     prompt = generator.prompt_from_article(split, article=0, boundary=2)
@@ -151,7 +151,7 @@ def test_generate_command_shows_plans_with_example_sentences(synthetic_cycle, tm
     chatty_planned_lm(prepared).save_pretrained(model_dir)
     tiny_planner(prepared).save_pretrained(tmp_path / "planner")
     main(["generate", "--model_dir", str(model_dir), "--prepared_dir", str(synthetic_cycle), "--article", "3",
-          "--boundary", "2", "--conditioning", "planner_sampled", "--planner_dir", str(tmp_path / "planner"),
+          "--boundary", "2", "--plans.kind", "planner_sampled", "--plans.planner_dir", str(tmp_path / "planner"),
           "--sampling.max_new_tokens", "24", "--out_file", str(tmp_path / "gen.json"), "--device", "cpu"])
     printed = capsys.readouterr().out
     result = json.loads((tmp_path / "gen.json").read_text())
@@ -171,7 +171,7 @@ def test_bf16_generation_replans_with_a_causal_planner(synthetic_cycle):
     model = chatty_planned_lm(prepared)
     with linear_output_dtypes() as seen:
         result = generate_text(model, load_tokenizer("gpt2"), "Red water red.",
-                               conditioning=sampled(num_paths=4), planner=counter.planner,
+                               plans=sampled(num_paths=4), planner=counter.planner,
                                embed_fn=synthetic_embed_fn(prepared), sampling=SamplingConfig(max_new_tokens=30),
                                seed=3, precision="bf16")
     # the LM, the adapter and the planner all ran under bf16 autocast

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import chatty_planned_lm, tiny_gpt2, tiny_planner
+from helpers import chatty_planned_lm, tiny_gpt2, tiny_planner, use_planner
 from planlm.cli import main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
@@ -113,11 +113,11 @@ def test_generation_embeds_sentences_with_the_corpus_encoder_and_its_normalisati
     prepared = PreparedDataset(prepared_dir)
     tiny_planner(prepared).save_pretrained(tmp_path / "planner")
     model = chatty_planned_lm(prepared)  # writes short sentences, so generation re-plans
-    model.config.conditioning, model.config.planner_dir = "planner_sampled", str(tmp_path / "planner")
+    use_planner(model, str(tmp_path / "planner"))
     model.save_pretrained(tmp_path / "model")
 
     generator, _, _ = build_generator(str(tmp_path / "model"), str(prepared_dir), "test", None, None, None, None, None,
-                                      None, None, "cpu", seed=0)
+                                      None, None, "cpu", plans=PlanSpec(seed=0))
     embedded, contexts = {}, []
     real_embed, real_plan = generator.embed_fn, generator.plan
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from planlm.data.artifacts import PreparedDataset
-from planlm.evaluate.perplexity import EvalConditioning, evaluate, evaluate_split
+from planlm.evaluate.perplexity import evaluate, evaluate_split
 from planlm.plans.cache import load_plans
 from planlm.plans.sampling import compute_plans, sample_plans
 
-from helpers import linear_output_dtypes, sampled_multipath, tiny_planner
+from helpers import linear_output_dtypes, sampled_multipath, tiny_planner, use_planner
+from planlm.plans.spec import PlanSpec
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -50,7 +51,7 @@ def test_evaluation_on_cuda_runs_bf16_and_matches_fp32_closely(synthetic_random,
     assert set().union(*seen.values()) == {torch.bfloat16}
     assert seen[model.lm.lm_head] == {torch.bfloat16} and np.isfinite(sampled["nll_sums"]).all()
     # oracle plans: bf16 on CUDA, fp32 on CUDA and fp32 on CPU agree up to rounding
-    oracle = EvalConditioning("oracle", 2, 3, 1.0, 0, 0, None, None)
+    oracle = PlanSpec(kind="oracle", num_paths=2, horizon=3, temperature=1.0, seed=0, fixed_action=0).resolve()
     nll = {(device, precision): evaluate_split(model, prepared, split, oracle, num_articles=4, batch_size=4,
                                                device=device, precision=precision)["nll_sums"]
            for device, precision in (("cuda", "auto"), ("cuda", "fp32"), ("cpu", "fp32"))}
@@ -58,7 +59,7 @@ def test_evaluation_on_cuda_runs_bf16_and_matches_fp32_closely(synthetic_random,
     assert not np.array_equal(nll["cuda", "auto"], nll["cuda", "fp32"])
     np.testing.assert_allclose(nll["cuda", "auto"], nll["cuda", "fp32"], rtol=2e-2)
     # the command on the GPU, with the planner sampling there too
-    model.config.conditioning, model.config.planner_dir = "planner_sampled", str(tmp_path / "planner")
+    use_planner(model, str(tmp_path / "planner"))
     model.cpu().save_pretrained(tmp_path / "model")
     metrics = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "eval"), max_articles=4,
                        bootstrap_samples=50, device="cuda")
@@ -75,9 +76,9 @@ def test_bf16_generation_on_cuda(synthetic_cycle):
     prepared = PreparedDataset(synthetic_cycle)
     planner = tiny_planner(prepared, dynamics="causal")
     model = chatty_planned_lm(prepared)
-    cond = EvalConditioning("planner_sampled", 4, 3, 1.0, 0, 0, "unused", None)
+    cond = PlanSpec(kind="planner_sampled", num_paths=4, horizon=3, temperature=1.0, seed=0, fixed_action=0, planner_dir="unused").resolve()
     with linear_output_dtypes() as seen:
-        result = generate_text(model, load_tokenizer("gpt2"), "Red water red.", conditioning=cond, planner=planner,
+        result = generate_text(model, load_tokenizer("gpt2"), "Red water red.", plans=cond, planner=planner,
                                embed_fn=synthetic_embed_fn(prepared), sampling=SamplingConfig(max_new_tokens=30),
                                seed=3, device="cuda")
     assert set().union(*seen.values()) == {torch.bfloat16}

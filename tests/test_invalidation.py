@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import read_csv, tiny_gpt2_config, tiny_planned_lm, tiny_planner, tiny_run_config
+from helpers import read_csv, tiny_gpt2_config, tiny_planned_lm, tiny_planner, tiny_run_config, use_planner
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.synthetic import make_synthetic_prepared
 from planlm.evaluate.edit_distance import edit_distance
@@ -28,7 +28,7 @@ def save_planner(prepared: PreparedDataset, folder: Path, seed: int) -> Path:
 def save_model(prepared: PreparedDataset, folder: Path, seed: int, planner_dir: Path) -> Path:
     """A planner_sampled planned LM (K=2, T=3) whose config names ``planner_dir``."""
     model = tiny_planned_lm(prepared, seed=seed)
-    model.config.conditioning, model.config.planner_dir = "planner_sampled", str(planner_dir)
+    use_planner(model, str(planner_dir))
     model.save_pretrained(folder)
     return folder
 

@@ -7,7 +7,7 @@ from planlm.evaluate.bootstrap import compare
 from planlm.evaluate.sweeps import sweep
 from planlm.utils import PlanlmError
 
-from helpers import read_csv, tiny_planned_lm, tiny_planner
+from helpers import read_csv, tiny_planned_lm, tiny_planner, use_planner
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,7 @@ def planned(tmp_path_factory, synthetic_random):
     root = tmp_path_factory.mktemp("sweep_models")
     tiny_planner(prepared).save_pretrained(root / "planner")
     model = tiny_planned_lm(prepared, adapter="multipath")
-    model.config.conditioning, model.config.planner_dir = "planner_sampled", str(root / "planner")
+    use_planner(model, str(root / "planner"))
     model.save_pretrained(root / "model")
     return root / "model"
 
@@ -47,7 +47,7 @@ def test_temperature_sweep_through_the_cli(planned, synthetic_random, tmp_path, 
     from planlm.cli import main
 
     main(["sweep", "--model_dir", str(planned), "--prepared_dir", str(synthetic_random), "--out_dir",
-          str(tmp_path / "tau"), "--kind", "temperature", "--temperatures", "[0.5, 2.0]", "--fixed_num_paths", "3",
+          str(tmp_path / "tau"), "--kind", "temperature", "--temperatures", "[0.5, 2.0]", "--plans.num_paths", "3",
           "--max_articles", "3", "--bootstrap_samples", "20", "--device", "cpu"])
     rows = read_csv(tmp_path / "tau" / "sweep_temperature.csv")
     assert [float(r["tau"]) for r in rows] == [0.5, 1.0, 2.0] and {r["K"] for r in rows} == {"3"}  # + the reference

@@ -26,8 +26,13 @@ def bind_section(func: Callable, section: dict | None, *, skip: set[str], where:
     """Parse ``section`` with the parser jsonargparse builds from ``func`` (minus ``skip``) and return
     keyword arguments with dataclasses instantiated. Unknown keys, wrong types and failed dataclass
     validation raise one PlanlmError naming ``where``."""
+    import inspect
+
     from jsonargparse import ArgumentParser
 
+    from planlm.plans.spec import check_renamed
+
+    check_renamed(section or {}, set(inspect.signature(func).parameters), where)
     parser = ArgumentParser(exit_on_error=False)
     parser.add_function_arguments(func, skip=skip, as_positional=False, fail_untyped=True)
     try:

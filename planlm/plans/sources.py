@@ -112,7 +112,7 @@ def plan_source(spec: PlanSpec, prepared: PreparedDataset, split: PreparedSplit,
 def cached_plans(spec: PlanSpec, prepared: PreparedDataset, split: PreparedSplit) -> CachedPlans:
     """The plans of ``split`` in the cache ``spec.plans_dir``, after checking that the cache fits the spec and
     the prepared corpus (codebook, K, T, rows)."""
-    from planlm.plans.sampling import load_path_counts, load_plans
+    from planlm.plans.cache import load_path_counts, load_plans
 
     check_cache(spec, prepared)
     argmax = spec.kind == PlanKind.planner_argmax
