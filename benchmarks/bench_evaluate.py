@@ -113,7 +113,7 @@ def main() -> None:
         scored = int((windows[:, 3] - windows[:, 2]).sum())
 
         def run(dynamics: str, num_paths: int, num_articles: int = args.articles) -> dict:
-            cond = PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=10, temperature=1.0, seed=0, fixed_action=0, planner_dir=str(root / f"planner-{dynamics}")).resolve()
+            cond = PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=10, planner_dir=str(root / f"planner-{dynamics}")).resolve()
             return evaluate_split(model, prepared, split, cond, num_articles, stride=1, batch_size=args.batch_size,
                                   device=device, precision=args.precision)
 

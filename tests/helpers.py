@@ -80,7 +80,7 @@ def sampled_multipath(prepared: PreparedDataset, planner_dir: Path):
     with torch.no_grad():
         model.adapter.alpha_path.fill_(1.0)
         model.adapter.alpha_sample.fill_(1.0)
-    return model, PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, temperature=1.0, seed=0, fixed_action=0, planner_dir=str(planner_dir)).resolve()
+    return model, PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, planner_dir=str(planner_dir)).resolve()
 
 
 def chatty_planned_lm(prepared: PreparedDataset, period_bias: float = 0.66, seed: int = 0) -> PlannedLM:

@@ -33,7 +33,7 @@ def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, tmp_path):
     # the same prompt, the same planner calls (re-planning at generated sentence ends) and the same draws.
     first = rows[0]
     generated = generate(str(tmp_path / "model"), str(synthetic_cycle), article=int(first["article"]),
-                         boundary=int(first["boundary"]), sampling=SamplingConfig(max_new_tokens=12), plans=PlanSpec(seed=6),
+                         boundary=int(first["boundary"]), sampling=SamplingConfig(max_new_tokens=12), seed=6,
                          device="cpu")
     assert generated["text"] == first["generated_text"] and generated["planner_calls"] >= 3
     assert all(s["plan"] and len(s["plan"]["action_paths"]) == 2 for s in generated["sentences"])

@@ -30,7 +30,7 @@ class CountingPlanner:
 
 
 def sampled(num_paths=2):
-    return PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=3, temperature=1.0, seed=0, fixed_action=0, planner_dir="unused").resolve()
+    return PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=3, planner_dir="unused").resolve()
 
 
 def test_synthetic_embeddings_land_on_the_centroid_of_the_sentence_action(synthetic_cycle):
@@ -123,7 +123,7 @@ def test_oracle_generation_from_an_article_prefix_plans_the_true_future(syntheti
     prepared = PreparedDataset(synthetic_random)
     split = prepared["test"]
     tok = load_tokenizer("gpt2")
-    cond = PlanSpec(kind="oracle", num_paths=2, horizon=3, temperature=1.0, seed=0, fixed_action=0).resolve()
+    cond = PlanSpec(kind="oracle", num_paths=2, horizon=3).resolve()
     generator = PlannedGenerator(chatty_planned_lm(prepared), tok, cond, split=split,
                                  embed_fn=synthetic_embed_fn(prepared), seed=0)
     prompt = generator.prompt_from_article(split, article=0, boundary=2)

@@ -116,8 +116,7 @@ def test_generation_embeds_sentences_with_the_corpus_encoder_and_its_normalisati
     use_planner(model, str(tmp_path / "planner"))
     model.save_pretrained(tmp_path / "model")
 
-    generator, _, _ = build_generator(str(tmp_path / "model"), str(prepared_dir), "test", None, None, None, None, None,
-                                      None, None, "cpu", plans=PlanSpec(seed=0))
+    generator, _, _ = build_generator(str(tmp_path / "model"), str(prepared_dir), "test", PlanSpec(), "cpu", seed=0)
     embedded, contexts = {}, []
     real_embed, real_plan = generator.embed_fn, generator.plan
 

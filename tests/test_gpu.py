@@ -51,7 +51,7 @@ def test_evaluation_on_cuda_runs_bf16_and_matches_fp32_closely(synthetic_random,
     assert set().union(*seen.values()) == {torch.bfloat16}
     assert seen[model.lm.lm_head] == {torch.bfloat16} and np.isfinite(sampled["nll_sums"]).all()
     # oracle plans: bf16 on CUDA, fp32 on CUDA and fp32 on CPU agree up to rounding
-    oracle = PlanSpec(kind="oracle", num_paths=2, horizon=3, temperature=1.0, seed=0, fixed_action=0).resolve()
+    oracle = PlanSpec(kind="oracle", num_paths=2, horizon=3).resolve()
     nll = {(device, precision): evaluate_split(model, prepared, split, oracle, num_articles=4, batch_size=4,
                                                device=device, precision=precision)["nll_sums"]
            for device, precision in (("cuda", "auto"), ("cuda", "fp32"), ("cpu", "fp32"))}
@@ -76,7 +76,7 @@ def test_bf16_generation_on_cuda(synthetic_cycle):
     prepared = PreparedDataset(synthetic_cycle)
     planner = tiny_planner(prepared, dynamics="causal")
     model = chatty_planned_lm(prepared)
-    cond = PlanSpec(kind="planner_sampled", num_paths=4, horizon=3, temperature=1.0, seed=0, fixed_action=0, planner_dir="unused").resolve()
+    cond = PlanSpec(kind="planner_sampled", num_paths=4, horizon=3, planner_dir="unused").resolve()
     with linear_output_dtypes() as seen:
         result = generate_text(model, load_tokenizer("gpt2"), "Red water red.", plans=cond, planner=planner,
                                embed_fn=synthetic_embed_fn(prepared), sampling=SamplingConfig(max_new_tokens=30),

@@ -206,25 +206,28 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
     from planlm.evaluate.perplexity import evaluate
 
     policy = PathPolicy("entropy", 1, entropy_high=1.0)
-    metrics = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "direct"), max_articles=5, plans=PlanSpec(num_paths=6, path_policy=policy), bootstrap_samples=20, device="cpu", plan_usage=False)
+    metrics = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "direct"), max_articles=5,
+                       plans=PlanSpec(num_paths=6, path_policy=policy), bootstrap_samples=20, device="cpu",
+                       plan_usage=False)
     counts = np.load(tmp_path / "direct" / "num_paths.npy")
     assert metrics["paths_mean"] == pytest.approx(counts.mean()) and sum(metrics["paths_hist"].values()) == len(counts)
     assert 1 <= counts.min() and counts.max() <= 6 and metrics["path_policy"]["max_paths"] == 6
     assert metrics["planner_time_s"] > 0 and metrics["lm_time_s"] > 0
     # The same plans through a cache: the counts travel with the paths, the perplexity is the same.
-    cache = sample_plans(json.loads((planned / "planned_lm.json").read_text())["planner_dir"], str(synthetic_cycle),
+    cache = sample_plans(json.loads((planned / "planned_lm.json").read_text())["plans"]["planner_dir"], str(synthetic_cycle),
                          splits=["test"], num_paths=6, device="cpu", path_policy=policy, batch_size=256)
-    cached = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "cached"), plans=PlanSpec(plans_dir=str(cache)),
-                      max_articles=5, bootstrap_samples=20, device="cpu", plan_usage=False)
+    cached = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "cached"),
+                      plans=PlanSpec(plans_dir=str(cache)), max_articles=5, bootstrap_samples=20, device="cpu", plan_usage=False)
     assert cached["paths_mean"] == pytest.approx(float(load_path_counts(cache, "test")[:len(counts)].mean()))
     assert cached["path_policy"]["kind"] == "entropy"
     with pytest.raises(PlanlmError, match="sampled under path policy entropy"):
-        evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "clash"), plans=PlanSpec(plans_dir=str(cache), path_policy=PathPolicy("converge")), max_articles=5, device="cpu", plan_usage=False)
+        evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "clash"), max_articles=5, device="cpu",
+                 plans=PlanSpec(plans_dir=str(cache), path_policy=PathPolicy("converge")), plan_usage=False)
     # A fixed evaluation keeps its old reuse key (no path_policy in it) and samples K everywhere.
-    fixed = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "fixed"), max_articles=5, plans=PlanSpec(num_paths=6),
-                     bootstrap_samples=20, device="cpu", plan_usage=False)
+    fixed = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "fixed"), max_articles=5,
+                     plans=PlanSpec(num_paths=6), bootstrap_samples=20, device="cpu", plan_usage=False)
     assert fixed["paths_hist"] == {6: len(counts)}
-    assert "path_policy" not in json.loads((tmp_path / "fixed" / "manifest.json").read_text())["config"]["conditioning"]
+    assert "path_policy" not in json.loads((tmp_path / "fixed" / "manifest.json").read_text())["config"]["plan_spec"]
 
 
 def test_compute_sweep_through_the_cli(planned, synthetic_cycle, tmp_path):
@@ -258,7 +261,8 @@ def test_generation_plans_each_sentence_end_under_the_policy(synthetic_cycle):
     from helpers import chatty_planned_lm
 
     prepared = PreparedDataset(synthetic_cycle)
-    cond = PlanSpec(kind="planner_sampled", num_paths=6, horizon=3, temperature=1.0, seed=0, fixed_action=0, planner_dir="unused", path_policy=PathPolicy("converge", min_paths=2, tolerance=0.3)).resolve()
+    cond = PlanSpec(kind="planner_sampled", num_paths=6, horizon=3, planner_dir="unused",
+                    path_policy=PathPolicy("converge", min_paths=2, tolerance=0.3)).resolve()
     generator = PlannedGenerator(chatty_planned_lm(prepared), load_tokenizer("gpt2"), cond,
                                  planner=tiny_planner(prepared), embed_fn=synthetic_embed_fn(prepared), seed=2)
     result = generator.generate(generator.prompt_from_text("Red water red."), SamplingConfig(max_new_tokens=30))

@@ -143,7 +143,7 @@ def test_raising_num_paths_does_not_multiply_lm_forward_passes(synthetic_random,
     results = {}
     for num_paths in (1, 8):
         calls.clear()
-        cond = PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=3, temperature=1.0, seed=0, fixed_action=0, planner_dir=str(tmp_path / "planner")).resolve()
+        cond = PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=3, planner_dir=str(tmp_path / "planner")).resolve()
         results[num_paths] = evaluate_split(model, prepared, prepared["test"], cond, num_articles=6, batch_size=4)
         results[num_paths]["lm_calls"] = len(calls)
     expected_calls = len(window_batches(scoring_windows(prepared["test"].token_offsets, range(6)), 4))
@@ -164,7 +164,7 @@ def test_bf16_evaluation_runs_the_lm_the_adapter_and_the_planner_in_bf16(synthet
     planner_layers = [m for m in seen if m not in own_layers]  # the planner loaded from its folder
     assert planner_layers and all(seen[m] == bf16 for m in planner_layers)
     # Same (oracle) plans in both precisions: bf16 rounds the NLL, but only a little.
-    oracle = PlanSpec(kind="oracle", num_paths=2, horizon=3, temperature=1.0, seed=0, fixed_action=0).resolve()
+    oracle = PlanSpec(kind="oracle", num_paths=2, horizon=3).resolve()
     nll = {precision: evaluate_split(model, prepared, split, oracle, num_articles=3, batch_size=4,
                                      precision=precision)["nll_sums"] for precision in ("fp32", "bf16")}
     assert not np.array_equal(nll["fp32"], nll["bf16"])

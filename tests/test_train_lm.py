@@ -174,8 +174,8 @@ def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
     planner = tiny_planner(prepared, max_sentences=8, horizon=2)
     planner.save_pretrained(tmp_path / "planner")
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
-                   plans=PlanSpec(kind="planner_sampled", num_paths=2, horizon=2, planner_dir=str(tmp_path / "planner")), adapter=AdapterSettings(kind="multipath"),
-                   train=quick())
+                   plans=PlanSpec(kind="planner_sampled", num_paths=2, horizon=2, planner_dir=str(tmp_path / "planner")),
+                   adapter=AdapterSettings(kind="multipath"), train=quick())
     config = PlannedLM.from_pretrained(out).config
     planner_dir = (tmp_path / "planner").resolve()
     assert Path(config.plans.plans_dir).resolve().is_relative_to(planner_dir)  # the default cache inside the planner
@@ -191,7 +191,9 @@ def test_training_on_plans_of_an_adaptive_path_policy(synthetic_random, tmp_path
     tiny_planner(prepared, max_sentences=8, horizon=2).save_pretrained(tmp_path / "planner")
     policy = PathPolicy("entropy", min_paths=1, entropy_high=0.5 * float(np.log(prepared.num_actions)))
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
-                   plans=PlanSpec(kind="planner_sampled", num_paths=4, horizon=2, planner_dir=str(tmp_path / "planner"), path_policy=policy), adapter=AdapterSettings(kind="multipath"), train=quick(limit_train_batches=2))
+                   plans=PlanSpec(kind="planner_sampled", num_paths=4, horizon=2, planner_dir=str(tmp_path / "planner"),
+                                  path_policy=policy),
+                   adapter=AdapterSettings(kind="multipath"), train=quick(limit_train_batches=2))
     config = PlannedLM.from_pretrained(out).config
     assert read_manifest(config.plans.plans_dir)["config"]["path_policy"]["kind"] == "entropy"  # its own cache
     counts = load_path_counts(config.plans.plans_dir, "train")
