@@ -180,7 +180,8 @@ def evaluation_spec(overrides: PlanSpec, model, model_dir: str) -> PlanSpec:
         if manifest is None:
             raise PlanlmError(f"{spec.plans_dir}: no complete plan cache here (manifest.json missing); run "
                               f"`planlm sample-plans` first")
-        spec = replace(spec, planner_dir=None, path_policy=_cached_policy(spec, overrides, manifest))
+        policy = _cached_policy(spec, overrides, manifest)  # K of an adaptive cache: the most paths it holds
+        spec = replace(spec, planner_dir=None, path_policy=policy, num_paths=policy.max_paths)
     return spec
 
 
