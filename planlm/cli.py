@@ -6,28 +6,9 @@ function's docstring and signature, so the CLI, the Python API and the YAML pres
 
 from __future__ import annotations
 
-import importlib
 import sys
 
-# command name -> "module:function". Each function is the Python API of that command.
-COMMANDS = {
-    "prepare": "planlm.data.prepare:prepare",
-    "actions": "planlm.data.actions:actions",
-    "train-planner": "planlm.train.planner:train_planner",
-    "sample-plans": "planlm.plans.sampling:sample_plans",
-    "train-lm": "planlm.train.lm:train_lm",
-    "evaluate": "planlm.evaluate.perplexity:evaluate",
-    "compare": "planlm.evaluate.bootstrap:compare",
-    "generate": "planlm.evaluate.generate:generate",
-    "edit-distance": "planlm.evaluate.edit_distance:edit_distance",
-    "sweep": "planlm.evaluate.sweeps:sweep",
-    "run": "planlm.pipeline.run:run",
-}
-
-
-def load_command(name: str):
-    module, func = COMMANDS[name].split(":")
-    return getattr(importlib.import_module(module), func)
+from planlm.commands import COMMANDS, load_command
 
 
 def _quiet_library_noise() -> None:

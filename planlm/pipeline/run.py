@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from planlm.commands import load_command
 from planlm.pipeline.sections import bind_section, deep_merge
 from planlm.utils import PlanlmError, read_manifest, write_json
 
@@ -52,12 +53,6 @@ class Stage:
     condition: Optional[str] = None
     seed: Optional[int] = None
     needs: list[str] = field(default_factory=list)
-
-
-def _command(name: str):
-    from planlm.cli import load_command
-
-    return load_command(name.replace("_", "-"))
 
 
 class Progress:
@@ -218,14 +213,14 @@ def _planner_stages(out: Path, planner: dict, lm: dict, conditions: list[dict], 
             trained[key] = (f"train-planner {name}", out / "planners" / name)
             stages.append(Stage(trained[key][0], "train_planner", {
                 "prepared_dir": str(out / "prepared"), "out_dir": str(trained[key][1]),
-                **bind_section(_command("train_planner"), section, skip=_IO["train_planner"],
+                **bind_section(load_command("train_planner"), section, skip=_IO["train_planner"],
                                where=f"{where}: conditions[{name}].planner")}, condition=name, needs=["prepare"]))
         planner_of[cond["name"]] = trained[key]
         used.add(trained[key][0])
     if "train-planner" in used or sweeps:
         stages.insert(0, Stage("train-planner", "train_planner", {
             "prepared_dir": str(out / "prepared"), "out_dir": str(shared[1]),
-            **bind_section(_command("train_planner"), planner, skip=_IO["train_planner"], where=f"{where}: planner")},
+            **bind_section(load_command("train_planner"), planner, skip=_IO["train_planner"], where=f"{where}: planner")},
             needs=["prepare"]))
     return stages, planner_of
 
@@ -249,18 +244,18 @@ def _condition_stages(out: Path, cond: dict, lm: dict, evaluate: dict, edit_dist
     model_dir, train_stage = seed_dir(out / "lm" / name, seed), _stage_name("train-lm", name, seed)
     stages = [Stage(train_stage, "train_lm", {
         "prepared_dir": prepared_dir, "out_dir": str(model_dir),
-        **bind_section(_command("train_lm"), section, skip=_IO["train_lm"], where=f"{where}: conditions[{name}]")},
+        **bind_section(load_command("train_lm"), section, skip=_IO["train_lm"], where=f"{where}: conditions[{name}]")},
         condition=name, seed=seed, needs=needs)]
     ev = deep_merge(evaluate, cond.get("evaluate") or {})
     stages.append(Stage(_stage_name("evaluate", name, seed), "evaluate", {
         "model_dir": str(model_dir), "prepared_dir": prepared_dir, "out_dir": str(seed_dir(out / "eval" / name, seed)),
-        **bind_section(_command("evaluate"), ev, skip=_IO["evaluate"], where=f"{where}: evaluate[{name}]")},
+        **bind_section(load_command("evaluate"), ev, skip=_IO["evaluate"], where=f"{where}: evaluate[{name}]")},
         condition=name, seed=seed, needs=[train_stage]))
     if edit_distance is not None:
         stages.append(Stage(_stage_name("edit-distance", name, seed), "edit_distance", {
             "model_dir": str(model_dir), "prepared_dir": prepared_dir,
             "out_dir": str(seed_dir(out / "edit" / name, seed)),
-            **bind_section(_command("edit_distance"), edit_distance, skip=_IO["edit_distance"],
+            **bind_section(load_command("edit_distance"), edit_distance, skip=_IO["edit_distance"],
                            where=f"{where}: edit_distance")},
             condition=name, seed=seed, needs=[train_stage]))
     return stages
@@ -273,7 +268,7 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
     names = _check_conditions(conditions, where)
     run_seeds = _check_seeds(seeds, where)
     stages = [Stage("prepare", "prepare", {"out_dir": str(out / "prepared"), **bind_section(
-        _command("prepare"), prepare, skip=_IO["prepare"], where=f"{where}: prepare")})]
+        load_command("prepare"), prepare, skip=_IO["prepare"], where=f"{where}: prepare")})]
     planner_stages, planner_of = _planner_stages(out, planner, lm, conditions, sweeps, where)
     stages += planner_stages
     for seed in run_seeds:
@@ -286,7 +281,7 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
                 section.setdefault("train", {})["seed"] = seed
             stages.append(Stage(base[0], "train_lm", {
                 "prepared_dir": str(out / "prepared"), "out_dir": str(base[1]),
-                **bind_section(_command("train_lm"), section, skip=_IO["train_lm"], where=f"{where}: base_lm")},
+                **bind_section(load_command("train_lm"), section, skip=_IO["train_lm"], where=f"{where}: base_lm")},
                 seed=seed, needs=["prepare"]))
         for cond in conditions:
             stages += _condition_stages(out, cond, lm, evaluate, edit_distance, planner_of.get(cond["name"]), base,
@@ -300,7 +295,7 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
         stages.append(Stage(f"sweep {kind} {target}", "sweep", {
             "model_dir": str(seed_dir(out / "lm" / target, run_seeds[0])), "prepared_dir": str(out / "prepared"),
             "out_dir": str(out / "sweeps" / f"{target}-{kind}"),
-            **bind_section(_command("sweep"), sweep, skip=_IO["sweep"], where=f"{where}: sweeps[{index}]")},
+            **bind_section(load_command("sweep"), sweep, skip=_IO["sweep"], where=f"{where}: sweeps[{index}]")},
             condition=target, needs=[_stage_name("train-lm", target, run_seeds[0])]))
     return stages
 
@@ -362,7 +357,7 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
         manifest_before = read_manifest(out_path)
         started = time.time()
         try:
-            _run_distributed(stage) if _is_distributed(stage) else _command(stage.command)(**stage.kwargs)
+            _run_distributed(stage) if _is_distributed(stage) else load_command(stage.command)(**stage.kwargs)
             status, error = "done", None
         except (Exception, SystemExit) as e:  # one failed condition must not lose the others
             if stage.condition is None:
