@@ -37,14 +37,15 @@ def main(argv: list[str] | None = None) -> None:
 
     # The config dataclasses document each field in a docstring under it: show those in --help.
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    from planlm.utils import PlanlmError
+    from planlm.utils import PlanlmError, releasing_stage_locks
 
     argv = sys.argv[1:] if argv is None else argv
     # Build the parser only for the command asked for: importing every stage costs seconds.
     names = [argv[0]] if argv and argv[0] in COMMANDS else list(COMMANDS)
     components = {name: load_command(name) for name in names}
     try:
-        CLI(components, args=argv, as_positional=False, fail_untyped=True)
+        with releasing_stage_locks():  # a command that raised leaves no folder held
+            CLI(components, args=argv, as_positional=False, fail_untyped=True)
     except PlanlmError as e:
         print(f"planlm: error: {e}", file=sys.stderr)
         sys.exit(2)

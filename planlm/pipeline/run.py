@@ -12,6 +12,9 @@ each in ``seed<N>/`` under its folders; the prepared corpus and the planners are
 the sweeps use the first seed's models. Within a seed the conditions are paired (same start weights, data
 order and dropout: see train-lm).
 
+While it runs, `planlm run` holds its run folder: a second `planlm run` on the same folder is refused
+with the holder's pid (see ``planlm.utils.lock_stage_dir``).
+
 A condition that fails is recorded (``results.json``, the report) and the others go on. Each YAML
 section is validated against the signature of the command it feeds before anything runs
 (``dry_run: true`` stops after that check), so a config for a GPU machine with a hub connection
@@ -29,7 +32,7 @@ from typing import Any, Optional
 from planlm.commands import load_command
 from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.pipeline.sections import bind_section, deep_merge
-from planlm.utils import PlanlmError, read_manifest, write_json
+from planlm.utils import PlanlmError, lock_stage_dir, read_manifest, releasing_stage_locks, write_json
 
 _IO = {"prepare": {"out_dir", "progress"}, "train_planner": {"prepared_dir", "out_dir"},
        "train_lm": {"prepared_dir", "out_dir"}, "evaluate": {"model_dir", "prepared_dir", "out_dir"},
@@ -304,7 +307,8 @@ def _run_stage(stage: Stage, state: dict, layout: RunLayout) -> tuple[str, float
     manifest_before = read_manifest(out_path)
     started = time.time()
     try:
-        _run_distributed(stage) if _is_distributed(stage) else load_command(stage.command)(**stage.kwargs)
+        with releasing_stage_locks():  # those of a stage that raised, too
+            _run_distributed(stage) if _is_distributed(stage) else load_command(stage.command)(**stage.kwargs)
         status, error = "done", None
     except (Exception, SystemExit) as e:  # one failed condition must not lose the others
         if stage.condition is None:
@@ -382,10 +386,12 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
     state = {"stages": {}, "config": {"prepare": prepare, "planner": planner, "lm": lm, "base_lm": base_lm,
                                       "conditions": conditions, "evaluate": evaluate, "edit_distance": edit_distance,
                                       "sweeps": sweeps, "seeds": seeds}}
-    progress = _run_stages(stages, state, layout)
-    from planlm.pipeline.report import write_report
+    with releasing_stage_locks():
+        lock_stage_dir(layout.root)  # a second `planlm run` on this folder is refused with our pid
+        progress = _run_stages(stages, state, layout)
+        from planlm.pipeline.report import write_report
 
-    report_path = write_report(layout.root, state=state, conditions=conditions, seeds=seeds, **(report or {}))
+        report_path = write_report(layout.root, state=state, conditions=conditions, seeds=seeds, **(report or {}))
     failed = [n for n, s in state["stages"].items() if s["status"] != "done"]
     progress.console.print(f"[bold]report:[/] {report_path}" + (f"  ([red]not done: {', '.join(failed)}[/])"
                                                                   if failed else ""))
