@@ -166,15 +166,24 @@ def build_trainer(knobs: TrainerKnobs, out: Path, *, best_filename: str, log_fol
     return trainer, best
 
 
-def resume_checkpoint(out: Path, stamp_name: str, run_config: dict, resume: bool = True) -> str | None:
+def resume_checkpoint(out: Path, stamp_name: str, run_config: dict, resume: bool = True,
+                      reset: Path | None = None) -> str | None:
     """``out/checkpoints/last.ckpt`` when the checkpoints were written by a run whose config differs at
     most in its length (``LENGTH_KNOBS``): resume it. Checkpoints of any other config (or all of them,
-    without ``resume``) are deleted, never resumed; ``out/stamp_name`` records the config they belong to."""
+    without ``resume``) are deleted, never resumed; ``out/stamp_name`` records the config they belong to.
+
+    ``reset``: the folder deleted (and made again) instead of checkpoints/ when the stamp names another
+    config, e.g. the whole stage folder so that its logs start again too. Without a stamp only
+    checkpoints/ goes: the folder may hold files that are not the harness's."""
     train = {k: v for k, v in run_config["train"].items() if k not in LENGTH_KNOBS}
     lengthless = {**run_config, "train": train}
     key = fingerprint(lengthless)
     stamp, checkpoints = out / stamp_name, out / "checkpoints"
-    if not (resume and _read_stamp(stamp) == key):
+    stamped = _read_stamp(stamp)
+    if not (resume and stamped == key):
+        if reset is not None and stamped not in (None, key):
+            shutil.rmtree(reset, ignore_errors=True)
+            reset.mkdir(parents=True)
         shutil.rmtree(checkpoints, ignore_errors=True)
         write_json(stamp, {"config_fingerprint": key, "config": lengthless})
     last = checkpoints / "last.ckpt"

@@ -3,8 +3,8 @@
 ``LightningLM`` (``lm_module.py``) holds only the steps and the optimiser; the network is
 ``planlm.models.planned_lm.PlannedLM``.
 The output folder is a ``PlannedLM`` folder (reload it with ``PlannedLM.from_pretrained(out_dir)``)
-plus ``checkpoints/`` (best + last, for resume), ``logs/`` (CSV) and ``tb/`` (TensorBoard), and is
-complete only once its ``manifest.json`` is written.
+plus ``checkpoints/`` (best + last, for resume, under ``checkpoints.fingerprint``), ``logs/`` (CSV) and
+``tb/`` (TensorBoard; see --train.loggers), and is complete only once its ``manifest.json`` is written.
 """
 
 from __future__ import annotations
@@ -416,14 +416,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     if has_val and conditioning.conditioning != "none":  # plan usage: the same windows, the plans shuffled
         val_loaders.append(_shuffled_plans_loader(loaders[train.val_split]))
 
-    ckpt_path = resume_checkpoint(out, "checkpoints.fingerprint", run_config, resume=train.resume)
-    trainer, best = build_trainer(knobs, out, best_filename="step{step}", log_folders={"csv": "logs", "tensorboard": "tb"},
-                                  has_val=has_val)
-    module = LightningLM(planned, lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
-                         adapter_lr=train.adapter_lr)
-    start = time.time()
-    _fit_or_validate(trainer, module, loaders[train.train_split], val_loaders, ckpt_path)
-    load_best(module, best)
+    trainer, best, start = _train(planned, train, out, run_config, loaders[train.train_split], val_loaders)
     if trainer.is_global_zero:
         planned.cpu().save_pretrained(out, tokenizer=tokenizer)
         write_manifest(out, run_config, prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
@@ -446,12 +439,22 @@ def _run_config(prepared: PreparedDataset, model: LMModelConfig, conditioning: C
             "train": {k: v for k, v in asdict(train).items() if k not in display_only}}
 
 
-def _fit_or_validate(trainer: L.Trainer, module: LightningLM, train_loader: DataLoader, val_loaders: list | None,
-                     ckpt_path: str | None) -> None:
-    if any(p.requires_grad for p in module.model.parameters()):
+def _train(planned: PlannedLM, train: LMTrainConfig, out: Path, run_config: dict, train_loader: DataLoader,
+           val_loaders: list | None) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, float]:
+    """(trainer, best checkpoint, start time): train through the harness, resuming an interrupted run of the
+    same config; ``planned`` ends with the best checkpoint's weights."""
+    ckpt_path = resume_checkpoint(out, "checkpoints.fingerprint", run_config, resume=train.resume)
+    trainer, best = build_trainer(TrainerKnobs.of(train), out, best_filename="step{step}",
+                                  log_folders={"csv": "logs", "tensorboard": "tb"}, has_val=val_loaders is not None)
+    module = LightningLM(planned, lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
+                         adapter_lr=train.adapter_lr)
+    start = time.time()
+    if any(p.requires_grad for p in planned.parameters()):
         fit(trainer, module, train_loader, val_loaders, ckpt_path)
     elif val_loaders:  # a frozen pretrained LM without conditioning: nothing to train, its validation loss only
         trainer.validate(module, val_loaders, verbose=False)
+    load_best(module, best)
+    return trainer, best, start
 
 
 def _run_results(trainer: L.Trainer, best: L.pytorch.callbacks.ModelCheckpoint, start: float) -> dict:

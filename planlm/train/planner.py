@@ -12,7 +12,8 @@ Output folder::
 
     model.safetensors, config.json, prepared.json   the planner (Planner.from_pretrained(folder))
     summary.json, summary.md                        per-step metrics, planner vs baselines
-    checkpoints/{best,last}.ckpt, logs/             Lightning checkpoints (resume) and CSV/TensorBoard logs
+    checkpoints/{best,last}.ckpt, run_config.json   Lightning checkpoints and the config they resume under
+    logs/                                           CSV and TensorBoard logs (see --train.loggers)
     manifest.json                                   written last
 
 Letters: B boundaries, S context sentences, E embedding width, T horizon, A actions.
@@ -129,9 +130,9 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
     stage_config = _stage_config(prepared_dir, prepared, config, train)
     if prepare_stage_dir(out, stage_config, keep_partial=True):
         return out
-    # Checkpoints left by a run with another configuration are never resumed; only the stopping knobs
-    # may change (rerun with a larger --train.max_epochs to continue a finished run from last.ckpt).
-    ckpt_path = resume_checkpoint(out, "run_config.json", stage_config)
+    # Checkpoints left by a run with another configuration are never resumed (the folder starts again);
+    # only the stopping knobs may change (rerun with a larger --train.max_epochs to continue from last.ckpt).
+    ckpt_path = resume_checkpoint(out, "run_config.json", stage_config, reset=out)
 
     L.seed_everything(train.seed, verbose=False)
     module = LightningPlanner(_new_planner(prepared, prepared_dir, config), lr=train.lr,
