@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from planlm.data.artifacts import PreparedDataset
-from planlm.train.lm import ConditioningConfig, LightningLM, LMModelConfig, LMTrainConfig, train_lm
+from planlm.train.lm import ConditioningConfig, LMModelConfig, LMTrainConfig, train_lm
+from planlm.train.lm_module import LightningLM
 from planlm.utils import write_manifest
 
 from helpers import tiny_gpt2_config
