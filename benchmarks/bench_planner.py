@@ -28,7 +28,8 @@ from planlm.data.synthetic import make_synthetic_prepared
 from planlm.models.planner import Planner, PlannerConfig
 from planlm.plans.sampling import boundary_contexts, compute_plans
 from planlm.utils import autocast
-from planlm.train.planner import BoundaryCollate, LightningPlanner
+from planlm.train.boundaries import BoundaryCollate
+from planlm.train.planner_module import LightningPlanner
 
 
 def timed(fn, repeats: int) -> float:

@@ -6,28 +6,9 @@ function's docstring and signature, so the CLI, the Python API and the YAML pres
 
 from __future__ import annotations
 
-import importlib
 import sys
 
-# command name -> "module:function". Each function is the Python API of that command.
-COMMANDS = {
-    "prepare": "planlm.data.prepare:prepare",
-    "actions": "planlm.data.actions:actions",
-    "train-planner": "planlm.train.planner:train_planner",
-    "sample-plans": "planlm.plans.sampling:sample_plans",
-    "train-lm": "planlm.train.lm:train_lm",
-    "evaluate": "planlm.evaluate.perplexity:evaluate",
-    "compare": "planlm.evaluate.bootstrap:compare",
-    "generate": "planlm.evaluate.generate:generate",
-    "edit-distance": "planlm.evaluate.edit_distance:edit_distance",
-    "sweep": "planlm.evaluate.sweeps:sweep",
-    "run": "planlm.pipeline.run:run",
-}
-
-
-def load_command(name: str):
-    module, func = COMMANDS[name].split(":")
-    return getattr(importlib.import_module(module), func)
+from planlm.commands import COMMANDS, load_command
 
 
 def _quiet_library_noise() -> None:
@@ -56,14 +37,15 @@ def main(argv: list[str] | None = None) -> None:
 
     # The config dataclasses document each field in a docstring under it: show those in --help.
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    from planlm.utils import PlanlmError
+    from planlm.utils import PlanlmError, releasing_stage_locks
 
     argv = sys.argv[1:] if argv is None else argv
     # Build the parser only for the command asked for: importing every stage costs seconds.
     names = [argv[0]] if argv and argv[0] in COMMANDS else list(COMMANDS)
     components = {name: load_command(name) for name in names}
     try:
-        CLI(components, args=argv, as_positional=False, fail_untyped=True)
+        with releasing_stage_locks():  # a command that raised leaves no folder held
+            CLI(components, args=argv, as_positional=False, fail_untyped=True)
     except PlanlmError as e:
         print(f"planlm: error: {e}", file=sys.stderr)
         sys.exit(2)

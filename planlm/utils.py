@@ -3,11 +3,13 @@
 Every stage of the pipeline writes its artifacts into one folder and a ``manifest.json`` *last*.
 A folder without a manifest is incomplete by definition; a manifest whose config fingerprint
 differs from the requested config means the folder is stale. ``prepare_stage_dir`` implements
-that contract once for all stages.
+that contract once for all stages, and holds the folder for its process until the manifest is written:
+a second process that would write the same folder is refused with the holder's pid and host.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     import torch
 
 MANIFEST = "manifest.json"
+STAGE_LOCK = ".lock"
 
 
 class PlanlmError(Exception):
@@ -142,6 +145,7 @@ def write_manifest(stage_dir: str | Path, config: Any, **extra: Any) -> dict:
         **to_jsonable(extra),
     }
     write_json(Path(stage_dir) / MANIFEST, manifest)
+    unlock_stage_dir(stage_dir)
     return manifest
 
 
@@ -153,20 +157,90 @@ def is_complete(stage_dir: str | Path, config: Any) -> bool:
 def prepare_stage_dir(stage_dir: str | Path, config: Any, *, keep_partial: bool = False) -> bool:
     """Return True when ``stage_dir`` already holds a complete result for ``config`` (reuse it).
 
-    Otherwise make the folder ready for a fresh build: a stale manifest (other config) is removed
-    first, so that an interrupted rebuild can never be mistaken for complete. With
-    ``keep_partial`` the other files stay (stages that resume from their own checkpoints);
-    without it the folder is emptied.
+    Otherwise take the folder's lock (``lock_stage_dir``: held until ``write_manifest``) and make the folder
+    ready for a fresh build: a stale manifest (other config) is removed first, so that an interrupted
+    rebuild can never be mistaken for complete. With ``keep_partial`` the other files stay (stages that
+    resume from their own checkpoints); without it the folder is emptied.
     """
     stage_dir = Path(stage_dir)
-    if is_complete(stage_dir, config):
+    if is_complete(stage_dir, config):  # a finished folder is only read: no lock, read-only folders work
         return True
-    if stage_dir.exists():
-        (stage_dir / MANIFEST).unlink(missing_ok=True)
-        if not keep_partial:
-            shutil.rmtree(stage_dir)
+    lock_stage_dir(stage_dir)
+    if is_complete(stage_dir, config):  # finished by the process that held it a moment ago
+        unlock_stage_dir(stage_dir)
+        return True
     stage_dir.mkdir(parents=True, exist_ok=True)
+    (stage_dir / MANIFEST).unlink(missing_ok=True)
+    if not keep_partial:
+        for path in stage_dir.iterdir():
+            if path.name != STAGE_LOCK:
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     return False
+
+
+# The stage folders this process holds: folder -> its lock. A process takes a folder's lock again freely.
+_held_locks: dict[Path, Any] = {}
+
+
+def lock_stage_dir(stage_dir: str | Path) -> None:
+    """Hold ``stage_dir`` for this process until ``unlock_stage_dir`` (``write_manifest`` calls it) or the
+    process ends: a lock file (``STAGE_LOCK``: pid and host) created exclusively in the folder. Another live
+    process's lock refuses at once with one PlanlmError naming its pid and host; a lock whose process is
+    gone from this host (killed) is taken over. Distributed ranks other than 0 (their rank 0 holds the
+    folder) take no lock."""
+    from filelock import SoftFileLock, Timeout
+
+    key = Path(os.path.abspath(stage_dir))
+    held = _held_locks.get(key)
+    if (held is not None and held.is_lock_held_by_us) or not _is_rank_zero():
+        return
+    key.mkdir(parents=True, exist_ok=True)
+    lock = SoftFileLock(key / STAGE_LOCK, thread_local=False)
+    try:
+        lock.acquire(timeout=0)  # refuse rather than wait: the holder may train for hours
+    except Timeout:
+        raise PlanlmError(f"{key}: another planlm process is writing this folder ({_lock_holder(lock)}); wait for "
+                          f"it to finish or stop it, then rerun (a lock whose process died is taken over)") from None
+    _held_locks[key] = lock
+
+
+def unlock_stage_dir(stage_dir: str | Path) -> None:
+    """Release ``stage_dir`` if this process holds it."""
+    lock = _held_locks.pop(Path(os.path.abspath(stage_dir)), None)
+    if lock is not None and lock.is_lock_held_by_us:  # not in a forked child: its parent's lock stays
+        lock.release(force=True)
+
+
+@contextlib.contextmanager
+def releasing_stage_locks():
+    """Release, when the block ends, every stage lock taken inside it (those of a stage that raised)."""
+    before = set(_held_locks)
+    try:
+        yield
+    finally:
+        for stage_dir in set(_held_locks) - before:
+            unlock_stage_dir(stage_dir)
+
+
+@atexit.register
+def _release_all_stage_locks() -> None:
+    for stage_dir in list(_held_locks):
+        unlock_stage_dir(stage_dir)
+
+
+def _lock_holder(lock: Any) -> str:
+    """"pid N on HOST" from a lock file (filelock writes the pid and the host name on its first two lines)."""
+    try:
+        pid, host = Path(lock.lock_file).read_text().splitlines()[:2]
+    except (OSError, ValueError):
+        return "pid unknown: the lock was just released"
+    return f"pid {pid} on {host}"
+
+
+def _is_rank_zero() -> bool:
+    """Whether this process is rank 0 of its distributed job, or not in one (the variables Lightning's
+    rank_zero_only and launchers set: torchrun, Lightning's own launcher, SLURM)."""
+    return all(os.environ.get(name, "0") in ("", "0") for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))
 
 
 def resolve_device(device: str) -> torch.device:

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 from planlm.data.artifacts import PreparedDataset
 from planlm.models.adapter import AdapterSettings
 from planlm.plans.spec import PlanSpec
-from planlm.train.lm import LightningLM, LMModelConfig, LMTrainConfig, train_lm
+from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
+from planlm.train.lm_module import LightningLM
 from planlm.utils import write_manifest
 
 from helpers import tiny_gpt2_config

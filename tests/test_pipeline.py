@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from planlm.pipeline.run import run
-from planlm.utils import PlanlmError
+from planlm.utils import STAGE_LOCK, PlanlmError
 
 from helpers import tiny_run_config
 
@@ -29,6 +29,7 @@ def test_run_writes_every_stage_and_the_report(tiny_run):
     out, _ = tiny_run
     for folder in ("prepared", "planner", "lm/none", "lm/ours", "eval/none", "eval/oracle", "eval/ours"):
         assert (out / folder / "manifest.json").is_file(), folder
+    assert not list(out.rglob(STAGE_LOCK))  # every stage released its folder, and the run its own
     results = json.loads((out / "results.json").read_text())
     rows = {r["name"]: r for r in results["conditions"]}
     assert set(rows) == {"none", "fixed", "cornille", "ours", "oracle"}

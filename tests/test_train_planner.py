@@ -16,7 +16,9 @@ from planlm.models.planner import Planner
 from planlm.plans.cache import load_plans
 from planlm.plans.sampling import sample_plans
 from planlm.models.planner import PlannerShape
-from planlm.train.planner import LengthGroupedSampler, PlannerTrainArgs, baseline_metrics, evaluate_planner, train_planner
+from planlm.train.boundaries import LengthGroupedSampler
+from planlm.train.planner import PlannerTrainArgs, train_planner
+from planlm.train.planner_metrics import baseline_metrics, evaluate_planner
 from planlm.utils import PlanlmError
 
 TINY_MODEL = PlannerShape(d_model=32, num_heads=2, dim_feedforward=64, horizon=4, dropout=0.0)

@@ -1,8 +1,8 @@
 """The run report: ``report.md`` + PNG figures + machine-readable ``results.json`` / ``results.csv``.
 
 It only reads what the stages wrote (``eval/<condition>/metrics.json``, ``edit/<condition>/metrics.json``,
-``planner/summary.json``, ``sweeps/``, ``prepared/``), so it can be rebuilt at any time with
-``python -m planlm.pipeline.report RUN_DIR``.
+``planner/summary.json``, ``sweeps/``, ``prepared/``: the folders of ``planlm.pipeline.layout``), so it can be
+rebuilt at any time with ``python -m planlm.pipeline.report RUN_DIR``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import shutil
 import sys
 from pathlib import Path
 from typing import Optional
+
+from planlm.pipeline.layout import RunLayout
 
 # Table 1 of the paper (GPT-2 small, Wikipedia, test set): (perplexity, edit distance).
 PAPER_TABLE: dict[str, tuple[float, float]] = {
@@ -45,13 +47,11 @@ def _fmt_ci(value: Optional[float], low: Optional[float], high: Optional[float],
     return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-def _seed_numbers(run_dir: Path, name: str, seed: Optional[int]) -> dict:
+def _seed_numbers(layout: RunLayout, name: str, seed: Optional[int]) -> dict:
     """One trained model's numbers: perplexity, plan usage, edit distance and the learned ReZero scalars."""
-    from planlm.pipeline.run import seed_dir
-
-    metrics = _read_json(seed_dir(run_dir / "eval" / name, seed) / "metrics.json") or {}
-    edit = _read_json(seed_dir(run_dir / "edit" / name, seed) / "metrics.json") or {}
-    trained = _read_json(seed_dir(run_dir / "lm" / name, seed) / "manifest.json") or {}
+    metrics = _read_json(layout.evaluation(name, seed) / "metrics.json") or {}
+    edit = _read_json(layout.edit_distance(name, seed) / "metrics.json") or {}
+    trained = _read_json(layout.lm(name, seed) / "manifest.json") or {}
     return {"metrics": metrics, "ppl": metrics.get("ppl"), "ppl_ci_low": metrics.get("ci_low"),
             "ppl_ci_high": metrics.get("ci_high"), "plan_usage_ppl": metrics.get("plan_usage_ppl"),
             "plan_usage_ci_low": metrics.get("plan_usage_ci_low"),
@@ -61,13 +61,12 @@ def _seed_numbers(run_dir: Path, name: str, seed: Optional[int]) -> dict:
             "edit_normalized": edit.get("normalized"), "rezero_alphas": trained.get("rezero_alphas")}
 
 
-def _over_seeds(run_dir: Path, name: str, per_seed: dict[int, dict]) -> dict:
+def _over_seeds(layout: RunLayout, name: str, per_seed: dict[int, dict]) -> dict:
     """Mean over the evaluated seeds, the spread of the perplexity, and its interval over articles (of the
     NLL averaged over seeds, so the articles' and the seeds' variance are reported apart)."""
     import numpy as np
 
     from planlm.evaluate.bootstrap import bootstrap_perplexity, read_per_article
-    from planlm.pipeline.run import seed_dir
 
     done = {seed: numbers for seed, numbers in per_seed.items() if numbers["ppl"] is not None}
     if not done:
@@ -78,7 +77,7 @@ def _over_seeds(run_dir: Path, name: str, per_seed: dict[int, dict]) -> dict:
         return float(np.mean(values)) if values else None
 
     ppls = np.array([n["ppl"] for n in done.values()])
-    tables = [read_per_article(seed_dir(run_dir / "eval" / name, seed)) for seed in done]
+    tables = [read_per_article(layout.evaluation(name, seed)) for seed in done]
     pooled = bootstrap_perplexity(np.mean([t["nll_sum"] for t in tables], axis=0), tables[0]["tokens"])
     alphas = [n["rezero_alphas"] for n in done.values() if n["rezero_alphas"]]
     return {"metrics": next(iter(done.values()))["metrics"], "evaluated_seeds": list(done), "ppl": float(ppls.mean()),
@@ -95,13 +94,14 @@ def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict]
     """One row per condition: its settings, perplexity with CI (and its spread over ``seeds``), plan usage,
     edit distance with CI, the learned ReZero scalars, timing, status."""
     rows = []
+    layout = RunLayout(Path(run_dir))
     stages = (state or {}).get("stages", {})
     for cond in conditions:
         name = cond["name"]
         if seeds:
-            numbers = _over_seeds(run_dir, name, {seed: _seed_numbers(run_dir, name, seed) for seed in seeds})
+            numbers = _over_seeds(layout, name, {seed: _seed_numbers(layout, name, seed) for seed in seeds})
         else:
-            numbers = _seed_numbers(run_dir, name, None)
+            numbers = _seed_numbers(layout, name, None)
         metrics = numbers.pop("metrics") or {}
         errors = [f"{stage}: {info.get('error')}" for stage, info in stages.items()
                   if info.get("condition", stage.rsplit(" ", 1)[-1]) == name and info.get("status") != "done"]
@@ -114,7 +114,7 @@ def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict]
             "status": "failed" if errors else ("done" if metrics else "missing"),
             "error": "; ".join(errors) or None,
         })
-    _add_paired_differences(run_dir, rows, seeds)
+    _add_paired_differences(layout, rows)
     # Evaluation time relative to the Cornille et al. baseline (one argmax path), as in the paper.
     reference = [r for r in rows if r["paper"] == "Cornille et al. (T=1, K=1)" and r["eval_wall_time_s"]]
     base = next((r["eval_wall_time_s"] for r in reference + rows if r["eval_wall_time_s"]), None)
@@ -123,7 +123,7 @@ def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict]
     return rows
 
 
-def _add_paired_differences(run_dir: Path, rows: list[dict], seeds: Optional[list[int]]) -> None:
+def _add_paired_differences(layout: RunLayout, rows: list[dict]) -> None:
     """ppl(condition) - ppl(reference) over the same articles (and seed by seed), the reference being the
     `none` condition when there is one, else the first."""
     from planlm.evaluate.bootstrap import compare_evaluations
@@ -136,7 +136,7 @@ def _add_paired_differences(run_dir: Path, rows: list[dict], seeds: Optional[lis
         if reference is None or row is reference or row["ppl"] is None:
             continue
         try:
-            result = compare_evaluations(run_dir / "eval" / reference["name"], run_dir / "eval" / row["name"])
+            result = compare_evaluations(layout.evaluation(reference["name"]), layout.evaluation(row["name"]))
         except PlanlmError:  # e.g. evaluated on other articles: no paired difference to show
             continue
         row.update(paired_reference=reference["name"], paired_diff=result.get("diff_mean", result["diff"]),
@@ -184,8 +184,8 @@ def results_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _planner_section(run_dir: Path, figures: Path) -> list[str]:
-    summary = _read_json(run_dir / "planner" / "summary.json")
+def _planner_section(layout: RunLayout) -> list[str]:
+    summary = _read_json(layout.planner / "summary.json")
     if not summary:
         return []
     metrics = summary["metrics"]
@@ -214,13 +214,13 @@ def _planner_section(run_dir: Path, figures: Path) -> list[str]:
     ax.set_title("Planner vs baselines")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(figures / "planner_accuracy.png", dpi=120)
+    fig.savefig(layout.figures / "planner_accuracy.png", dpi=120)
     plt.close(fig)
     return lines + ["", "![planner accuracy](figures/planner_accuracy.png)", ""]
 
 
-def _sweeps_section(run_dir: Path, figures: Path) -> list[str]:
-    sweeps = run_dir / "sweeps"
+def _sweeps_section(layout: RunLayout) -> list[str]:
+    sweeps, figures = layout.sweeps, layout.figures
     if not sweeps.is_dir():
         return []
     lines = ["## Sweeps at inference", ""]
@@ -318,8 +318,8 @@ def _short(value: str) -> str:
     return f"{number:.4g}"
 
 
-def _actions_section(run_dir: Path, figures: Path, actions_shown: int) -> list[str]:
-    prepared = run_dir / "prepared"
+def _actions_section(layout: RunLayout, actions_shown: int) -> list[str]:
+    prepared, figures = layout.prepared, layout.figures
     if not (prepared / "manifest.json").is_file() or actions_shown <= 0:
         return []
     import contextlib
@@ -328,7 +328,7 @@ def _actions_section(run_dir: Path, figures: Path, actions_shown: int) -> list[s
     from planlm.data.actions import actions
 
     with contextlib.redirect_stdout(io.StringIO()):  # the report shows them; the terminal need not
-        folder = actions(str(prepared), out_dir=str(run_dir / "actions"), num_nearest=3, max_print=0)
+        folder = actions(str(prepared), out_dir=str(layout.actions), num_nearest=3, max_print=0)
     described = _read_json(folder / "actions.json") or {"actions": []}
     lines = ["## A few writing actions and their nearest sentences", "",
              f"The largest {actions_shown} of {described.get('num_actions')} actions (all of them: "
@@ -345,18 +345,17 @@ def _actions_section(run_dir: Path, figures: Path, actions_shown: int) -> list[s
 def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional[dict] = None,
                  seeds: Optional[list[int]] = None, actions_shown: int = 5) -> Path:
     """Write report.md, results.json, results.csv and figures/ in ``run_dir``; return report.md's path."""
-    run_dir = Path(run_dir)
-    figures = run_dir / "figures"
-    figures.mkdir(parents=True, exist_ok=True)
-    rows = collect_results(run_dir, conditions, state, seeds)
-    (run_dir / "results.json").write_text(json.dumps({"conditions": rows, "paper": PAPER_TABLE,
-                                                     "stages": (state or {}).get("stages", {})}, indent=2))
-    with open(run_dir / "results.csv", "w", newline="") as f:
+    layout = RunLayout(Path(run_dir))
+    layout.figures.mkdir(parents=True, exist_ok=True)
+    rows = collect_results(layout.root, conditions, state, seeds)
+    layout.results_json.write_text(json.dumps({"conditions": rows, "paper": PAPER_TABLE,
+                                               "stages": (state or {}).get("stages", {})}, indent=2))
+    with open(layout.results_csv, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)) or ["name"])
         writer.writeheader()
         writer.writerows(rows)
     protocol = next((r["protocol"] for r in rows if r["protocol"]), "n/a")
-    lines = [f"# planlm report: {run_dir.name}", "",
+    lines = [f"# planlm report: {layout.root.name}", "",
              f"Test perplexity ({protocol}; 95% bootstrap intervals over articles) and action edit distance. "
              "Paired: each condition minus the reference on the same articles (and, with seeds, seed by seed: "
              "the mean over seeds, with the interval of the NLL averaged over seeds). Plan usage: the same LM's "
@@ -370,21 +369,20 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
         lines += ["", "Failed conditions (the others ran; see logs/):"]
         lines += [f"- {r['name']}: {r['error']}" for r in failed]
     lines.append("")
-    lines += _planner_section(run_dir, figures)
-    lines += _sweeps_section(run_dir, figures)
-    lines += _actions_section(run_dir, figures, actions_shown)
+    lines += _planner_section(layout)
+    lines += _sweeps_section(layout)
+    lines += _actions_section(layout, actions_shown)
     stage_info = (state or {}).get("stages", {})
     if stage_info:
         lines += ["## Stages", "", "| stage | status | wall time |", "|---|---|---|"]
         lines += [f"| {name} | {info.get('status')} | {info.get('wall_time_s', '')} s |"
                   for name, info in stage_info.items()]
-    path = run_dir / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    layout.report.write_text("\n".join(lines) + "\n")
+    return layout.report
 
 
 if __name__ == "__main__":  # rebuild a report: python -m planlm.pipeline.report RUN_DIR
-    run = Path(sys.argv[1])
-    state = _read_json(run / "run_state.json") or {}
+    run = RunLayout(Path(sys.argv[1]))
+    state = _read_json(run.state) or {}
     config = state.get("config") or {}
-    print(write_report(run, conditions=config.get("conditions") or [], state=state, seeds=config.get("seeds")))
+    print(write_report(run.root, conditions=config.get("conditions") or [], state=state, seeds=config.get("seeds")))

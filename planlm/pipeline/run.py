@@ -1,24 +1,19 @@
 """`planlm run`: the whole pipeline from one YAML file.
 
-Stages and their folders under ``out_dir`` (each folder is self-describing, with a manifest written
-last, so a stage is reused when its inputs and settings are unchanged and resumed when it was
-interrupted)::
-
-    prepared/                  planlm prepare
-    planner/                   planlm train-planner (+ planner/plans/... caches, planlm sample-plans)
-    planners/<condition>/      optional: a condition's own planner (its `planner` section, e.g. another horizon
-                               or dynamics; conditions with equal sections share the first one's)
-    lm/_base/                  optional: a plain LM pretrained once, the start of every condition
-    lm/<condition>/            planlm train-lm, one per experiment condition
-    eval/<condition>/          planlm evaluate (perplexity with a bootstrap CI, plan usage)
-    edit/<condition>/          planlm edit-distance (optional)
-    sweeps/<condition>-<kind>/ planlm sweep: K sweep and temperature sweep (optional)
+Stages and their folders under ``out_dir`` (named in ``planlm.pipeline.layout``; each folder is
+self-describing, with a manifest written last, so a stage is reused when its inputs and settings are
+unchanged and resumed when it was interrupted): prepare, train-planner (a shared planner, and optional
+planners of conditions with a `planner` section of their own; conditions with equal sections share the
+first one's), an optional plain LM pretrained once as the start of every condition, then train-lm,
+evaluate and edit-distance (optional) per condition, the sweeps (optional) and the report.
 
 With ``seeds: [0, 1, 2]`` the base LM and every condition are trained and evaluated once per seed,
-each in ``seed<N>/`` under the folders above (lm/_base/seed<N>, lm/<condition>/seed<N>, ...); the
-prepared corpus and the planners are shared by all seeds, and the sweeps use the first seed's models.
-Within a seed the conditions are paired (same start weights, data order and dropout: see train-lm).
-    report.md, results.json, results.csv, figures/   planlm.pipeline.report
+each in ``seed<N>/`` under its folders; the prepared corpus and the planners are shared by all seeds, and
+the sweeps use the first seed's models. Within a seed the conditions are paired (same start weights, data
+order and dropout: see train-lm).
+
+While it runs, `planlm run` holds its run folder: a second `planlm run` on the same folder is refused
+with the holder's pid (see ``planlm.utils.lock_stage_dir``).
 
 A condition that fails is recorded (``results.json``, the report) and the others go on. Each YAML
 section is validated against the signature of the command it feeds before anything runs
@@ -34,8 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from planlm.commands import load_command
+from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.pipeline.sections import bind_section, deep_merge
-from planlm.utils import PlanlmError, read_manifest, write_json
+from planlm.utils import PlanlmError, lock_stage_dir, read_manifest, releasing_stage_locks, write_json
 
 _IO = {"prepare": {"out_dir", "progress"}, "train_planner": {"prepared_dir", "out_dir"},
        "train_lm": {"prepared_dir", "out_dir"}, "evaluate": {"model_dir", "prepared_dir", "out_dir"},
@@ -52,12 +49,6 @@ class Stage:
     condition: Optional[str] = None
     seed: Optional[int] = None
     needs: list[str] = field(default_factory=list)
-
-
-def _command(name: str):
-    from planlm.cli import load_command
-
-    return load_command(name.replace("_", "-"))
 
 
 class Progress:
@@ -161,9 +152,9 @@ def _run_distributed(stage: Stage) -> None:
 CONDITION_KEYS = {"name", "label", "paper", "model", "conditioning", "train", "evaluate", "planner"}
 
 
-def seed_dir(folder: Path, seed: Optional[int]) -> Path:
-    """A stage folder of one training seed: ``folder/seed<N>``, or ``folder`` itself for a run without ``seeds``."""
-    return folder if seed is None else folder / f"seed{seed}"
+def _bind(command: str, section: Optional[dict], where: str) -> dict[str, Any]:
+    """A stage's arguments from its YAML section, checked against its command's signature (less the paths)."""
+    return bind_section(load_command(command), section, skip=_IO[command], where=where)
 
 
 def _stage_name(what: str, name: str, seed: Optional[int]) -> str:
@@ -193,7 +184,7 @@ def _check_conditions(conditions: list[dict], where: str) -> list[str]:
     return names
 
 
-def _planner_stages(out: Path, planner: dict, lm: dict, conditions: list[dict], sweeps: Optional[list[dict]],
+def _planner_stages(layout: RunLayout, planner: dict, lm: dict, conditions: list[dict], sweeps: Optional[list[dict]],
                     where: str) -> tuple[list[Stage], dict[str, tuple[str, Path]]]:
     """The planner stages and, for each condition with plans, (its planner stage, its planner folder).
 
@@ -205,7 +196,7 @@ def _planner_stages(out: Path, planner: dict, lm: dict, conditions: list[dict], 
     def wants_planner(cond: dict) -> bool:
         return str(deep_merge(lm, cond).get("conditioning", {}).get("conditioning", "none")).startswith("planner")
 
-    shared = ("train-planner", out / "planner")
+    shared = ("train-planner", layout.planner)
     trained: dict[str, tuple[str, Path]] = {fingerprint(planner): shared}
     stages, used, planner_of = [], set(), {}
     for cond in conditions:
@@ -215,26 +206,36 @@ def _planner_stages(out: Path, planner: dict, lm: dict, conditions: list[dict], 
         key = fingerprint(section)
         if key not in trained:
             name = cond["name"]
-            trained[key] = (f"train-planner {name}", out / "planners" / name)
+            trained[key] = (f"train-planner {name}", layout.own_planner(name))
             stages.append(Stage(trained[key][0], "train_planner", {
-                "prepared_dir": str(out / "prepared"), "out_dir": str(trained[key][1]),
-                **bind_section(_command("train_planner"), section, skip=_IO["train_planner"],
-                               where=f"{where}: conditions[{name}].planner")}, condition=name, needs=["prepare"]))
+                "prepared_dir": str(layout.prepared), "out_dir": str(trained[key][1]),
+                **_bind("train_planner", section, f"{where}: conditions[{name}].planner")},
+                condition=name, needs=["prepare"]))
         planner_of[cond["name"]] = trained[key]
         used.add(trained[key][0])
     if "train-planner" in used or sweeps:
         stages.insert(0, Stage("train-planner", "train_planner", {
-            "prepared_dir": str(out / "prepared"), "out_dir": str(shared[1]),
-            **bind_section(_command("train_planner"), planner, skip=_IO["train_planner"], where=f"{where}: planner")},
-            needs=["prepare"]))
+            "prepared_dir": str(layout.prepared), "out_dir": str(shared[1]),
+            **_bind("train_planner", planner, f"{where}: planner")}, needs=["prepare"]))
     return stages, planner_of
 
 
-def _condition_stages(out: Path, cond: dict, lm: dict, evaluate: dict, edit_distance: Optional[dict],
-                      planner: Optional[tuple[str, Path]], base: Optional[tuple[str, Path]], seed: Optional[int],
+def _base_lm_stage(layout: RunLayout, lm: dict, base_lm: dict, seed: Optional[int], where: str) -> Stage:
+    """The plain LM pretrained once per seed, the start of every condition."""
+    section = deep_merge(lm, base_lm)
+    section["conditioning"] = {"conditioning": "none"}
+    if seed is not None:
+        section.setdefault("train", {})["seed"] = seed
+    return Stage(_stage_name("train-lm", BASE_LM, seed), "train_lm", {
+        "prepared_dir": str(layout.prepared), "out_dir": str(layout.lm(BASE_LM, seed)),
+        **_bind("train_lm", section, f"{where}: base_lm")}, seed=seed, needs=["prepare"])
+
+
+def _condition_stages(layout: RunLayout, cond: dict, lm: dict, evaluate: dict, edit_distance: Optional[dict],
+                      planner: Optional[tuple[str, Path]], base: Optional[Stage], seed: Optional[int],
                       where: str) -> list[Stage]:
     """train-lm, evaluate and edit-distance of one condition and one seed."""
-    name, prepared_dir = cond["name"], str(out / "prepared")
+    name, prepared_dir = cond["name"], str(layout.prepared)
     section = deep_merge(lm, {k: v for k, v in cond.items() if k in ("model", "conditioning", "train")})
     conditioning = section.setdefault("conditioning", {})
     needs = ["prepare"]
@@ -242,27 +243,40 @@ def _condition_stages(out: Path, cond: dict, lm: dict, evaluate: dict, edit_dist
         conditioning.setdefault("planner_dir", str(planner[1]))
         needs.append(planner[0])
     if base is not None:
-        section.setdefault("model", {}).setdefault("init_from", str(base[1]))
-        needs.append(base[0])
+        section.setdefault("model", {}).setdefault("init_from", base.kwargs["out_dir"])
+        needs.append(base.name)
     if seed is not None:
         section.setdefault("train", {})["seed"] = seed
-    model_dir, train_stage = seed_dir(out / "lm" / name, seed), _stage_name("train-lm", name, seed)
+    model_dir, train_stage = str(layout.lm(name, seed)), _stage_name("train-lm", name, seed)
     stages = [Stage(train_stage, "train_lm", {
-        "prepared_dir": prepared_dir, "out_dir": str(model_dir),
-        **bind_section(_command("train_lm"), section, skip=_IO["train_lm"], where=f"{where}: conditions[{name}]")},
-        condition=name, seed=seed, needs=needs)]
+        "prepared_dir": prepared_dir, "out_dir": model_dir,
+        **_bind("train_lm", section, f"{where}: conditions[{name}]")}, condition=name, seed=seed, needs=needs)]
     ev = deep_merge(evaluate, cond.get("evaluate") or {})
     stages.append(Stage(_stage_name("evaluate", name, seed), "evaluate", {
-        "model_dir": str(model_dir), "prepared_dir": prepared_dir, "out_dir": str(seed_dir(out / "eval" / name, seed)),
-        **bind_section(_command("evaluate"), ev, skip=_IO["evaluate"], where=f"{where}: evaluate[{name}]")},
-        condition=name, seed=seed, needs=[train_stage]))
+        "model_dir": model_dir, "prepared_dir": prepared_dir, "out_dir": str(layout.evaluation(name, seed)),
+        **_bind("evaluate", ev, f"{where}: evaluate[{name}]")}, condition=name, seed=seed, needs=[train_stage]))
     if edit_distance is not None:
         stages.append(Stage(_stage_name("edit-distance", name, seed), "edit_distance", {
-            "model_dir": str(model_dir), "prepared_dir": prepared_dir,
-            "out_dir": str(seed_dir(out / "edit" / name, seed)),
-            **bind_section(_command("edit_distance"), edit_distance, skip=_IO["edit_distance"],
-                           where=f"{where}: edit_distance")},
+            "model_dir": model_dir, "prepared_dir": prepared_dir, "out_dir": str(layout.edit_distance(name, seed)),
+            **_bind("edit_distance", edit_distance, f"{where}: edit_distance")},
             condition=name, seed=seed, needs=[train_stage]))
+    return stages
+
+
+def _sweep_stages(layout: RunLayout, sweeps: Optional[list[dict]], names: list[str], seed: Optional[int],
+                  where: str) -> list[Stage]:
+    """The sweeps at inference, on the models of ``seed`` (the first seed)."""
+    stages = []
+    for index, sweep in enumerate(sweeps or []):
+        sweep = dict(sweep)
+        target = sweep.pop("condition", None)
+        if target not in names:
+            raise PlanlmError(f"{where}: sweeps[{index}].condition {target!r} is not one of the conditions {names}")
+        kind = sweep.get("kind", "num_paths")
+        stages.append(Stage(f"sweep {kind} {target}", "sweep", {
+            "model_dir": str(layout.lm(target, seed)), "prepared_dir": str(layout.prepared),
+            "out_dir": str(layout.sweep(target, kind)), **_bind("sweep", sweep, f"{where}: sweeps[{index}]")},
+            condition=target, needs=[_stage_name("train-lm", target, seed)]))
     return stages
 
 
@@ -270,39 +284,64 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
                 evaluate: dict, edit_distance: Optional[dict], sweeps: Optional[list[dict]], where: str,
                 seeds: Optional[list[int]] = None) -> list[Stage]:
     """Validate every section and return the stages in order (nothing runs here)."""
+    layout = RunLayout(Path(out))
     names = _check_conditions(conditions, where)
     run_seeds = _check_seeds(seeds, where)
-    stages = [Stage("prepare", "prepare", {"out_dir": str(out / "prepared"), **bind_section(
-        _command("prepare"), prepare, skip=_IO["prepare"], where=f"{where}: prepare")})]
-    planner_stages, planner_of = _planner_stages(out, planner, lm, conditions, sweeps, where)
+    stages = [Stage("prepare", "prepare", {"out_dir": str(layout.prepared),
+                                           **_bind("prepare", prepare, f"{where}: prepare")})]
+    planner_stages, planner_of = _planner_stages(layout, planner, lm, conditions, sweeps, where)
     stages += planner_stages
     for seed in run_seeds:
-        base = None
-        if base_lm:
-            base = (_stage_name("train-lm", "_base", seed), seed_dir(out / "lm" / "_base", seed))
-            section = deep_merge(lm, base_lm)
-            section["conditioning"] = {"conditioning": "none"}
-            if seed is not None:
-                section.setdefault("train", {})["seed"] = seed
-            stages.append(Stage(base[0], "train_lm", {
-                "prepared_dir": str(out / "prepared"), "out_dir": str(base[1]),
-                **bind_section(_command("train_lm"), section, skip=_IO["train_lm"], where=f"{where}: base_lm")},
-                seed=seed, needs=["prepare"]))
+        base = _base_lm_stage(layout, lm, base_lm, seed, where) if base_lm else None
+        stages += [base] if base else []
         for cond in conditions:
-            stages += _condition_stages(out, cond, lm, evaluate, edit_distance, planner_of.get(cond["name"]), base,
+            stages += _condition_stages(layout, cond, lm, evaluate, edit_distance, planner_of.get(cond["name"]), base,
                                         seed, where)
-    for index, sweep in enumerate(sweeps or []):  # at inference, on the models of the first seed
-        sweep = dict(sweep)
-        target = sweep.pop("condition", None)
-        if target not in names:
-            raise PlanlmError(f"{where}: sweeps[{index}].condition {target!r} is not one of the conditions {names}")
-        kind = sweep.get("kind", "num_paths")
-        stages.append(Stage(f"sweep {kind} {target}", "sweep", {
-            "model_dir": str(seed_dir(out / "lm" / target, run_seeds[0])), "prepared_dir": str(out / "prepared"),
-            "out_dir": str(out / "sweeps" / f"{target}-{kind}"),
-            **bind_section(_command("sweep"), sweep, skip=_IO["sweep"], where=f"{where}: sweeps[{index}]")},
-            condition=target, needs=[_stage_name("train-lm", target, run_seeds[0])]))
-    return stages
+    return stages + _sweep_stages(layout, sweeps, names, run_seeds[0], where)
+
+
+def _run_stage(stage: Stage, state: dict, layout: RunLayout) -> tuple[str, float, bool]:
+    """Run one stage and record it in ``state``: (status, seconds, reused). A stage of one condition that
+    fails is recorded with its traceback under logs/; a failing stage that all conditions need raises."""
+    out_path = Path(stage.kwargs["out_dir"])
+    manifest_before = read_manifest(out_path)
+    started = time.time()
+    try:
+        with releasing_stage_locks():  # those of a stage that raised, too
+            _run_distributed(stage) if _is_distributed(stage) else load_command(stage.command)(**stage.kwargs)
+        status, error = "done", None
+    except (Exception, SystemExit) as e:  # one failed condition must not lose the others
+        if stage.condition is None:
+            state["stages"][stage.name] = {"status": "failed", "error": f"{type(e).__name__}: {e}",
+                                           "command": stage.command}
+            write_json(layout.state, state)
+            raise
+        status, error = "failed", f"{type(e).__name__}: {e}"
+        log = layout.stage_log(stage.name)
+        log.parent.mkdir(exist_ok=True)
+        log.write_text(traceback.format_exc())
+    seconds = time.time() - started
+    reused = status == "done" and manifest_before is not None and manifest_before == read_manifest(out_path)
+    state["stages"][stage.name] = {"status": status, "error": error, "wall_time_s": round(seconds, 2),
+                                   "ran_now": not reused, "command": stage.command, "out_dir": str(out_path),
+                                   "condition": stage.condition, "seed": stage.seed}
+    return status, seconds, reused
+
+
+def _run_stages(stages: list[Stage], state: dict, layout: RunLayout) -> Progress:
+    """Every stage in order; one whose needs failed is skipped."""
+    progress = Progress(len(stages), state)
+    for index, stage in enumerate(stages):
+        failed_needs = [n for n in stage.needs if state["stages"].get(n, {}).get("status") != "done"]
+        progress.begin(index, stages)
+        if failed_needs:
+            state["stages"][stage.name] = {"status": "skipped", "error": f"needs {failed_needs}",
+                                           "command": stage.command, "condition": stage.condition, "seed": stage.seed}
+            progress.end(stage, "skipped (an earlier stage failed)", 0, False)
+        else:
+            progress.end(stage, *_run_stage(stage, state, layout))
+        write_json(layout.state, state)
+    return progress
 
 
 def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Optional[dict] = None,
@@ -334,56 +373,26 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
         report: Options of the report: {actions_shown: int}.
         dry_run: Validate every section and list the stages without running anything.
     """
-    out = Path(out_dir)
+    layout = RunLayout(Path(out_dir))
     conditions = conditions or []
-    stages = plan_stages(out, prepare or {}, planner or {}, lm or {}, base_lm, conditions, evaluate or {},
-                         edit_distance, sweeps, where=f"run {out}", seeds=seeds)
+    stages = plan_stages(layout.root, prepare or {}, planner or {}, lm or {}, base_lm, conditions, evaluate or {},
+                         edit_distance, sweeps, where=f"run {layout.root}", seeds=seeds)
     if dry_run:
         for i, stage in enumerate(stages):
             print(f"{i + 1:>2}. {stage.name}  ->  {stage.kwargs.get('out_dir', '')}")
         print(f"config valid: {len(stages)} stages (dry run: nothing was run)")
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    state_path = out / "run_state.json"
+        return layout.root
+    layout.root.mkdir(parents=True, exist_ok=True)
     state = {"stages": {}, "config": {"prepare": prepare, "planner": planner, "lm": lm, "base_lm": base_lm,
                                       "conditions": conditions, "evaluate": evaluate, "edit_distance": edit_distance,
                                       "sweeps": sweeps, "seeds": seeds}}
-    progress = Progress(len(stages), state)
-    for index, stage in enumerate(stages):
-        failed_needs = [n for n in stage.needs if state["stages"].get(n, {}).get("status") != "done"]
-        progress.begin(index, stages)
-        if failed_needs:
-            state["stages"][stage.name] = {"status": "skipped", "error": f"needs {failed_needs}",
-                                           "command": stage.command, "condition": stage.condition, "seed": stage.seed}
-            progress.end(stage, "skipped (an earlier stage failed)", 0, False)
-            write_json(state_path, state)
-            continue
-        out_path = Path(stage.kwargs["out_dir"])
-        manifest_before = read_manifest(out_path)
-        started = time.time()
-        try:
-            _run_distributed(stage) if _is_distributed(stage) else _command(stage.command)(**stage.kwargs)
-            status, error = "done", None
-        except (Exception, SystemExit) as e:  # one failed condition must not lose the others
-            if stage.condition is None:
-                state["stages"][stage.name] = {"status": "failed", "error": f"{type(e).__name__}: {e}",
-                                               "command": stage.command}
-                write_json(state_path, state)
-                raise
-            status, error = "failed", f"{type(e).__name__}: {e}"
-            (out / "logs").mkdir(exist_ok=True)
-            (out / "logs" / f"{stage.name.replace(' ', '_')}.txt").write_text(traceback.format_exc())
-        seconds = time.time() - started
-        reused = status == "done" and manifest_before is not None and manifest_before == read_manifest(out_path)
-        state["stages"][stage.name] = {"status": status, "error": error, "wall_time_s": round(seconds, 2),
-                                       "ran_now": not reused, "command": stage.command, "out_dir": str(out_path),
-                                       "condition": stage.condition, "seed": stage.seed}
-        progress.end(stage, status, seconds, reused)
-        write_json(state_path, state)
-    from planlm.pipeline.report import write_report
+    with releasing_stage_locks():
+        lock_stage_dir(layout.root)  # a second `planlm run` on this folder is refused with our pid
+        progress = _run_stages(stages, state, layout)
+        from planlm.pipeline.report import write_report
 
-    report_path = write_report(out, state=state, conditions=conditions, seeds=seeds, **(report or {}))
+        report_path = write_report(layout.root, state=state, conditions=conditions, seeds=seeds, **(report or {}))
     failed = [n for n, s in state["stages"].items() if s["status"] != "done"]
     progress.console.print(f"[bold]report:[/] {report_path}" + (f"  ([red]not done: {', '.join(failed)}[/])"
                                                                   if failed else ""))
-    return out
+    return layout.root

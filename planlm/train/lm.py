@@ -1,15 +1,15 @@
 """``planlm train-lm``: finetune a causal LM conditioned on plans (section 3.3 of the paper).
 
-``LightningLM`` holds only the steps and the optimiser; the network is ``planlm.models.planned_lm.PlannedLM``.
+``LightningLM`` (``lm_module.py``) holds only the steps and the optimiser; the network is
+``planlm.models.planned_lm.PlannedLM``.
 The output folder is a ``PlannedLM`` folder (reload it with ``PlannedLM.from_pretrained(out_dir)``)
-plus ``checkpoints/`` (best + last, for resume), ``logs/`` (CSV) and ``tb/`` (TensorBoard), and is
-complete only once its ``manifest.json`` is written.
+plus ``checkpoints/`` (best + last, for resume, under ``checkpoints.fingerprint``), ``logs/`` (CSV) and
+``tb/`` (TensorBoard; see --train.loggers), and is complete only once its ``manifest.json`` is written.
 """
 
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -26,8 +26,11 @@ from planlm.data.windows import WindowCollator, article_windows
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
 from planlm.plans.sources import check_cache, plan_source
 from planlm.plans.spec import PlanKind, PlanSpec
-from planlm.train.resume import EpochShuffle, RestoreRNG, last_checkpoint
-from planlm.utils import (PlanlmError, check_bf16, derive_seed, file_sha256, fingerprint, prepare_stage_dir,
+from planlm.train.harness import (DEFAULT_LOGGERS, TrainerKnobs, build_trainer, check_loggers, fit, load_best,
+                                  resume_checkpoint)
+from planlm.train.lm_module import LightningLM
+from planlm.train.resume import EpochShuffle
+from planlm.utils import (PlanlmError, check_bf16, derive_seed, file_sha256, prepare_stage_dir,
                           read_manifest, write_manifest)
 
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
@@ -119,6 +122,9 @@ class LMTrainConfig:
     """DataLoader worker processes."""
     log_every_n_steps: int = 50
     """Logging interval in steps."""
+    loggers: list[str] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
+    """Where metrics are logged: csv and tensorboard (default), wandb, mlflow or comet (when installed), or a
+    Lightning Logger class path (module.Class)."""
     progress_bar: bool = True
     """Show the progress bar."""
     resume: bool = True
@@ -134,64 +140,7 @@ class LMTrainConfig:
                 raise PlanlmError(f"--train.{name} must be >= 1 (got {getattr(self, name)})")
         if self.lr <= 0 or (self.adapter_lr is not None and self.adapter_lr <= 0):
             raise PlanlmError(f"--train.lr and --train.adapter_lr must be > 0 (got {self.lr}, {self.adapter_lr})")
-
-
-class LightningLM(L.LightningModule):
-    """Training / validation steps and the optimiser of a PlannedLM."""
-
-    def __init__(self, model: PlannedLM, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0,
-                 adapter_lr: float | None = None):
-        super().__init__()
-        from torchmetrics import SumMetric
-
-        self.model = model
-        self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
-        self.adapter_lr = lr if adapter_lr is None else adapter_lr
-        # Perplexity = exp(total NLL / total tokens) over the whole validation split (not a mean of batch means).
-        # Validation loader 1 (models with plans) holds the same windows with the plans shuffled: plan usage.
-        self.val_nll_sum, self.val_tokens = SumMetric(), SumMetric()
-        self.shuffled_nll_sum, self.shuffled_tokens = SumMetric(), SumMetric()
-
-    def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean NLL over the batch's predicted tokens, their number)."""
-        out = self.model(**batch)
-        num_tokens = (batch["labels"][:, 1:] != -100).sum()
-        return out.loss, num_tokens
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss, _ = self.model_step(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])  # per step: no sync
-        return loss
-
-    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        loss, num_tokens = self.model_step(batch)
-        nll_sum, tokens = (self.val_nll_sum, self.val_tokens) if dataloader_idx == 0 else \
-            (self.shuffled_nll_sum, self.shuffled_tokens)
-        nll_sum.update(loss.float() * num_tokens)
-        tokens.update(num_tokens.float())
-
-    def on_validation_epoch_end(self) -> None:
-        tokens = self.val_tokens.compute()
-        if tokens > 0:  # metrics are already summed across processes
-            val_loss = self.val_nll_sum.compute() / tokens
-            self.log("val/loss", val_loss, prog_bar=True, sync_dist=False, add_dataloader_idx=False)
-            self.log("val/ppl", torch.exp(val_loss), sync_dist=False, add_dataloader_idx=False)
-            if self.shuffled_tokens.update_called and self.shuffled_tokens.compute() > 0:
-                usage = self.shuffled_nll_sum.compute() / self.shuffled_tokens.compute() - val_loss  # nats per token
-                self.log("val/plan_usage", usage, prog_bar=True, sync_dist=False, add_dataloader_idx=False)
-        for metric in (self.val_nll_sum, self.val_tokens, self.shuffled_nll_sum, self.shuffled_tokens):
-            metric.reset()
-
-    def configure_optimizers(self):
-        adapter = list(self.model.adapter.parameters()) if self.model.adapter is not None else []
-        in_adapter = {id(p) for p in adapter}
-        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad and id(p) not in in_adapter],
-                   "lr": self.lr},
-                  {"params": [p for p in adapter if p.requires_grad], "lr": self.adapter_lr}]
-        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=self.weight_decay)
-        warmup = max(1, self.warmup_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        check_loggers(self.loggers, "--train.loggers")
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -329,25 +278,6 @@ def _input_hashes(model: LMModelConfig, spec: PlanSpec) -> dict:
     return hashes
 
 
-def _checkpoints_match(checkpoints: Path, run_config: dict, resume: bool) -> bool:
-    """Whether checkpoints/ was written by a run that differs at most in its length (then resume it);
-    checkpoints of any other config (or all of them, without ``resume``) are deleted, never resumed."""
-    lengthless = {**run_config, "train": {k: v for k, v in run_config["train"].items() if k not in _LENGTH_KNOBS}}
-    key = fingerprint(lengthless)
-    stamp = checkpoints.parent / "checkpoints.fingerprint"
-    if resume and stamp.is_file() and stamp.read_text().strip() == key:
-        return True
-    shutil.rmtree(checkpoints, ignore_errors=True)
-    stamp.write_text(key + "\n")
-    return False
-
-
-# Knobs that only say how long to train: a finished shorter run resumes into a longer one. Not max_steps
-# nor limit_train_batches: Lightning checkpoints a run that they stopped inside an epoch as if the
-# epoch were finished, so a longer run resumed from it would train no more (it starts over instead).
-_LENGTH_KNOBS = ("max_epochs", "val_check_interval", "limit_val_batches")
-
-
 # --------------------------------------------------------------------------------------------- command
 def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConfig(),
              plans: PlanSpec = PlanSpec(), adapter: AdapterSettings = AdapterSettings(),
@@ -372,9 +302,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     from planlm.data.resources import use_offline_mode_if_no_hub
 
     use_offline_mode_if_no_hub()
-    on_gpu = torch.cuda.is_available() and train.accelerator in ("auto", "gpu", "cuda")
-    precision = train.precision or ("bf16-mixed" if on_gpu else "32-true")
-    check_bf16(precision, "cuda" if on_gpu else "cpu", "--train.precision")
+    knobs = TrainerKnobs.of(train)
+    check_bf16(knobs.resolved_precision(), knobs.device_type(), "--train.precision")
     spec = plans.resolve()
     spec.check_source()
     prepared = PreparedDataset(prepared_dir)
@@ -382,10 +311,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     splits = [train.train_split, train.val_split]
     for split in splits:
         prepared.split(split)  # one-line error for a missing split
-    run_config = {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
-                  "model": asdict(model), "plans": spec.cache_key(), "adapter": asdict(adapter),
-                  "inputs": _input_hashes(model, spec),
-                  "train": {k: v for k, v in asdict(train).items() if k not in ("progress_bar", "num_workers", "resume")}}
+    run_config = _run_config(prepared, model, spec, adapter, train)
     if prepare_stage_dir(out, run_config, keep_partial=True):
         return out
 
@@ -412,51 +338,53 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     if has_val and spec.kind != PlanKind.none:  # plan usage: the same windows, the plans shuffled
         val_loaders.append(_shuffled_plans_loader(loaders[train.val_split]))
 
-    checkpoints = out / "checkpoints"
-    checkpoint = L.pytorch.callbacks.ModelCheckpoint(
-        dirpath=checkpoints, filename="step{step}", auto_insert_metric_name=False,
-        monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=not has_val)
-    # Without validation every checkpoint is the latest, so save_last keeps last.ckpt current; with it, last.ckpt
-    # needs its own callback (see last_checkpoint).
-    checkpoints_kept = [checkpoint, last_checkpoint(checkpoints)] if has_val else [checkpoint]
-    trainer = L.Trainer(
-        accelerator=train.accelerator, devices=train.devices, strategy=train.strategy, num_nodes=train.num_nodes,
-        precision=precision, max_epochs=train.max_epochs, max_steps=train.max_steps,
-        val_check_interval=train.val_check_interval, limit_train_batches=train.limit_train_batches,
-        limit_val_batches=train.limit_val_batches if has_val else 0,
-        accumulate_grad_batches=train.accumulate_grad_batches, gradient_clip_val=train.gradient_clip_val,
-        callbacks=[*checkpoints_kept, RestoreRNG()], log_every_n_steps=train.log_every_n_steps,
-        logger=[L.pytorch.loggers.CSVLogger(out, name="logs"), L.pytorch.loggers.TensorBoardLogger(out, name="tb")],
-        enable_progress_bar=train.progress_bar, enable_model_summary=False, num_sanity_val_steps=0,
-        default_root_dir=out)
-    module = LightningLM(planned, lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
-                         adapter_lr=train.adapter_lr)
-    last = checkpoints / "last.ckpt"
-    ckpt_path = str(last) if _checkpoints_match(checkpoints, run_config, train.resume) and last.is_file() else None
-    start = time.time()
-    if any(p.requires_grad for p in planned.parameters()):
-        trainer.fit(module, loaders[train.train_split], val_loaders, ckpt_path=ckpt_path)
-    elif has_val:  # a frozen pretrained LM without conditioning: nothing to train, its validation loss only
-        trainer.validate(module, val_loaders, verbose=False)
-
-    best_path = checkpoint.best_model_path
-    if has_val and best_path and Path(best_path).is_file():
-        state = torch.load(best_path, map_location="cpu", weights_only=True)["state_dict"]
-        module.load_state_dict(state)
-    plan_usage = trainer.callback_metrics.get("val/plan_usage")  # of the last validation, nats per token
-    best_score = checkpoint.best_model_score if trainer.global_step else trainer.callback_metrics.get("val/loss")
-    val_loss = float(best_score) if best_score is not None else None
+    trainer, best, start = _train(planned, train, out, run_config, loaders[train.train_split], val_loaders)
     if trainer.is_global_zero:
         planned.cpu().save_pretrained(out, tokenizer=tokenizer)
         write_manifest(out, run_config, prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
                        conditioning=str(spec.kind), adapter=adapter.kind if spec.kind != PlanKind.none else None,
                        plans_dir=spec.plans_dir, planner_dir=spec.planner_dir, planner_hash=planner_hash,
-                       plans_manifest=plans_manifest, global_step=trainer.global_step,
-                       best_checkpoint=best_path or None, val_loss=val_loss,
-                       last_val_plan_usage=float(plan_usage) if plan_usage is not None else None,
-                       val_ppl=math.exp(val_loss) if val_loss is not None else None,
-                       train_wall_time_s=time.time() - start,
+                       plans_manifest=plans_manifest, **_run_results(trainer, best, start),
                        trainable_parameters=sum(p.numel() for p in planned.parameters() if p.requires_grad),
                        rezero_alphas=planned.adapter.alphas() if planned.adapter is not None else None,
                        lm_hash=file_sha256(next((out / "lm").glob("*.safetensors"))))
     return out
+
+
+def _run_config(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec, adapter: AdapterSettings,
+                train: LMTrainConfig) -> dict:
+    """The model folder's reuse key: the corpus, the configs and the hashes of the folders the run reads."""
+    display_only = ("progress_bar", "num_workers", "resume", "loggers")  # they do not change the trained LM
+    return {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
+            "model": asdict(model), "plans": spec.cache_key(), "adapter": asdict(adapter),
+            "inputs": _input_hashes(model, spec),
+            "train": {k: v for k, v in asdict(train).items() if k not in display_only}}
+
+
+def _train(planned: PlannedLM, train: LMTrainConfig, out: Path, run_config: dict, train_loader: DataLoader,
+           val_loaders: list | None) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, float]:
+    """(trainer, best checkpoint, start time): train through the harness, resuming an interrupted run of the
+    same config; ``planned`` ends with the best checkpoint's weights."""
+    ckpt_path = resume_checkpoint(out, "checkpoints.fingerprint", run_config, resume=train.resume)
+    trainer, best = build_trainer(TrainerKnobs.of(train), out, best_filename="step{step}",
+                                  log_folders={"csv": "logs", "tensorboard": "tb"}, has_val=val_loaders is not None)
+    module = LightningLM(planned, lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
+                         adapter_lr=train.adapter_lr)
+    start = time.time()
+    if any(p.requires_grad for p in planned.parameters()):
+        fit(trainer, module, train_loader, val_loaders, ckpt_path)
+    elif val_loaders:  # a frozen pretrained LM without conditioning: nothing to train, its validation loss only
+        trainer.validate(module, val_loaders, verbose=False)
+    load_best(module, best)
+    return trainer, best, start
+
+
+def _run_results(trainer: L.Trainer, best: L.pytorch.callbacks.ModelCheckpoint, start: float) -> dict:
+    """The manifest's account of training: steps, the best checkpoint and its validation loss, plan usage."""
+    plan_usage = trainer.callback_metrics.get("val/plan_usage")  # of the last validation, nats per token
+    best_score = best.best_model_score if trainer.global_step else trainer.callback_metrics.get("val/loss")
+    val_loss = float(best_score) if best_score is not None else None
+    return {"global_step": trainer.global_step, "best_checkpoint": best.best_model_path or None, "val_loss": val_loss,
+            "last_val_plan_usage": float(plan_usage) if plan_usage is not None else None,
+            "val_ppl": math.exp(val_loss) if val_loss is not None else None,
+            "train_wall_time_s": time.time() - start}

@@ -1,0 +1,53 @@
+"""The one registry of planlm's commands and Python API, read by the CLI (`planlm COMMAND`), the lazy
+attributes of ``planlm`` (``planlm.train_lm``) and the pipeline (`planlm run`).
+
+Targets are "module:attribute" strings, imported on first use: ``import planlm`` and ``planlm --help``
+stay cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+# command name -> "module:function". Each function is the Python API of that command.
+COMMANDS: dict[str, str] = {
+    "prepare": "planlm.data.prepare:prepare",
+    "actions": "planlm.data.actions:actions",
+    "train-planner": "planlm.train.planner:train_planner",
+    "sample-plans": "planlm.plans.sampling:sample_plans",
+    "train-lm": "planlm.train.lm:train_lm",
+    "evaluate": "planlm.evaluate.perplexity:evaluate",
+    "compare": "planlm.evaluate.bootstrap:compare",
+    "generate": "planlm.evaluate.generate:generate",
+    "edit-distance": "planlm.evaluate.edit_distance:edit_distance",
+    "sweep": "planlm.evaluate.sweeps:sweep",
+    "run": "planlm.pipeline.run:run",
+}
+
+# Python name -> "module:attribute": every command under its function's name, and the rest of the API.
+API: dict[str, str] = {
+    **{target.split(":")[1]: target for target in COMMANDS.values()},
+    "generate_text": "planlm.evaluate.generate:generate_text",
+    "PlannedGenerator": "planlm.evaluate.generate:PlannedGenerator",
+    "compute_plans": "planlm.plans.sampling:compute_plans",
+    "load_plans": "planlm.plans.sampling:load_plans",
+    "PathPolicy": "planlm.plans.policy:PathPolicy",
+    # data and networks
+    "PreparedDataset": "planlm.data.artifacts:PreparedDataset",
+    "Planner": "planlm.models.planner:Planner",
+    "PlannerConfig": "planlm.models.planner:PlannerConfig",
+    "PlannedLM": "planlm.models.planned_lm:PlannedLM",
+    "AdapterConfig": "planlm.models.adapter:AdapterConfig",
+}
+
+
+def load(target: str) -> Any:
+    """The object a "module:attribute" target names."""
+    module, attribute = target.split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def load_command(name: str) -> Callable:
+    """A command's function, by its CLI name (``train-lm``) or its Python name (``train_lm``)."""
+    return load(COMMANDS[name.replace("_", "-")])

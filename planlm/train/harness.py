@@ -1,0 +1,221 @@
+"""The training harness of the ``train-*`` commands: one Lightning Trainer built from the run knobs they
+share, the loggers, the checkpoints (best + last), resume and the reload of the best checkpoint.
+
+A command keeps its data, its LightningModule and what it writes after training; what happens between
+"here is a module and its loaders" and "here are the best weights" is written once, here. In the stage
+folder the harness writes::
+
+    checkpoints/          the best checkpoint (lowest val/loss) and last.ckpt, written at every validation
+    <stamp>               the fingerprint of the config the checkpoints belong to (resume only under it)
+    logs/, tb/, ...       one folder per logger: csv and tensorboard by default; wandb, mlflow, comet or
+                          any Lightning Logger class when its package is installed
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import shutil
+import warnings
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import lightning as L
+import torch
+
+from planlm.train.resume import RestoreRNG, last_checkpoint
+from planlm.utils import PlanlmError, fingerprint, write_json
+
+DEFAULT_LOGGERS = ("csv", "tensorboard")
+
+# Knobs that only say how long to train: a finished shorter run resumes into a longer one. Not max_steps
+# nor limit_train_batches: Lightning checkpoints a run that they stopped inside an epoch as if the
+# epoch were finished, so a longer run resumed from it would train no more (it starts over instead).
+LENGTH_KNOBS = ("max_epochs", "early_stopping_patience", "val_check_interval", "limit_val_batches")
+
+
+class LoggerSpec(NamedTuple):
+    """A Lightning logger by name: its class, the modules it needs (any one of them) and their pip package."""
+
+    class_path: str
+    modules: tuple[str, ...]
+    package: str
+
+
+LOGGERS = {
+    "csv": LoggerSpec("lightning.pytorch.loggers.CSVLogger", (), "lightning"),
+    "tensorboard": LoggerSpec("lightning.pytorch.loggers.TensorBoardLogger", ("tensorboard", "tensorboardX"),
+                              "tensorboard"),
+    "wandb": LoggerSpec("lightning.pytorch.loggers.WandbLogger", ("wandb",), "wandb"),
+    "mlflow": LoggerSpec("lightning.pytorch.loggers.MLFlowLogger", ("mlflow",), "mlflow"),
+    "comet": LoggerSpec("lightning.pytorch.loggers.CometLogger", ("comet_ml",), "comet-ml"),
+}
+
+
+@dataclass
+class TrainerKnobs:
+    """The Lightning Trainer knobs of a run. A command's train config exposes those it needs under these
+    names; ``of`` takes them from it and leaves the others at Lightning's defaults."""
+
+    accelerator: str = "auto"
+    devices: int | str = "auto"
+    strategy: str = "auto"
+    num_nodes: int = 1
+    precision: str | None = None
+    """None: bf16-mixed on CUDA, 32-true otherwise."""
+    max_epochs: int = 1
+    max_steps: int = -1
+    val_check_interval: int | float | None = None
+    limit_train_batches: int | float | None = None
+    limit_val_batches: int | float | None = None
+    gradient_clip_val: float | None = None
+    accumulate_grad_batches: int = 1
+    early_stopping_patience: int | None = None
+    """Stop when val/loss has not improved for this many validations (None: off)."""
+    progress_bar: bool = True
+    log_every_n_steps: int = 50
+    loggers: list[str] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
+
+    @classmethod
+    def of(cls, train: Any) -> TrainerKnobs:
+        """The knobs that a command's train config names (same names); the others keep their defaults."""
+        return cls(**{knob.name: getattr(train, knob.name) for knob in fields(cls) if hasattr(train, knob.name)})
+
+    def device_type(self) -> str:
+        """cuda when the run trains on a CUDA device, cpu otherwise."""
+        return "cuda" if torch.cuda.is_available() and self.accelerator in ("auto", "gpu", "cuda") else "cpu"
+
+    def resolved_precision(self) -> str:
+        return self.precision or ("bf16-mixed" if self.device_type() == "cuda" else "32-true")
+
+
+# ---- loggers ------------------------------------------------------------------------------------------
+def check_loggers(names: list[str], flag: str) -> None:
+    """One-line errors for a logger name that is not known or whose package is not installed."""
+    for name in names:
+        _logger_class(name, flag)
+
+
+def _logger_class(name: str, flag: str) -> type:
+    spec = LOGGERS.get(name)
+    if spec is None and "." not in name:
+        raise PlanlmError(f"{flag}: unknown logger {name!r}; choose from {', '.join(LOGGERS)} or give a Logger "
+                          f"class path (module.Class)")
+    if spec is not None and spec.modules and not any(importlib.util.find_spec(m) for m in spec.modules):
+        raise PlanlmError(f"{flag}: logger {name!r} needs the {spec.package} package; `pip install {spec.package}` "
+                          f"or leave {name} out of {flag}")
+    module_name, _, class_name = (spec.class_path if spec else name).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise PlanlmError(f"{flag}: cannot import logger class {name!r} ({error}); install its package or fix "
+                          f"the path") from None
+    if not (inspect.isclass(cls) and issubclass(cls, L.pytorch.loggers.Logger)):
+        raise PlanlmError(f"{flag}: {name!r} is not a lightning.pytorch.loggers.Logger class")
+    return cls
+
+
+def make_loggers(names: list[str], out: Path, folders: dict[str, str], flag: str = "--train.loggers") -> list:
+    """The loggers of a run writing under ``out``: csv and tensorboard into ``out/folders[name]``, mlflow's
+    file store into ``out/mlruns``, wandb's files into ``out``; a class path gets save_dir=out if it takes one."""
+    loggers = []
+    for name in names:
+        cls = _logger_class(name, flag)
+        if name in ("csv", "tensorboard"):
+            loggers.append(cls(out, name=folders[name]))
+        elif name == "mlflow":
+            loggers.append(cls(run_name=out.name, save_dir=str(out / "mlruns")))
+        elif name == "wandb":
+            loggers.append(cls(name=out.name, save_dir=str(out)))
+        elif "save_dir" in inspect.signature(cls).parameters:
+            loggers.append(cls(save_dir=str(out)))
+        else:
+            loggers.append(cls())
+    return loggers
+
+
+# ---- trainer, resume, best checkpoint -----------------------------------------------------------------
+def build_trainer(knobs: TrainerKnobs, out: Path, *, best_filename: str, log_folders: dict[str, str],
+                  has_val: bool = True) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint]:
+    """(Trainer, its best-checkpoint callback) for a run writing into the stage folder ``out``.
+
+    With validation, ``checkpoints/{best_filename}.ckpt`` keeps the lowest val/loss and last.ckpt is
+    written at every validation, improved or not (see ``last_checkpoint``); without it, the one checkpoint
+    is the latest and ``save_last`` keeps last.ckpt current. The torch generators travel with every
+    checkpoint (``RestoreRNG``)."""
+    best = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=out / "checkpoints", filename=best_filename, auto_insert_metric_name=False,
+        monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=not has_val)
+    callbacks = [best, last_checkpoint(out / "checkpoints")] if has_val else [best]
+    callbacks.append(RestoreRNG())
+    if knobs.early_stopping_patience is not None:
+        callbacks.append(L.pytorch.callbacks.EarlyStopping(monitor="val/loss", mode="min",
+                                                           patience=knobs.early_stopping_patience))
+    trainer = L.Trainer(
+        accelerator=knobs.accelerator, devices=knobs.devices, strategy=knobs.strategy, num_nodes=knobs.num_nodes,
+        precision=knobs.resolved_precision(), max_epochs=knobs.max_epochs, max_steps=knobs.max_steps,
+        val_check_interval=knobs.val_check_interval, limit_train_batches=knobs.limit_train_batches,
+        limit_val_batches=knobs.limit_val_batches if has_val else 0,
+        accumulate_grad_batches=knobs.accumulate_grad_batches, gradient_clip_val=knobs.gradient_clip_val,
+        callbacks=callbacks, logger=make_loggers(knobs.loggers, out, log_folders),
+        log_every_n_steps=knobs.log_every_n_steps, enable_progress_bar=knobs.progress_bar,
+        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=out)
+    return trainer, best
+
+
+def resume_checkpoint(out: Path, stamp_name: str, run_config: dict, resume: bool = True,
+                      reset: Path | None = None) -> str | None:
+    """``out/checkpoints/last.ckpt`` when the checkpoints were written by a run whose config differs at
+    most in its length (``LENGTH_KNOBS``): resume it. Checkpoints of any other config (or all of them,
+    without ``resume``) are deleted, never resumed; ``out/stamp_name`` records the config they belong to.
+
+    ``reset``: the folder deleted (and made again) instead of checkpoints/ when the stamp names another
+    config, e.g. the whole stage folder so that its logs start again too. Without a stamp only
+    checkpoints/ goes: the folder may hold files that are not the harness's."""
+    train = {k: v for k, v in run_config["train"].items() if k not in LENGTH_KNOBS}
+    lengthless = {**run_config, "train": train}
+    key = fingerprint(lengthless)
+    stamp, checkpoints = out / stamp_name, out / "checkpoints"
+    stamped = _read_stamp(stamp)
+    if not (resume and stamped == key):
+        if reset is not None and stamped not in (None, key):
+            shutil.rmtree(reset, ignore_errors=True)
+            reset.mkdir(parents=True)
+        shutil.rmtree(checkpoints, ignore_errors=True)
+        write_json(stamp, {"config_fingerprint": key, "config": lengthless})
+    last = checkpoints / "last.ckpt"
+    return str(last) if last.is_file() else None
+
+
+def _read_stamp(stamp: Path) -> str | None:
+    """The fingerprint in a stamp file: JSON, or the bare line that train-lm wrote before the harness."""
+    try:
+        text = stamp.read_text().strip()
+    except OSError:
+        return None
+    try:
+        return json.loads(text).get("config_fingerprint")
+    except (json.JSONDecodeError, AttributeError):
+        return text
+
+
+def fit(trainer: L.Trainer, module: L.LightningModule, train_loader, val_loaders, ckpt_path: str | None) -> None:
+    """``trainer.fit``, without the warnings that a resumed run or a tiny corpus always raises."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        warnings.filterwarnings("ignore", message=".*number of training batches.*")
+        warnings.filterwarnings("ignore", message=".*exists and is not empty.*")  # resuming into our own folder
+        trainer.fit(module, train_loader, val_loaders, ckpt_path=ckpt_path)
+
+
+def load_best(module: L.LightningModule, best: L.pytorch.callbacks.ModelCheckpoint) -> None:
+    """Load the weights of the best checkpoint (lowest val/loss) into ``module``; nothing without one.
+
+    ``weights_only=True``: both commands' checkpoints hold only tensors and plain values (the random
+    generators as tensors, see ``RestoreRNG``), so no pickled code runs on load."""
+    path = best.best_model_path
+    if best.monitor is not None and path and Path(path).is_file():
+        module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True)["state_dict"])

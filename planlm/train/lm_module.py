@@ -1,0 +1,70 @@
+"""``LightningLM``: the training/validation steps and the optimiser of a ``PlannedLM``.
+
+Validation reports the perplexity of the whole split (total NLL / total tokens) and, for models with
+plans, the plan usage: the loss with the plans shuffled across the split's sentences minus the loss.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+
+from planlm.models.planned_lm import PlannedLM
+
+
+class LightningLM(L.LightningModule):
+    """Training / validation steps and the optimiser of a PlannedLM."""
+
+    def __init__(self, model: PlannedLM, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0,
+                 adapter_lr: float | None = None):
+        super().__init__()
+        from torchmetrics import SumMetric
+
+        self.model = model
+        self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
+        self.adapter_lr = lr if adapter_lr is None else adapter_lr
+        # Perplexity = exp(total NLL / total tokens) over the whole validation split (not a mean of batch means).
+        # Validation loader 1 (models with plans) holds the same windows with the plans shuffled: plan usage.
+        self.val_nll_sum, self.val_tokens = SumMetric(), SumMetric()
+        self.shuffled_nll_sum, self.shuffled_tokens = SumMetric(), SumMetric()
+
+    def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean NLL over the batch's predicted tokens, their number)."""
+        out = self.model(**batch)
+        num_tokens = (batch["labels"][:, 1:] != -100).sum()
+        return out.loss, num_tokens
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, _ = self.model_step(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])  # per step: no sync
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        loss, num_tokens = self.model_step(batch)
+        nll_sum, tokens = (self.val_nll_sum, self.val_tokens) if dataloader_idx == 0 else \
+            (self.shuffled_nll_sum, self.shuffled_tokens)
+        nll_sum.update(loss.float() * num_tokens)
+        tokens.update(num_tokens.float())
+
+    def on_validation_epoch_end(self) -> None:
+        tokens = self.val_tokens.compute()
+        if tokens > 0:  # metrics are already summed across processes
+            val_loss = self.val_nll_sum.compute() / tokens
+            self.log("val/loss", val_loss, prog_bar=True, sync_dist=False, add_dataloader_idx=False)
+            self.log("val/ppl", torch.exp(val_loss), sync_dist=False, add_dataloader_idx=False)
+            if self.shuffled_tokens.update_called and self.shuffled_tokens.compute() > 0:
+                usage = self.shuffled_nll_sum.compute() / self.shuffled_tokens.compute() - val_loss  # nats per token
+                self.log("val/plan_usage", usage, prog_bar=True, sync_dist=False, add_dataloader_idx=False)
+        for metric in (self.val_nll_sum, self.val_tokens, self.shuffled_nll_sum, self.shuffled_tokens):
+            metric.reset()
+
+    def configure_optimizers(self):
+        adapter = list(self.model.adapter.parameters()) if self.model.adapter is not None else []
+        in_adapter = {id(p) for p in adapter}
+        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad and id(p) not in in_adapter],
+                   "lr": self.lr},
+                  {"params": [p for p in adapter if p.requires_grad], "lr": self.adapter_lr}]
+        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=self.weight_decay)
+        warmup = max(1, self.warmup_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,71 @@
+"""``LightningPlanner``: the training/validation steps and the optimiser of a ``Planner``.
+
+Letters: B boundaries, S context sentences, E embedding width, T horizon, A actions.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from planlm.models.planner import Planner
+from planlm.plans.sampling import IGNORE_INDEX
+
+
+def context_of(planner: Planner, batch: dict) -> torch.Tensor:
+    """The batch's context_embeds (B, S, E): cached, or computed by the planner's own encoder."""
+    if "context_embeds" in batch:
+        return batch["context_embeds"]
+    mask = batch["context_mask"]
+    if not batch["texts"]:
+        return torch.zeros(*mask.shape, planner.config.embedding_dim, device=mask.device)
+    embeds = planner.embed_sentences(batch["texts"])  # (U, E)
+    return embeds[batch["context_index"]] * mask.unsqueeze(-1)  # (B, S, E)
+
+
+def trim_horizon(targets: torch.Tensor) -> torch.Tensor:
+    """Drop trailing steps that no boundary of the batch can supervise (saves g/f passes, same loss)."""
+    valid_steps = int((targets != IGNORE_INDEX).sum(dim=1).max())
+    return targets[:, :max(valid_steps, 1)]
+
+
+
+class LightningPlanner(L.LightningModule):
+    """Holds the training/validation steps and the optimiser of a Planner."""
+
+    def __init__(self, planner: Planner, lr: float = 1e-4, weight_decay: float = 1e-4, encoder_lr: float = 1e-5):
+        super().__init__()
+        self.planner = planner
+        self.lr, self.weight_decay, self.encoder_lr = lr, weight_decay, encoder_lr
+
+    def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        targets = trim_horizon(batch["target_actions"])  # (B, T)
+        context_embeds = context_of(self.planner, batch)
+        logits = self.planner(context_embeds, batch["context_mask"], targets)  # (B, T, A)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+        return loss, logits, targets, context_embeds
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, _, targets, _ = self.model_step(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(targets))
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, logits, targets, context_embeds = self.model_step(batch)
+        valid = targets != IGNORE_INDEX  # (B, T)
+        step1 = (logits[:, 0].argmax(-1) == targets[:, 0]).float().mean()
+        free_logits, _ = self.planner.rollout(context_embeds, batch["context_mask"], targets.shape[1])
+        free_correct = (free_logits.argmax(-1) == targets) & valid
+        batch_size = len(targets)
+        self.log("val/loss", loss, prog_bar=True, batch_size=batch_size, sync_dist=True)
+        self.log("val/acc_step1", step1, batch_size=batch_size, sync_dist=True)
+        self.log("val/acc_free_running", free_correct.sum() / valid.sum(), batch_size=batch_size, sync_dist=True)
+
+    def configure_optimizers(self):
+        encoder = self.planner.representation.encoder
+        encoder_params = set(map(id, encoder.parameters())) if encoder is not None else set()
+        groups = [{"params": [p for p in self.planner.parameters() if id(p) not in encoder_params], "lr": self.lr}]
+        if encoder is not None:
+            groups.append({"params": list(encoder.parameters()), "lr": self.encoder_lr})
+        return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay)
