@@ -7,6 +7,7 @@ function's docstring and signature, so the CLI, the Python API and the YAML pres
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from planlm.commands import COMMANDS, load_command
 
@@ -27,6 +28,24 @@ def _quiet_library_noise() -> None:
         logging.getLogger(name).addFilter(_NoTips())
 
 
+def _check_renamed_flags(argv: list[str], command) -> None:
+    """A flag or config key that moved into the ``plans`` group (``--num_paths``, ``--conditioning.*``, ...) is a
+    one-line error naming its new name, not jsonargparse's "unrecognized arguments"."""
+    import inspect
+
+    import yaml
+
+    from planlm.plans.spec import check_renamed
+
+    accepted = set(inspect.signature(command).parameters)
+    flags = [arg[2:].split("=")[0].split(".")[0] for arg in argv if arg.startswith("--")]
+    check_renamed(flags, accepted, f"planlm {argv[0]}")
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--config" and Path(value).is_file():
+            config = yaml.safe_load(Path(value).read_text()) or {}
+            check_renamed(config if isinstance(config, dict) else {}, accepted, value)
+
+
 def main(argv: list[str] | None = None) -> None:
     from planlm.data.resources import use_offline_mode_if_no_hub
 
@@ -44,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     names = [argv[0]] if argv and argv[0] in COMMANDS else list(COMMANDS)
     components = {name: load_command(name) for name in names}
     try:
+        if len(names) == 1:
+            _check_renamed_flags(argv, components[names[0]])
         with releasing_stage_locks():  # a command that raised leaves no folder held
             CLI(components, args=argv, as_positional=False, fail_untyped=True)
     except PlanlmError as e:

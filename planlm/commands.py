@@ -29,16 +29,20 @@ COMMANDS: dict[str, str] = {
 API: dict[str, str] = {
     **{target.split(":")[1]: target for target in COMMANDS.values()},
     "generate_text": "planlm.evaluate.generate:generate_text",
-    "PlannedGenerator": "planlm.evaluate.generate:PlannedGenerator",
+    "PlannedGenerator": "planlm.evaluate.generator:PlannedGenerator",
     "compute_plans": "planlm.plans.sampling:compute_plans",
-    "load_plans": "planlm.plans.sampling:load_plans",
+    "load_plans": "planlm.plans.cache:load_plans",
     "PathPolicy": "planlm.plans.policy:PathPolicy",
+    "PlanSpec": "planlm.plans.spec:PlanSpec",
+    "PlanKind": "planlm.plans.spec:PlanKind",
+    "plan_source": "planlm.plans.sources:plan_source",
     # data and networks
     "PreparedDataset": "planlm.data.artifacts:PreparedDataset",
     "Planner": "planlm.models.planner:Planner",
     "PlannerConfig": "planlm.models.planner:PlannerConfig",
     "PlannedLM": "planlm.models.planned_lm:PlannedLM",
     "AdapterConfig": "planlm.models.adapter:AdapterConfig",
+    "AdapterSettings": "planlm.models.adapter:AdapterSettings",
 }
 
 

@@ -107,7 +107,7 @@ def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict]
                   if info.get("condition", stage.rsplit(" ", 1)[-1]) == name and info.get("status") != "done"]
         rows.append({
             "name": name, "label": cond.get("label", name), "paper": cond.get("paper"),
-            "conditioning": metrics.get("conditioning", (cond.get("conditioning") or {}).get("conditioning")),
+            "conditioning": metrics.get("conditioning", (cond.get("plans") or {}).get("kind")),
             "K": metrics.get("K"), "T": metrics.get("T"), "tau": metrics.get("tau"), "seeds": seeds, **numbers,
             "tokens": metrics.get("tokens"), "articles": metrics.get("articles"), "protocol": metrics.get("protocol"),
             "eval_wall_time_s": metrics.get("wall_time_s"), "tokens_per_s": metrics.get("tokens_per_s"),

@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 from planlm.commands import load_command
 from planlm.pipeline.layout import BASE_LM, RunLayout
+from planlm.plans.spec import check_renamed
 from planlm.pipeline.sections import bind_section, deep_merge
 from planlm.utils import PlanlmError, lock_stage_dir, read_manifest, releasing_stage_locks, write_json
 
@@ -149,7 +150,7 @@ def _run_distributed(stage: Stage) -> None:
                           f"its output is above; rerun `planlm run` to resume")
 
 
-CONDITION_KEYS = {"name", "label", "paper", "model", "conditioning", "train", "evaluate", "planner"}
+CONDITION_KEYS = {"name", "label", "paper", "model", "plans", "adapter", "train", "evaluate", "planner"}
 
 
 def _bind(command: str, section: Optional[dict], where: str) -> dict[str, Any]:
@@ -177,6 +178,7 @@ def _check_conditions(conditions: list[dict], where: str) -> list[str]:
     if any(not isinstance(n, str) or not n or n.startswith("_") for n in names) or len(set(names)) != len(names):
         raise PlanlmError(f"{where}: conditions need unique names not starting with '_' (got {names})")
     for cond in conditions:
+        check_renamed(cond, CONDITION_KEYS, f"{where}: conditions[{cond['name']}]")
         unknown = sorted(set(cond) - CONDITION_KEYS)
         if unknown:
             raise PlanlmError(f"{where}: conditions[{cond['name']}] has unknown key(s) {unknown}; use "
@@ -194,7 +196,7 @@ def _planner_stages(layout: RunLayout, planner: dict, lm: dict, conditions: list
     from planlm.utils import fingerprint
 
     def wants_planner(cond: dict) -> bool:
-        return str(deep_merge(lm, cond).get("conditioning", {}).get("conditioning", "none")).startswith("planner")
+        return str(deep_merge(lm, cond).get("plans", {}).get("kind", "none")).startswith("planner")
 
     shared = ("train-planner", layout.planner)
     trained: dict[str, tuple[str, Path]] = {fingerprint(planner): shared}
@@ -223,7 +225,7 @@ def _planner_stages(layout: RunLayout, planner: dict, lm: dict, conditions: list
 def _base_lm_stage(layout: RunLayout, lm: dict, base_lm: dict, seed: Optional[int], where: str) -> Stage:
     """The plain LM pretrained once per seed, the start of every condition."""
     section = deep_merge(lm, base_lm)
-    section["conditioning"] = {"conditioning": "none"}
+    section["plans"] = {"kind": "none"}
     if seed is not None:
         section.setdefault("train", {})["seed"] = seed
     return Stage(_stage_name("train-lm", BASE_LM, seed), "train_lm", {
@@ -236,11 +238,11 @@ def _condition_stages(layout: RunLayout, cond: dict, lm: dict, evaluate: dict, e
                       where: str) -> list[Stage]:
     """train-lm, evaluate and edit-distance of one condition and one seed."""
     name, prepared_dir = cond["name"], str(layout.prepared)
-    section = deep_merge(lm, {k: v for k, v in cond.items() if k in ("model", "conditioning", "train")})
-    conditioning = section.setdefault("conditioning", {})
+    section = deep_merge(lm, {k: v for k, v in cond.items() if k in ("model", "plans", "adapter", "train")})
+    plans = section.setdefault("plans", {})
     needs = ["prepare"]
-    if planner is not None and not conditioning.get("plans_dir"):
-        conditioning.setdefault("planner_dir", str(planner[1]))
+    if planner is not None and not plans.get("plans_dir"):
+        plans.setdefault("planner_dir", str(planner[1]))
         needs.append(planner[0])
     if base is not None:
         section.setdefault("model", {}).setdefault("init_from", base.kwargs["out_dir"])
@@ -357,11 +359,11 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
         out_dir: Run folder; every stage writes a subfolder, the report lands at its top.
         prepare: Arguments of `planlm prepare` (corpus, sentences, embedding, actions, tokenizer).
         planner: Arguments of `planlm train-planner` (model, train).
-        lm: Arguments of `planlm train-lm` shared by all conditions (model, conditioning, train).
+        lm: Arguments of `planlm train-lm` shared by all conditions (model, plans, adapter, train).
         base_lm: Optional `train-lm` overrides for a plain LM trained once and used as the start of every
             condition (for from-scratch LMs; leave empty when `lm.model.name_or_path` is a pretrained LM).
         conditions: One LM per entry: {name, label, paper (a row of the paper's table to show beside),
-            model/conditioning/train (merged over `lm`), evaluate (merged over `evaluate`), planner (merged
+            model/plans/adapter/train (merged over `lm`), evaluate (merged over `evaluate`), planner (merged
             over `planner`: this condition gets a planner of its own, e.g. {model: {dynamics: causal}})}.
         evaluate: Arguments of `planlm evaluate` shared by all conditions (split, stride, max_articles ...).
         edit_distance: Arguments of `planlm edit-distance`, run for every condition; null to skip.
