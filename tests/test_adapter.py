@@ -171,11 +171,11 @@ def test_all_paths_masked_gives_finite_output():
 
 
 def test_config_errors_name_the_flag():
-    with pytest.raises(PlanlmError, match="--num_heads"):
+    with pytest.raises(PlanlmError, match="--adapter.num_heads 3 must divide"):
         config(kind="multipath", num_heads=3)
-    with pytest.raises(PlanlmError, match="--horizon"):
+    with pytest.raises(PlanlmError, match="adapter horizon must be >= 1"):
         config(horizon=0)
-    with pytest.raises(PlanlmError, match="--adapter"):
+    with pytest.raises(PlanlmError, match="--adapter.kind 'mean'"):
         config(kind="mean")
     with pytest.raises(PlanlmError, match="horizon"):
         MultiPath(config(kind="multipath"))(torch.zeros(1, 1, HORIZON + 1, dtype=torch.long))

@@ -113,7 +113,7 @@ class AdapterConfig(AdapterSettings):
             raise PlanlmError(f"--adapter.kind {self.kind!r}: choose project_avg or multipath")
         for name in ("num_actions", "action_dim", "hidden_size", "horizon", "num_layers", "num_heads"):
             if getattr(self, name) < 1:
-                raise PlanlmError(f"--adapter.{name} must be >= 1 (got {getattr(self, name)})")
+                raise PlanlmError(f"adapter {name} must be >= 1 (got {getattr(self, name)})")
         if self.kind == "multipath" and self.hidden_size % self.num_heads:
             raise PlanlmError(f"--adapter.num_heads {self.num_heads} must divide the LM width {self.hidden_size}")
         if not 0.0 <= self.dropout < 1.0:
