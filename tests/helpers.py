@@ -73,7 +73,7 @@ CHATTY_WORDS = (" red", " water", ".")
 
 def sampled_multipath(prepared: PreparedDataset, planner_dir: Path):
     """A tiny multipath planned LM with both ReZero scalars at 1 (its path and sample transformers on)
-    and the conditioning of 2 sampled paths of 3 steps from a tiny planner saved in ``planner_dir``."""
+    and the plans of 2 sampled paths of 3 steps from a tiny planner saved in ``planner_dir``."""
     
     tiny_planner(prepared).save_pretrained(planner_dir)
     model = tiny_planned_lm(prepared, adapter="multipath")
@@ -137,13 +137,13 @@ def tiny_run_config(out_dir: Path, **overrides) -> dict:
                "train": {"context_length": 64, "stride": 63, "batch_size": 8, "lr": 0.003, "max_steps": 6,
                          "progress_bar": False}},
         "conditions": [
-            {"name": "none", "conditioning": {"conditioning": "none"}},
-            {"name": "fixed", "paper": "Fixed", "conditioning": {"conditioning": "fixed"}},
+            {"name": "none", "plans": {"kind": "none"}},
+            {"name": "fixed", "paper": "Fixed", "plans": {"kind": "fixed"}},
             {"name": "cornille", "paper": "Cornille et al. (T=1, K=1)",
-             "conditioning": {"conditioning": "planner_argmax", "num_paths": 1, "horizon": 1}},
-            {"name": "ours", "conditioning": {"conditioning": "planner_sampled", "adapter": "multipath",
-                                              "num_paths": 3, "horizon": 3}},
-            {"name": "oracle", "conditioning": {"conditioning": "oracle"}},
+             "plans": {"kind": "planner_argmax", "num_paths": 1, "horizon": 1}},
+            {"name": "ours", "plans": {"kind": "planner_sampled", "num_paths": 3, "horizon": 3},
+             "adapter": {"kind": "multipath"}},
+            {"name": "oracle", "plans": {"kind": "oracle"}},
         ],
         "evaluate": {"stride": 32, "context_length": 64, "batch_size": 32, "bootstrap_samples": 200},
         "edit_distance": {"max_articles": 2, "max_boundaries_per_article": 1, "new_tokens": 12, "context_length": 64,

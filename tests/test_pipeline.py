@@ -69,7 +69,7 @@ def test_failed_condition_is_reported_and_others_survive(tmp_path, tiny_run):
     config = tiny_run_config(out)
     # A fixed action outside the codebook fails in train-lm; the other conditions are reused.
     config["conditions"] = config["conditions"][:2] + [
-        {"name": "broken", "conditioning": {"conditioning": "fixed", "fixed_action": 999}}]
+        {"name": "broken", "plans": {"kind": "fixed", "fixed_action": 999}}]
     config["sweeps"] = []
     run(**config)
     rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["conditions"]}
@@ -90,7 +90,7 @@ def test_condition_with_its_own_planner_trains_and_uses_it(tiny_run):
     assert own["dynamics"] == "causal" and own["d_model"] == 32  # merged over the shared planner section
     assert json.loads((out / "planner" / "config.json").read_text())["dynamics"] == "recurrent"
     lm_config = json.loads((out / "lm" / "ours_causal" / "planned_lm.json").read_text())
-    assert Path(lm_config["planner_dir"]).resolve() == (out / "planners" / "ours_causal").resolve()
+    assert Path(lm_config["plans"]["planner_dir"]).resolve() == (out / "planners" / "ours_causal").resolve()
     rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["conditions"]}
     assert rows["ours_causal"]["status"] == "done" and rows["ours_causal"]["ppl"] > 0
 
@@ -98,8 +98,8 @@ def test_condition_with_its_own_planner_trains_and_uses_it(tiny_run):
 def test_seeds_train_every_condition_once_per_seed_and_new_seeds_only(tiny_run, capsys):
     out, _ = tiny_run  # reuses its prepared corpus; new condition names keep its single-seed folders apart
     config = tiny_run_config(out, seeds=[0], sweeps=[], edit_distance=None)
-    config["conditions"] = [{"name": "plain", "conditioning": {"conditioning": "none"}},
-                            {"name": "oracle_seeded", "conditioning": {"conditioning": "oracle"}}]
+    config["conditions"] = [{"name": "plain", "plans": {"kind": "none"}},
+                            {"name": "oracle_seeded", "plans": {"kind": "oracle"}}]
     run(**config)
     first = {p: p.stat().st_mtime_ns for p in out.glob("[le][mv]*/*/seed0/manifest.json")}
     assert len(first) == 4  # lm/ and eval/ of both conditions
@@ -166,8 +166,8 @@ def test_one_planner_per_horizon_in_the_paper_config(tmp_path):
     planners = {Path(s.kwargs["out_dir"]).name: s.kwargs["model"].horizon for s in stages
                 if s.command == "train_planner"}
     assert planners == {"planner": 10, "cornille": 1, "T5K1": 5}
-    planner_of = {s.condition: Path(s.kwargs["conditioning"].planner_dir).name for s in stages
-                  if s.command == "train_lm" and s.kwargs["conditioning"].planner_dir}
+    planner_of = {s.condition: Path(s.kwargs["plans"].planner_dir).name for s in stages
+                  if s.command == "train_lm" and s.kwargs["plans"].planner_dir}
     assert planner_of["cornille"] == planner_of["T1K10"] == "cornille" and planner_of["T5K10"] == "T5K1"
     assert planner_of["T10K10"] == "planner"
 

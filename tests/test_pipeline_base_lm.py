@@ -17,8 +17,8 @@ from planlm.utils import read_manifest
 def test_base_lm_stage_trains_once_and_every_condition_starts_from_it(tmp_path):
     out = tmp_path / "run"
     config = tiny_run_config(out, base_lm={"train": {"max_steps": 3}}, edit_distance=None, sweeps=[],
-                             conditions=[{"name": "none", "conditioning": {"conditioning": "none"}},
-                                         {"name": "oracle", "conditioning": {"conditioning": "oracle"},
+                             conditions=[{"name": "none", "plans": {"kind": "none"}},
+                                         {"name": "oracle", "plans": {"kind": "oracle"},
                                           "model": {"finetune": "frozen"}}])
     config["lm"]["train"]["max_steps"] = 2
     run(**config)

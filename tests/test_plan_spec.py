@@ -146,3 +146,30 @@ def test_a_live_planner_plans_only_the_boundaries_asked_for(synthetic_cycle, tmp
     paths, mask = source(asked)
     assert paths.shape == (3, 3, 2) and mask.all()
     assert (np.asarray(source.plans)[np.setdiff1d(np.arange(split.num_sentences), asked)] == 0).all()
+
+
+def test_old_keys_in_a_run_config_and_on_the_command_line_name_the_new_key(tmp_path, capsys):
+    from planlm.cli import main
+    from planlm.pipeline.run import plan_stages
+
+    from helpers import tiny_run_config
+
+    config = tiny_run_config(tmp_path / "run")
+    config["conditions"] = [{"name": "old", "conditioning": {"conditioning": "oracle"}}]
+    sections = {k: config.get(k) for k in ("prepare", "planner", "lm", "base_lm", "conditions", "evaluate",
+                                           "edit_distance", "sweeps")}
+    with pytest.raises(PlanlmError, match=r"conditions\[old\]: 'conditioning' is now plans"):
+        plan_stages(tmp_path / "run", **sections, where="run.yaml")
+    config["conditions"] = [{"name": "ok", "plans": {"kind": "oracle"}}]
+    config["sweeps"] = [{"condition": "ok", "kind": "temperature", "fixed_num_paths": 3}]
+    with pytest.raises(PlanlmError, match=r"sweeps\[0\]: 'fixed_num_paths' is now plans.num_paths"):
+        plan_stages(tmp_path / "run", **{**sections, "conditions": config["conditions"], "sweeps": config["sweeps"]},
+                    where="run.yaml")
+    for argv, new in [(["evaluate", "--model_dir", "m", "--prepared_dir", "p", "--out_dir", "o", "--num_paths", "5"],
+                       "plans.num_paths"),
+                      (["generate", "--model_dir", "m", "--prepared_dir", "p", "--plan_temperature", "2"],
+                       "plans.temperature")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and f"is now {new}" in err and "\n" not in err

@@ -90,7 +90,7 @@ def _cli(args: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 def _kill_config(out: Path) -> dict:
     """Prepare, one oracle LM trained for 8 short epochs (a checkpoint after each), its evaluation."""
-    config = tiny_run_config(out, conditions=[{"name": "oracle", "conditioning": {"conditioning": "oracle"}}],
+    config = tiny_run_config(out, conditions=[{"name": "oracle", "plans": {"kind": "oracle"}}],
                              edit_distance=None, sweeps=[])
     config["lm"]["train"].update(max_steps=-1, max_epochs=8, limit_train_batches=2, log_every_n_steps=1)
     return config

@@ -184,6 +184,26 @@ def _training_plans(spec: PlanSpec, prepared: PreparedDataset, splits: list[str]
     return replace(spec, planner_dir=manifest.get("planner_dir") or spec.planner_dir), manifest
 
 
+def _loaders(prepared: PreparedDataset, spec: PlanSpec, train: LMTrainConfig,
+             pad_token_id: int) -> tuple[DataLoader, list[DataLoader] | None]:
+    """(training loader, validation loaders): the windows of each split with the plans of ``spec``; with plans,
+    a second validation loader holds the same windows with the plans shuffled (plan usage)."""
+    loaders = {}
+    for split_name, shuffle in ((train.train_split, True), (train.val_split, False)):
+        split = prepared[split_name]
+        windows = article_windows(split, train.context_length, train.stride)
+        loaders[split_name] = _loader(split, windows, plan_source(spec, prepared, split), train.batch_size, shuffle,
+                                      train.num_workers, pad_token_id, train.seed)
+    if not len(loaders[train.train_split]):
+        raise PlanlmError(f"{prepared.path / train.train_split}: no training window (articles with >= 2 tokens)")
+    if not len(loaders[train.val_split]):
+        return loaders[train.train_split], None
+    val_loaders = [loaders[train.val_split]]
+    if spec.kind != PlanKind.none:  # plan usage: the same windows, the plans shuffled
+        val_loaders.append(_shuffled_plans_loader(loaders[train.val_split]))
+    return loaders[train.train_split], val_loaders
+
+
 def _loader(split: PreparedSplit, windows: list, source, batch_size: int, shuffle: bool, num_workers: int,
             pad_token_id: int, seed: int) -> DataLoader:
     return DataLoader(windows, batch_size=batch_size, sampler=data_order(windows, seed) if shuffle else None,
@@ -324,21 +344,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     L.seed_everything(derive_seed(train.seed, "dropout"), verbose=False)  # the same dropout stream in every condition
 
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    loaders = {}
-    for split_name, shuffle in ((train.train_split, True), (train.val_split, False)):
-        split = prepared[split_name]
-        windows = article_windows(split, train.context_length, train.stride)
-        source = plan_source(spec, prepared, split)
-        loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers,
-                                      pad_token_id, train.seed)
-    if not len(loaders[train.train_split]):
-        raise PlanlmError(f"{prepared.path / train.train_split}: no training window (articles with >= 2 tokens)")
-    has_val = len(loaders[train.val_split]) > 0
-    val_loaders = [loaders[train.val_split]] if has_val else None
-    if has_val and spec.kind != PlanKind.none:  # plan usage: the same windows, the plans shuffled
-        val_loaders.append(_shuffled_plans_loader(loaders[train.val_split]))
-
-    trainer, best, start = _train(planned, train, out, run_config, loaders[train.train_split], val_loaders)
+    train_loader, val_loaders = _loaders(prepared, spec, train, pad_token_id)
+    trainer, best, start = _train(planned, train, out, run_config, train_loader, val_loaders)
     if trainer.is_global_zero:
         planned.cpu().save_pretrained(out, tokenizer=tokenizer)
         write_manifest(out, run_config, prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
