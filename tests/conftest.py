@@ -26,3 +26,32 @@ def synthetic_cycle(tmp_path_factory):
 def synthetic_random(tmp_path_factory):
     """8 actions drawn uniformly: only an oracle knows the next sentence's action."""
     return make_synthetic_prepared(tmp_path_factory.mktemp("synthetic_random"), rule="random", seed=1)
+
+
+# The tiny models every test shares (built by tests/helpers.py, which tests call for other sizes).
+@pytest.fixture
+def tiny_lm():
+    """A 1-layer, 32-wide GPT-2 with the GPT-2 vocabulary (random weights, seed 0), in eval mode."""
+    from helpers import tiny_gpt2
+
+    return tiny_gpt2()
+
+
+@pytest.fixture
+def cycle_planner(synthetic_cycle):
+    """An untrained tiny planner (seed 0) over the actions and embeddings of the cycle corpus."""
+    from helpers import tiny_planner
+
+    from planlm.data.artifacts import PreparedDataset
+
+    return tiny_planner(PreparedDataset(synthetic_cycle))
+
+
+@pytest.fixture
+def oracle_planned_lm(synthetic_random):
+    """`tiny_lm` with an oracle Project-and-Avg adapter (K = 2, T = 3) whose projection moves the logits."""
+    from helpers import tiny_planned_lm
+
+    from planlm.data.artifacts import PreparedDataset
+
+    return tiny_planned_lm(PreparedDataset(synthetic_random))

@@ -32,7 +32,12 @@ def bind_section(func: Callable, section: dict | None, *, skip: set[str], where:
 
     from planlm.plans.spec import check_renamed
 
-    check_renamed(section or {}, set(inspect.signature(func).parameters), where)
+    accepted = set(inspect.signature(func).parameters) - set(skip)
+    check_renamed(section or {}, accepted, where)
+    unknown = sorted(set(section or {}) - accepted)
+    if unknown:
+        raise PlanlmError(f"{where}: unknown key(s) {unknown}; `planlm {func.__name__.replace('_', '-')}` takes "
+                          f"{sorted(accepted)}")
     parser = ArgumentParser(exit_on_error=False)
     parser.add_function_arguments(func, skip=skip, as_positional=False, fail_untyped=True)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from helpers import chatty_planned_lm, read_csv, tiny_planner, use_planner
+from helpers import chatty_planned_lm, read_csv, use_planner
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.edit_distance import action_edit_distance, edit_distance
 from planlm.evaluate.generate import generate
@@ -12,9 +12,9 @@ from planlm.evaluate.generator import SamplingConfig
 from planlm.plans.spec import PlanSpec
 
 
-def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, tmp_path):
+def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, cycle_planner, tmp_path):
     prepared = PreparedDataset(synthetic_cycle)
-    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
+    cycle_planner.save_pretrained(tmp_path / "planner")
     model = chatty_planned_lm(prepared)  # writes short sentences: generation re-plans at each
     use_planner(model, str(tmp_path / "planner"))
     model.save_pretrained(tmp_path / "model")

@@ -144,7 +144,7 @@ def _cli(args: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 
 def test_shipped_configs_validate_offline(tmp_path):
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for name in ("demo.yaml", "offline-full.yaml", "paper.yaml", "pretrained-offline.yaml"):
         result = _cli(["run", "--config", str(root / "configs" / name), "--out_dir", str(tmp_path / name),
                        "--dry_run", "true"])
@@ -159,7 +159,7 @@ def test_one_planner_per_horizon_in_the_paper_config(tmp_path):
     sections share one planner, and a condition without one uses the shared planner."""
     from planlm.pipeline.run import plan_stages
 
-    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "paper.yaml").read_text())
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "paper.yaml").read_text())
     stages = plan_stages(tmp_path, config["prepare"], config["planner"], config["lm"], config.get("base_lm"),
                          config["conditions"], config["evaluate"], config.get("edit_distance"), config.get("sweeps"),
                          where="paper.yaml")

@@ -83,12 +83,12 @@ def independent_nll(lm, token_ids, context_length, stride=1):
 
 @pytest.mark.parametrize("stride", [1, 16])
 def test_reference_protocol_matches_an_independent_token_by_token_computation(synthetic_cycle, bare_lm_dir,
-                                                                              tmp_path, stride):
+                                                                              tmp_path, stride, tiny_lm):
     out = tmp_path / "eval"
     metrics = evaluate(str(bare_lm_dir), str(synthetic_cycle), str(out), max_articles=3, context_length=16,
                        stride=stride, batch_size=4, bootstrap_samples=50)
     split = PreparedDataset(synthetic_cycle)["test"]
-    lm = tiny_gpt2()
+    lm = tiny_lm
     rows = per_article(out)
     total_nll, total_tokens, lengths = 0.0, 0, []
     for article, row in enumerate(rows):

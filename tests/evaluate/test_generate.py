@@ -143,13 +143,13 @@ def test_oracle_generation_from_an_article_prefix_plans_the_true_future(syntheti
         generator.prompt_from_article(split, article=0, boundary=0)
 
 
-def test_generate_command_shows_plans_with_example_sentences(synthetic_cycle, tmp_path, capsys):
+def test_generate_command_shows_plans_with_example_sentences(synthetic_cycle, cycle_planner, tmp_path, capsys):
     from planlm.cli import main
 
     prepared = PreparedDataset(synthetic_cycle)
     model_dir = tmp_path / "model"
     chatty_planned_lm(prepared).save_pretrained(model_dir)
-    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
+    cycle_planner.save_pretrained(tmp_path / "planner")
     main(["generate", "--model_dir", str(model_dir), "--prepared_dir", str(synthetic_cycle), "--article", "3",
           "--boundary", "2", "--plans.kind", "planner_sampled", "--plans.planner_dir", str(tmp_path / "planner"),
           "--sampling.max_new_tokens", "24", "--out_file", str(tmp_path / "gen.json"), "--device", "cpu"])

@@ -134,12 +134,10 @@ def test_cached_plans_are_checked_once_against_the_spec(synthetic_random, tmp_pa
         plan_source(PlanSpec(kind="planner_sampled", num_paths=4, horizon=3, plans_dir=short).resolve(), prepared, split)
 
 
-def test_a_live_planner_plans_only_the_boundaries_asked_for(synthetic_cycle, tmp_path):
-    from helpers import tiny_planner
-
+def test_a_live_planner_plans_only_the_boundaries_asked_for(synthetic_cycle, cycle_planner, tmp_path):
     prepared = PreparedDataset(synthetic_cycle)
     split = prepared["validation"]
-    tiny_planner(prepared).save_pretrained(tmp_path / "planner")
+    cycle_planner.save_pretrained(tmp_path / "planner")
     spec = PlanSpec(kind="planner_sampled", num_paths=3, horizon=2, planner_dir=str(tmp_path / "planner")).resolve()
     asked = np.array([1, 4, 7])
     source = plan_source(spec, prepared, split, sentences=asked)

@@ -1,0 +1,37 @@
+"""A YAML section checked against a command's signature before anything runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from planlm.pipeline.sections import bind_section, deep_merge
+from planlm.plans.spec import PlanKind, PlanSpec
+from planlm.train.lm import LMTrainConfig, train_lm
+from planlm.utils import PlanlmError
+
+
+def test_deep_merge_overrides_key_by_key_and_leaves_its_inputs():
+    base = {"plans": {"kind": "oracle", "num_paths": 2}, "train": {"lr": 1.0}}
+    merged = deep_merge(base, {"plans": {"num_paths": 5}, "model": {"name_or_path": "gpt2"}})
+    assert merged == {"plans": {"kind": "oracle", "num_paths": 5}, "train": {"lr": 1.0},
+                      "model": {"name_or_path": "gpt2"}}
+    assert base["plans"]["num_paths"] == 2
+
+
+def test_bind_section_instantiates_the_dataclasses_of_a_command():
+    kwargs = bind_section(train_lm, {"plans": {"kind": "oracle", "num_paths": 2}, "train": {"lr": 0.5}},
+                          skip={"prepared_dir", "out_dir"}, where="run.yaml: lm")
+    assert isinstance(kwargs["plans"], PlanSpec) and kwargs["plans"].kind is PlanKind.oracle
+    assert isinstance(kwargs["train"], LMTrainConfig) and kwargs["train"].lr == 0.5
+
+
+@pytest.mark.parametrize("section,message", [
+    ({"plans": {"kind": "sometimes"}}, "run.yaml: lm: .*sometimes"),
+    ({"train": {"batch_size": 0}}, "run.yaml: lm: .*batch_size must be >= 1"),
+    ({"trian": {}}, "run.yaml: lm: .*trian"),
+    ({"conditioning": {"conditioning": "oracle"}}, "run.yaml: lm: 'conditioning' is now plans"),
+])
+def test_bad_sections_are_one_line_errors_naming_the_section(section, message):
+    with pytest.raises(PlanlmError, match=message) as error:
+        bind_section(train_lm, section, skip={"prepared_dir", "out_dir"}, where="run.yaml: lm")
+    assert "\n" not in str(error.value)
