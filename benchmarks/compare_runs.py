@@ -10,7 +10,8 @@ Prints how many files were compared, every difference (path, before, after) and 
 perplexity, paired difference, plan usage and edit distance in the first run.
 """
 
-import json, sys, csv
+import json
+import sys
 from pathlib import Path
 old, new = Path(sys.argv[1]), Path(sys.argv[2])
 SKIP = {"wall_time_s","tokens_per_s","plan_time_s","lm_time_s","planner_time_s","adapter_time_s","eval_wall_time_s",
