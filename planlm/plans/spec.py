@@ -130,7 +130,7 @@ class PlanSpec:
         """Planner plans need a plan cache or a planner to come from (checked where plans are read)."""
         if self.kind.uses_planner and not (self.plans_dir or self.planner_dir):
             raise PlanlmError(f"--plans.kind {self.kind} needs --plans.plans_dir (a plan cache) or "
-                              f"--plans.planner_dir (a planner); the model records neither")
+                              f"--plans.planner_dir (a planner); set one of them")
 
     def cache_key(self) -> dict:
         """The settings reuse keys hold: a fixed path policy adds nothing (older folders stay valid)."""
