@@ -120,6 +120,15 @@ class AdapterConfig(AdapterSettings):
             raise PlanlmError(f"--adapter.dropout must be in [0, 1) (got {self.dropout})")
 
 
+def gather_rows(table: Tensor, index: Tensor) -> Tensor:
+    """``table[index]`` with a reproducible backward: table (R, D), index (...) in [0, R) -> (..., D).
+
+    The backward of advanced indexing on CPU adds repeated rows with parallel atomic adds, in an order
+    that changes from run to run (trained weights then differ at about 1e-7 between two runs of one
+    config); the embedding backward sums them in a fixed order."""
+    return torch.nn.functional.embedding(index, table)
+
+
 def masked_mean(values: Tensor, mask: Tensor, dim: int) -> Tensor:
     """Mean of ``values`` over ``dim`` where ``mask`` is True; 0 where nothing is valid.
 
@@ -251,8 +260,9 @@ class MultiPath(ProjectAvg):
             path_vectors = path_out * self.alpha_path + path_avg  # c^j, eq. 1 (U, D)
         else:
             path_vectors = path_out
-        path_vectors = path_vectors[path_of].view(num_sentences, num_paths, -1)  # (N, K, D)
-        sample_avg = masked_mean(path_avg[path_of].view(num_sentences, num_paths, -1), path_valid, dim=-2)  # c^ (N, D)
+        path_vectors = gather_rows(path_vectors, path_of).view(num_sentences, num_paths, -1)  # (N, K, D)
+        path_avgs = gather_rows(path_avg, path_of).view(num_sentences, num_paths, -1)  # (N, K, D)
+        sample_avg = masked_mean(path_avgs, path_valid, dim=-2)  # c^ (N, D)
 
         sample_mask = path_valid | ~path_valid.any(-1, keepdim=True)  # (N, K), same NaN guard as above
         padding = None if bool(sample_mask.all()) else ~sample_mask

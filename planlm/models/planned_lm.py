@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from planlm.models.adapter import AdapterConfig, build_adapter
+from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
 from planlm.plans.spec import PlanKind, PlanSpec
 from planlm.utils import PlanlmError, to_jsonable, write_json
 
@@ -153,7 +153,7 @@ class PlannedLM(nn.Module):
     def token_plan_embeds(self, plan_vectors: Tensor, plan_index: Tensor) -> Tensor:
         """Gather (N, D) plan vectors onto tokens: plan_index (B, L) in [-1, N) -> (B, L, D), zeros at -1."""
         padded = torch.cat([plan_vectors.new_zeros(1, plan_vectors.shape[-1]), plan_vectors])  # (N+1, D)
-        return padded[plan_index + 1]  # (B, L, D)
+        return gather_rows(padded, plan_index + 1)  # (B, L, D)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None,
                 action_paths: Tensor | None = None, path_mask: Tensor | None = None,

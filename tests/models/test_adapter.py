@@ -226,3 +226,21 @@ def test_training_switches_both_rezero_scalars_on():
     assert all(abs(value) > 0 for value in adapter.alphas().values())
     assert ProjectAvg(config()).alphas() is None
     assert MultiPath(config(kind="multipath", rezero=False)).alphas() is None
+
+
+def test_multipath_backward_is_reproducible():
+    """Distinct paths are encoded once and gathered back to every (sentence, path) that holds them; the
+    gradients of the repeats must sum in the same order every time (see ``gather_rows``)."""
+    torch.set_num_threads(max(2, torch.get_num_threads()))
+    torch.manual_seed(0)
+    adapter = build_adapter(config(kind="multipath", hidden_size=128, dropout=0.0))  # N*K*D above the parallel grain
+    action_paths, path_mask = paths_and_mask(num_sentences=128, num_paths=4, horizon=2)  # few distinct paths
+
+    def grads() -> list[torch.Tensor]:
+        adapter.zero_grad()
+        adapter(action_paths, path_mask).square().sum().backward()
+        return [p.grad.clone() for p in adapter.parameters() if p.grad is not None]
+
+    first = grads()
+    for _ in range(30):
+        assert all(torch.equal(a, b) for a, b in zip(first, grads()))

@@ -124,3 +124,23 @@ def test_load_causal_lm_errors_are_one_line():
 
 
 # ---------------------------------------------------------------------------------------------- windows
+
+
+def test_backward_through_the_plans_is_reproducible():
+    """Many tokens share a plan; their gradients must sum in the same order every time (advanced indexing's
+    CPU backward adds them with parallel atomics and changed trained weights from run to run)."""
+    torch.set_num_threads(max(2, torch.get_num_threads()))
+    model = planned("gpt2", adapter="project_avg", init_no_op=False)  # eval: no dropout draws
+    gen = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(1, VOCAB, (16, 64), generator=gen)  # (B, L): B*L*D above the parallel grain
+    action_paths = torch.randint(0, 8, (3, 2, 3), generator=gen)  # (N, K, T)
+    plan_index = torch.randint(-1, 3, (16, 64), generator=gen)  # (B, L)
+
+    def grads() -> list[torch.Tensor]:
+        model.zero_grad()
+        model(input_ids, labels=input_ids, action_paths=action_paths, plan_index=plan_index).loss.backward()
+        return [p.grad.clone() for p in model.adapter.parameters() if p.grad is not None]
+
+    first = grads()
+    for _ in range(30):
+        assert all(torch.equal(a, b) for a, b in zip(first, grads()))
