@@ -29,11 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
 from planlm.commands import load_command
 from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.plans.spec import check_renamed
 from planlm.pipeline.sections import bind_section, deep_merge
 from planlm.utils import PlanlmError, lock_stage_dir, read_manifest, releasing_stage_locks, write_json
+
+TERMINATED = 128 + 15  # the exit status of `planlm run` stopped by SIGTERM (a scheduler's preemption, `kill`)
 
 _IO = {"prepare": {"out_dir", "progress"}, "train_planner": {"prepared_dir", "out_dir"},
        "train_lm": {"prepared_dir", "out_dir"}, "evaluate": {"model_dir", "prepared_dir", "out_dir"},
@@ -312,6 +316,10 @@ def _run_stage(stage: Stage, state: dict, layout: RunLayout) -> tuple[str, float
         with releasing_stage_locks():  # those of a stage that raised, too
             _run_distributed(stage) if _is_distributed(stage) else load_command(stage.command)(**stage.kwargs)
         status, error = "done", None
+    except SIGTERMException:  # Lightning's answer to SIGTERM: stop the run, the stage resumes on the next one
+        state["stages"][stage.name] = {"status": "interrupted", "error": "SIGTERM", "command": stage.command}
+        write_json(layout.state, state)
+        raise SystemExit(TERMINATED) from None
     except (Exception, SystemExit) as e:  # one failed condition must not lose the others
         if stage.condition is None:
             state["stages"][stage.name] = {"status": "failed", "error": f"{type(e).__name__}: {e}",

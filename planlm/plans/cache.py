@@ -34,6 +34,22 @@ def default_plans_dir(planner_dir: str | Path, num_paths: int, horizon: int, tem
     return Path(planner_dir) / "plans" / name
 
 
+def cache_manifest(plans_dir: str | Path, prepared: PreparedDataset | None = None) -> dict:
+    """The manifest of the complete plan cache ``plans_dir``; with ``prepared``, after checking that its plans
+    were made for that corpus's actions (codebook and num_actions). One-line error otherwise."""
+    manifest = read_manifest(plans_dir)
+    if manifest is None:
+        raise PlanlmError(f"{plans_dir}: no complete plan cache here (manifest.json missing); run "
+                          f"`planlm sample-plans --out_dir {plans_dir}` to build it")
+    if prepared is not None and (manifest.get("codebook_hash") != prepared.codebook_hash or
+                                 int(manifest.get("num_actions", -1)) != prepared.num_actions):
+        raise PlanlmError(f"{plans_dir}/manifest.json: plans come from a planner with another codebook (codebook_hash "
+                          f"{str(manifest.get('codebook_hash'))[:12]}, {manifest.get('num_actions')} actions) than "
+                          f"{prepared.path} ({prepared.codebook_hash[:12]}, {prepared.num_actions}); resample the plans "
+                          f"with a planner trained on this corpus")
+    return manifest
+
+
 def load_plans(plans_dir: str | Path, split: str, *, prepared: PreparedDataset | None = None,
                argmax: bool = False) -> np.ndarray:
     """Memory-mapped cached plans of one split: (N_sent, K, T) int64, or (N_sent, T) with ``argmax``.
@@ -42,22 +58,11 @@ def load_plans(plans_dir: str | Path, split: str, *, prepared: PreparedDataset |
     cover every sentence of the split.
     """
     plans_dir = Path(plans_dir)
-    manifest = read_manifest(plans_dir)
-    if manifest is None:
-        raise PlanlmError(f"{plans_dir}: no complete plan cache here (manifest.json missing); run "
-                          f"`planlm sample-plans` to build it")
+    manifest = cache_manifest(plans_dir, prepared)
     path = plans_dir / (f"{split}.argmax.npy" if argmax else f"{split}.npy")
     if not path.is_file():
         raise PlanlmError(f"{plans_dir}: no plans for split {split!r} (has {manifest.get('splits')}); rerun "
                           f"`planlm sample-plans --splits` with it")
-    if prepared is not None:
-        if manifest.get("num_actions") != prepared.num_actions:
-            raise PlanlmError(f"{plans_dir}/manifest.json: plans use num_actions={manifest.get('num_actions')} but "
-                              f"{prepared.path} has {prepared.num_actions}; sample plans with a planner trained on it")
-        if manifest.get("codebook_hash") != prepared.codebook_hash:
-            raise PlanlmError(f"{plans_dir}/manifest.json: plans were made for codebook "
-                              f"{str(manifest.get('codebook_hash'))[:12]} but {prepared.path} has "
-                              f"{prepared.codebook_hash[:12]}; sample plans with a planner trained on it")
     plans = np.load(path, mmap_mode="r")
     if prepared is not None and len(plans) != prepared.split(split).num_sentences:
         raise PlanlmError(f"{path}: {len(plans)} rows but {prepared.path}/{split} has "

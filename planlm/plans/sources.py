@@ -26,7 +26,7 @@ import torch
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.plans.spec import PlanKind, PlanSpec
-from planlm.utils import PlanlmError, read_manifest
+from planlm.utils import PlanlmError
 
 
 class PlanSource(Protocol):
@@ -114,26 +114,20 @@ def cached_plans(spec: PlanSpec, prepared: PreparedDataset, split: PreparedSplit
     the prepared corpus (codebook, K, T, rows)."""
     from planlm.plans.cache import load_path_counts, load_plans
 
-    check_cache(spec, prepared)
+    check_cache(spec)
     argmax = spec.kind == PlanKind.planner_argmax
     plans = load_plans(spec.plans_dir, split.name, prepared=prepared, argmax=argmax)
     counts = None if argmax else load_path_counts(spec.plans_dir, split.name)  # None: a cache made before policies
     return CachedPlans(plans, spec.num_paths, spec.horizon, counts)
 
 
-def check_cache(spec: PlanSpec, prepared: PreparedDataset) -> dict:
-    """The manifest of the plan cache ``spec.plans_dir``, after checking its codebook, horizon and K."""
+def check_cache(spec: PlanSpec, prepared: PreparedDataset | None = None) -> dict:
+    """The manifest of the plan cache ``spec.plans_dir``, after checking its horizon and K (and, with
+    ``prepared``, its codebook)."""
+    from planlm.plans.cache import cache_manifest
+
     where = Path(spec.plans_dir) / "manifest.json"
-    manifest = read_manifest(spec.plans_dir)
-    if manifest is None:
-        raise PlanlmError(f"{spec.plans_dir}: not a complete plan cache (manifest.json missing); run "
-                          f"`planlm sample-plans --out_dir {spec.plans_dir}` first")
-    if manifest.get("codebook_hash") != prepared.codebook_hash or \
-            int(manifest.get("num_actions", -1)) != prepared.num_actions:
-        raise PlanlmError(f"{where}: plans come from a planner with another codebook (codebook_hash "
-                          f"{str(manifest.get('codebook_hash'))[:12]}, {manifest.get('num_actions')} actions) than "
-                          f"{prepared.path} ({prepared.codebook_hash[:12]}, {prepared.num_actions}); resample the plans "
-                          f"with a planner trained on this corpus")
+    manifest = cache_manifest(spec.plans_dir, prepared)
     if int(manifest["horizon"]) != spec.horizon:
         raise PlanlmError(f"{where}: cached horizon T={manifest['horizon']} but --plans.horizon {spec.horizon}; set "
                           f"horizon: {manifest['horizon']} or sample plans with T={spec.horizon}")

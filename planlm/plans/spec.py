@@ -161,7 +161,7 @@ def evaluation_spec(overrides: PlanSpec, model, model_dir: str) -> PlanSpec:
     (its adapter, its actions) and the folders it names."""
     from pathlib import Path
 
-    from planlm.utils import read_manifest
+    from planlm.plans.cache import cache_manifest
 
     spec = overrides.resolve(model.config.plans)
     if spec.kind != PlanKind.none and model.adapter is None:
@@ -176,10 +176,7 @@ def evaluation_spec(overrides: PlanSpec, model, model_dir: str) -> PlanSpec:
         raise PlanlmError(f"{spec.planner_dir}: no trained planner here (model.safetensors missing); set "
                           f"--plans.planner_dir to a `planlm train-planner` folder or --plans.plans_dir to a plan cache")
     if spec.plans_dir:
-        manifest = read_manifest(spec.plans_dir)
-        if manifest is None:
-            raise PlanlmError(f"{spec.plans_dir}: no complete plan cache here (manifest.json missing); run "
-                              f"`planlm sample-plans` first")
+        manifest = cache_manifest(spec.plans_dir)
         policy = _cached_policy(spec, overrides, manifest)  # K of an adaptive cache: the most paths it holds
         spec = replace(spec, planner_dir=None, path_policy=policy, num_paths=policy.max_paths)
     return spec

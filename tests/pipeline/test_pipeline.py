@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import subprocess
 import sys
@@ -171,3 +173,31 @@ def test_one_planner_per_horizon_in_the_paper_config(tmp_path):
     assert planner_of["cornille"] == planner_of["T1K10"] == "cornille" and planner_of["T5K10"] == "T5K1"
     assert planner_of["T10K10"] == "planner"
 
+
+
+def test_sigterm_stops_the_run_instead_of_failing_one_condition(tiny_run, monkeypatch):
+    """Lightning turns SIGTERM into SIGTERMException (a SystemExit): the run stops with status 143 and records
+    the stage as interrupted; it used to be recorded as a failed condition and the run went on."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    pipeline = importlib.import_module("planlm.pipeline.run")  # the module (the package's `run` is the function)
+
+    out, _ = tiny_run
+    config = tiny_run_config(out)
+    real = pipeline.load_command
+
+    def load(command):
+        function = real(command)
+
+        @functools.wraps(function)  # the stage binding reads its signature
+        def terminated(*args, **kwargs):
+            raise SIGTERMException()
+        return terminated if command == "edit_distance" else function
+
+    monkeypatch.setattr(pipeline, "load_command", load)
+    with pytest.raises(SystemExit) as stopped:
+        run(**config)
+    assert stopped.value.code == pipeline.TERMINATED
+    stages = json.loads((out / "run_state.json").read_text())["stages"]
+    interrupted = [name for name, s in stages.items() if s["status"] == "interrupted"]
+    assert len(interrupted) == 1 and interrupted[0].startswith("edit-distance") and list(stages)[-1] == interrupted[0]

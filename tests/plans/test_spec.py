@@ -126,7 +126,7 @@ def test_cached_plans_are_checked_once_against_the_spec(synthetic_random, tmp_pa
     for spec, message in [(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, plans_dir=cache), "cached K=4"),
                           (PlanSpec(kind="planner_sampled", num_paths=4, horizon=5, plans_dir=cache), "horizon T=3"),
                           (PlanSpec(kind="planner_sampled", num_paths=4, horizon=3, plans_dir=str(tmp_path)),
-                           "not a complete plan cache")]:
+                           "no complete plan cache")]:
         with pytest.raises(PlanlmError, match=message):
             plan_source(spec.resolve(), prepared, split)
     short = write_cache(tmp_path / "short", prepared, "validation", plans[:-1])
