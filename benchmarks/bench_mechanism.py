@@ -111,8 +111,10 @@ LAG_SUCCESSORS = {t: ((t + 1) % NUM_TYPES, (t + 2) % NUM_TYPES) for t in range(N
 TOKENS_PER_SENTENCE = 7  # opener verb the noun preposition word .
 
 
-def make_articles(num_articles: int, min_sentences: int, max_sentences: int, seed: int, lag: int = 0) -> list[dict]:
-    """Articles {id, title, text, types}; the types are the known answer, the rest is what prepare reads."""
+def make_articles(num_articles: int, min_sentences: int, max_sentences: int, seed: int, lag: int = 0,
+                  successors: dict = LAG_SUCCESSORS) -> list[dict]:
+    """Articles {id, title, text, types}; the types are the known answer, the rest is what prepare reads.
+    ``successors``: the types that may follow each type ``lag`` sentences later (uniformly)."""
     rng = np.random.default_rng(seed)
     matrix = transition_matrix()
     articles = []
@@ -125,7 +127,7 @@ def make_articles(num_articles: int, min_sentences: int, max_sentences: int, see
             elif len(types) < lag:
                 types.append(int(rng.integers(NUM_TYPES)))
             else:
-                types.append(int(rng.choice(LAG_SUCCESSORS[types[-lag]])))
+                types.append(int(rng.choice(successors[types[-lag]])))
         sentences = []
         for kind in types:
             openers, verbs, nouns, tails = TYPES[TYPE_NAMES[kind]]
@@ -135,7 +137,8 @@ def make_articles(num_articles: int, min_sentences: int, max_sentences: int, see
     return articles
 
 
-def type_probs(split, types: np.ndarray, lag: int, window: bool = False) -> np.ndarray:
+def type_probs(split, types: np.ndarray, lag: int, window: bool = False,
+               successors: dict = LAG_SUCCESSORS) -> np.ndarray:
     """(N_sent, types) the true p(type of sentence j | all earlier sentences); with ``window``, given only
     what fits in the LM's window (the same for lag = 0, where the previous sentence decides)."""
     sentence_offsets = np.asarray(split.sentence_offsets)
@@ -149,8 +152,8 @@ def type_probs(split, types: np.ndarray, lag: int, window: bool = False) -> np.n
     if not window:
         for j in np.flatnonzero(local >= lag):
             probs[j] = 0.0
-            successors = list(LAG_SUCCESSORS[int(types[j - lag])])
-            probs[j, successors] = 1.0 / len(successors)
+            nexts = list(successors[int(types[j - lag])])
+            probs[j, nexts] = 1.0 / len(nexts)
     return probs
 
 
@@ -210,7 +213,8 @@ def purity(clusters: np.ndarray, types: np.ndarray, num_clusters: int) -> tuple[
     return float(counts.max(0).sum() / counts.sum()), counts
 
 
-def bayes_optimum(split, types: np.ndarray, confusion: np.ndarray, horizon: int, lag: int) -> dict[str, list[float]]:
+def bayes_optimum(split, types: np.ndarray, confusion: np.ndarray, horizon: int, lag: int,
+                  successors: dict = LAG_SUCCESSORS) -> dict[str, list[float]]:
     """Per step t, teacher-forced as the planner is scored: expected top-1 accuracy and NLL, on this split's
     boundaries, of the Bayes-optimal predictor of the cluster of sentence j = s + t - 1 given the true types
     of the sentences before j, p(cluster) = p(type | history) C, with C = p(cluster | type) counted on the
@@ -218,7 +222,7 @@ def bayes_optimum(split, types: np.ndarray, confusion: np.ndarray, horizon: int,
     earlier clusters (steps t > 1) cannot quite reach it."""
     article_end = np.asarray(split.sentence_offsets[1:])[split.sentence_article]
     clusters = np.asarray(split.actions)
-    cluster_probs = type_probs(split, types, lag) @ confusion  # (N_sent, clusters)
+    cluster_probs = type_probs(split, types, lag, successors=successors) @ confusion  # (N_sent, clusters)
     accuracy, nll = [], []
     for step in range(horizon):
         targets = np.flatnonzero(np.arange(split.num_sentences) + step < article_end) + step  # sentences j
@@ -228,7 +232,7 @@ def bayes_optimum(split, types: np.ndarray, confusion: np.ndarray, horizon: int,
     return {"top1": accuracy, "nll": nll}
 
 
-def lm_floor(split, types: np.ndarray, lag: int) -> dict[str, float]:
+def lm_floor(split, types: np.ndarray, lag: int, successors: dict = LAG_SUCCESSORS) -> dict[str, float]:
     """Test perplexity of the ideal LM, known exactly: each slot of a sentence is a uniform choice of 4 words
     given its type ("the", the tail's second word and "." are determined), each article's first token is not
     scored, and a sentence's first word also pays -log p(type | what the LM knows): nothing more with oracle
@@ -244,7 +248,7 @@ def lm_floor(split, types: np.ndarray, lag: int) -> dict[str, float]:
     following = np.setdiff1d(np.arange(split.num_sentences), np.asarray(split.sentence_offsets[:-1]))
     floors = {"oracle": float(np.exp(oracle.sum() / tokens.sum()))}
     for name, window in (("planner", False), ("none", True)):
-        probs = type_probs(split, types, lag, window=window)[following, types[following]]
+        probs = type_probs(split, types, lag, window=window, successors=successors)[following, types[following]]
         extra = np.bincount(split.sentence_article[following], weights=-np.log(probs), minlength=len(lengths))
         floors[name] = float(np.exp((oracle + extra).sum() / tokens.sum()))
     return floors
@@ -339,9 +343,8 @@ def main() -> None:
                              "cores two threads spin-wait (a 2 x 64 LM step: 52 ms of CPU with 1 thread, 1 s with 2)")
     args = parser.parse_args()
     args.sentences = args.sentences or ([6, 12] if args.lag == 0 else [12, 20])
-    if args.lag_successors == "mixed":  # the lag relation takes the Markov chain's successor sets
-        LAG_SUCCESSORS.clear()
-        LAG_SUCCESSORS.update(SUCCESSORS)
+    # mixed: the lag relation takes the Markov chain's successor sets
+    args.successors = SUCCESSORS if args.lag_successors == "mixed" else LAG_SUCCESSORS
     # The sentence lag back must be out of reach: its last content word is 7 (lag - 1) + 2 tokens before
     # the first word of the sentence it decides, and a window reads at most context_length - 1 tokens.
     reach = TOKENS_PER_SENTENCE * (args.lag - 1) + 2
@@ -373,7 +376,7 @@ def main() -> None:
     out = Path(args.out_dir)
     clock = Clock()
     total = args.train_articles + args.validation_articles + args.test_articles
-    articles = make_articles(total, args.sentences[0], args.sentences[1], args.corpus_seed, args.lag)
+    articles = make_articles(total, args.sentences[0], args.sentences[1], args.corpus_seed, args.lag, args.successors)
     write_corpus(out / "corpus.jsonl", articles)
     tokenizer = build_tokenizer(out / "tokenizer")
     types_by_id = {a["id"]: a["types"] for a in articles}
@@ -418,8 +421,8 @@ def main() -> None:
           train=PlannerTrainArgs(batch_size=128, lr=args.planner_lr, max_epochs=args.planner_epochs,
                                  eval_split="test", progress_bar=False))
     summary = json.loads((Path(planner_dir) / "summary.json").read_text())["metrics"]
-    optimum = bayes_optimum(splits["test"], types["test"], confusion, args.horizon, args.lag)
-    floor = lm_floor(splits["test"], types["test"], args.lag)
+    optimum = bayes_optimum(splits["test"], types["test"], confusion, args.horizon, args.lag, args.successors)
+    floor = lm_floor(splits["test"], types["test"], args.lag, args.successors)
 
     # 3. LM conditions, per seed from that seed's base LM
     lm_model = {"model_type": "gpt2", "n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": 2,
