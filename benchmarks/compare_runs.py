@@ -1,46 +1,101 @@
-"""Compare the numbers of two `planlm run` folders, ignoring timings and paths: every metrics.json,
-per_article.csv, per_boundary.csv, planner summary.json and the report's results.json.
+"""Compare the numbers of two `planlm run` folders, timings and paths left out.
 
-Used to check that a change of code keeps behaviour (issue 11: the same config before and after must
-give the same perplexities to the last digit):
+Used to check that a change of code keeps behaviour (issue 11: the same config before and after must give
+the same perplexities to the last printed digit):
 
     python benchmarks/compare_runs.py RUN_BEFORE RUN_AFTER
 
-Prints how many files were compared, every difference (path, before, after) and each condition's
-perplexity, paired difference, plan usage and edit distance in the first run.
+Every file of the first run is compared with the same path in the second (which may hold more, e.g. more
+seeds): each metrics.json, per_article.csv, per_boundary.csv and planner summary.json value for value,
+and each model.safetensors byte for byte. Prints the differences (path, before, after, relative
+difference), then every evaluation's perplexity in both runs as the report prints it (2 decimals).
+Exit status 1 when a printed perplexity differs.
 """
 
+from __future__ import annotations
+
+import argparse
+import hashlib
 import json
-import sys
+import math
 from pathlib import Path
-old, new = Path(sys.argv[1]), Path(sys.argv[2])
-SKIP = {"wall_time_s","tokens_per_s","plan_time_s","lm_time_s","planner_time_s","adapter_time_s","eval_wall_time_s",
-        "relative_eval_time","cache_planner_time_s","train_wall_time_s","created","model_dir","prepared_dir",
-        "planner_dir","plans_dir","eval_dir","relative_wall_time","device"}
-def walk(a, b, path, out):
+
+SKIP = {"wall_time_s", "tokens_per_s", "plan_time_s", "lm_time_s", "planner_time_s", "adapter_time_s",
+        "eval_wall_time_s", "relative_eval_time", "cache_planner_time_s", "train_wall_time_s", "created",
+        "model_dir", "prepared_dir", "planner_dir", "plans_dir", "eval_dir", "relative_wall_time", "device"}
+JSON_FILES = ("metrics.json", "summary.json")
+TEXT_FILES = ("per_article.csv", "per_boundary.csv")
+
+
+def walk(a, b, path: str, out: list[tuple]) -> None:
+    """Append (path, a, b) for every leaf where the two JSON values differ (keys in SKIP left out)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            if k in SKIP: continue
-            walk(a.get(k), b.get(k), f"{path}.{k}", out)
+        for key in sorted(set(a) | set(b)):
+            if key not in SKIP:
+                walk(a.get(key), b.get(key), f"{path}.{key}", out)
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)): walk(x, y, f"{path}[{i}]", out)
+        for index, (x, y) in enumerate(zip(a, b)):
+            walk(x, y, f"{path}[{index}]", out)
     elif a != b:
         out.append((path, a, b))
-diffs, n = [], 0
-for f in sorted(old.rglob("metrics.json")):
-    g = new / f.relative_to(old)
-    n += 1
-    if not g.is_file(): diffs.append((str(f.relative_to(old)), "present", "missing")); continue
-    walk(json.loads(f.read_text()), json.loads(g.read_text()), str(f.relative_to(old)), diffs)
-for f in sorted(old.rglob("per_article.csv")) + sorted(old.rglob("per_boundary.csv")):
-    g = new / f.relative_to(old); n += 1
-    if f.read_text() != g.read_text(): diffs.append((str(f.relative_to(old)), "csv", "differs"))
-for f in sorted(old.rglob("summary.json")):
-    g = new / f.relative_to(old); n += 1
-    walk(json.loads(f.read_text()), json.loads(g.read_text()), str(f.relative_to(old)), diffs)
-ro, rn = json.loads((old/"results.json").read_text()), json.loads((new/"results.json").read_text())
-walk(ro["conditions"], rn["conditions"], "results.conditions", diffs)
-print(f"{n} files compared; {len(diffs)} differences")
-for d in diffs[:40]: print(d)
-for r in ro["conditions"]:
-    print(f"{r['name']:>10} ppl {r['ppl']!r}  paired {r.get('paired_diff')!r}  usage {r.get('plan_usage_ppl')!r}  edit {r.get('edit')!r}")
+
+
+def relative(a, b) -> float | None:
+    """|a - b| / |a| for two numbers, else None."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and a:
+        return abs(a - b) / abs(a)
+    return None
+
+
+def compare(before: Path, after: Path) -> tuple[int, list[tuple]]:
+    """(files compared, differences) over the files of ``before``."""
+    diffs: list[tuple] = []
+    files = sorted(f for name in JSON_FILES + TEXT_FILES + ("model.safetensors",) for f in before.rglob(name))
+    for file in files:
+        where = str(file.relative_to(before))
+        other = after / file.relative_to(before)
+        if not other.is_file():
+            diffs.append((where, "present", "missing"))
+        elif file.suffix == ".json":
+            walk(json.loads(file.read_text()), json.loads(other.read_text()), where, diffs)
+        elif file.suffix == ".safetensors":
+            if hashlib.sha256(file.read_bytes()).digest() != hashlib.sha256(other.read_bytes()).digest():
+                diffs.append((where, "weights", "differ"))
+        elif file.read_text() != other.read_text():
+            diffs.append((where, "csv", "differs"))
+    return len(files), diffs
+
+
+def printed_perplexities(before: Path, after: Path) -> list[tuple[str, float, float]]:
+    """(evaluation folder, ppl before, ppl after) of every eval/**/metrics.json of ``before``."""
+    rows = []
+    for file in sorted((before / "eval").rglob("metrics.json")):
+        other = after / file.relative_to(before)
+        ppl_after = json.loads(other.read_text()).get("ppl", math.nan) if other.is_file() else math.nan
+        rows.append((str(file.parent.relative_to(before)), json.loads(file.read_text()).get("ppl", math.nan),
+                     ppl_after))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("before", type=Path)
+    parser.add_argument("after", type=Path)
+    parser.add_argument("--show", type=int, default=40, help="differences printed at most")
+    args = parser.parse_args()
+    count, diffs = compare(args.before, args.after)
+    print(f"{count} files compared; {len(diffs)} differences")
+    for path, a, b in diffs[:args.show]:
+        rel = relative(a, b)
+        print(f"  {path}: {a!r} -> {b!r}" + (f"  (relative {rel:.1e})" if rel is not None else ""))
+    changed = 0
+    print(f"{'evaluation':<28} {'ppl before':>12} {'ppl after':>12}  printed equal")
+    for name, a, b in printed_perplexities(args.before, args.after):
+        same = f"{a:.2f}" == f"{b:.2f}"
+        changed += not same
+        print(f"{name:<28} {a:>12.6f} {b:>12.6f}  {'yes' if same else 'NO'}")
+    return 1 if changed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
