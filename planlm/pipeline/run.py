@@ -35,7 +35,8 @@ from planlm.commands import load_command
 from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.plans.spec import check_renamed
 from planlm.pipeline.sections import bind_section, deep_merge
-from planlm.utils import PlanlmError, lock_stage_dir, read_manifest, releasing_stage_locks, write_json
+from planlm.utils import (PlanlmError, lock_stage_dir, read_manifest, releasing_stage_locks, to_jsonable,
+                          write_json)
 
 TERMINATED = 128 + 15  # the exit status of `planlm run` stopped by SIGTERM (a scheduler's preemption, `kill`)
 
@@ -131,17 +132,13 @@ def _run_distributed(stage: Stage) -> None:
     `planlm run` that would re-run the whole pipeline in every rank. Running the stage as a command
     of its own confines the extra ranks to that stage, and they exit with it.
     """
-    import dataclasses
     import subprocess
     import sys
     import tempfile
 
     import yaml
 
-    def plain(value: Any) -> Any:
-        return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-
-    config = {key: plain(value) for key, value in stage.kwargs.items()}
+    config = to_jsonable(stage.kwargs)  # dataclasses and enums (PlanSpec's kind) as plain YAML values
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(config, f)
     command = [sys.executable, "-m", "planlm.cli", stage.command.replace("_", "-"), "--config", f.name]

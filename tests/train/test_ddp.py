@@ -32,3 +32,28 @@ def test_run_trains_with_ddp_on_two_cpu_processes(tmp_path):
     assert all(info["status"] == "done" for info in state["stages"].values())
     rows = json.loads((tmp_path / "ddp" / "results.json").read_text())["conditions"]
     assert all(r["ppl"] > 1 for r in rows)
+
+
+def test_a_distributed_stage_reaches_its_child_process_as_plain_yaml(tmp_path, monkeypatch):
+    """The stage's arguments (dataclasses, PlanSpec's enum kind) go to `planlm train-lm --config` as YAML;
+    an enum once made yaml.safe_dump fail, and every DDP condition with it."""
+    import planlm.pipeline.run as pipeline
+    from planlm.pipeline.run import _run_distributed, plan_stages
+
+    config = tiny_run_config(tmp_path / "ddp")
+    config["lm"]["train"].update({"accelerator": "cpu", "devices": 2, "strategy": "ddp"})
+    sections = {k: config.get(k) for k in ("prepare", "planner", "lm", "base_lm", "conditions", "evaluate",
+                                           "edit_distance", "sweeps")}
+    stage = next(s for s in plan_stages(tmp_path / "ddp", **sections, where="run.yaml")
+                 if s.command == "train_lm" and s.condition == "ours")
+    seen = {}
+
+    def child(command, **kwargs):
+        seen["command"], seen["config"] = command, yaml.safe_load(open(command[-1]))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(subprocess, "run", child)
+    assert pipeline._is_distributed(stage)
+    _run_distributed(stage)
+    assert seen["command"][3:5] == ["train-lm", "--config"]
+    assert seen["config"]["plans"]["kind"] == "planner_sampled" and seen["config"]["train"]["devices"] == 2
