@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from lightning.pytorch.utilities.exceptions import SIGTERMException
-
 from planlm.commands import load_command
 from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.plans.spec import check_renamed
@@ -306,6 +304,8 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
 def _run_stage(stage: Stage, state: dict, layout: RunLayout) -> tuple[str, float, bool]:
     """Run one stage and record it in ``state``: (status, seconds, reused). A stage of one condition that
     fails is recorded with its traceback under logs/; a failing stage that all conditions need raises."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException  # here: `planlm run --help` stays fast
+
     out_path = Path(stage.kwargs["out_dir"])
     manifest_before = read_manifest(out_path)
     started = time.time()
@@ -314,14 +314,11 @@ def _run_stage(stage: Stage, state: dict, layout: RunLayout) -> tuple[str, float
             _run_distributed(stage) if _is_distributed(stage) else load_command(stage.command)(**stage.kwargs)
         status, error = "done", None
     except SIGTERMException:  # Lightning's answer to SIGTERM: stop the run, the stage resumes on the next one
-        state["stages"][stage.name] = {"status": "interrupted", "error": "SIGTERM", "command": stage.command}
-        write_json(layout.state, state)
+        _record_stop(stage, state, layout, "interrupted", "SIGTERM")
         raise SystemExit(TERMINATED) from None
     except (Exception, SystemExit) as e:  # one failed condition must not lose the others
         if stage.condition is None:
-            state["stages"][stage.name] = {"status": "failed", "error": f"{type(e).__name__}: {e}",
-                                           "command": stage.command}
-            write_json(layout.state, state)
+            _record_stop(stage, state, layout, "failed", f"{type(e).__name__}: {e}")
             raise
         status, error = "failed", f"{type(e).__name__}: {e}"
         log = layout.stage_log(stage.name)
@@ -333,6 +330,12 @@ def _run_stage(stage: Stage, state: dict, layout: RunLayout) -> tuple[str, float
                                    "ran_now": not reused, "command": stage.command, "out_dir": str(out_path),
                                    "condition": stage.condition, "seed": stage.seed}
     return status, seconds, reused
+
+
+def _record_stop(stage: Stage, state: dict, layout: RunLayout, status: str, error: str) -> None:
+    """Record in run_state.json the stage at which the whole run stops."""
+    state["stages"][stage.name] = {"status": status, "error": error, "command": stage.command}
+    write_json(layout.state, state)
 
 
 def _run_stages(stages: list[Stage], state: dict, layout: RunLayout) -> Progress:
