@@ -16,6 +16,15 @@ from planlm.data.synthetic import make_synthetic_prepared
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+@pytest.fixture
+def two_threads():
+    """Two torch threads for the test (parallel CPU kernels, where summation order can vary), then as before."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def synthetic_cycle(tmp_path_factory):
     """8 actions, a_{i+1} = a_i + 1 mod 8; 200/20/20 articles of 4-9 sentences; 16-d embeddings."""

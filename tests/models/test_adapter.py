@@ -27,6 +27,14 @@ def paths_and_mask(seed: int = 0, num_sentences: int = 5, num_paths: int = 3, ho
     return action_paths, path_mask
 
 
+def set_alphas(adapter: MultiPath, alpha_path: float, alpha_sample: float) -> MultiPath:
+    """Switch the ReZero scalars on (alpha_1, alpha_2): a fresh multipath adapter is Project and Avg."""
+    with torch.no_grad():
+        adapter.alpha_path.fill_(alpha_path)
+        adapter.alpha_sample.fill_(alpha_sample)
+    return adapter
+
+
 def test_project_avg_matches_the_paper_formula():
     adapter = ProjectAvg(config())
     action_paths, path_mask = paths_and_mask()
@@ -61,18 +69,13 @@ def test_fresh_multipath_equals_project_avg_exactly():
     multipath.zero_grad()
     multipath(*paths_and_mask()).pow(2).sum().backward()
     assert multipath.alpha_path.grad.abs() > 0
-    with torch.no_grad():
-        multipath.alpha_path.fill_(1.0)
-        multipath.alpha_sample.fill_(1.0)
+    set_alphas(multipath, 1.0, 1.0)
     assert not torch.allclose(multipath(*paths_and_mask()), project_avg(*paths_and_mask()), atol=1e-4)
 
 
 def test_multipath_reads_order_within_a_path_but_not_order_of_paths():
     torch.manual_seed(0)
-    adapter = MultiPath(config(kind="multipath")).eval()
-    with torch.no_grad():
-        adapter.alpha_path.fill_(1.0)
-        adapter.alpha_sample.fill_(1.0)
+    adapter = set_alphas(MultiPath(config(kind="multipath")).eval(), 1.0, 1.0)
     action_paths = torch.tensor([[[0, 1, 2, 3], [4, 5, 6, 7]]])  # (1, 2, 4)
     mask = torch.ones_like(action_paths, dtype=torch.bool)
     reference = adapter(action_paths, mask)
@@ -183,10 +186,7 @@ def test_config_errors_name_the_flag():
 
 def test_multipath_encodes_each_distinct_path_once_without_changing_results():
     torch.manual_seed(0)
-    adapter = MultiPath(config(kind="multipath")).eval()
-    with torch.no_grad():
-        adapter.alpha_path.fill_(0.5)
-        adapter.alpha_sample.fill_(0.5)
+    adapter = set_alphas(MultiPath(config(kind="multipath")).eval(), 0.5, 0.5)
     action_paths, path_mask = paths_and_mask(num_sentences=4)
     action_paths[1] = action_paths[0]  # repeated paths across sentences ...
     path_mask[1] = path_mask[0]
@@ -228,10 +228,9 @@ def test_training_switches_both_rezero_scalars_on():
     assert MultiPath(config(kind="multipath", rezero=False)).alphas() is None
 
 
-def test_multipath_backward_is_reproducible():
+def test_multipath_backward_is_reproducible(two_threads):
     """Distinct paths are encoded once and gathered back to every (sentence, path) that holds them; the
     gradients of the repeats must sum in the same order every time (see ``gather_rows``)."""
-    torch.set_num_threads(max(2, torch.get_num_threads()))
     torch.manual_seed(0)
     adapter = build_adapter(config(kind="multipath", hidden_size=128, dropout=0.0))  # N*K*D above the parallel grain
     action_paths, path_mask = paths_and_mask(num_sentences=128, num_paths=4, horizon=2)  # few distinct paths

@@ -126,10 +126,9 @@ def test_load_causal_lm_errors_are_one_line():
 # ---------------------------------------------------------------------------------------------- windows
 
 
-def test_backward_through_the_plans_is_reproducible():
+def test_backward_through_the_plans_is_reproducible(two_threads):
     """Many tokens share a plan; their gradients must sum in the same order every time (advanced indexing's
     CPU backward adds them with parallel atomics and changed trained weights from run to run)."""
-    torch.set_num_threads(max(2, torch.get_num_threads()))
     model = planned("gpt2", adapter="project_avg", init_no_op=False)  # eval: no dropout draws
     gen = torch.Generator().manual_seed(0)
     input_ids = torch.randint(1, VOCAB, (16, 64), generator=gen)  # (B, L): B*L*D above the parallel grain
