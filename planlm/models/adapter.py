@@ -38,6 +38,9 @@ Design decisions the paper leaves open, made here:
 - With the ReZero scalars at zero, alpha_2 gets a gradient at once and alpha_1 once alpha_2 has
   moved (eq. 2 adds c^, the mean of c~^j, so at alpha_2 = 0 the path vectors c^j do not reach c).
   ``alphas()`` returns their values (written to the model's manifest and the report).
+- While the scalars are near zero, PT and ST receive a near-zero, mostly noisy gradient that Adam turns
+  into full-size random steps; ``gated_parameters()`` names them so that training can give them a smaller
+  learning rate (``train.multipath_lr_scale``, measured on the mechanism benchmark).
 - ``rezero=False`` (the paper's "no ReZero" ablation) drops both scalars *and* both skip connections
   to the Project-and-Avg solution: c^j = PT(U Emb(a)_{1:T}^j + p_{1:T}), c = ST(c^1, ..., c^K): a
   plain stack of two transformers on the action embeddings, which does not start as a no-op.
@@ -175,6 +178,10 @@ class ProjectAvg(nn.Module):
         """The ReZero scalars of a multipath adapter; Project and Avg has none."""
         return None
 
+    def gated_parameters(self) -> list[nn.Parameter]:
+        """The parameters behind ReZero gates (trained at ``train.multipath_lr_scale`` of the adapter's rate)."""
+        return []
+
     def step_vectors(self, action_paths: Tensor) -> Tensor:
         """(N, K, T) long -> c_t^j (N, K, T, D)."""
         return self.projection(self.action_embedding(action_paths))
@@ -222,6 +229,18 @@ class MultiPath(ProjectAvg):
         if not self.config.rezero:
             return None
         return {"alpha_1": float(self.alpha_path.detach()), "alpha_2": float(self.alpha_sample.detach())}
+
+    def gated_parameters(self) -> list[nn.Parameter]:
+        """The PathTransformer's and SampleTransformer's weights (none for the no-ReZero ablation, whose
+        transformers are the whole adapter; the ReZero scalars themselves are not among them).
+
+        While alpha_1 and alpha_2 are near zero, the gradient that reaches PT and ST is near zero and mostly
+        noise, which Adam scales up to full-size steps: the transformers drift at random, and a gate opens in
+        some seeds and not in others. At a fifth of the adapter's rate they opened in every seed on the
+        mechanism benchmark (README, "The plan channel")."""
+        if not self.config.rezero:
+            return []
+        return [*self.path_transformer.parameters(), *self.sample_transformer.parameters()]
 
     def forward(self, action_paths: Tensor, path_mask: Tensor | None = None) -> Tensor:
         # PT and ST attend over T steps and K paths (short sequences): flash attention where the head

@@ -16,13 +16,14 @@ class LightningLM(L.LightningModule):
     """Training / validation steps and the optimiser of a PlannedLM."""
 
     def __init__(self, model: PlannedLM, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0,
-                 adapter_lr: float | None = None):
+                 adapter_lr: float | None = None, multipath_lr_scale: float = 1.0):
         super().__init__()
         from torchmetrics import SumMetric
 
         self.model = model
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
         self.adapter_lr = lr if adapter_lr is None else adapter_lr
+        self.multipath_lr_scale = multipath_lr_scale
         # Perplexity = exp(total NLL / total tokens) over the whole validation split (not a mean of batch means).
         # Validation loader 1 (models with plans) holds the same windows with the plans shuffled: plan usage.
         self.val_nll_sum, self.val_tokens = SumMetric(), SumMetric()
@@ -59,11 +60,16 @@ class LightningLM(L.LightningModule):
             metric.reset()
 
     def configure_optimizers(self):
-        adapter = list(self.model.adapter.parameters()) if self.model.adapter is not None else []
-        in_adapter = {id(p) for p in adapter}
-        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad and id(p) not in in_adapter],
-                   "lr": self.lr},
-                  {"params": [p for p in adapter if p.requires_grad], "lr": self.adapter_lr}]
+        """AdamW over three groups: the LM (lr), the adapter (adapter_lr) and the transformers behind the
+        adapter's ReZero gates (adapter_lr x multipath_lr_scale); a group with nothing to train is left out."""
+        adapter = self.model.adapter
+        gated = adapter.gated_parameters() if adapter is not None else []
+        adapter_params = list(adapter.parameters()) if adapter is not None else []
+        in_gated, in_adapter = {id(p) for p in gated}, {id(p) for p in adapter_params}
+        groups = [{"params": [p for p in self.model.parameters() if id(p) not in in_adapter], "lr": self.lr},
+                  {"params": [p for p in adapter_params if id(p) not in in_gated], "lr": self.adapter_lr},
+                  {"params": gated, "lr": self.adapter_lr * self.multipath_lr_scale}]
+        groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in groups]
         optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=self.weight_decay)
         warmup = max(1, self.warmup_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))

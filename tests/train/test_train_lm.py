@@ -310,6 +310,44 @@ def test_adapter_lr_is_the_learning_rate_of_the_adapter_alone(synthetic_random, 
         quick(adapter_lr=0.0)
 
 
+def test_multipath_lr_scale_is_the_rate_of_the_gated_transformers_and_scalars(synthetic_random, tmp_path):
+    from planlm.train.lm_module import LightningLM
+
+    def train(name: str, scale: float, rezero: bool = True) -> Path:
+        return train_lm(str(synthetic_random), str(tmp_path / name), model=LMModelConfig(model_config=TINY),
+                        plans=PlanSpec(kind="oracle", num_paths=2, horizon=2),
+                        adapter=AdapterSettings(kind="multipath", rezero=rezero),
+                        train=quick(adapter_lr=1e-2, multipath_lr_scale=scale, batch_size=2, limit_train_batches=4))
+
+    folders = {scale: train(f"scale{scale}", scale) for scale in (1.0, 0.01, 1e-9)}
+    planned = PlannedLM.from_pretrained(folders[1.0])
+    groups = LightningLM(planned, lr=1e-3, adapter_lr=1e-2, multipath_lr_scale=0.01).configure_optimizers()[
+        "optimizer"].param_groups
+    names = {id(p): n for n, p in planned.named_parameters()}
+    members = [{names[id(p)] for p in g["params"]} for g in groups]
+    assert [g["lr"] for g in groups] == [1e-3, 1e-2, 1e-4]
+    assert all(n.startswith("lm.") for n in members[0]) and members[1] == {
+        "adapter.action_embedding.weight", "adapter.projection.weight", "adapter.projection.bias",
+        "adapter.step_position.weight", "adapter.path_input.weight", "adapter.path_input.bias",
+        "adapter.alpha_path", "adapter.alpha_sample"}
+    assert members[2] == {n for n in names.values() if n.startswith(
+        ("adapter.path_transformer.", "adapter.sample_transformer."))}
+    # in training (4 steps), the gated weights move in proportion (1e-9: about where they started)
+    weights = {scale: load_file(str(folder / "adapter.safetensors")) for scale, folder in folders.items()}
+    moved = {scale: {k: float((w[k] - weights[1e-9][k]).norm()) for k in w} for scale, w in weights.items()}
+    gated = [k.removeprefix("adapter.") for k in members[2]]
+    assert all(0 < moved[0.01][k] < 0.1 * moved[1.0][k] for k in gated if moved[1.0][k] > 0)
+    for part in ("path_transformer.", "sample_transformer."):  # PT moves once alpha_1 and alpha_2 have (step 3)
+        assert sum(moved[1.0][k] > 0 for k in gated if k.startswith(part)) > len(gated) / 4
+    # the no-ReZero ablation has no gate: its transformers are the adapter, at adapter_lr whatever the scale
+    ablation = {scale: load_file(str(train(f"ablation{scale}", scale, rezero=False) / "adapter.safetensors"))
+                for scale in (1.0, 0.01)}
+    for name, tensor in ablation[1.0].items():
+        torch.testing.assert_close(ablation[0.01][name], tensor, rtol=0, atol=0)
+    with pytest.raises(PlanlmError, match="multipath_lr_scale must be > 0"):
+        quick(multipath_lr_scale=0.0)
+
+
 def test_bad_input_gives_one_line_errors(synthetic_random, tmp_path):
     model = LMModelConfig(model_config=TINY)
     other_codebook = write_plan_cache(tmp_path / "other", synthetic_random, 2, 2, codebook_hash="0" * 64)
