@@ -325,6 +325,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping of the conditions (0: none)")
     parser.add_argument("--adapter_lr", type=float, default=None, help="the adapter's learning rate (default: --lr)")
+    parser.add_argument("--multipath_lr_scale", type=float, default=None,
+                        help="rate of the multipath adapter's transformers / the adapter's (default: the library's)")
     parser.add_argument("--tag", default="", help="train and evaluate the LMs under <out_dir>/<tag> (a recipe variant "
                                                   "that shares the corpus and the planner)")
     parser.add_argument("--batch_size", type=int, default=16)
@@ -339,8 +341,11 @@ def main() -> None:
     parser.add_argument("--k_sweep", type=int, nargs="+", default=[1, 2, 5, 10, 20])
     parser.add_argument("--bootstrap_samples", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads: these tiny models gain little from a second thread, and on shared "
-                             "cores two threads spin-wait (a 2 x 64 LM step: 52 ms of CPU with 1 thread, 1 s with 2)")
+                        help="torch threads per process: these tiny models gain little from a second thread, and on "
+                             "shared cores two threads spin-wait (a 2 x 64 LM step: 52 ms of CPU with 1 thread, 1 s with 2)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="seeds trained side by side in this many processes (each with --threads threads); "
+                             "the results do not depend on it")
     args = parser.parse_args()
     args.sentences = args.sentences or ([6, 12] if args.lag == 0 else [12, 20])
     # mixed: the lag relation takes the Markov chain's successor sets
@@ -367,11 +372,12 @@ def main() -> None:
     from planlm.data.artifacts import PreparedDataset
     from planlm.data.corpus import CorpusConfig
     from planlm.data.prepare import prepare
-    from planlm.evaluate.perplexity import evaluate
-    from planlm.evaluate.sweeps import sweep
     from planlm.models.planner import PlannerShape
-    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
+    from planlm.train.lm import LMTrainConfig
     from planlm.train.planner import PlannerTrainArgs, train_planner
+
+    if args.multipath_lr_scale is None:
+        args.multipath_lr_scale = LMTrainConfig.multipath_lr_scale
 
     out = Path(args.out_dir)
     clock = Clock()
@@ -424,44 +430,74 @@ def main() -> None:
     optimum = bayes_optimum(splits["test"], types["test"], confusion, args.horizon, args.lag, args.successors)
     floor = lm_floor(splits["test"], types["test"], args.lag, args.successors)
 
-    # 3. LM conditions, per seed from that seed's base LM
-    lm_model = {"model_type": "gpt2", "n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": 2,
-                "n_positions": args.context_length}
-    window = {"context_length": args.context_length, "stride": args.context_length - 1}
-    # evaluation reads the test articles in the windows training used: with other strides this small LM,
-    # which learned on those windows only, scores worse however long its context (measured at lag 6)
-    eval_window = {"context_length": args.context_length, "stride": args.context_length - 1}
-    eval_dirs: dict[str, list[Path]] = {name: [] for name in CONDITIONS}
-    metrics: dict[str, list[dict]] = {name: [] for name in CONDITIONS}
-    sweep_dirs: list[Path] = []
     if args.planner_only:
         print("\n".join(planner_table(args, prepared, score, test_score, summary, optimum)[0]))
         return
-    for seed in args.seeds:
-        base_dir = out / args.tag / "lm" / f"_base-seed{seed}"
-        clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(base_dir),
-              model=LMModelConfig(model_config=lm_model),
-              train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, max_epochs=args.base_epochs,
-                                  warmup_steps=20, seed=seed, progress_bar=False, log_every_n_steps=10, **window))
-        for name in CONDITIONS:
-            model_dir = out / args.tag / "lm" / f"{name}-seed{seed}"
-            clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(model_dir),
-                  model=LMModelConfig(init_from=str(base_dir)),
-                  **condition_config(name, planner_dir, args, seed),
-                  train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, adapter_lr=args.adapter_lr,
-                                      max_epochs=args.epochs, warmup_steps=5, gradient_clip_val=args.clip or None,
-                                      seed=seed, progress_bar=False, log_every_n_steps=10, **window))
-            eval_dir = out / args.tag / "eval" / f"{name}-seed{seed}"
-            metrics[name].append(clock("evaluate", evaluate, model_dir=str(model_dir), prepared_dir=prepared_dir,
-                                       out_dir=str(eval_dir), split="test", batch_size=64, **eval_window,
-                                       bootstrap_samples=args.bootstrap_samples))
-            eval_dirs[name].append(eval_dir)
-        sweep_dir = out / args.tag / "sweeps" / f"sampled-seed{seed}"
-        clock("sweep", sweep, model_dir=str(out / args.tag / "lm" / f"sampled-seed{seed}"), prepared_dir=prepared_dir,
-              out_dir=str(sweep_dir), kind="num_paths", num_paths=args.k_sweep, split="test", **eval_window,
-              batch_size=64, bootstrap_samples=args.bootstrap_samples)
-        sweep_dirs.append(sweep_dir)
+
+    # 3. LM conditions, per seed from that seed's base LM; seeds share nothing but the argmax plan cache
+    # (its sampling has no seed), which is sampled here before the seeds run side by side
+    from planlm.plans.sampling import sample_plans
+
+    argmax = condition_config("argmax", planner_dir, args, 0)["plans"].resolve()  # as train-lm resolves it
+    sample_plans(planner_dir=planner_dir, prepared_dir=prepared_dir, splits=["train", "validation"],
+                 num_paths=argmax.num_paths, horizon=argmax.horizon, temperature=argmax.temperature, seed=argmax.seed)
+    jobs = [(args, seed, prepared_dir, planner_dir) for seed in args.seeds]
+    if args.workers > 1 and len(jobs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(args.workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(train_seed, *zip(*jobs)))
+    else:
+        results = [train_seed(*job) for job in jobs]
+    eval_dirs = {name: [r["eval_dirs"][name] for r in results] for name in CONDITIONS}
+    metrics = {name: [r["metrics"][name] for r in results] for name in CONDITIONS}
+    sweep_dirs = [r["sweep_dir"] for r in results]
+    for result in results:
+        for stage, seconds in result["stages"].items():
+            clock.stages[stage] = clock.stages.get(stage, 0.0) + seconds
     report(args, prepared, score, test_score, counts, summary, optimum, floor, metrics, eval_dirs, sweep_dirs, clock)
+
+
+def train_seed(args, seed: int, prepared_dir: str, planner_dir: str) -> dict:
+    """One seed's base LM and conditions, each trained from that base LM, evaluated on the test split, and the
+    sampled model's K sweep: {metrics, eval_dirs (per condition), sweep_dir, stages (seconds per stage)}."""
+    import torch
+
+    torch.set_num_threads(args.threads)  # a worker process starts with torch's default
+    from planlm.evaluate.perplexity import evaluate
+    from planlm.evaluate.sweeps import sweep
+    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
+
+    clock, out = Clock(), Path(args.out_dir) / args.tag
+    lm_model = {"model_type": "gpt2", "n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": 2,
+                "n_positions": args.context_length}
+    # evaluation reads the test articles in the windows training used: with other strides this small LM,
+    # which learned on those windows only, scores worse however long its context (measured at lag 6)
+    window = {"context_length": args.context_length, "stride": args.context_length - 1}
+    base_dir = out / "lm" / f"_base-seed{seed}"
+    clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(base_dir),
+          model=LMModelConfig(model_config=lm_model),
+          train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, max_epochs=args.base_epochs,
+                              warmup_steps=20, seed=seed, progress_bar=False, log_every_n_steps=10, **window))
+    metrics, eval_dirs = {}, {}
+    for name in CONDITIONS:
+        model_dir = out / "lm" / f"{name}-seed{seed}"
+        clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(model_dir),
+              model=LMModelConfig(init_from=str(base_dir)), **condition_config(name, planner_dir, args, seed),
+              train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, adapter_lr=args.adapter_lr,
+                                  max_epochs=args.epochs, warmup_steps=5, gradient_clip_val=args.clip or None,
+                                  multipath_lr_scale=args.multipath_lr_scale, seed=seed, progress_bar=False,
+                                  log_every_n_steps=10, **window))
+        eval_dirs[name] = out / "eval" / f"{name}-seed{seed}"
+        metrics[name] = clock("evaluate", evaluate, model_dir=str(model_dir), prepared_dir=prepared_dir,
+                              out_dir=str(eval_dirs[name]), split="test", batch_size=64, **window,
+                              bootstrap_samples=args.bootstrap_samples)
+    sweep_dir = out / "sweeps" / f"sampled-seed{seed}"
+    clock("sweep", sweep, model_dir=str(out / "lm" / f"sampled-seed{seed}"), prepared_dir=prepared_dir,
+          out_dir=str(sweep_dir), kind="num_paths", num_paths=args.k_sweep, split="test", **window, batch_size=64,
+          bootstrap_samples=args.bootstrap_samples)
+    return {"metrics": metrics, "eval_dirs": eval_dirs, "sweep_dir": sweep_dir, "stages": clock.stages}
 
 
 def planner_table(args, prepared, score, test_score, summary, optimum) -> tuple[list[str], list]:
@@ -513,7 +549,8 @@ def report(args, prepared, score, test_score, counts, summary, optimum, floor, m
     seeds = args.seeds
     say(f"\n## LM test perplexity, {len(seeds)} seed(s) (each condition from its seed's base LM, "
           f"{args.epochs} epoch(s) after {args.base_epochs} base epoch(s); lr {args.lr:g}, adapter lr "
-          f"{args.adapter_lr or args.lr:g}, gradient clipping {args.clip or 'none'})\n")
+          f"{args.adapter_lr or args.lr:g}, multipath transformers at {args.multipath_lr_scale:g} of it, "
+          f"gradient clipping {args.clip or 'none'})\n")
     say("| condition | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | pooled |")
     say("|---" * (len(seeds) + 3) + "|")
     from planlm.evaluate.bootstrap import read_per_article
@@ -565,8 +602,8 @@ def report(args, prepared, score, test_score, counts, summary, optimum, floor, m
                     not worse, "; ".join(worse) or "no step's interval lies above 0"))
 
     elapsed = time.time() - clock.start
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = usage.ru_utime + usage.ru_stime
+    cpu = sum(usage.ru_utime + usage.ru_stime for usage in (resource.getrusage(resource.RUSAGE_SELF),
+                                                          resource.getrusage(resource.RUSAGE_CHILDREN)))
     stage_times = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in clock.stages.items())
     targets.append(("the whole run under 30 minutes", elapsed < 1800,
                     f"{elapsed / 60:.1f} min wall in this invocation ({stage_times}; reused stages count ~0), "
