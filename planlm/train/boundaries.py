@@ -40,6 +40,7 @@ class LengthGroupedSampler(torch.utils.data.Sampler):
     def __init__(self, context_lengths: np.ndarray, batch_size: int, seed: int = 0, group: int = 50):
         self.context_lengths, self.batch_size, self.seed, self.group = context_lengths, batch_size, seed, group
         self.epoch = 0
+        self.skip_batches = 0  # batches the next epoch leaves out at its start (a resumed epoch; ResumeMidEpoch)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -54,7 +55,8 @@ class LengthGroupedSampler(torch.utils.data.Sampler):
         chunks = [order[i:i + mega] for i in range(0, len(order), mega)]
         chunks = [chunk[np.argsort(self.context_lengths[chunk], kind="stable")] for chunk in chunks]
         batches = [chunk[i:i + self.batch_size] for chunk in chunks for i in range(0, len(chunk), self.batch_size)]
-        for index in rng.permutation(len(batches)):
+        skip, self.skip_batches = self.skip_batches, 0
+        for index in rng.permutation(len(batches))[skip:]:
             yield from batches[index].tolist()
 
 

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import lightning as L
 import torch
 
-from planlm.train.resume import RestoreRNG, last_checkpoint
+from planlm.train.resume import RestoreRNG, ResumeMidEpoch, last_checkpoint
 from planlm.utils import PlanlmError, fingerprint, write_json
 
 DEFAULT_LOGGERS = ("csv", "tensorboard")
@@ -203,11 +203,18 @@ def _read_stamp(stamp: Path) -> str | None:
 
 
 def fit(trainer: L.Trainer, module: L.LightningModule, train_loader, val_loaders, ckpt_path: str | None) -> None:
-    """``trainer.fit``, without the warnings that a resumed run or a tiny corpus always raises."""
+    """``trainer.fit``, resumable within an epoch (``ResumeMidEpoch``) when the training sampler can skip
+    batches and one process trains, and without the warnings that a resumed run or a tiny corpus always
+    raises."""
+    exact_mid_epoch = hasattr(train_loader.sampler, "skip_batches") and trainer.world_size == 1
+    if exact_mid_epoch:
+        trainer.callbacks.append(ResumeMidEpoch(train_loader.sampler))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*number of training batches.*")
         warnings.filterwarnings("ignore", message=".*exists and is not empty.*")  # resuming into our own folder
+        if exact_mid_epoch:  # Lightning cannot know that ResumeMidEpoch makes the DataLoader resumable
+            warnings.filterwarnings("ignore", message=".*ended before the epoch ended.*")
         trainer.fit(module, train_loader, val_loaders, ckpt_path=ckpt_path)
 
 

@@ -89,7 +89,7 @@ class LMTrainConfig:
     multipath_lr_scale: float = 0.2
     """The multipath adapter's PathTransformer and SampleTransformer (behind the ReZero scalars) train at this
     fraction of adapter_lr. At 1.0 the gates opened within 3 epochs in 1 of 3 seeds on the mechanism
-    benchmark; at 0.2 in every seed (README, "The plan channel")."""
+    benchmark; at 0.2 in every seed (README, "The recipe, measured")."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps (constant afterwards)."""
     max_epochs: int = 1
@@ -212,15 +212,16 @@ def _loaders(prepared: PreparedDataset, spec: PlanSpec, train: LMTrainConfig,
 
 def _loader(split: PreparedSplit, windows: list, source, batch_size: int, shuffle: bool, num_workers: int,
             pad_token_id: int, seed: int) -> DataLoader:
-    return DataLoader(windows, batch_size=batch_size, sampler=data_order(windows, seed) if shuffle else None,
-                      num_workers=num_workers, collate_fn=WindowCollator(split, source, pad_token_id), drop_last=False)
+    sampler = data_order(windows, seed, batch_size) if shuffle else None
+    return DataLoader(windows, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                      collate_fn=WindowCollator(split, source, pad_token_id), drop_last=False)
 
 
-def data_order(windows: list, seed: int) -> EpochShuffle:
+def data_order(windows: list, seed: int, batch_size: int) -> EpochShuffle:
     """The sampler that shuffles the training windows: each epoch's order from (a stream of the run seed of
     its own, epoch) alone, so every condition of a run (whatever its adapter and its number of parameters)
     sees the same windows in the same order, and a resumed run the batches the interrupted one would have."""
-    return EpochShuffle(windows, derive_seed(seed, "data_order"))
+    return EpochShuffle(windows, derive_seed(seed, "data_order"), batch_size)
 
 
 def _shuffled_plans_loader(loader: DataLoader) -> DataLoader:

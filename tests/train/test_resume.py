@@ -84,6 +84,68 @@ def test_train_planner_resumed_after_an_epoch_equals_the_uninterrupted_run(tmp_p
         json.loads((straight / "summary.json").read_text())["metrics"]
 
 
+class Interrupted(Exception):
+    """Raised by ``interrupt_at``: a run stopped in the middle of an epoch."""
+
+
+def interrupt_at(monkeypatch, module_class, step: int) -> None:
+    """Make ``module_class``'s training stop before it trains the batch of global step ``step``."""
+    def on_train_batch_start(self, batch, batch_idx):
+        if self.global_step == step:
+            raise Interrupted
+
+    monkeypatch.setattr(module_class, "on_train_batch_start", on_train_batch_start)
+
+
+def test_train_lm_resumed_within_an_epoch_equals_the_uninterrupted_run(synthetic_random, tmp_path, monkeypatch):
+    """Validation (and so last.ckpt) every 2 of an epoch's 6 batches; the run stops before step 5 and resumes
+    from step 4: the rest of epoch 1 must be its last 2 batches, not its first ones again."""
+    from planlm.train.lm_module import LightningLM
+
+    kwargs = dict(model=LMModelConfig(model_config=tiny_gpt2_config()),
+                  plans=PlanSpec(kind="oracle"), adapter=AdapterSettings(init_no_op=False))
+
+    def train(out: Path) -> Path:
+        return train_lm(str(synthetic_random), str(out), **kwargs, train=LMTrainConfig(
+            batch_size=2, max_epochs=2, limit_train_batches=6, val_check_interval=2, limit_val_batches=1,
+            lr=1e-3, progress_bar=False, log_every_n_steps=1))
+
+    straight = train(tmp_path / "straight")
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, LightningLM, 5)
+        with pytest.raises(Interrupted):
+            train(tmp_path / "resumed")
+    assert torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+    resumed = train(tmp_path / "resumed")
+    assert logged_train_steps(resumed)[-1] == list(range(4, 12))  # trained on from step 4, twelve steps in all
+    assert_same_tensors(last_checkpoint_weights(straight), last_checkpoint_weights(resumed))
+    for name in ("lm/model.safetensors", "adapter.safetensors"):  # the saved (best) weights
+        assert_same_tensors(load_file(str(straight / name)), load_file(str(resumed / name)))
+
+
+def test_train_planner_resumed_within_an_epoch_equals_the_uninterrupted_run(tmp_path, monkeypatch):
+    """The planner's length-grouped batches, validated every 2 of an epoch's batches, stopped before step 3."""
+    from planlm.train.planner_module import LightningPlanner
+
+    prepared = make_synthetic_prepared(tmp_path / "prepared", rule="cycle", seed=6,
+                                       num_articles={"train": 40, "validation": 6, "test": 2})
+    shape = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=3, dropout=0.1)
+
+    def train(out: Path) -> Path:
+        return train_planner(str(prepared), str(out), shape, PlannerTrainArgs(
+            batch_size=16, lr=1e-2, max_epochs=2, val_check_interval=2, progress_bar=False, log_every_n_steps=1))
+
+    straight = train(tmp_path / "straight")
+    assert len(logged_train_steps(straight)[0]) >= 8  # several batches per epoch, so step 3 is within epoch 1
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, LightningPlanner, 3)
+        with pytest.raises(Interrupted):
+            train(tmp_path / "resumed")
+    resumed = train(tmp_path / "resumed")
+    assert_same_tensors(last_checkpoint_weights(straight), last_checkpoint_weights(resumed))
+    assert_same_tensors(load_file(str(straight / "model.safetensors")), load_file(str(resumed / "model.safetensors")))
+
+
 def _cli(args: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "planlm.cli", *args], capture_output=True, text=True, **kwargs)
 
