@@ -294,100 +294,19 @@ def condition_config(name: str, planner_dir: str, args, seed: int) -> dict:
     return {"plans": plans, "adapter": AdapterSettings(kind="multipath" if name == "ours" else "project_avg")}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out_dir", default="runs/bench_mechanism")
-    parser.add_argument("--quick", action="store_true",
-                        help="development size: 300 train articles, 1 seed, 1+1 epochs, K sweep 1/10")
-    parser.add_argument("--train_articles", type=int, default=1500)
-    parser.add_argument("--test_articles", type=int, default=200)
-    parser.add_argument("--validation_articles", type=int, default=100)
-    parser.add_argument("--lag", type=int, default=6,
-                        help="0: Markov chain over types (the LM's window holds all the planner knows: a control); "
-                             "L > 0: a sentence's type depends on the sentence L back, beyond the LM's window")
-    parser.add_argument("--lag_successors", choices=["pairs", "mixed"], default="pairs",
-                        help="with --lag > 0: pairs (every type two successors, p = 1/2) or mixed (the --lag 0 "
-                             "successor sets: five types with two, three with one, so some boundaries are "
-                             "deterministic for the planner; benchmarks/bench_adaptive.py)")
-    parser.add_argument("--sentences", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
-                        help="sentences per article (default: 6 12 at lag 0, 12 20 otherwise)")
-    parser.add_argument("--context_length", type=int, default=None,
-                        help="LM window in tokens, training and evaluation (default: 128 at lag 0, else the longest "
-                             "window that cannot reach the sentence lag back)")
-    parser.add_argument("--corpus_seed", type=int, default=0)
-    parser.add_argument("--kmeans_restarts", type=int, default=3,
-                        help="k-means seeds tried; the lowest inertia is kept")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="LM training seeds")
-    parser.add_argument("--n_layer", type=int, default=2)
-    parser.add_argument("--n_embd", type=int, default=64)
-    parser.add_argument("--base_epochs", type=int, default=2, help="epochs of each seed's plain base LM")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs of each condition, from its seed's base LM")
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping of the conditions (0: none)")
-    parser.add_argument("--adapter_lr", type=float, default=None, help="the adapter's learning rate (default: --lr)")
-    parser.add_argument("--multipath_lr_scale", type=float, default=None,
-                        help="rate of the multipath adapter's transformers / the adapter's (default: the library's)")
-    parser.add_argument("--tag", default="", help="train and evaluate the LMs under <out_dir>/<tag> (a recipe variant "
-                                                  "that shares the corpus and the planner)")
-    parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--num_paths", type=int, default=10, help="K of the sampled condition and of ours")
-    parser.add_argument("--horizon", type=int, default=3, help="T of ours (and of the planner)")
-    parser.add_argument("--planner_epochs", type=int, default=60)
-    parser.add_argument("--planner_d_model", type=int, default=64)
-    parser.add_argument("--planner_layers", type=int, default=1)
-    parser.add_argument("--planner_lr", type=float, default=1e-3)
-    parser.add_argument("--planner_dir", default=None, help="planner folder (default <out_dir>/planner)")
-    parser.add_argument("--planner_only", action="store_true", help="stop after the planner's table")
-    parser.add_argument("--k_sweep", type=int, nargs="+", default=[1, 2, 5, 10, 20])
-    parser.add_argument("--bootstrap_samples", type=int, default=1000)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads per process: these tiny models gain little from a second thread, and on "
-                             "shared cores two threads spin-wait (a 2 x 64 LM step: 52 ms of CPU with 1 thread, 1 s with 2)")
-    parser.add_argument("--workers", type=int, default=2,
-                        help="seeds trained side by side in this many processes (each with --threads threads); "
-                             "the results do not depend on it")
-    args = parser.parse_args()
-    args.sentences = args.sentences or ([6, 12] if args.lag == 0 else [12, 20])
-    # mixed: the lag relation takes the Markov chain's successor sets
-    args.successors = SUCCESSORS if args.lag_successors == "mixed" else LAG_SUCCESSORS
-    # The sentence lag back must be out of reach: its last content word is 7 (lag - 1) + 2 tokens before
-    # the first word of the sentence it decides, and a window reads at most context_length - 1 tokens.
-    reach = TOKENS_PER_SENTENCE * (args.lag - 1) + 2
-    args.context_length = args.context_length or (128 if args.lag == 0 else reach)
-    if args.lag and args.context_length - 1 >= reach:
-        parser.error(f"--context_length {args.context_length} lets the LM read the sentence --lag {args.lag} back; "
-                     f"use at most {reach}")
-    if args.quick:
-        args.train_articles, args.test_articles, args.validation_articles = 300, 60, 30
-        args.seeds, args.base_epochs, args.epochs, args.planner_epochs = args.seeds[:1], 1, 1, 3
-        args.k_sweep = [1, 10]
-
-    import torch
-
-    torch.set_num_threads(args.threads)
-    from planlm.data.resources import use_offline_mode_if_no_hub
-
-    use_offline_mode_if_no_hub()
-    from planlm.data.kmeans import ActionsConfig
+def prepare_corpus(args, out: Path, clock: Clock) -> tuple[str, dict[str, list[int]]]:
+    """Write the corpus and the word-level tokenizer, then prepare it (sentencizer, MiniLM, k-means into as
+    many actions as there are types, the lowest inertia of --kmeans_restarts seeds): (prepared folder, the
+    true types of every article by id)."""
     from planlm.data.artifacts import PreparedDataset
     from planlm.data.corpus import CorpusConfig
+    from planlm.data.kmeans import ActionsConfig
     from planlm.data.prepare import prepare
-    from planlm.models.planner import PlannerShape
-    from planlm.train.lm import LMTrainConfig
-    from planlm.train.planner import PlannerTrainArgs, train_planner
 
-    if args.multipath_lr_scale is None:
-        args.multipath_lr_scale = LMTrainConfig.multipath_lr_scale
-
-    out = Path(args.out_dir)
-    clock = Clock()
     total = args.train_articles + args.validation_articles + args.test_articles
     articles = make_articles(total, args.sentences[0], args.sentences[1], args.corpus_seed, args.lag, args.successors)
     write_corpus(out / "corpus.jsonl", articles)
     tokenizer = build_tokenizer(out / "tokenizer")
-    types_by_id = {a["id"]: a["types"] for a in articles}
-
-    # 1. prepare: sentencizer, MiniLM, k-means into as many actions as there are types
     prepared_dir = str(out / "prepared")
     corpus = CorpusConfig(source=str(out / "corpus.jsonl"), num_train=args.train_articles,
                           num_validation=args.validation_articles, num_test=args.test_articles, seed=0)
@@ -412,6 +331,102 @@ def main() -> None:
             restarts_file.write_text(json.dumps(inertias))
     best_seed = int(min(inertias["inertia"], key=lambda s: (inertias["inertia"][s], int(s))))
     prepare_with(best_seed)  # reused when the folder already holds it
+    return prepared_dir, {a["id"]: a["types"] for a in articles}
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line, with the sizes that follow from --lag and --quick filled in."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out_dir", default="runs/bench_mechanism")
+    parser.add_argument("--quick", action="store_true",
+                        help="development size: 300 train articles, 1 seed unless --seeds, 1+1 epochs, K sweep 1/10")
+    parser.add_argument("--train_articles", type=int, default=1500)
+    parser.add_argument("--test_articles", type=int, default=200)
+    parser.add_argument("--validation_articles", type=int, default=100)
+    parser.add_argument("--lag", type=int, default=6,
+                        help="0: Markov chain over types (the LM's window holds all the planner knows: a control); "
+                             "L > 0: a sentence's type depends on the sentence L back, beyond the LM's window")
+    parser.add_argument("--lag_successors", choices=["pairs", "mixed"], default="pairs",
+                        help="with --lag > 0: pairs (every type two successors, p = 1/2) or mixed (the --lag 0 "
+                             "successor sets: five types with two, three with one, so some boundaries are "
+                             "deterministic for the planner; benchmarks/bench_adaptive.py)")
+    parser.add_argument("--sentences", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                        help="sentences per article (default: 6 12 at lag 0, 12 20 otherwise)")
+    parser.add_argument("--context_length", type=int, default=None,
+                        help="LM window in tokens, training and evaluation (default: 128 at lag 0, else the longest "
+                             "window that cannot reach the sentence lag back)")
+    parser.add_argument("--corpus_seed", type=int, default=0)
+    parser.add_argument("--kmeans_restarts", type=int, default=3,
+                        help="k-means seeds tried; the lowest inertia is kept")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="LM training seeds (default 0 1 2; --quick: 0)")
+    parser.add_argument("--n_layer", type=int, default=2)
+    parser.add_argument("--n_embd", type=int, default=64)
+    parser.add_argument("--base_epochs", type=int, default=2, help="epochs of each seed's plain base LM")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs of each condition, from its seed's base LM")
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping of the conditions (0: none)")
+    parser.add_argument("--adapter_lr", type=float, default=None, help="the adapter's learning rate (default: --lr)")
+    parser.add_argument("--multipath_lr_scale", type=float, default=None,
+                        help="rate of the multipath adapter's transformers / the adapter's (default: the library's)")
+    parser.add_argument("--tag", default="", help="train and evaluate the LMs under <out_dir>/<tag> (a recipe variant "
+                                                  "that shares the corpus and the planner)")
+    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--num_paths", type=int, default=10, help="K of the sampled condition and of ours")
+    parser.add_argument("--horizon", type=int, default=3, help="T of ours (and of the planner)")
+    parser.add_argument("--planner_epochs", type=int, default=60)
+    parser.add_argument("--planner_d_model", type=int, default=64)
+    parser.add_argument("--planner_layers", type=int, default=1)
+    parser.add_argument("--planner_lr", type=float, default=1e-3)
+    parser.add_argument("--planner_dir", default=None, help="planner folder (default <out_dir>/planner)")
+    parser.add_argument("--planner_only", action="store_true", help="stop after the planner's table")
+    parser.add_argument("--k_sweep", type=int, nargs="+", default=[1, 2, 5, 10, 20])
+    parser.add_argument("--bootstrap_samples", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per process: these tiny models gain little from a second thread, and "
+                             "on shared cores two threads spin-wait (a 2 x 64 LM step: 52 ms of CPU with 1 thread, "
+                             "1 s with 2)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="seeds trained side by side in this many processes (each with --threads threads); "
+                             "the results do not depend on it")
+    args = parser.parse_args()
+    args.sentences = args.sentences or ([6, 12] if args.lag == 0 else [12, 20])
+    args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    # mixed: the lag relation takes the Markov chain's successor sets
+    args.successors = SUCCESSORS if args.lag_successors == "mixed" else LAG_SUCCESSORS
+    # The sentence lag back must be out of reach: its last content word is 7 (lag - 1) + 2 tokens before
+    # the first word of the sentence it decides, and a window reads at most context_length - 1 tokens.
+    reach = TOKENS_PER_SENTENCE * (args.lag - 1) + 2
+    args.context_length = args.context_length or (128 if args.lag == 0 else reach)
+    if args.lag and args.context_length - 1 >= reach:
+        parser.error(f"--context_length {args.context_length} lets the LM read the sentence --lag {args.lag} back; "
+                     f"use at most {reach}")
+    if args.quick:
+        args.train_articles, args.test_articles, args.validation_articles = 300, 60, 30
+        args.base_epochs, args.epochs, args.planner_epochs = 1, 1, 3
+        args.k_sweep = [1, 10]
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from planlm.data.resources import use_offline_mode_if_no_hub
+
+    use_offline_mode_if_no_hub()
+    from planlm.data.artifacts import PreparedDataset
+    from planlm.models.planner import PlannerShape
+    from planlm.train.lm import LMTrainConfig
+    from planlm.train.planner import PlannerTrainArgs, train_planner
+
+    if args.multipath_lr_scale is None:
+        args.multipath_lr_scale = LMTrainConfig.multipath_lr_scale
+
+    out, clock = Path(args.out_dir), Clock()
+    # 1. prepare, then the purity of the clustering against the true types
+    prepared_dir, types_by_id = prepare_corpus(args, out, clock)
     prepared = PreparedDataset(prepared_dir)
     splits = {name: prepared.split(name) for name in ("train", "test")}
     types = {name: true_types(split, types_by_id) for name, split in splits.items()}
@@ -606,8 +621,8 @@ def report(args, prepared, score, test_score, counts, summary, optimum, floor, m
                                                           resource.getrusage(resource.RUSAGE_CHILDREN)))
     stage_times = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in clock.stages.items())
     targets.append(("the whole run under 30 minutes", elapsed < 1800,
-                    f"{elapsed / 60:.1f} min wall in this invocation ({stage_times}; reused stages count ~0), "
-                    f"{cpu / 60:.1f} min of CPU time on {os.cpu_count()} cores"))
+                    f"{elapsed / 60:.1f} min wall in this invocation ({stage_times}, summed over up to {args.workers} "
+                    f"processes; reused stages count ~0), {cpu / 60:.1f} min of CPU time on {os.cpu_count()} cores"))
     say("\n## Targets\n")
     for name, ok, detail in targets:
         say(f"- {'PASS' if ok else 'FAIL'}: {name}: {detail}")
