@@ -12,11 +12,16 @@ import torch
 from planlm.models.planned_lm import PlannedLM
 
 
+MULTIPATH_LR_SCALE = 0.2
+"""The default rate of the multipath adapter's gated transformers, as a fraction of the adapter's
+(``LMTrainConfig.multipath_lr_scale``)."""
+
+
 class LightningLM(L.LightningModule):
     """Training / validation steps and the optimiser of a PlannedLM."""
 
     def __init__(self, model: PlannedLM, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0,
-                 adapter_lr: float | None = None, multipath_lr_scale: float = 1.0):
+                 adapter_lr: float | None = None, multipath_lr_scale: float = MULTIPATH_LR_SCALE):
         super().__init__()
         from torchmetrics import SumMetric
 
