@@ -334,8 +334,9 @@ def prepare_corpus(args, out: Path, clock: Clock) -> tuple[str, dict[str, list[i
     return prepared_dir, {a["id"]: a["types"] for a in articles}
 
 
-def parse_args() -> argparse.Namespace:
-    """The command line, with the sizes that follow from --lag and --quick filled in."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``argv``, default sys.argv), with what follows from --lag and --quick and the
+    library's default multipath_lr_scale filled in."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out_dir", default="runs/bench_mechanism")
     parser.add_argument("--quick", action="store_true",
@@ -389,7 +390,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2,
                         help="seeds trained side by side in this many processes (each with --threads threads); "
                              "the results do not depend on it")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.sentences = args.sentences or ([6, 12] if args.lag == 0 else [12, 20])
     args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     # mixed: the lag relation takes the Markov chain's successor sets
@@ -405,6 +406,10 @@ def parse_args() -> argparse.Namespace:
         args.train_articles, args.test_articles, args.validation_articles = 300, 60, 30
         args.base_epochs, args.epochs, args.planner_epochs = 1, 1, 3
         args.k_sweep = [1, 10]
+    if args.multipath_lr_scale is None:
+        from planlm.train.lm_module import MULTIPATH_LR_SCALE
+
+        args.multipath_lr_scale = MULTIPATH_LR_SCALE
     return args
 
 
@@ -418,11 +423,7 @@ def main() -> None:
     use_offline_mode_if_no_hub()
     from planlm.data.artifacts import PreparedDataset
     from planlm.models.planner import PlannerShape
-    from planlm.train.lm import LMTrainConfig
     from planlm.train.planner import PlannerTrainArgs, train_planner
-
-    if args.multipath_lr_scale is None:
-        args.multipath_lr_scale = LMTrainConfig.multipath_lr_scale
 
     out, clock = Path(args.out_dir), Clock()
     # 1. prepare, then the purity of the clustering against the true types
@@ -450,12 +451,11 @@ def main() -> None:
         return
 
     # 3. LM conditions, per seed from that seed's base LM; seeds share nothing but the argmax plan cache
-    # (its sampling has no seed), which is sampled here before the seeds run side by side
-    from planlm.plans.sampling import sample_plans
+    # (its sampling has no seed), which train-lm's own cache step builds here before the seeds run side by side
+    from planlm.train.lm import _training_plans
 
-    argmax = condition_config("argmax", planner_dir, args, 0)["plans"].resolve()  # as train-lm resolves it
-    sample_plans(planner_dir=planner_dir, prepared_dir=prepared_dir, splits=["train", "validation"],
-                 num_paths=argmax.num_paths, horizon=argmax.horizon, temperature=argmax.temperature, seed=argmax.seed)
+    _training_plans(condition_config("argmax", planner_dir, args, 0)["plans"].resolve(), prepared,
+                    ["train", "validation"])
     jobs = [(args, seed, prepared_dir, planner_dir) for seed in args.seeds]
     if args.workers > 1 and len(jobs) > 1:
         import multiprocessing
@@ -474,44 +474,65 @@ def main() -> None:
     report(args, prepared, score, test_score, counts, summary, optimum, floor, metrics, eval_dirs, sweep_dirs, clock)
 
 
+def lm_window(args) -> dict:
+    """The LM's window, in training and evaluation alike: with other strides this small LM, which learned on
+    those windows only, scores worse however long its context (measured at lag 6)."""
+    return {"context_length": args.context_length, "stride": args.context_length - 1}
+
+
+def train_base(args, seed: int, prepared_dir: str, clock: Clock) -> Path:
+    """A seed's plain base LM (--base_epochs), the start of every condition of that seed: its folder."""
+    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
+
+    base_dir = Path(args.out_dir) / args.tag / "lm" / f"_base-seed{seed}"
+    lm_model = {"model_type": "gpt2", "n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": 2,
+                "n_positions": args.context_length}
+    clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(base_dir),
+          model=LMModelConfig(model_config=lm_model),
+          train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, max_epochs=args.base_epochs,
+                              warmup_steps=20, seed=seed, progress_bar=False, log_every_n_steps=10, **lm_window(args)))
+    return base_dir
+
+
+def train_condition(args, name: str, seed: int, prepared_dir: str, planner_dir: str, base_dir: Path,
+                    clock: Clock, adapter=None) -> tuple[Path, dict]:
+    """One condition of a seed, from its base LM (--epochs), evaluated on the test split: (its evaluation
+    folder, metrics). ``adapter``: AdapterSettings instead of the condition's own (a recipe variant)."""
+    from planlm.evaluate.perplexity import evaluate
+    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
+
+    out = Path(args.out_dir) / args.tag
+    model_dir, eval_dir = out / "lm" / f"{name}-seed{seed}", out / "eval" / f"{name}-seed{seed}"
+    condition = condition_config(name, planner_dir, args, seed)
+    condition["adapter"] = adapter or condition["adapter"]
+    clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(model_dir),
+          model=LMModelConfig(init_from=str(base_dir)), **condition,
+          train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, adapter_lr=args.adapter_lr,
+                              max_epochs=args.epochs, warmup_steps=5, gradient_clip_val=args.clip or None,
+                              multipath_lr_scale=args.multipath_lr_scale, seed=seed, progress_bar=False,
+                              log_every_n_steps=10, **lm_window(args)))
+    metrics = clock("evaluate", evaluate, model_dir=str(model_dir), prepared_dir=prepared_dir, out_dir=str(eval_dir),
+                    split="test", batch_size=64, **lm_window(args), bootstrap_samples=args.bootstrap_samples)
+    return eval_dir, metrics
+
+
 def train_seed(args, seed: int, prepared_dir: str, planner_dir: str) -> dict:
     """One seed's base LM and conditions, each trained from that base LM, evaluated on the test split, and the
     sampled model's K sweep: {metrics, eval_dirs (per condition), sweep_dir, stages (seconds per stage)}."""
     import torch
 
     torch.set_num_threads(args.threads)  # a worker process starts with torch's default
-    from planlm.evaluate.perplexity import evaluate
     from planlm.evaluate.sweeps import sweep
-    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
     clock, out = Clock(), Path(args.out_dir) / args.tag
-    lm_model = {"model_type": "gpt2", "n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": 2,
-                "n_positions": args.context_length}
-    # evaluation reads the test articles in the windows training used: with other strides this small LM,
-    # which learned on those windows only, scores worse however long its context (measured at lag 6)
-    window = {"context_length": args.context_length, "stride": args.context_length - 1}
-    base_dir = out / "lm" / f"_base-seed{seed}"
-    clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(base_dir),
-          model=LMModelConfig(model_config=lm_model),
-          train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, max_epochs=args.base_epochs,
-                              warmup_steps=20, seed=seed, progress_bar=False, log_every_n_steps=10, **window))
+    base_dir = train_base(args, seed, prepared_dir, clock)
     metrics, eval_dirs = {}, {}
     for name in CONDITIONS:
-        model_dir = out / "lm" / f"{name}-seed{seed}"
-        clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(model_dir),
-              model=LMModelConfig(init_from=str(base_dir)), **condition_config(name, planner_dir, args, seed),
-              train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, adapter_lr=args.adapter_lr,
-                                  max_epochs=args.epochs, warmup_steps=5, gradient_clip_val=args.clip or None,
-                                  multipath_lr_scale=args.multipath_lr_scale, seed=seed, progress_bar=False,
-                                  log_every_n_steps=10, **window))
-        eval_dirs[name] = out / "eval" / f"{name}-seed{seed}"
-        metrics[name] = clock("evaluate", evaluate, model_dir=str(model_dir), prepared_dir=prepared_dir,
-                              out_dir=str(eval_dirs[name]), split="test", batch_size=64, **window,
-                              bootstrap_samples=args.bootstrap_samples)
+        eval_dirs[name], metrics[name] = train_condition(args, name, seed, prepared_dir, planner_dir, base_dir, clock)
     sweep_dir = out / "sweeps" / f"sampled-seed{seed}"
     clock("sweep", sweep, model_dir=str(out / "lm" / f"sampled-seed{seed}"), prepared_dir=prepared_dir,
-          out_dir=str(sweep_dir), kind="num_paths", num_paths=args.k_sweep, split="test", **window, batch_size=64,
-          bootstrap_samples=args.bootstrap_samples)
+          out_dir=str(sweep_dir), kind="num_paths", num_paths=args.k_sweep, split="test", **lm_window(args),
+          batch_size=64, bootstrap_samples=args.bootstrap_samples)
     return {"metrics": metrics, "eval_dirs": eval_dirs, "sweep_dir": sweep_dir, "stages": clock.stages}
 
 

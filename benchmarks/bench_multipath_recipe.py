@@ -2,19 +2,21 @@
 
 Reuses a finished ``bench_mechanism.py`` folder: its prepared corpus, its planner, each seed's base LM and
 each seed's ``sampled`` condition (T = 1, K = 10, Project and Avg), which is the reference. For every seed it
-trains "ours" (T = 3, K = 10, multipath) from that seed's base LM with the variant asked for, evaluates it
-on the test split, and prints its plan usage (validation loss with the plans shuffled across sentences minus
-with its own, nats per token), its ReZero scalars and ours - sampled, paired over test articles, per seed
-and pooled. A seed missing from the folder gets its base LM and sampled reference trained here, with the
-benchmark's recipe. Results are appended to ``<bench_dir>/recipes/results.txt``.
+trains "ours" from that seed's base LM with the variant asked for, under ``<out_dir>/recipes/<tag>``,
+evaluates it on the test split, and prints its plan usage (validation loss with the plans shuffled across
+sentences minus with its own, nats per token), its ReZero scalars and ours - sampled, paired over test
+articles, per seed and pooled. A seed missing from the folder gets its base LM and sampled reference
+trained here (``<out_dir>/recipes/_refs``). Results are appended to ``<out_dir>/recipes/results.txt``.
 
-Variants: the library's own knobs (``--epochs``, ``--multipath_lr_scale``, ``--adapter_lr``, ``--dropout``,
-``--kind project_avg``: ours with the gates closed for good) and two that exist only here, for the record:
-``--alpha_scale`` (the ReZero scalars' rate as a fraction of the adapter's) and ``--init`` (``zero_branches``:
-the attention and feed-forward outputs of PT and ST start at zero, so each transformer starts as the
-identity; ``small``: their weight matrices drawn with std 0.02).
+Every ``bench_mechanism.py`` option applies and means what it means there (``--out_dir`` names the finished
+folder; ``--seeds``, ``--epochs``, ``--multipath_lr_scale``, ``--adapter_lr``, ``--horizon``, ...; the options
+it was run with, such as ``--lag``, must be given again). Variants of the adapter: ``--kind project_avg``
+(ours with the gates shut for good), ``--dropout``, and two that exist only here, for the record:
+``--alpha_scale`` (the ReZero scalars' rate as a fraction of the adapter's) and ``--init``
+(``zero_branches``: the attention and feed-forward outputs of PT and ST start at zero, so each transformer
+starts as the identity; ``small``: their weight matrices drawn with std 0.02).
 
-    python benchmarks/bench_multipath_recipe.py --bench_dir runs/bench_mechanism --tag full_rate_e3 \\
+    python benchmarks/bench_multipath_recipe.py --out_dir runs/bench_mechanism --recipe full_rate_e3 \
         --epochs 3 --multipath_lr_scale 1.0
 """
 
@@ -30,23 +32,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_mechanism as bench  # noqa: E402
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args() -> tuple[argparse.Namespace, argparse.Namespace]:
+    """(this script's options, the benchmark's options)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bench_dir", default="runs/bench_mechanism", help="a finished bench_mechanism.py folder")
-    parser.add_argument("--planner_dir", default=None, help="its planner (default <bench_dir>/planner)")
-    parser.add_argument("--tag", required=True, help="the variant's folder under <bench_dir>/recipes")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--adapter_lr", type=float, default=None)
-    parser.add_argument("--multipath_lr_scale", type=float, default=None, help="default: the library's")
+    parser.add_argument("--recipe", required=True, help="the variant's folder under <out_dir>/recipes")
     parser.add_argument("--alpha_scale", type=float, default=1.0, help="the ReZero scalars' rate / the adapter's")
     parser.add_argument("--init", choices=["default", "zero_branches", "small"], default="default")
     parser.add_argument("--kind", choices=["multipath", "project_avg"], default="multipath")
     parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--horizon", type=int, default=3)
-    parser.add_argument("--num_paths", type=int, default=10)
-    return parser.parse_args()
+    args, bench_argv = parser.parse_known_args()
+    return args, bench.parse_args(bench_argv)
 
 
 def patch_variants(args) -> None:
@@ -93,82 +88,48 @@ def patch_variants(args) -> None:
         MultiPath.reset_parameters = reset_parameters
 
 
-def references(args, seed: int, prepared_dir: str, planner_dir: str) -> tuple[Path, Path]:
+def references(bench_args, seed: int, prepared_dir: str, planner_dir: str) -> tuple[Path, Path]:
     """(base LM, evaluation of the sampled condition) of a seed: the benchmark's, or trained here alike."""
-    from planlm.evaluate.perplexity import evaluate
-    from planlm.models.adapter import AdapterSettings
-    from planlm.plans.spec import PlanSpec
-    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
-
-    root = Path(args.bench_dir)
+    root = Path(bench_args.out_dir)
     base, sampled_eval = root / "lm" / f"_base-seed{seed}", root / "eval" / f"sampled-seed{seed}"
     if base.is_dir() and sampled_eval.is_dir():
         return base, sampled_eval
-    base, sampled = root / "recipes" / "_refs" / f"_base-seed{seed}", root / "recipes" / "_refs" / f"sampled-seed{seed}"
-    sampled_eval = sampled.with_name(f"eval-sampled-seed{seed}")
-    window = base_window(prepared_dir)
-    knobs = dict(batch_size=16, lr=2e-3, seed=seed, progress_bar=False, log_every_n_steps=10, **window)
-    train_lm(prepared_dir=prepared_dir, out_dir=str(base), train=LMTrainConfig(max_epochs=2, warmup_steps=20, **knobs),
-             model=LMModelConfig(model_config={"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2,
-                                               "n_positions": window["context_length"]}))
-    train_lm(prepared_dir=prepared_dir, out_dir=str(sampled), model=LMModelConfig(init_from=str(base)),
-             plans=PlanSpec(kind="planner_sampled", num_paths=10, horizon=1, temperature=1.0, seed=seed,
-                            planner_dir=planner_dir),
-             adapter=AdapterSettings(kind="project_avg"),
-             train=LMTrainConfig(max_epochs=3, warmup_steps=5, gradient_clip_val=1.0, **knobs))
-    evaluate(model_dir=str(sampled), prepared_dir=prepared_dir, out_dir=str(sampled_eval), split="test",
-             batch_size=64, bootstrap_samples=1000, **window)
-    return base, sampled_eval
-
-
-def base_window(prepared_dir: str) -> dict:
-    """The benchmark's LM window (--lag 6): read from a base LM of the folder."""
-    manifest = json.loads(next(Path(prepared_dir).parent.glob("lm/_base-seed*/manifest.json")).read_text())
-    train = manifest["config"]["train"]
-    return {"context_length": train["context_length"], "stride": train["stride"]}
+    refs = argparse.Namespace(**{**vars(bench_args), "tag": "recipes/_refs"})
+    base = bench.train_base(refs, seed, prepared_dir, bench.Clock())
+    return base, bench.train_condition(refs, "sampled", seed, prepared_dir, planner_dir, base, bench.Clock())[0]
 
 
 def main() -> None:
-    args = parse_args()
+    args, bench_args = parse_args()
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(bench_args.threads)
     from planlm.data.resources import use_offline_mode_if_no_hub
 
     use_offline_mode_if_no_hub()
     patch_variants(args)
-    from planlm.evaluate.perplexity import evaluate
     from planlm.models.adapter import AdapterSettings
-    from planlm.plans.spec import PlanSpec
-    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
-    prepared_dir, planner_dir = str(Path(args.bench_dir) / "prepared"), args.planner_dir or f"{args.bench_dir}/planner"
-    window, out = base_window(prepared_dir), Path(args.bench_dir) / "recipes" / args.tag
-    refs = {seed: references(args, seed, prepared_dir, planner_dir) for seed in args.seeds}
-    scale = {} if args.multipath_lr_scale is None else {"multipath_lr_scale": args.multipath_lr_scale}
-    rows = []
-    for seed in args.seeds:
-        model_dir, eval_dir, began = out / f"ours-seed{seed}", out / f"eval-ours-seed{seed}", time.time()
-        train_lm(prepared_dir=prepared_dir, out_dir=str(model_dir), model=LMModelConfig(init_from=str(refs[seed][0])),
-                 plans=PlanSpec(kind="planner_sampled", num_paths=args.num_paths, horizon=args.horizon,
-                                temperature=1.0, seed=seed, planner_dir=planner_dir),
-                 adapter=AdapterSettings(kind=args.kind, dropout=args.dropout),
-                 train=LMTrainConfig(batch_size=16, lr=args.lr, adapter_lr=args.adapter_lr, max_epochs=args.epochs,
-                                     warmup_steps=5, gradient_clip_val=1.0, seed=seed, progress_bar=False,
-                                     log_every_n_steps=10, **window, **scale))
-        seconds = time.time() - began
-        evaluate(model_dir=str(model_dir), prepared_dir=prepared_dir, out_dir=str(eval_dir), split="test",
-                 batch_size=64, bootstrap_samples=1000, **window)
-        manifest = json.loads((model_dir / "manifest.json").read_text())
-        diff = bench.paired([refs[seed][1]], [eval_dir], 1000)
-        rows.append(f"{args.tag} seed {seed}: ours - sampled {bench.fmt_diff(diff)}, plan usage "
+    root = Path(bench_args.out_dir)
+    prepared_dir, planner_dir = str(root / "prepared"), bench_args.planner_dir or str(root / "planner")
+    refs = {seed: references(bench_args, seed, prepared_dir, planner_dir) for seed in bench_args.seeds}
+    variant = argparse.Namespace(**{**vars(bench_args), "tag": f"recipes/{args.recipe}"})
+    rows, evals = [], []
+    for seed in bench_args.seeds:
+        began = time.time()
+        eval_dir, _ = bench.train_condition(variant, "ours", seed, prepared_dir, planner_dir, refs[seed][0],
+                                            bench.Clock(), adapter=AdapterSettings(kind=args.kind, dropout=args.dropout))
+        seconds, evals = time.time() - began, evals + [eval_dir]
+        manifest = json.loads((root / variant.tag / "lm" / f"ours-seed{seed}" / "manifest.json").read_text())
+        diff = bench.paired([refs[seed][1]], [eval_dir], bench_args.bootstrap_samples)
+        rows.append(f"{args.recipe} seed {seed}: ours - sampled {bench.fmt_diff(diff)}, plan usage "
                     f"{manifest['last_val_plan_usage']:.3f}, val loss {manifest['val_loss']:.4f}, alphas "
-                    f"{manifest.get('rezero_alphas')}, trained in {seconds:.0f} s")
+                    f"{manifest.get('rezero_alphas')}, trained and evaluated in {seconds:.0f} s")
         print(rows[-1], flush=True)
-    pooled = bench.paired([refs[s][1] for s in args.seeds], [out / f"eval-ours-seed{s}" for s in args.seeds], 1000)
-    rows.append(f"{args.tag} pooled: ours - sampled {bench.fmt_diff(pooled)}")
+    pooled = bench.paired([refs[s][1] for s in bench_args.seeds], evals, bench_args.bootstrap_samples)
+    rows.append(f"{args.recipe} pooled: ours - sampled {bench.fmt_diff(pooled)}")
     print(rows[-1])
-    with open(Path(args.bench_dir) / "recipes" / "results.txt", "a") as results:
+    with open(root / "recipes" / "results.txt", "a") as results:
         results.write("\n".join(rows) + "\n")
 
 

@@ -174,7 +174,6 @@ def test_one_planner_per_horizon_in_the_paper_config(tmp_path):
     assert planner_of["T10K10"] == "planner"
 
 
-
 def test_sigterm_stops_the_run_instead_of_failing_one_condition(tiny_run, monkeypatch):
     """Lightning turns SIGTERM into SIGTERMException (a SystemExit): the run stops with status 143 and records
     the stage as interrupted; it used to be recorded as a failed condition and the run went on."""
