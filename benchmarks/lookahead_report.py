@@ -105,7 +105,7 @@ def report(args, prepared, types: dict, rows: dict, clock) -> None:
             targets.append((f"{b} < {a} ({target}), every seed's interval below 0",
                             all(r["ci_high"] < 0 for r in per_seed), f"pooled {bench.fmt_diff(pooled)}"))
 
-    sweep_lines(args, say, targets)
+    sweep_lines(args, say, targets, rows)
     elapsed = time.time() - clock.start
     cpu = sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
@@ -120,7 +120,7 @@ def report(args, prepared, types: dict, rows: dict, clock) -> None:
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 
-def sweep_lines(args, say, targets) -> None:
+def sweep_lines(args, say, targets, rows: dict) -> None:
     """K at inference for ours at K = max, per T: pooled perplexity, paired steps, and the figure."""
     import matplotlib
 
@@ -132,7 +132,9 @@ def sweep_lines(args, say, targets) -> None:
     say("| T | K | pooled ppl | - K=1 | - previous K |")
     say("|---|---|---|---|---|")
     figure, axis = plt.subplots(figsize=(5, 3.5))
-    for horizon in args.horizons:
+    from bench_lookahead import swept_horizons
+
+    for horizon in swept_horizons(args, rows):
         dirs = {k: [out / "sweeps" / f"ours-T{horizon}-K{k_max}-seed{s}" / f"num_paths-{k:g}" for s in args.seeds]
                 for k in args.k_sweep}
         ppls, worse = [_pooled(dirs[k]) for k in args.k_sweep], []
