@@ -150,9 +150,14 @@ def prepare(args, out: Path) -> tuple[str, dict]:
     return str(folder), json.loads((folder / "test" / "types.json").read_text())
 
 
+def planner_horizons(args) -> list[int]:
+    """Ours (--planner_horizon), and 1 for Cornille et al. when its row is in the table."""
+    return sorted({args.planner_horizon} | ({1} if "cornille" in grid(args) else set()))
+
+
 def train_planners(args, prepared_dir: str) -> None:
-    """The horizon-1 planner (Cornille et al.) and ours, side by side (each reused when finished)."""
-    horizons = sorted({1, args.planner_horizon})
+    """The planners, side by side (each reused when finished)."""
+    horizons = planner_horizons(args)
     run_jobs(args, [(train_planner, (args, prepared_dir, h)) for h in horizons])
 
 

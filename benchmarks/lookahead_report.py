@@ -33,7 +33,9 @@ def planner_lines(args, prepared, say) -> None:
     """Each planner's teacher-forced NLL per step beside the Bayes optimum (actions are the true types)."""
     split = prepared.split("test")
     types = np.asarray(split.actions)
-    for horizon in sorted({1, args.planner_horizon}):
+    from bench_lookahead import planner_horizons
+
+    for horizon in planner_horizons(args):
         summary = json.loads((Path(args.out_dir) / f"planner-h{horizon}" / "summary.json").read_text())["metrics"]
         planner = summary["planner_teacher_forced"]
         optimum = bench.bayes_optimum(split, types, np.eye(8), horizon, args.lag)
