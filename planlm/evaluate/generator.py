@@ -25,7 +25,7 @@ plan, and the positions already fed with the later plan keep it and are listed i
 With ``use_cache`` the KV cache (``past_key_values``) is extended token by token; without it, every
 step re-runs the whole window (the reference the cache is tested against). When the sequence
 outgrows the LM's position limit, the window slides by one token per step, so that every token is predicted
-from the last ``max_positions`` tokens (the stride-1 perplexity protocol's context); past the limit each step
+from the last ``max_positions`` tokens, all the LM can read; past the limit each step
 re-runs the whole window, since the positions of the kept tokens move.
 
 Letters: K paths, T horizon, E sentence-embedding width, D LM width, V vocabulary.

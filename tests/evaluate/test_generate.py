@@ -122,7 +122,7 @@ def test_window_slides_past_the_position_limit(synthetic_cycle):
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_at_the_position_limit_every_token_sees_the_last_positions_of_context(synthetic_cycle, use_cache):
     # A prompt as long as the LM's position limit: the first token reads the whole prompt, and every later one the
-    # last n_positions tokens (as the stride-1 perplexity protocol scores), never a window cut to half.
+    # last n_positions tokens, never a window cut to half.
     prepared = PreparedDataset(synthetic_cycle)
     tok = load_tokenizer("gpt2")
     model = tiny_planned_lm(prepared)
