@@ -1,4 +1,4 @@
-"""benchmarks/bench_lookahead.py: bad grids refused before any training, and the real stages end to end."""
+"""experiments/bench_lookahead.py: bad grids refused before any training, and the real stages end to end."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ TINY = ["--train_articles", "12", "--validation_articles", "4", "--test_articles
 
 
 def bench(out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_lookahead.py"), "--out_dir", str(out_dir),
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_lookahead.py"), "--out_dir", str(out_dir),
                            *TINY, *extra], capture_output=True, text=True, cwd=ROOT)
 
 
@@ -27,7 +27,7 @@ def bench(out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     (["--rows", "ours-T9-K2"], "--rows ['ours-T9-K2']: no such row in this grid"),
 ])
 def test_a_bad_grid_is_refused_in_one_line_before_any_training(tmp_path, capsys, extra, message):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     import bench_lookahead
 
     with pytest.raises(SystemExit) as exit_info:
@@ -41,7 +41,7 @@ def test_two_rows_end_to_end_then_resumed(tmp_path, capsys):
     """In one process (the imports are the slow part of a subprocess): corpus, both planners, a base LM, Fixed and
     ours (T=2, K=2) through train-lm, evaluate and a K sweep, then the report; a second invocation (an interrupted
     run started again) finds every stage finished and prints the same tables."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     import bench_lookahead
 
     argv = ["--out_dir", str(tmp_path), *TINY, "--rows", "fixed", "ours-T2-K2"]

@@ -24,8 +24,8 @@ sweep never significantly worse from one K to the next. Diagnostics: the planner
 per step, plan usage (validation) and ReZero scalars per row. Output: ``<out_dir>/report.md`` and
 ``<out_dir>/ppl_vs_k.png``.
 
-    python benchmarks/bench_lookahead.py                                  # the full grid (3 seeds)
-    python benchmarks/bench_lookahead.py --quick --out_dir /tmp/look      # minutes: small corpus, 1 seed, 3 rows
+    python experiments/bench_lookahead.py                                  # the full grid (3 seeds)
+    python experiments/bench_lookahead.py --quick --out_dir /tmp/look      # minutes: small corpus, 1 seed, 4 rows
 """
 
 from __future__ import annotations
