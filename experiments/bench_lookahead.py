@@ -116,7 +116,8 @@ def grid(args, every_row: bool = False) -> dict[str, dict]:
 
     def sampled(t: int, k: int) -> PlanSpec:
         return PlanSpec(kind="planner_sampled", num_paths=k, horizon=t, temperature=1.0, planner_dir=ours_planner)
-    rows = {"fixed": {"plans": PlanSpec(kind="fixed"), "adapter": AdapterSettings(kind="project_avg"), "label": "Fixed"},
+    rows = {"fixed": {"plans": PlanSpec(kind="fixed"), "adapter": AdapterSettings(kind="project_avg"),
+                      "label": "Fixed"},
             "cornille": {"plans": PlanSpec(kind="planner_argmax", num_paths=1, horizon=1, planner_dir=own_planner),
                          "adapter": AdapterSettings(kind="project_avg"),
                          "label": "Cornille et al. (argmax, Project and Avg, horizon-1 planner)"}}

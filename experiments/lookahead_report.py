@@ -43,8 +43,9 @@ def planner_lines(args, prepared, say) -> None:
         say("| step | planner top-1 | optimum top-1 | planner NLL | optimum NLL | planner / optimum |")
         say("|---|---|---|---|---|---|")
         for step in range(horizon):
-            say(f"| {step + 1} | {planner['top1'][step]:.4f} | {optimum['top1'][step]:.4f} | {planner['nll'][step]:.4f} "
-                f"| {optimum['nll'][step]:.4f} | {planner['nll'][step] / optimum['nll'][step]:.3f} |")
+            say(f"| {step + 1} | {planner['top1'][step]:.4f} | {optimum['top1'][step]:.4f} | "
+                f"{planner['nll'][step]:.4f} | {optimum['nll'][step]:.4f} | "
+                f"{planner['nll'][step] / optimum['nll'][step]:.3f} |")
 
 
 def report(args, prepared, types: dict, rows: dict, clock) -> None:
@@ -72,7 +73,8 @@ def report(args, prepared, types: dict, rows: dict, clock) -> None:
     targets.append(("ideal gain from T=1 to T=3 >= 0.05 nats per token", gain >= 0.05, f"{gain:.4f}"))
 
     eval_dirs = {name: [out / "eval" / f"{name}-seed{s}" for s in seeds] for name in rows}
-    metrics = {name: [json.loads((d / "metrics.json").read_text()) for d in dirs] for name, dirs in eval_dirs.items()}
+    metrics = {name: [json.loads((d / "metrics.json").read_text()) for d in dirs]
+               for name, dirs in eval_dirs.items()}
     say(f"\n## Table 1: test perplexity, {len(seeds)} seed(s), each condition from its seed's base LM\n")
     say("| row | " + " | ".join(f"seed {s}" for s in seeds) + " | pooled | ideal LM | plan usage (nats) | alphas |")
     say("|---" * (len(seeds) + 5) + "|")
@@ -100,7 +102,8 @@ def report(args, prepared, types: dict, rows: dict, clock) -> None:
     say("| B - A | " + " | ".join(f"seed {s}" for s in seeds) + " | pooled |")
     say("|---" * (len(seeds) + 2) + "|")
     for a, b, target in pairs:
-        per_seed = [bench.paired([eval_dirs[a][i]], [eval_dirs[b][i]], args.bootstrap_samples) for i in range(len(seeds))]
+        per_seed = [bench.paired([eval_dirs[a][i]], [eval_dirs[b][i]], args.bootstrap_samples)
+                    for i in range(len(seeds))]
         pooled = bench.paired(eval_dirs[a], eval_dirs[b], args.bootstrap_samples)
         say(f"| {b} - {a} | " + " | ".join(bench.fmt_diff(r) for r in per_seed) + f" | {bench.fmt_diff(pooled)} |")
         if target:

@@ -39,14 +39,22 @@ NUM_TYPES = 8
 LOOKAHEAD = 3  # the register word looks this many sentences ahead
 # Per type: openers, verbs, nouns (a sentence's own topic, 4 choices each).
 TOPICS = (
-    (("Rain", "Wind", "Snow", "Thunder"), ("soaked", "battered", "covered", "shook"), ("hills", "valley", "meadows", "plains")),
-    (("Chefs", "Cooks", "Bakers", "Grillers"), ("roasted", "seasoned", "sliced", "baked"), ("garlic", "bread", "onions", "salmon")),
-    (("Strikers", "Goalkeepers", "Defenders", "Referees"), ("kicked", "blocked", "passed", "chased"), ("ball", "penalty", "corner", "header")),
-    (("Astronomers", "Telescopes", "Satellites", "Probes"), ("observed", "tracked", "photographed", "measured"), ("comet", "nebula", "galaxy", "eclipse")),
-    (("Violinists", "Pianists", "Drummers", "Singers"), ("performed", "rehearsed", "composed", "recorded"), ("symphony", "melody", "chorus", "sonata")),
-    (("Bankers", "Investors", "Traders", "Brokers"), ("bought", "sold", "hedged", "valued"), ("bonds", "shares", "stocks", "futures")),
-    (("Doctors", "Nurses", "Surgeons", "Pharmacists"), ("treated", "examined", "vaccinated", "diagnosed"), ("patient", "infection", "fever", "wound")),
-    (("Sailors", "Captains", "Fishermen", "Pirates"), ("steered", "anchored", "rowed", "boarded"), ("ship", "vessel", "yacht", "schooner")),
+    (("Rain", "Wind", "Snow", "Thunder"),
+     ("soaked", "battered", "covered", "shook"), ("hills", "valley", "meadows", "plains")),
+    (("Chefs", "Cooks", "Bakers", "Grillers"),
+     ("roasted", "seasoned", "sliced", "baked"), ("garlic", "bread", "onions", "salmon")),
+    (("Strikers", "Goalkeepers", "Defenders", "Referees"),
+     ("kicked", "blocked", "passed", "chased"), ("ball", "penalty", "corner", "header")),
+    (("Astronomers", "Telescopes", "Satellites", "Probes"),
+     ("observed", "tracked", "photographed", "measured"), ("comet", "nebula", "galaxy", "eclipse")),
+    (("Violinists", "Pianists", "Drummers", "Singers"),
+     ("performed", "rehearsed", "composed", "recorded"), ("symphony", "melody", "chorus", "sonata")),
+    (("Bankers", "Investors", "Traders", "Brokers"),
+     ("bought", "sold", "hedged", "valued"), ("bonds", "shares", "stocks", "futures")),
+    (("Doctors", "Nurses", "Surgeons", "Pharmacists"),
+     ("treated", "examined", "vaccinated", "diagnosed"), ("patient", "infection", "fever", "wound")),
+    (("Sailors", "Captains", "Fishermen", "Pirates"),
+     ("steered", "anchored", "rowed", "boarded"), ("ship", "vessel", "yacht", "schooner")),
 )
 # The announcing words: (sentences ahead, Gray-code bit of that type, words for bit 0, words for bit 1).
 ANNOUNCE = (
