@@ -12,7 +12,6 @@ matrix-vector product.
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import numpy as np
@@ -137,8 +136,10 @@ def read_per_article(eval_dir: str | Path) -> dict[str, np.ndarray]:
 
 
 def _metrics(eval_dir: Path) -> dict:
+    from planlm.integrity import fix_for, load_json
+
     path = eval_dir / "metrics.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return load_json(path, fix_for(eval_dir)) if path.is_file() else {}
 
 
 def seed_folders(eval_dir: str | Path) -> dict[int, Path]:
