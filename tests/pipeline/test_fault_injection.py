@@ -42,7 +42,7 @@ ARTIFACTS = {  # kind -> the file of the tiny run that holds it
     "evaluation metrics": "eval/ours/metrics.json",
 }
 EVALUATE = ["--stride", "32", "--context_length", "64", "--batch_size", "32", "--bootstrap_samples", "50"]
-UNREAD_BY_EVALUATE = ("checkpoint", "evaluation", "evaluation metrics")  # read by `planlm run` (tests below)
+EVALUATIONS = ("evaluation", "evaluation metrics")  # read by `planlm compare` (and `planlm run`, below)
 
 
 # ------------------------------------------------------------------------------------------ the faults
@@ -177,7 +177,15 @@ def assert_one_line_error(status: int, err: str, rel: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the tests
-@pytest.mark.parametrize("kind, fault", [c for c in CASES if c.values[0] not in UNREAD_BY_EVALUATE])
+@pytest.mark.parametrize("kind, fault", [c for c in CASES if c.values[0] in EVALUATIONS])
+def test_compare_refuses_a_damaged_evaluation_in_one_line(damaged, kind, fault):
+    run_dir, rel = damaged
+    status, err = planlm(["compare", "--a", str(run_dir / "eval" / "ours"), "--b", str(run_dir / "eval" / "ours")])
+    assert_one_line_error(status, err, rel)
+
+
+# The checkpoint is read by train-lm only when it resumes (below); the evaluations by compare (above).
+@pytest.mark.parametrize("kind, fault", [c for c in CASES if c.values[0] not in ("checkpoint", *EVALUATIONS)])
 def test_a_reader_refuses_a_damaged_file_in_one_line_or_gives_the_clean_numbers(clean, damaged, tmp_path, kind,
                                                                                fault):
     run_dir, rel = damaged
