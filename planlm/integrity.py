@@ -113,9 +113,9 @@ def safetensors_header(path: Path) -> tuple[str, int]:
         blob = f.read(length)
     try:
         header = json.loads(blob)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError("safetensors header is not valid JSON") from None
-    ends = [info["data_offsets"][1] for name, info in header.items() if name != "__metadata__"]
+        ends = [int(info["data_offsets"][1]) for name, info in header.items() if name != "__metadata__"]
+    except (ValueError, UnicodeDecodeError, AttributeError, KeyError, TypeError, IndexError):
+        raise ValueError("safetensors header is not the JSON table of tensors") from None
     data = size - 8 - length
     if max(ends, default=0) != data:
         raise ValueError(f"tensors cover {max(ends, default=0)} of its {data} data bytes")
