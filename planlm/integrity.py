@@ -43,7 +43,7 @@ UNRECORDED = ("checkpoints", "logs", "tb", "plans")
 # Which command writes a stage folder, told by a file only that kind holds (first match wins).
 _KINDS = (("planned_lm.json", "train-lm"), ("per_boundary.csv", "edit-distance"), ("sweep_", "sweep"),
           ("per_article.csv", "evaluate"), ("summary.json", "train-planner"), (".argmax.npy", "sample-plans"),
-          ("articles.jsonl", "prepare"))
+          ("articles.jsonl", "prepare"), ("codebook.safetensors", "prepare"))
 
 
 class DamagedArtifact(PlanlmError):
@@ -163,7 +163,8 @@ def _check_file(path: Path, recorded: dict, hashed: bool) -> str | None:
         return "missing"
     size = path.stat().st_size
     if size != recorded["size"]:
-        return f"{size} bytes but {recorded['size']} were written ({'cut short' if size < recorded['size'] else 'grown'})"
+        how = "cut short or overwritten" if size < recorded["size"] else "overwritten or appended to"
+        return f"{size} bytes but {recorded['size']} were written ({how})"
     try:
         if "npy" in recorded:
             shape, fortran, dtype, offset = npy_header(path)
@@ -320,8 +321,9 @@ class DamagedRun(PlanlmError):
 
 
 def verify(run_dir: str, quick: bool = False) -> None:
-    """Check every finished stage folder under a run folder against the sizes, headers and content hashes (sha256)
-    its manifest recorded when it was written, and print a table of what is intact and what is not.
+    """Check the files of every finished stage folder of a run against its manifest: a table of intact / damaged.
+
+    Each file's size, header and content hash (sha256) are compared with those recorded when it was written.
 
     Exits with status 1 when a stage is damaged (`planlm run` rebuilds it; the table names each file), 2 when
     ``run_dir`` holds no stage folder.

@@ -376,7 +376,9 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
     """Run the whole pipeline: prepare, train the planner, train one LM per condition, evaluate, report.
 
     Every section holds the arguments of the command it feeds (see `planlm CMD --help`); paths between
-    stages are filled in. Rerunning the same config reuses finished stages and resumes interrupted ones.
+    stages are filled in. Rerunning the same config reuses finished stages, resumes interrupted ones and
+    rebuilds damaged ones. Exit status: 0 when every stage finished; 1 when a stage failed or was skipped
+    (the others still run; each is printed at the end with its cause); 2 on a bad config; 143 on SIGTERM.
 
     Args:
         out_dir: Run folder; every stage writes a subfolder, the report lands at its top.
