@@ -210,6 +210,34 @@ def test_verify_names_every_damaged_file(damaged, kind, fault, capsys):
     assert planlm(["verify", "--run_dir", str(run_dir), "--quick", "true"])[0] == 1  # the cheap check sees it too
 
 
+# Every other command that reads a stage folder, each on one damaged input (its loaders are those above).
+def command_argv(command: str, run: Path, out: Path) -> list[str]:
+    model, prepared = ["--model_dir", str(run / "lm" / "ours")], ["--prepared_dir", str(run / "prepared")]
+    return {"generate": ["generate", *model, *prepared, "--article", "0", "--sampling.max_new_tokens", "4"],
+            "edit-distance": ["edit-distance", *model, *prepared, "--out_dir", str(out), "--max_articles", "1"],
+            "sweep": ["sweep", *model, *prepared, "--out_dir", str(out), "--num_paths", "[1, 2]"],
+            "actions": ["actions", *prepared, "--out_dir", str(out)],
+            "train-planner": ["train-planner", *prepared, "--out_dir", str(out)],
+            "train-lm": ["train-lm", *prepared, "--out_dir", str(out), "--plans.kind", "planner_sampled",
+                         "--plans.num_paths", "2", "--plans.horizon", "2", "--plans.plans_dir", str(run / CACHE)],
+            "sample-plans": ["sample-plans", "--planner_dir", str(run / "planner"), *prepared, "--out_dir", str(out)],
+            }[command]
+
+
+COMMAND_CASES = [("generate", "LM weights", "truncate"), ("edit-distance", "adapter", "zero"),
+                 ("sweep", "planner weights", "wrong_shape"), ("actions", "codebook", "remove"),
+                 ("train-planner", "prepared array", "zero"), ("train-lm", "plan cache", "truncate"),
+                 ("sample-plans", "planner config", "invalid_json")]
+
+
+@pytest.mark.parametrize("command, kind, fault", COMMAND_CASES, ids=[c[0] for c in COMMAND_CASES])
+def test_every_command_refuses_a_damaged_input_in_one_line(damaged, tmp_path, command, kind, fault):
+    run_dir, rel = damaged
+    status, err = planlm(command_argv(command, run_dir, tmp_path / "out"))
+    assert_one_line_error(status, err, rel)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
 # One fault per kind for `planlm run` (each reruns the pipeline, 3-10 s): the default suite has every stage and
 # every fault; the other kinds are marked slow.
 RUN_CASES = [("prepared array", "wrong_shape"), ("prepared manifest", "invalid_json"), ("planner weights", "zero"),
