@@ -21,13 +21,12 @@ A saved folder::
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
@@ -226,19 +225,26 @@ class PlannedLM(nn.Module):
     def from_pretrained(cls, folder: str | Path, map_location: str | torch.device = "cpu") -> PlannedLM:
         from transformers import AutoModelForCausalLM
 
+        from planlm.integrity import fix_for, load_json, load_safetensors, reading, stage_manifest
+
         folder = Path(folder)
         config_path = folder / "planned_lm.json"
         if not config_path.is_file():
             raise PlanlmError(f"{folder}: not a planned-LM folder (planned_lm.json missing); "
                               f"give the out_dir of a finished `planlm train-lm`")
-        config = PlannedLMConfig.from_dict(json.loads(config_path.read_text()))
-        lm = AutoModelForCausalLM.from_pretrained(str(folder / "lm"))
+        stage_manifest(folder)  # a train-lm folder: the cheap check of its files, one line per damaged file
+        fix = fix_for(folder)
+        with reading(config_path, fix):
+            config = PlannedLMConfig.from_dict(load_json(config_path, fix))
+        with reading(folder / "lm", fix):
+            lm = AutoModelForCausalLM.from_pretrained(str(folder / "lm"))
         codebook = None
         if (folder / "codebook.safetensors").is_file():
-            codebook = load_file(str(folder / "codebook.safetensors"))["centroids"]
+            codebook = load_safetensors(folder / "codebook.safetensors", fix)["centroids"]
         model = cls(config, lm, codebook)
         if model.adapter is not None:
-            model.adapter.load_state_dict(load_file(str(folder / "adapter.safetensors")))
+            with reading(folder / "adapter.safetensors", fix):
+                model.adapter.load_state_dict(load_safetensors(folder / "adapter.safetensors", fix))
         return model.to(map_location)
 
     def load_tokenizer(self, folder: str | Path):

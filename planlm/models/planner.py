@@ -17,7 +17,6 @@ Letters: B batch (boundaries), S context sentences, T horizon, K paths, A action
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -308,15 +307,22 @@ class Planner(nn.Module):
     def from_pretrained(cls, folder: str | Path, map_location: str | torch.device = "cpu") -> "Planner":
         from safetensors.torch import load_model
 
+        from planlm.integrity import load_json, reading, stage_manifest
+
         folder = Path(folder)
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (folder / name).is_file():
                 raise PlanlmError(f"{folder}: no trained planner here ({name} missing); run `planlm train-planner "
                                   f"--out_dir {folder}` first")
-        planner = cls(PlannerConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text())))
-        load_model(planner, str(folder / WEIGHTS_FILE), device=str(map_location))
+        stage_manifest(folder)  # a train-planner folder: the cheap check of its files, one line per damaged file
+        fix = (f"retrain it: rerun `planlm train-planner --out_dir {folder}` or the `planlm run` that made it (it "
+               f"rebuilds a damaged stage)")
+        with reading(folder / CONFIG_FILE, fix):
+            planner = cls(PlannerConfig.from_dict(load_json(folder / CONFIG_FILE, fix)))
+        with reading(folder / WEIGHTS_FILE, fix):
+            load_model(planner, str(folder / WEIGHTS_FILE), device=str(map_location))
         if (folder / PREPARED_FILE).is_file():
-            planner.prepared_info = json.loads((folder / PREPARED_FILE).read_text())
+            planner.prepared_info = load_json(folder / PREPARED_FILE, fix)
         return planner.to(map_location)
 
     @classmethod

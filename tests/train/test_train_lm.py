@@ -14,11 +14,12 @@ from safetensors.torch import load_file
 
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
+from planlm.integrity import record_files
 from planlm.models.planned_lm import PlannedLM
 from planlm.models.adapter import AdapterSettings
 from planlm.plans.spec import PlanKind, PlanSpec
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
-from planlm.utils import PlanlmError, read_manifest, write_manifest
+from planlm.utils import PlanlmError, read_manifest, write_json, write_manifest
 
 from helpers import read_csv, tiny_gpt2_config, tiny_planner
 
@@ -372,6 +373,8 @@ def test_bad_input_gives_one_line_errors(synthetic_random, tmp_path):
     config = json.loads((base / "planned_lm.json").read_text())
     config["tokenizer"] = "some-other-tokenizer"
     (base / "planned_lm.json").write_text(json.dumps(config))
+    manifest = read_manifest(base)  # re-recorded: a folder written so, not one damaged after it was written
+    write_json(base / "manifest.json", {**manifest, "files": record_files(base)})
     with pytest.raises(PlanlmError, match="tokenizer"):
         train_lm(str(synthetic_random), str(tmp_path / "m5"), train=quick(), model=LMModelConfig(init_from=str(base)))
     with pytest.raises(PlanlmError, match="fixed_action"):
