@@ -42,6 +42,7 @@ from typing import Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
+import lm_eval.models  # noqa: F401  lm-eval lists its own models only into an empty registry: before ours
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window

@@ -177,6 +177,12 @@ def test_bad_model_args_are_one_line(folders, synthetic_random, tmp_path):
         assert named in str(error.value) and "\n" not in str(error.value), str(error.value)
 
 
+def test_uncaught_planlm_errors_print_one_line(capsys):
+    sys.excepthook(PlanlmError, PlanlmError("model_args model_dir=x: no model here"), None)
+    assert capsys.readouterr().err == "planlm: error: model_args model_dir=x: no model here\n"
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch, transformers and lm-eval
 def test_the_command_line_prints_one_line(folders, synthetic_random, tmp_path):
     tasks = write_local_tasks(tmp_path, synthetic_random)
     command = [sys.executable, "-m", "planlm.evaluate.lm_harness", "--model", "planlm", "--model_args",
