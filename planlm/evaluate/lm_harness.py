@@ -49,11 +49,10 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from planlm.data.artifacts import PreparedDataset, token_plan_sentence
 from planlm.data.tokens import assign_tokens_to_sentences
+from planlm.plans.spec import PlanKind
 from planlm.utils import PlanlmError, autocast, resolve_device
 
-PLAN_ARGS = ("kind", "num_paths", "horizon", "temperature", "seed", "fixed_action", "planner_dir")
-POLICY_ARGS = {"path_policy": "kind", "min_paths": "min_paths", "tolerance": "tolerance",
-               "entropy_high": "entropy_high"}
+NAMES = ("model_dir", "prepared_dir", "kind", "planner_dir", "path_policy", "device", "precision")  # never parsed
 
 
 @dataclass
@@ -99,9 +98,15 @@ class PlannedLMEval(TemplateLM):
     # ----------------------------------------------------------------------------- lm-eval plumbing
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None):
-        from lm_eval.utils import simple_parse_args_string
+        """``key=value,...`` with lm-eval's value parsing, except for the names (``kind=none`` stays "none")."""
+        from lm_eval.utils import handle_arg_string
 
-        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+        pairs = [item.split("=", 1) for item in (arg_string or "").split(",") if item.strip()]
+        for pair in pairs:
+            if len(pair) != 2:
+                raise PlanlmError(f"--model_args {pair[0]}: give key=value pairs, e.g. model_dir=runs/x/lm/ours")
+        args = {key.strip(): value.strip() if key.strip() in NAMES else handle_arg_string(value) for key, value in pairs}
+        return cls.create_from_arg_obj(args, additional_config)
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: Optional[dict] = None):
@@ -118,7 +123,7 @@ class PlannedLMEval(TemplateLM):
 
     @property
     def plans(self) -> bool:
-        return self.spec.kind.value != "none"
+        return self.spec.kind != PlanKind.none
 
     @property
     def eot_token_id(self) -> int:
@@ -239,7 +244,7 @@ class PlannedLMEval(TemplateLM):
 
     @property
     def _reads_sentences(self) -> bool:
-        return self.spec.kind.value in ("oracle", "planner_argmax", "planner_sampled")
+        return self.spec.kind == PlanKind.oracle or self.spec.kind.uses_planner
 
     def _context_plan_rows(self, requests) -> tuple[list[list[int]], torch.Tensor]:
         """The plan-table row of every input token of each loglikelihood request (plans from the context only) and
@@ -263,11 +268,11 @@ class PlannedLMEval(TemplateLM):
         from planlm.evaluate.generator import PlannedGenerator
         from planlm.models.planner import Planner
 
-        planner = Planner.for_corpus(self.spec.planner_dir, self.prepared, self.device) if self.spec.planner_dir \
-            and self.spec.kind.uses_planner else None
-        if self.spec.kind.value == "oracle":
+        if self.spec.kind == PlanKind.oracle:
             raise PlanlmError("model_args kind=oracle: generate_until has no true future to read; use kind "
                               "planner_sampled, planner_argmax, fixed or none")
+        uses_planner = self.spec.kind.uses_planner
+        planner = Planner.for_corpus(self.spec.planner_dir, self.prepared, self.device) if uses_planner else None
         embed_fn = encoder_embed_fn(self.prepared) if planner is not None else None
         splitter = self.prepared.sentence_splitter if self.prepared else "sentencizer"
         return PlannedGenerator(self.model, self.tokenizer, self.spec, planner=planner, embed_fn=embed_fn,
