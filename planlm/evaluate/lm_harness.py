@@ -88,7 +88,7 @@ class PlannedLMEval(TemplateLM):
         policy = dict(kind=path_policy, min_paths=min_paths, tolerance=tolerance, entropy_high=entropy_high)
         self.spec = _plan_spec(self.model, self.model_dir, values, policy)
         self.prepared = _prepared_corpus(self.model, self.model_dir, prepared_dir) if self.plans else None
-        self._device = resolve_device(device)
+        self._device = _device(device)
         self.precision = precision
         self.model.to(self.device).eval()
         self.tokenizer = self.model.load_tokenizer() if self.model.folder else load_tokenizer(self.model_dir)
@@ -359,6 +359,15 @@ def _prepared_corpus(model, model_dir: str, prepared_dir: Optional[str]) -> Prep
     split = prepared.split(prepared.manifest.get("splits", ["test"])[0])
     check_compatible(model, prepared, split, model_dir)
     return prepared
+
+
+def _device(device: str) -> torch.device:
+    """``device``, or the CPU when it names CUDA on a machine without it (lm-eval's command line asks for cuda by
+    default; its hf backend falls back the same way)."""
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        print(f"planlm: --device {device}: no CUDA device here; running on the CPU", file=sys.stderr)
+        return torch.device("cpu")
+    return resolve_device(device)
 
 
 def _lm_positions(lm) -> int:

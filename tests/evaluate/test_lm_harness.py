@@ -191,3 +191,7 @@ def test_the_command_line_prints_one_line(folders, synthetic_random, tmp_path):
     run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode != 0 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines()[-1].startswith(f"planlm: error: model_args model_dir={tmp_path}")
+    command[6] = f"model_dir={folders / 'none'}"  # a model: lm-eval's table (its default device is cuda: the CPU here)
+    run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "planlm_local_ppl" in run.stdout and "word_perplexity" in run.stdout
