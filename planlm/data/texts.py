@@ -45,12 +45,13 @@ def prepare_texts(out_dir: str | Path, texts: Sequence[str], like: PreparedDatas
     sentence_offsets = np.concatenate([[0], np.cumsum([len(s) for s in spans])]).astype(np.int64)
     token_offsets = np.concatenate([[0], np.cumsum([len(i) for i in ids])]).astype(np.int64)
     empty = np.zeros(0, np.int64)
+    token_sentence = [s + o for s, o in zip(token_sentence, sentence_offsets[:-1])]  # split-global
     write_split(out / split, [{"id": str(i), "text": text} for i, text in enumerate(texts)], {
         "sentence_offsets": sentence_offsets,
         "sentence_spans": np.asarray([s for text_spans in spans for s in text_spans], np.int64).reshape(-1, 2),
         "embeddings": embeddings, "actions": actions, "token_offsets": token_offsets,
         "input_ids": np.concatenate(ids) if ids else empty,
-        "token_sentence": np.concatenate([s + o for s, o in zip(token_sentence, sentence_offsets[:-1])]) if ids else empty,
+        "token_sentence": np.concatenate(token_sentence) if ids else empty,
     })
     config = {"like": str(like.path), "texts": len(texts), "sentences": {"splitter": like.sentence_splitter},
               "embedding": like.manifest.get("config", {}).get("embedding", {})}

@@ -105,7 +105,8 @@ class PlannedLMEval(TemplateLM):
         for pair in pairs:
             if len(pair) != 2:
                 raise PlanlmError(f"--model_args {pair[0]}: give key=value pairs, e.g. model_dir=runs/x/lm/ours")
-        args = {key.strip(): value.strip() if key.strip() in NAMES else handle_arg_string(value) for key, value in pairs}
+        args = {key.strip(): value.strip() if key.strip() in NAMES else handle_arg_string(value)
+                for key, value in pairs}
         return cls.create_from_arg_obj(args, additional_config)
 
     @classmethod
@@ -181,8 +182,8 @@ class PlannedLMEval(TemplateLM):
             context, gen_kwargs = request.args
             kwargs = normalize_gen_kwargs(gen_kwargs, 256)
             until = handle_stop_sequences(kwargs.pop("until", None), eos=self.tok_decode([self.eot_token_id]))
-            sampling = SamplingConfig(max_new_tokens=int(kwargs["max_gen_toks"]),
-                                      temperature=float(kwargs.get("temperature") or 0.0) if kwargs["do_sample"] else 0.0,
+            temperature = float(kwargs.get("temperature") or 0.0) if kwargs["do_sample"] else 0.0
+            sampling = SamplingConfig(max_new_tokens=int(kwargs["max_gen_toks"]), temperature=temperature,
                                       top_k=kwargs.get("top_k"), top_p=kwargs.get("top_p"))
             text = generator.generate(generator.prompt_from_text(context), sampling).text
             for stop in until:
@@ -214,11 +215,10 @@ class PlannedLMEval(TemplateLM):
                 kwargs["plan_embeds"] = self.model.token_plan_embeds(plan_table, rows.to(self.device))
             with autocast(self.device, self.precision):
                 logits = self.model(input_ids=input_ids.to(self.device), **kwargs).logits  # (B, L, V)
-            log_probs = F.log_softmax(logits.float(), dim=-1).cpu()
             for b, (item, index) in enumerate(zip(batch, order[start:start + self.batch_size])):
                 length = len(inputs[b])
-                targets = torch.tensor(item.ids[-item.num_scored:])  # (P,)
-                scored = log_probs[b, length - item.num_scored:length]  # (P, V)
+                targets = torch.tensor(item.ids[-item.num_scored:], device=self.device)  # (P,)
+                scored = F.log_softmax(logits[b, length - item.num_scored:length].float(), dim=-1)  # (P, V)
                 greedy = bool((scored.argmax(-1) == targets).all())
                 results[index] = (float(scored.gather(1, targets[:, None]).sum()), greedy)
         return results
