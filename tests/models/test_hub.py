@@ -103,3 +103,16 @@ def test_push_needs_a_complete_folder_and_a_network(synthetic_random, offline_ca
     (folder / "README.md").unlink()
     with pytest.raises(PlanlmError, match="no model card"):
         model.push_to_hub("planlm-test/tiny-lm")
+
+
+def test_evaluate_adds_its_perplexity_to_the_card(synthetic_random, tmp_path):
+    from planlm.evaluate.perplexity import evaluate
+
+    prepared = PreparedDataset(synthetic_random)
+    folder = tiny_planned_lm(prepared).save_pretrained(tmp_path / "lm")
+    metrics = evaluate(str(folder), str(synthetic_random), str(tmp_path / "eval"), stride=64, max_articles=2,
+                       bootstrap_samples=20, device="cpu", plan_usage=False)
+    data = ModelCard.load(folder / "README.md").data
+    assert [r.metric_value for r in data.eval_results] == [metrics["ppl"]]
+    entry = data.to_dict()["planlm"]["evaluations"][0]
+    assert entry["split"] == "test" and entry["conditioning"] == "oracle" and entry["tokens"] == metrics["tokens"]
