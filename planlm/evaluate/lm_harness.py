@@ -18,7 +18,7 @@ The three request types, with the plans of ``planlm evaluate`` and ``planlm gene
   continuation is scored with the plan of the sentence it writes, whatever it spans. Requests with the same context
   share their plans, so the choices of a multiple-choice question are scored under the same plans.
 - ``generate_until``: ``PlannedGenerator`` (re-planning whenever the splitter sees a generated sentence end, as
-  ``planlm generate``); the text is cut at the first stop sequence.
+  ``planlm generate``), stopped once a stop sequence appears and cut before it.
 
 model_args: ``model_dir`` (a planned-LM folder or Hub repo id; a bare HF causal-LM folder runs as plans kind none),
 ``prepared_dir`` (the model's prepared corpus: its splitter, encoder and codebook; default: the one its training
@@ -184,7 +184,8 @@ class PlannedLMEval(TemplateLM):
             until = handle_stop_sequences(kwargs.pop("until", None), eos=self.tok_decode([self.eot_token_id]))
             temperature = float(kwargs.get("temperature") or 0.0) if kwargs["do_sample"] else 0.0
             sampling = SamplingConfig(max_new_tokens=int(kwargs["max_gen_toks"]), temperature=temperature,
-                                      top_k=kwargs.get("top_k"), top_p=kwargs.get("top_p"))
+                                      top_k=kwargs.get("top_k"), top_p=kwargs.get("top_p"),
+                                      stop=[stop for stop in until if stop])
             text = generator.generate(generator.prompt_from_text(context), sampling).text
             for stop in until:
                 text = text.split(stop)[0] if stop else text
