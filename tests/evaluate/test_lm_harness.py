@@ -195,3 +195,18 @@ def test_the_command_line_prints_one_line(folders, synthetic_random, tmp_path):
     run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "planlm_local_ppl" in run.stdout and "word_perplexity" in run.stdout
+
+
+def test_generation_stops_at_a_stop_string(synthetic_random):
+    from helpers import chatty_planned_lm
+
+    from planlm.evaluate.generate import generate_text
+    from planlm.evaluate.generator import SamplingConfig
+
+    model = chatty_planned_lm(PreparedDataset(synthetic_random))
+    tokenizer = model.load_tokenizer()
+    full = generate_text(model, tokenizer, "Red water.", sampling=SamplingConfig(max_new_tokens=30))  # seed 0
+    stopped = generate_text(model, tokenizer, "Red water.",
+                            sampling=SamplingConfig(max_new_tokens=30, stop=["water"]))
+    assert "water" in full.text[:-5] and len(full.token_ids) == 30
+    assert stopped.text.endswith("water") and stopped.text.count("water") == 1 and full.text.startswith(stopped.text)
