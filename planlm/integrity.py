@@ -39,6 +39,9 @@ QUICK_HASH_BYTES = 128 << 20
 """Bytes of a stage's smallest files whose sha256 the cheap check recomputes (about 0.1 s at 1 GB/s)."""
 UNRECORDED = ("checkpoints", "logs", "tb", "plans")
 """Folders of a stage that its record leaves out: resume state, logger output (logs/, tb/), nested plan caches."""
+UNRECORDED_FILES = (MANIFEST, STAGE_LOCK, "README.md")
+"""Files a record leaves out: itself, the lock, and the model card (README.md), which `planlm evaluate` rewrites
+with every evaluation of the model (``planlm.models.card.add_evaluation``)."""
 
 # Which command writes a stage folder, told by a file only that kind holds (first match wins).
 _KINDS = (("planned_lm.json", "train-lm"), ("per_boundary.csv", "edit-distance"), ("sweep_", "sweep"),
@@ -75,7 +78,7 @@ def _stage_files(stage_dir: Path) -> Iterator[Path]:
         if path.is_dir() and not path.is_symlink():
             if path.name not in UNRECORDED and not (path / MANIFEST).is_file():
                 yield from _stage_files(path)
-        elif path.is_file() and path.name not in (MANIFEST, STAGE_LOCK) and not path.name.endswith(".tmp"):
+        elif path.is_file() and path.name not in UNRECORDED_FILES and not path.name.endswith(".tmp"):
             yield path
 
 

@@ -152,6 +152,11 @@ class PreparedDataset:
         return self.manifest["encoder"]
 
     @property
+    def sentence_splitter(self) -> str:
+        """The spaCy splitter the corpus was split with (``planlm prepare --sentences.splitter``)."""
+        return self.manifest.get("config", {}).get("sentences", {}).get("splitter", "sentencizer")
+
+    @property
     def codebook_hash(self) -> str:
         return self.manifest["hashes"]["codebook.safetensors"]
 

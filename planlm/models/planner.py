@@ -293,23 +293,28 @@ class Planner(nn.Module):
 
     # ---- persistence -------------------------------------------------------------------------------
     def save_pretrained(self, folder: str | Path) -> Path:
-        """Write model.safetensors + config.json + prepared.json into ``folder``."""
+        """Write model.safetensors + config.json + prepared.json and, last, the model card into ``folder``."""
         from safetensors.torch import save_model
+
+        from planlm.models.card import planner_card, write_card
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         save_model(self, str(folder / WEIGHTS_FILE))
         write_json(folder / CONFIG_FILE, asdict(self.config))
         write_json(folder / PREPARED_FILE, self.prepared_info)
+        write_card(folder, planner_card(self.config, self.prepared_info))  # last: a folder with a card is complete
         return folder
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, map_location: str | torch.device = "cpu") -> "Planner":
+        """From a saved folder or a Hub repo id (``planlm.hub.local_folder``: the local cache when offline)."""
         from safetensors.torch import load_model
 
+        from planlm.hub import local_folder
         from planlm.integrity import load_json, reading, stage_manifest
 
-        folder = Path(folder)
+        folder = local_folder(folder, "planner")
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (folder / name).is_file():
                 raise PlanlmError(f"{folder}: no trained planner here ({name} missing); run `planlm train-planner "

@@ -168,6 +168,11 @@ def test_reported_validation_loss_is_the_saved_models_on_the_whole_validation_sp
     assert val_loss(out) == pytest.approx(rescored_val_loss(out, synthetic_random, num_windows), rel=1e-5)
     logged = [float(r["val/loss"]) for r in read_csv(next((out / "logs").rglob("metrics.csv"))) if r.get("val/loss")]
     assert len(logged) == 2 and val_loss(out) == pytest.approx(min(logged))
+    from huggingface_hub import ModelCard
+
+    training = ModelCard.load(out / "README.md").data.to_dict()["planlm"]["training"]  # the model card says the same
+    assert training["val_loss"] == val_loss(out)
+    assert training["corpus_fingerprint"] == PreparedDataset(synthetic_random).manifest["config_fingerprint"]
 
 
 def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
