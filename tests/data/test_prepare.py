@@ -17,6 +17,7 @@ from planlm.data.artifacts import ARRAYS, SPLITS, PreparedDataset
 from planlm.data.corpus import CorpusConfig
 from planlm.data.embed import EmbedConfig, embed_sentences
 from planlm.data.prepare import prepare
+from planlm.data.windows import beyond_window_share
 from planlm.data.resources import load_sentence_encoder, load_tokenizer, split_sentences
 from planlm.utils import PlanlmError, file_sha256, is_complete, read_manifest
 
@@ -61,8 +62,10 @@ def test_manifest_counts_and_codebook(wiki_slice):
     assert ds.codebook_hash == file_sha256(wiki_slice / "codebook.safetensors")
     for split in SPLITS:
         data = ds[split]
+        share = beyond_window_share(data.token_offsets, manifest["lm_window"])
         assert manifest["counts"][split] == {"articles": data.num_articles, "sentences": data.num_sentences,
-                                             "tokens": data.num_tokens}
+                                             "tokens": data.num_tokens, "sources": data.num_articles,
+                                             "beyond_window_share": round(share, 4)}
         assert data.embeddings.shape == (data.num_sentences, 384) and data.embeddings.dtype == np.float32
         assert isinstance(data.embeddings, np.memmap)
         for name in ARRAYS:
