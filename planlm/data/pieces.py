@@ -65,7 +65,9 @@ def cut_into_pieces(article: dict, spans: np.ndarray, max_sentences: int | None,
     pieces = []
     for number, (first, last) in ranges:
         begin, end = int(spans[first, 0]), int(spans[last - 1, 1])
+        begin += len(article["text"][begin:end]) - len(article["text"][begin:end].lstrip())  # spaCy's sentence
+        piece_spans = np.maximum(spans[first:last] - begin, 0)  # can open with the paragraph break before it
         piece = {**article, "id": f"{article['id']}#{number}", "source": article["id"],
                  "text": article["text"][begin:end]}
-        pieces.append((piece, spans[first:last] - begin))
+        pieces.append((piece, piece_spans))
     return pieces

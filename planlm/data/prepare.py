@@ -115,9 +115,9 @@ def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips
     document's remaining pieces (counted as ``pieces_at_split_edge``)."""
     sizes = [("test", corpus.num_test), ("validation", corpus.num_validation), ("train", corpus.num_train)]
     drawn: dict[str, list[tuple[dict, np.ndarray]]] = {split: [] for split, _ in sizes}
-    position, usable = 0, 0
+    position, usable, documents = 0, 0, 0
     for pieces in _usable_documents(corpus, sentences, skips, progress):
-        usable += len(pieces)
+        usable, documents = usable + len(pieces), documents + 1
         while position < len(sizes) and sizes[position][1] is not None \
                 and len(drawn[sizes[position][0]]) >= sizes[position][1]:
             position += 1  # that split is full
@@ -131,7 +131,8 @@ def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips
         if split == "train" and size is not None and len(drawn[split]) >= size:
             break
     if len(drawn["test"]) < corpus.num_test or len(drawn["validation"]) < corpus.num_validation or not drawn["train"]:
-        raise PlanlmError(f"{corpus.source}: only {usable} usable articles (with >= {corpus.min_sentences} "
+        of = f" from {documents} documents (a document's pieces go to one split)" if usable != documents else ""
+        raise PlanlmError(f"{corpus.source}: only {usable} usable articles{of} (with >= {corpus.min_sentences} "
                           f"sentences) but {corpus.num_test} test + {corpus.num_validation} validation requested "
                           f"and at least one training article needed; lower --corpus.num_test / "
                           f"--corpus.num_validation or give a bigger corpus")

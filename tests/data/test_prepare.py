@@ -376,3 +376,20 @@ def test_the_last_token_of_a_sentence_carries_the_next_sentences_plan(tmp_path):
                     embeds[row, t] += vectors[batch["plan_index"][row, t]]
         expected = model.lm(inputs_embeds=embeds).logits
     torch.testing.assert_close(got, expected)
+
+
+def test_the_summary_states_the_share_beyond_the_window_and_warns_without_long_documents(tmp_path, capsys):
+    source = tiny_jsonl(tmp_path / "c.jsonl")
+    long_documents = CorpusConfig(source=str(source), num_validation=2, num_test=2, piece_sentences=30)
+    out = prepare(str(tmp_path / "short"), **{**tiny_config(source), "corpus": long_documents})
+    printed = capsys.readouterr()
+    share = PreparedDataset(out).manifest["counts"]["train"]["beyond_window_share"]
+    assert share == 0.0 and "0.0% beyond the 128-token window" in printed.out
+    assert "warning: a long-document corpus, but only 0.0% of the training tokens have context beyond the " \
+           "128-token LM window" in printed.err
+    # the same documents through an 8-token window: most tokens lie beyond it, no warning
+    prepare(str(tmp_path / "window8"), **{**tiny_config(source), "corpus": long_documents}, lm_window=8)
+    printed = capsys.readouterr()
+    assert "beyond the 8-token window" in printed.out and "warning" not in printed.err
+    with pytest.raises(PlanlmError, match="--lm_window must be >= 2"):
+        prepare(str(tmp_path / "bad"), **tiny_config(source), lm_window=1)
