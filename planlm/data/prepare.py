@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.data.artifacts import ARRAYS, SPLITS, write_split
+from planlm.data.bpe import train_bpe, trained_vocab_size
 from planlm.data.corpus import CorpusConfig, Skips, local_files, read_articles, resolve_kind
 from planlm.data.embed import EmbedConfig, embed_sentences
 from planlm.data.pieces import cut_into_pieces
@@ -174,7 +175,8 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
         embedding: Sentence encoder and batching.
         actions: k-means into ``num_actions`` abstract writing actions.
         tokenizer: HF tokenizer of the language model, by hub name, local folder or ``.gguf`` file (``gpt2`` and
-            ``smollm2-135m`` work offline).
+            ``smollm2-135m`` work offline); or ``bpe:V``: a byte-level BPE of V tokens trained on the training split
+            and saved as ``<out_dir>/tokenizer/`` (``planlm.data.bpe``; for an LM trained from scratch).
         lm_window: The LM's window in tokens, for the summary only: the share of each split's tokens with more of
             their document before them than the window holds (the planner's possible edge). Not part of the result.
         progress: Show progress bars.
@@ -184,6 +186,7 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
     """
     if lm_window < 2:
         raise PlanlmError(f"--lm_window must be >= 2 tokens (got {lm_window})")
+    trained_vocab_size(tokenizer)  # a bad bpe:V spec fails before any work
     started = time.time()
     out = Path(out_dir)
     config = result_config(corpus, sentences, embedding, actions, tokenizer)
@@ -197,7 +200,11 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
     if actions.num_actions > num_train_sentences:  # fail before the expensive embedding
         raise PlanlmError(f"--actions.num_actions ({actions.num_actions}) is larger than the number of training "
                           f"sentences ({num_train_sentences}); lower --actions.num_actions or use more articles")
-    tok = load_tokenizer(tokenizer)
+    tokenizer_name = tokenizer
+    if (vocab_size := trained_vocab_size(tokenizer)) is not None:  # trained on the training split only
+        tokenizer_name = str(train_bpe((a["text"] for a in drawn["train"][0]), vocab_size, out / "tokenizer").resolve())
+        load_tokenizer.cache_clear()  # a rebuild in this process must not get the old folder's tokenizer
+    tok = load_tokenizer(tokenizer_name)
     layout = {split: _embed_split(out, split, *drawn[split], embedding, progress) for split in SPLITS}
     codebook = fit_codebook(layout["train"][1], actions, progress=progress)  # (A, E)
     counts, kmeans = {}, {"backend": actions.backend, "init": actions.init}
@@ -210,7 +217,7 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
     if corpus.num_train is not None and counts["train"]["articles"] < corpus.num_train:
         short["train_articles_missing"] = corpus.num_train - counts["train"]["articles"]
     write_manifest(out, config, num_actions=actions.num_actions, embedding_dim=int(codebook.shape[1]),
-                   tokenizer=tokenizer, encoder=embedding.encoder, splits=list(SPLITS), counts=counts,
+                   tokenizer=tokenizer_name, encoder=embedding.encoder, splits=list(SPLITS), counts=counts,
                    skipped=dict(skips), short=short, kmeans=kmeans, hashes=hashes, lm_window=lm_window,
                    wall_time_s=round(wall_time, 1))
     _summary(out, counts, skips, short, kmeans, wall_time, lm_window)
@@ -237,6 +244,7 @@ def _drop_stale(out: Path) -> None:
             if name != "embeddings":
                 (out / split / f"{name}.npy").unlink(missing_ok=True)
     (out / "codebook.safetensors").unlink(missing_ok=True)
+    shutil.rmtree(out / "tokenizer", ignore_errors=True)  # a bpe:V tokenizer trained on the old training split
     shutil.rmtree(out / "actions", ignore_errors=True)  # `planlm actions` output of the old codebook
 
 
@@ -280,6 +288,8 @@ def _save_codebook_and_hash(out: Path, codebook: np.ndarray) -> dict[str, str]:
 
     save_file({"centroids": torch.from_numpy(codebook)}, str(out / "codebook.safetensors"))
     hashes = {"codebook.safetensors": file_sha256(out / "codebook.safetensors")}
+    if (out / "tokenizer" / "tokenizer.json").is_file():
+        hashes["tokenizer/tokenizer.json"] = file_sha256(out / "tokenizer" / "tokenizer.json")
     for split in SPLITS:
         for name in ("articles.jsonl", *(f"{a}.npy" for a in ARRAYS)):
             hashes[f"{split}/{name}"] = file_sha256(out / split / name)

@@ -393,3 +393,28 @@ def test_the_summary_states_the_share_beyond_the_window_and_warns_without_long_d
     assert "beyond the 8-token window" in printed.out and "warning" not in printed.err
     with pytest.raises(PlanlmError, match="--lm_window must be >= 2"):
         prepare(str(tmp_path / "bad"), **tiny_config(source), lm_window=1)
+
+
+def test_a_bpe_tokenizer_trained_on_the_training_split_is_saved_and_used_downstream(tmp_path):
+    from helpers import tiny_gpt2_config
+
+    from planlm.models.planned_lm import PlannedLM
+    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
+
+    out = prepare(str(tmp_path / "prepared"), **tiny_config(tiny_jsonl(tmp_path / "c.jsonl")), tokenizer="bpe:300")
+    ds = PreparedDataset(out)
+    assert ds.tokenizer_name == str((out / "tokenizer").resolve())
+    assert ds.manifest["config"]["tokenizer"] == "bpe:300"  # the spec is the fingerprint, the folder the result
+    tok = load_tokenizer(ds.tokenizer_name)
+    assert len(tok) == 300 and tok.is_fast and tok.eos_token == "<|endoftext|>"
+    train = ds["train"]
+    for article in range(train.num_articles):  # the tokens spell each article, and the train text made the merges
+        assert tok.decode(train.input_ids[train.token_range(article)]) == train.articles[article]["text"]
+    assert len(tok("Café ☃")["input_ids"]) > 0  # unseen characters still tokenize (the byte alphabet)
+    model = train_lm(str(out), str(tmp_path / "lm"), model=LMModelConfig(model_config=tiny_gpt2_config()),
+                     train=LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1,
+                                         progress_bar=False))
+    assert PlannedLM.from_pretrained(model).base_lm().get_input_embeddings().num_embeddings == 300
+    for bad in ("bpe:100", "bpe:many"):
+        with pytest.raises(PlanlmError, match=r"a trained tokenizer is bpe:V with V > 256"):
+            prepare(str(tmp_path / "bad"), **tiny_config(tiny_jsonl(tmp_path / "c.jsonl")), tokenizer=bad)
