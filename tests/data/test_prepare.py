@@ -414,7 +414,8 @@ def test_a_bpe_tokenizer_trained_on_the_training_split_is_saved_and_used_downstr
     model = train_lm(str(out), str(tmp_path / "lm"), model=LMModelConfig(model_config=tiny_gpt2_config()),
                      train=LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1,
                                          progress_bar=False))
-    assert PlannedLM.from_pretrained(model).base_lm().get_input_embeddings().num_embeddings == 300
+    lm = PlannedLM.from_pretrained(model).base_lm()
+    assert lm.get_input_embeddings().num_embeddings == 300 and lm.config.eos_token_id == tok.eos_token_id < 300
     for bad in ("bpe:100", "bpe:many"):
         with pytest.raises(PlanlmError, match=r"a trained tokenizer is bpe:V with V > 256"):
             prepare(str(tmp_path / "bad"), **tiny_config(tiny_jsonl(tmp_path / "c.jsonl")), tokenizer=bad)
