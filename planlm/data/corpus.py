@@ -124,6 +124,9 @@ class CorpusConfig:
                               f"sentence boundary with context before it; use null to keep documents whole")
         if self.pieces_per_source is not None and self.pieces_per_source < 1:
             raise PlanlmError(f"--corpus.pieces_per_source must be >= 1 or null for all (got {self.pieces_per_source})")
+        if self.pieces_per_source is not None and self.piece_sentences is None:
+            raise PlanlmError("--corpus.pieces_per_source needs --corpus.piece_sentences (documents are kept whole "
+                              "without it)")
         if self.shuffle_buffer < 1:
             raise PlanlmError(f"--corpus.shuffle_buffer must be >= 1 (got {self.shuffle_buffer})")
 

@@ -87,6 +87,8 @@ def test_piece_length_below_two_is_a_one_line_error():
         assert "\n" not in str(error.value)
     with pytest.raises(PlanlmError, match="--corpus.pieces_per_source"):
         CorpusConfig(piece_sentences=30, pieces_per_source=0)
+    with pytest.raises(PlanlmError, match="needs --corpus.piece_sentences"):
+        CorpusConfig(pieces_per_source=3)
 
 
 def test_stage_notes_are_dropped_and_insertions_kept():
