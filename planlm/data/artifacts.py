@@ -5,7 +5,8 @@ Layout of a prepared folder (all arrays are ``.npy`` files that load memory-mapp
     manifest.json               written last: config, versions, counts, hashes (see planlm.utils)
     codebook.safetensors        {"centroids": (A, E) float32}, the abstract writing actions
     <split>/                    train, validation, test
-        articles.jsonl          one {"id", "title", "text"} per article, in order
+        articles.jsonl          one {"id", "title", "text"} per article, in order (+ "source": the document
+                                a piece was cut from, with corpus.piece_sentences)
         sentence_offsets.npy    (N_art + 1,) int64   article a owns sentences [o[a], o[a+1])
         sentence_spans.npy      (N_sent, 2) int64    character [start, end) of each sentence in its article
         embeddings.npy          (N_sent, E) float32  sentence-encoder embedding of each sentence
@@ -190,7 +191,8 @@ def write_split(split_dir: str | Path, articles: list[dict], arrays: dict[str, n
         arrays["token_actions"] = np.asarray(arrays["actions"])[arrays["token_plan_sentence"]]
     with open(split_dir / "articles.jsonl", "w") as f:
         for art in articles:
-            f.write(json.dumps({"id": art["id"], "title": art.get("title", ""), "text": art["text"]}) + "\n")
+            source = {"source": art["source"]} if art.get("source", art["id"]) != art["id"] else {}
+            f.write(json.dumps({"id": art["id"], "title": art.get("title", ""), "text": art["text"], **source}) + "\n")
     for name in ARRAYS:
         if name not in arrays and (split_dir / f"{name}.npy").is_file():
             continue

@@ -83,13 +83,14 @@ class PlannedLMConfig:
         return cls(**values)
 
 
-def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None):
+def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None,
+                   eos_token_id: int | None = None):
     """An HF ``AutoModelForCausalLM``: pretrained (hub name, local folder, ``*.gguf`` file or the offline
     ``smollm2-135m``; see ``planlm.models.pretrained``) or randomly initialised.
 
     ``model_config`` (used when ``name_or_path`` is None) is an ``AutoConfig.for_model`` dict such as
     ``{"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}``; its
-    vocabulary defaults to ``vocab_size``. A pretrained model whose vocabulary is smaller than
+    vocabulary defaults to ``vocab_size`` and its bos / eos ids to ``eos_token_id``. A pretrained model whose vocabulary is smaller than
     ``vocab_size`` is refused (its embedding table cannot hold the corpus' token ids)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -112,6 +113,9 @@ def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, v
             raise PlanlmError(f"model_config {model_config} needs a model_type (e.g. gpt2, llama, gpt_neox, opt)")
         if vocab_size is not None:
             model_config.setdefault("vocab_size", vocab_size)
+        if eos_token_id is not None:  # GPT-2's defaults (50256) lie outside a smaller corpus vocabulary
+            model_config.setdefault("bos_token_id", eos_token_id)
+            model_config.setdefault("eos_token_id", eos_token_id)
         try:
             config = AutoConfig.for_model(model_type, **model_config)
         except Exception as e:

@@ -246,7 +246,8 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec
             and spec.kind != PlanKind.none:
         raise PlanlmError(f"{Path(model.init_from) / 'planned_lm.json'}: trained on another codebook than "
                           f"{prepared.path}; start from a model of this corpus or from a plain LM")
-    lm = init.lm if init is not None else load_causal_lm(model.name_or_path, model.model_config, len(tokenizer))
+    lm = init.lm if init is not None else load_causal_lm(model.name_or_path, model.model_config, len(tokenizer),
+                                                             tokenizer.eos_token_id)
     _check_fits(lm, prepared, prepared[train_split_name], spec)
     adapter_config = None
     if spec.kind != PlanKind.none:
