@@ -28,7 +28,7 @@ import torch
 from planlm.models.adapter import AdapterConfig
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
 from planlm.plans.spec import PlanSpec
-from planlm.speed import Speed, speed_up_lm
+from planlm.speed import Speed, keep_freed_memory, speed_up_lm
 
 GPT2_VOCAB = 50257
 
@@ -95,7 +95,11 @@ def main() -> None:
     parser.add_argument("--speed", action="store_true", help="the speed settings on the bare LM instead of the adapters")
     parser.add_argument("--loss-chunk-size", type=int, default=Speed().loss_chunk_size)
     parser.add_argument("--no-compile", action="store_true", help="--speed without the torch.compile variant")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="glibc malloc keeps freed memory (Speed.keep_freed_memory; process-wide: compare two runs)")
     args = parser.parse_args()
+    if args.keep_freed_memory:
+        print(f"malloc keeps freed memory: {keep_freed_memory()}")
     device = torch.device(args.device)
     batch_size = args.batch_size or (32 if device.type == "cuda" else 8)
     if args.gpt2_small:
@@ -149,19 +153,21 @@ def speed_table(lm_config: dict, args, device: torch.device, batches: list[dict]
     from planlm.utils import cpu_supports_bf16
 
     chunk = args.loss_chunk_size
-    variants = {"fp32 eager": (False, Speed(loss_chunk_size=0)), "bf16": (True, Speed(loss_chunk_size=0)),
-                "chunked loss": (False, Speed(loss_chunk_size=chunk)),
-                "bf16 + chunked": (True, Speed(loss_chunk_size=chunk)),
-                "bf16 + chunked + compile": (True, Speed(loss_chunk_size=chunk, compile=True))}
+
+    def speed(chunk_size: int, compile: bool = False) -> Speed:  # malloc's setting is process-wide: not per variant
+        return Speed(loss_chunk_size=chunk_size, compile=compile, keep_freed_memory=False)
+
+    variants = {"fp32 eager": (False, speed(0)), "bf16": (True, speed(0)), "chunked loss": (False, speed(chunk)),
+                "bf16 + chunked": (True, speed(chunk)), "bf16 + chunked + compile": (True, speed(chunk, True))}
     if args.no_compile:
         variants.pop("bf16 + chunked + compile")
     if device.type == "cpu" and not cpu_supports_bf16():
         variants = {name: v for name, v in variants.items() if not v[0]}
         print("this CPU has no native bf16 (avx512_bf16 / amx_bf16): the bf16 variants are left out")
     models = {}
-    for name, (_, speed) in variants.items():
+    for name, (_, settings) in variants.items():
         model, optimizer = build("none", lm_config, args, device)
-        speed_up_lm(model, speed, f"bench_lm {name}")
+        speed_up_lm(model, settings, f"bench_lm {name}")
         models[name] = model, optimizer
     elapsed, cpu_time = {name: 0.0 for name in variants}, {name: 0.0 for name in variants}
     for step in range(args.warmup + args.steps):

@@ -29,6 +29,10 @@ class Speed:
     loss_chunk_size: int = 1024
     """Tokens per chunk of the LM's output projection + cross-entropy (planlm.models.lm_loss): the B x L x V logits
     are never held at once, in training, validation and evaluation. 0: the LM's own loss on all the logits."""
+    keep_freed_memory: bool = True
+    """Linux (glibc): malloc serves large blocks from its heap and keeps them when freed, instead of mapping and
+    unmapping them at every step (each page faulted in again); the process's memory stays at its peak. For the
+    rest of the process, from the command's start (see keep_freed_memory)."""
 
     def __post_init__(self):
         if self.loss_chunk_size < 0:
@@ -40,12 +44,32 @@ def speed_up_lm(model, speed: Speed, command: str) -> None:
     (the model without its output projection, where the LM has a plain one) and of its adapter."""
     from planlm.models.lm_loss import split_lm_head
 
+    if speed.keep_freed_memory:
+        keep_freed_memory()
     model.loss_chunk_size = speed.loss_chunk_size
     if speed.compile:
         split = split_lm_head(model.lm)
         compile_module(split[0] if split is not None else model.lm, f"{command}: the LM")
         if model.adapter is not None:
             compile_module(model.adapter, f"{command}: the adapter")
+
+
+def keep_freed_memory() -> bool:
+    """Tell glibc's malloc to keep freed memory for reuse: no mmap for large blocks (M_MMAP_MAX 0) and no
+    trimming of the heap's top below 2 GB (M_TRIM_THRESHOLD). By default every block over 32 MB (a step's logits
+    and their gradient) is mapped afresh and unmapped when freed, so each step faults in all of its pages again.
+    Process-wide; returns whether it applied (False off glibc)."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
 
 
 def compile_module(module: nn.Module, what: str) -> nn.Module:

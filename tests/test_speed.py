@@ -13,7 +13,7 @@ from planlm.evaluate.perplexity import evaluate
 from planlm.models.planned_lm import PlannedLM
 from planlm.models.planner import PlannerShape
 from planlm.plans.spec import PlanSpec
-from planlm.speed import Speed, compile_module, speed_up_lm
+from planlm.speed import Speed, compile_module, keep_freed_memory, speed_up_lm
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.lm_module import LightningLM
 from planlm.train.planner import PlannerTrainArgs, train_planner
@@ -91,6 +91,12 @@ def test_train_lm_and_evaluate_in_bf16_with_the_chunked_loss(synthetic_random, t
                                speed=Speed(loss_chunk_size=chunk))
                for chunk in (0, 50)}
     assert metrics[50]["nll"] == pytest.approx(metrics[0]["nll"], rel=1e-6)
+
+
+def test_malloc_keeps_freed_memory_on_glibc():
+    import platform
+
+    assert keep_freed_memory() == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
 
 
 def test_a_negative_chunk_size_is_a_one_line_error():

@@ -38,7 +38,7 @@ from planlm.train.harness import (DEFAULT_LOGGERS, TrainerKnobs, build_trainer, 
                                   resume_checkpoint)
 from planlm.train.planner_metrics import baseline_metrics, evaluate_planner, write_summary
 from planlm.train.planner_module import LightningPlanner
-from planlm.speed import Speed, compile_module
+from planlm.speed import Speed, compile_module, keep_freed_memory
 from planlm.utils import PlanlmError, check_bf16, prepare_stage_dir, write_manifest
 
 
@@ -140,6 +140,8 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
 
     L.seed_everything(train.seed, verbose=False)
     planner = _new_planner(prepared, prepared_dir, config)
+    if speed.keep_freed_memory:
+        keep_freed_memory()
     if speed.compile:
         compile_module(planner, "train-planner: the planner")
     module = LightningPlanner(planner, lr=train.lr, weight_decay=train.weight_decay, encoder_lr=train.encoder_lr)
