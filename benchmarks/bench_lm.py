@@ -9,9 +9,10 @@ sensitive to other jobs on the machine.
 The target of the issue: multipath at T = 10, K = 10 keeps >= 0.85x of the baseline's tokens/s.
 
 With ``--speed`` it measures instead the speed settings on the bare LM (the demo's shape by default: batch
-16 x 128): fp32 eager against bf16 autocast, the chunked loss (``planlm.models.lm_loss``), both, and both with
-torch.compile of the transformer (``planlm.speed``), interleaved step by step in one process; the
-target of the training-speed issue is >= 2x fp32 eager's tokens/s.
+16 x 128): fp32 eager with the foreach AdamW (the library before the speed work) against bf16 autocast, the
+chunked loss (``planlm.models.lm_loss``), the fused AdamW, their combinations, and all of them with torch.compile of
+the transformer (``planlm.speed``), interleaved step by step in one process; the target of the training-speed
+issue is >= 2x fp32 eager's tokens/s. malloc's setting (``--keep-freed-memory``) is process-wide: compare two runs.
 
     python benchmarks/bench_lm.py                  # GPT-2 architecture, 2 layers x 128, CPU
     python benchmarks/bench_lm.py --gpt2-small     # the paper's GPT-2 small shape (use a GPU)
@@ -47,7 +48,8 @@ def make_batch(batch_size: int, context_length: int, sentence_tokens: int, num_p
             "path_mask": torch.ones(num_sentences, num_paths, horizon, dtype=torch.bool)}
 
 
-def build(kind: str, lm_config: dict, args, device: torch.device) -> tuple[PlannedLM, torch.optim.Optimizer]:
+def build(kind: str, lm_config: dict, args, device: torch.device,
+          fused: bool = False) -> tuple[PlannedLM, torch.optim.Optimizer]:
     torch.manual_seed(0)
     lm = load_causal_lm(None, lm_config, vocab_size=args.vocab_size)
     width = lm.get_input_embeddings().embedding_dim
@@ -60,7 +62,7 @@ def build(kind: str, lm_config: dict, args, device: torch.device) -> tuple[Plann
         config = PlannedLMConfig(plans=PlanSpec(kind="planner_sampled", num_paths=args.num_paths,
                                                   horizon=args.horizon), adapter=adapter, num_actions=args.num_actions)
     model = PlannedLM(config, lm).to(device).train()
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
 
 
 def train_step(model: PlannedLM, optimizer, batch: dict, conditioned: bool, device: torch.device,
@@ -157,21 +159,24 @@ def speed_table(lm_config: dict, args, device: torch.device, batches: list[dict]
     def speed(chunk_size: int, compile: bool = False) -> Speed:  # malloc's setting is process-wide: not per variant
         return Speed(loss_chunk_size=chunk_size, compile=compile, keep_freed_memory=False)
 
-    variants = {"fp32 eager": (False, speed(0)), "bf16": (True, speed(0)), "chunked loss": (False, speed(chunk)),
-                "bf16 + chunked": (True, speed(chunk)), "bf16 + chunked + compile": (True, speed(chunk, True))}
+    # name -> (bf16 autocast, speed settings, fused AdamW); "fp32 eager" is the library before the speed work
+    variants = {"fp32 eager": (False, speed(0), False), "bf16": (True, speed(0), False),
+                "chunked loss": (False, speed(chunk), False), "fused AdamW": (False, speed(0), True),
+                "bf16 + chunked": (True, speed(chunk), False), "bf16 + chunked + fused": (True, speed(chunk), True),
+                "all + compile": (True, speed(chunk, True), True)}
     if args.no_compile:
-        variants.pop("bf16 + chunked + compile")
+        variants.pop("all + compile")
     if device.type == "cpu" and not cpu_supports_bf16():
         variants = {name: v for name, v in variants.items() if not v[0]}
         print("this CPU has no native bf16 (avx512_bf16 / amx_bf16): the bf16 variants are left out")
     models = {}
-    for name, (_, settings) in variants.items():
-        model, optimizer = build("none", lm_config, args, device)
+    for name, (_, settings, fused) in variants.items():
+        model, optimizer = build("none", lm_config, args, device, fused)
         speed_up_lm(model, settings, f"bench_lm {name}")
         models[name] = model, optimizer
     elapsed, cpu_time = {name: 0.0 for name in variants}, {name: 0.0 for name in variants}
     for step in range(args.warmup + args.steps):
-        for name, (bf16, _) in variants.items():  # interleaved, so drifting load hits every variant alike
+        for name, (bf16, _, _) in variants.items():  # interleaved, so drifting load hits every variant alike
             model, optimizer = models[name]
             if device.type == "cuda":
                 torch.cuda.synchronize()

@@ -76,7 +76,7 @@ class LightningLM(L.LightningModule):
                   {"params": gated, "lr": self.adapter_lr * self.multipath_lr_scale}]
         groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in groups]
         optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=self.weight_decay,
-                                      fused=self.device.type == "cuda" or None)  # one kernel per step on a GPU
+                                      fused=self.device.type in ("cpu", "cuda") or None)  # one kernel per step
         warmup = max(1, self.warmup_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
