@@ -34,9 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from planlm.utils import PlanlmError, read_manifest
+from planlm.integrity import load_npy, load_safetensors, reading, stage_manifest
+from planlm.utils import PlanlmError
 
 SPLITS = ("train", "validation", "test")
+_FIX = "rebuild the prepared corpus: rerun `planlm prepare --out_dir {path}` or the `planlm run` that made it"
 ARRAYS = ("sentence_offsets", "sentence_spans", "embeddings", "actions", "token_offsets", "input_ids",
           "token_sentence", "token_plan_sentence", "token_actions")
 
@@ -73,7 +75,7 @@ class PreparedSplit:
                               f"rerun `planlm prepare`")
 
     def _array(self, name: str) -> np.ndarray:
-        return np.load(self.path / f"{name}.npy", mmap_mode="r")
+        return load_npy(self.path / f"{name}.npy", fix=_FIX.format(path=self.path.parent))
 
     def __getattr__(self, name: str) -> np.ndarray:
         if name in ARRAYS:
@@ -100,7 +102,8 @@ class PreparedSplit:
 
     @cached_property
     def articles(self) -> list[dict]:
-        with open(self.path / "articles.jsonl") as f:
+        path = self.path / "articles.jsonl"
+        with reading(path, fix=_FIX.format(path=self.path.parent)), open(path) as f:
             return [json.loads(line) for line in f]
 
     @cached_property
@@ -126,7 +129,7 @@ class PreparedDataset:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        manifest = read_manifest(self.path)
+        manifest = stage_manifest(self.path)  # one-line error for a damaged file
         if manifest is None:
             raise PlanlmError(f"{self.path}: not a complete prepared corpus (manifest.json missing: "
                               f"`planlm prepare` never finished there); run `planlm prepare --out_dir {self.path}`")
@@ -149,15 +152,22 @@ class PreparedDataset:
         return self.manifest["encoder"]
 
     @property
+    def sentence_splitter(self) -> str:
+        """The spaCy splitter the corpus was split with (``planlm prepare --sentences.splitter``)."""
+        return self.manifest.get("config", {}).get("sentences", {}).get("splitter", "sentencizer")
+
+    @property
     def codebook_hash(self) -> str:
         return self.manifest["hashes"]["codebook.safetensors"]
 
     @cached_property
     def codebook(self):
         """(A, E) float32 torch tensor of centroids."""
-        from safetensors.torch import load_file
-
-        return load_file(str(self.path / "codebook.safetensors"))["centroids"]
+        path = self.path / "codebook.safetensors"
+        tensors = load_safetensors(path, fix=_FIX.format(path=self.path))
+        if "centroids" not in tensors:
+            raise PlanlmError(f"{path}: no 'centroids' tensor (has {sorted(tensors)}); {_FIX.format(path=self.path)}")
+        return tensors["centroids"]
 
     def split(self, name: str) -> PreparedSplit:
         if name not in self.manifest.get("splits", SPLITS):

@@ -41,9 +41,9 @@ Every stage caches under ``--out_dir`` (the library's own stage reuse), so a rer
 missing; ``--epochs``, ``--seeds`` etc. retrain only what they change. The report also goes to
 ``<out_dir>/report.md``.
 
-    python benchmarks/bench_mechanism.py                               # the committed result
-    python benchmarks/bench_mechanism.py --lag 0 --out_dir runs/bench_mechanism_lag0   # the control
-    python benchmarks/bench_mechanism.py --quick --out_dir /tmp/mech   # minutes: small corpus, 1 seed
+    python experiments/bench_mechanism.py                               # the committed result
+    python experiments/bench_mechanism.py --lag 0 --out_dir runs/bench_mechanism_lag0   # the control
+    python experiments/bench_mechanism.py --quick --out_dir /tmp/mech   # minutes: small corpus, 1 seed
 """
 
 from __future__ import annotations
@@ -350,7 +350,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lag_successors", choices=["pairs", "mixed"], default="pairs",
                         help="with --lag > 0: pairs (every type two successors, p = 1/2) or mixed (the --lag 0 "
                              "successor sets: five types with two, three with one, so some boundaries are "
-                             "deterministic for the planner; benchmarks/bench_adaptive.py)")
+                             "deterministic for the planner; experiments/bench_adaptive.py)")
     parser.add_argument("--sentences", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
                         help="sentences per article (default: 6 12 at lag 0, 12 20 otherwise)")
     parser.add_argument("--context_length", type=int, default=None,
@@ -495,15 +495,16 @@ def train_base(args, seed: int, prepared_dir: str, clock: Clock) -> Path:
 
 
 def train_condition(args, name: str, seed: int, prepared_dir: str, planner_dir: str, base_dir: Path,
-                    clock: Clock, adapter=None) -> tuple[Path, dict]:
+                    clock: Clock, adapter=None, condition: dict | None = None) -> tuple[Path, dict]:
     """One condition of a seed, from its base LM (--epochs), evaluated on the test split: (its evaluation
-    folder, metrics). ``adapter``: AdapterSettings instead of the condition's own (a recipe variant)."""
+    folder, metrics). ``adapter``: AdapterSettings instead of the condition's own (a recipe variant);
+    ``condition``: {plans, adapter} of a condition this benchmark does not name (bench_lookahead.py's grid)."""
     from planlm.evaluate.perplexity import evaluate
     from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
     out = Path(args.out_dir) / args.tag
     model_dir, eval_dir = out / "lm" / f"{name}-seed{seed}", out / "eval" / f"{name}-seed{seed}"
-    condition = condition_config(name, planner_dir, args, seed)
+    condition = dict(condition or condition_config(name, planner_dir, args, seed))
     condition["adapter"] = adapter or condition["adapter"]
     clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(model_dir),
           model=LMModelConfig(init_from=str(base_dir)), **condition,
