@@ -70,6 +70,7 @@ def run(root: Path, args) -> list[tuple[str, int, float, float]]:
                                    precision=eval_precision, bootstrap_samples=10, speed=Speed(loss_chunk_size=chunk))
                 ppl[name] = metrics["ppl"]
             rows.append((condition, seed, ppl["fp32"], ppl["fast"]))
+            print(f"{condition} seed {seed}: ppl fp32 {ppl['fp32']:.4f}, fast {ppl['fast']:.4f}", flush=True)
     return rows
 
 

@@ -121,8 +121,9 @@ class LMTrainConfig:
     num_nodes: int = 1
     """Lightning nodes."""
     precision: str | None = None
-    """Lightning precision (None: bf16-mixed on CUDA, 32-true on CPU). bf16-mixed on CPU is bf16 autocast: about
-    2x the tokens/s of 32-true on CPUs with AVX512-BF16 / AMX (refused on CPUs without)."""
+    """Lightning precision (None: bf16-mixed on CUDA, 32-true on CPU). bf16-mixed on CPU is bf16 autocast (refused on
+    CPUs without AVX512-BF16 / AMX): with the chunked loss 1.1-1.3x the fp32 step at the demo's shape, measured
+    under load (docs/benchmarks.md)."""
     num_workers: int = 0
     """DataLoader worker processes."""
     log_every_n_steps: int = 50
