@@ -8,8 +8,15 @@ shared CPU the process CPU time (all threads) is reported next to wall time, as 
 sensitive to other jobs on the machine.
 The target of the issue: multipath at T = 10, K = 10 keeps >= 0.85x of the baseline's tokens/s.
 
+With ``--speed`` it measures instead the speed settings on the bare LM (the demo's shape by default: batch
+16 x 128): fp32 eager with the foreach AdamW (the library before the speed work) against bf16 autocast, the
+chunked loss (``planlm.models.lm_loss``), the fused AdamW, their combinations, and all of them with torch.compile of
+the transformer (``planlm.speed``), interleaved step by step in one process; the target of the training-speed
+issue is >= 2x fp32 eager's tokens/s. malloc's setting (``--keep-freed-memory``) is process-wide: compare two runs.
+
     python benchmarks/bench_lm.py                  # GPT-2 architecture, 2 layers x 128, CPU
     python benchmarks/bench_lm.py --gpt2-small     # the paper's GPT-2 small shape (use a GPU)
+    python benchmarks/bench_lm.py --speed --batch-size 16 --steps 8    # the speed settings, demo shape
 """
 
 from __future__ import annotations
@@ -22,14 +29,15 @@ import torch
 from planlm.models.adapter import AdapterConfig
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
 from planlm.plans.spec import PlanSpec
+from planlm.speed import Speed, keep_freed_memory, speed_up_lm
 
 GPT2_VOCAB = 50257
 
 
 def make_batch(batch_size: int, context_length: int, sentence_tokens: int, num_paths: int, horizon: int,
-               num_actions: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+               num_actions: int, gen: torch.Generator, vocab_size: int = GPT2_VOCAB) -> dict[str, torch.Tensor]:
     """Random tokens; windows cut into sentences of ``sentence_tokens`` tokens, one plan per sentence."""
-    input_ids = torch.randint(0, GPT2_VOCAB, (batch_size, context_length), generator=gen)  # (B, L)
+    input_ids = torch.randint(0, vocab_size, (batch_size, context_length), generator=gen)  # (B, L)
     per_window = -(-context_length // sentence_tokens)
     local = torch.arange(context_length) // sentence_tokens  # (L,)
     plan_index = local[None, :] + per_window * torch.arange(batch_size)[:, None]  # (B, L)
@@ -40,9 +48,10 @@ def make_batch(batch_size: int, context_length: int, sentence_tokens: int, num_p
             "path_mask": torch.ones(num_sentences, num_paths, horizon, dtype=torch.bool)}
 
 
-def build(kind: str, lm_config: dict, args, device: torch.device) -> tuple[PlannedLM, torch.optim.Optimizer]:
+def build(kind: str, lm_config: dict, args, device: torch.device,
+          fused: bool = False) -> tuple[PlannedLM, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    lm = load_causal_lm(None, lm_config, vocab_size=GPT2_VOCAB)
+    lm = load_causal_lm(None, lm_config, vocab_size=args.vocab_size)
     width = lm.get_input_embeddings().embedding_dim
     if kind == "none":
         config = PlannedLMConfig()
@@ -53,15 +62,17 @@ def build(kind: str, lm_config: dict, args, device: torch.device) -> tuple[Plann
         config = PlannedLMConfig(plans=PlanSpec(kind="planner_sampled", num_paths=args.num_paths,
                                                   horizon=args.horizon), adapter=adapter, num_actions=args.num_actions)
     model = PlannedLM(config, lm).to(device).train()
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
 
 
-def train_step(model: PlannedLM, optimizer, batch: dict, conditioned: bool, device: torch.device) -> None:
+def train_step(model: PlannedLM, optimizer, batch: dict, conditioned: bool, device: torch.device,
+               bf16: bool | None = None) -> None:
+    """One training step; bf16 autocast on CUDA unless ``bf16`` says otherwise."""
     batch = {name: t.to(device, non_blocking=True) for name, t in batch.items()}
     if not conditioned:
         for name in ("plan_index", "action_paths", "path_mask"):
             batch.pop(name)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" if bf16 is None else bf16):
         loss = model(**batch).loss
     loss.backward()
     optimizer.step()
@@ -82,7 +93,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--vocab-size", type=int, default=GPT2_VOCAB, help="the LM's vocabulary (GPT-2: 50,257)")
+    parser.add_argument("--speed", action="store_true", help="the speed settings on the bare LM instead of the adapters")
+    parser.add_argument("--loss-chunk-size", type=int, default=Speed().loss_chunk_size)
+    parser.add_argument("--no-compile", action="store_true", help="--speed without the torch.compile variant")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="glibc malloc keeps freed memory (Speed.keep_freed_memory; process-wide: compare two runs)")
     args = parser.parse_args()
+    if args.keep_freed_memory:
+        print(f"malloc keeps freed memory: {keep_freed_memory()}")
     device = torch.device(args.device)
     batch_size = args.batch_size or (32 if device.type == "cuda" else 8)
     if args.gpt2_small:
@@ -90,11 +109,14 @@ def main() -> None:
     else:
         lm_config = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
 
-    variants = ["none", "project_avg", "multipath"]
-    models = {kind: build(kind, lm_config, args, device) for kind in variants}
     gen = torch.Generator().manual_seed(0)
     batches = [make_batch(batch_size, args.context_length, args.sentence_tokens, args.num_paths, args.horizon,
-                          args.num_actions, gen) for _ in range(4)]
+                          args.num_actions, gen, args.vocab_size) for _ in range(4)]
+    if args.speed:
+        speed_table(lm_config, args, device, batches, batch_size)
+        return
+    variants = ["none", "project_avg", "multipath"]
+    models = {kind: build(kind, lm_config, args, device) for kind in variants}
     elapsed = {kind: 0.0 for kind in variants}
     cpu_time = {kind: 0.0 for kind in variants}
     for step in range(args.warmup + args.steps):
@@ -113,7 +135,7 @@ def main() -> None:
     tokens = batch_size * args.context_length * args.steps
     num_plans = batches[0]["action_paths"].shape[0]
     shape = f"{lm_config['n_layer']} layers x {lm_config['n_embd']}"
-    print(f"GPT-2 architecture {shape}, vocab {GPT2_VOCAB}; device {device}; batch {batch_size} x "
+    print(f"GPT-2 architecture {shape}, vocab {args.vocab_size}; device {device}; batch {batch_size} x "
           f"{args.context_length} tokens; {num_plans} plans/batch of K={args.num_paths} paths x T={args.horizon}; "
           f"{args.steps} timed steps each (threads: {torch.get_num_threads()})")
     print(f"| {'variant':<12} | {'conditioning params':>19} | {'s/step':>7} | {'tokens/s':>9} | {'vs none':>7} "
@@ -126,6 +148,56 @@ def main() -> None:
         print(f"| {kind:<12} | {params:>19,} | {elapsed[kind] / args.steps:>7.3f} | {rate:>9,.0f} | "
               f"{elapsed['none'] / elapsed[kind]:>6.2f}x | {cpu_time[kind] / args.steps:>10.3f} | {cpu_rate:>12,.0f} | "
               f"{cpu_time['none'] / cpu_time[kind]:>6.2f}x |")
+
+
+def speed_table(lm_config: dict, args, device: torch.device, batches: list[dict], batch_size: int) -> None:
+    """Tokens/s of the bare LM's training step under each speed setting, as ratios to fp32 eager."""
+    from planlm.utils import cpu_supports_bf16
+
+    chunk = args.loss_chunk_size
+
+    def speed(chunk_size: int, compile: bool = False) -> Speed:  # malloc's setting is process-wide: not per variant
+        return Speed(loss_chunk_size=chunk_size, compile=compile, keep_freed_memory=False)
+
+    # name -> (bf16 autocast, speed settings, fused AdamW); "fp32 eager" is the library before the speed work
+    variants = {"fp32 eager": (False, speed(0), False), "bf16": (True, speed(0), False),
+                "chunked loss": (False, speed(chunk), False), "fused AdamW": (False, speed(0), True),
+                "bf16 + chunked": (True, speed(chunk), False), "bf16 + chunked + fused": (True, speed(chunk), True),
+                "all + compile": (True, speed(chunk, True), True)}
+    if args.no_compile:
+        variants.pop("all + compile")
+    if device.type == "cpu" and not cpu_supports_bf16():
+        variants = {name: v for name, v in variants.items() if not v[0]}
+        print("this CPU has no native bf16 (avx512_bf16 / amx_bf16): the bf16 variants are left out")
+    models = {}
+    for name, (_, settings, fused) in variants.items():
+        model, optimizer = build("none", lm_config, args, device, fused)
+        speed_up_lm(model, settings, f"bench_lm {name}")
+        models[name] = model, optimizer
+    elapsed, cpu_time = {name: 0.0 for name in variants}, {name: 0.0 for name in variants}
+    for step in range(args.warmup + args.steps):
+        for name, (bf16, _, _) in variants.items():  # interleaved, so drifting load hits every variant alike
+            model, optimizer = models[name]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            train_step(model, optimizer, batches[step % len(batches)], False, device, bf16=bf16)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if step >= args.warmup:
+                elapsed[name] += time.perf_counter() - start
+                cpu_time[name] += time.process_time() - start_cpu
+    tokens = batch_size * args.context_length * args.steps
+    print(f"GPT-2 architecture {lm_config['n_layer']} layers x {lm_config['n_embd']}, vocab {args.vocab_size}; "
+          f"device {device}; batch {batch_size} x {args.context_length}; loss chunk {chunk} tokens; {args.steps} "
+          f"timed steps each after {args.warmup} warm-up (threads: {torch.get_num_threads()})")
+    print(f"| {'setting':<25} | {'s/step':>7} | {'tokens/s':>9} | {'vs fp32':>7} | {'CPU s/step':>10} | {'vs fp32':>7} |")
+    print(f"|{'-' * 27}|{'-' * 9}|{'-' * 11}|{'-' * 9}|{'-' * 12}|{'-' * 9}|")
+    base, base_cpu = elapsed["fp32 eager"], cpu_time["fp32 eager"]
+    for name in variants:
+        print(f"| {name:<25} | {elapsed[name] / args.steps:>7.3f} | {tokens / elapsed[name]:>9,.0f} | "
+              f"{base / elapsed[name]:>6.2f}x | {cpu_time[name] / args.steps:>10.3f} | "
+              f"{base_cpu / cpu_time[name]:>6.2f}x |")
 
 
 if __name__ == "__main__":

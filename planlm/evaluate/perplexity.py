@@ -9,8 +9,9 @@ How the windows are computed (exact, batched):
 
 - Window w of an article covers tokens [start, end) and scores the targets [first, end). The LM
   reads tokens [start, end - 1) (the last token is only a target) and only the logits of the last
-  ``end - first`` positions are computed (``logits_to_keep``): the vocabulary projection is the
-  most expensive part of a small LM, and stride 1 needs one position of 127.
+  ``end - first`` positions are computed (``PlannedLM.token_nll``): the vocabulary projection is the
+  most expensive part of a small LM, and stride 1 needs one position of 127. With ``speed.loss_chunk_size``
+  those logits are computed a chunk of positions at a time, never all at once (``planlm.models.lm_loss``).
 - The first window of an article scores all of its targets at once: with a causal LM, target t of
   window [a0, a0 + 128) sees exactly the tokens [a0, t), the same as its own stride-1 window.
 - Windows are grouped by (input length, scored positions), so a batch needs no padding (no
@@ -32,7 +33,6 @@ from typing import Literal, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
@@ -44,6 +44,7 @@ from planlm.plans.policy import paths_summary
 from planlm.plans.sources import plan_source
 from planlm.plans.spec import PlanKind, PlanSpec, evaluation_spec
 from planlm.models.planner import planner_hash
+from planlm.speed import Speed, speed_up_lm
 from planlm.utils import autocast, resolve_device
 
 UNSCORED_NOTE = "the first token of every article is not scored (it has no context)"
@@ -116,9 +117,8 @@ def score_windows(model, split: PreparedSplit, windows: np.ndarray, plan_table: 
         if plan_table is not None:
             kwargs["plan_embeds"] = plan_table[plan_sentence_all[positions[:, :-1]]]  # (B, L, D)
         with autocast(device, precision):
-            logits = model(input_ids=input_ids, logits_to_keep=num_scored, **kwargs).logits  # (B, P, V)
-        token_nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")  # (B*P,)
-        sums.append(token_nll.view(len(rows), num_scored).double().sum(1))  # (B,)
+            token_nll = model.token_nll(input_ids, targets, **kwargs)  # (B, P)
+        sums.append(token_nll.double().sum(1))  # (B,)
     nll = np.zeros(len(windows), dtype=np.float64)
     if batches:
         nll[np.concatenate(batches)] = torch.cat(sums).cpu().numpy()
@@ -190,7 +190,8 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
 def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test", plans: PlanSpec = PlanSpec(),
              stride: int = 1, context_length: int = 128, max_articles: Optional[int] = None, batch_size: int = 32,
              device: str = "auto", precision: Literal["auto", "fp32", "bf16"] = "auto",
-             bootstrap_samples: int = 1000, confidence: float = 0.95, plan_usage: Optional[bool] = None) -> dict:
+             bootstrap_samples: int = 1000, confidence: float = 0.95, plan_usage: Optional[bool] = None,
+             speed: Speed = Speed()) -> dict:
     """Perplexity of a trained (planned) LM on a prepared split, with a bootstrap CI over articles.
 
     Writes ``metrics.json`` (ppl, ci_low, ci_high, nll, tokens, articles, protocol, wall_time_s,
@@ -220,6 +221,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         plan_usage: Also score the split with the plans shuffled across its sentences (a fixed seeded
             permutation): how much the LM reads its plans (plan_usage_* in metrics.json). None: whenever
             the model reads plans; true with plans kind none is an error.
+        speed: torch.compile and the chunked loss (the same NLL up to floating-point rounding; not part of the key).
 
     Returns:
         The metrics dict (also in ``<out_dir>/metrics.json``).
@@ -247,6 +249,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         metrics = load_json(out / "metrics.json", fix_for(out))
         add_evaluation(model_dir, metrics)  # a card written before this evaluation gets it too
         return metrics
+    speed_up_lm(model, speed, "evaluate")
     result = evaluate_split(model, prepared, split_view, spec, num_articles, stride, context_length, batch_size,
                             torch_device, precision, plan_usage)
     metrics = _metrics(result, spec, split_view, num_articles, plans_manifest, stride=stride,

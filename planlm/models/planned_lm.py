@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
+from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
 from planlm.plans.spec import PlanKind, PlanSpec
 from planlm.utils import PlanlmError, to_jsonable, write_json
 
@@ -142,6 +145,9 @@ class PlannedLM(nn.Module):
         else:
             self.codebook = None
         self.adapter = build_adapter(config.adapter, codebook) if config.plans.kind != PlanKind.none else None
+        self.loss_chunk_size = 0
+        """With labels, compute the loss this many tokens at a time without the logits (``planlm.models.lm_loss``;
+        0: the LM's own loss on all the logits). A run setting (``Speed``), not part of the saved config."""
         self.folder: Path | None = None  # where it was saved to or loaded from (what push_to_hub uploads)
 
     @property
@@ -171,13 +177,36 @@ class PlannedLM(nn.Module):
             if plan_index is None:
                 raise ValueError("action_paths need plan_index (B, L): which plan conditions each token")
             plan_embeds = self.token_plan_embeds(self.plan_vectors(action_paths, path_mask), plan_index)
-        if plan_embeds is None:
-            return self.lm(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
-                           past_key_values=past_key_values, use_cache=use_cache, **lm_kwargs)
+        inputs = {"input_ids": input_ids} if plan_embeds is None else {"inputs_embeds": self._embed(input_ids, plan_embeds)}
+        split = split_lm_head(self.lm) if self.loss_chunk_size and labels is not None and not use_cache else None
+        if split is not None:  # the loss without the logits
+            body, head = split
+            hidden = body(attention_mask=attention_mask, **inputs, **lm_kwargs).last_hidden_state  # (B, L, D)
+            loss = linear_cross_entropy(hidden[:, :-1].flatten(0, 1), head.weight, labels[:, 1:].flatten(),
+                                        self.loss_chunk_size)
+            return CausalLMOutputWithPast(loss=loss)
+        return self.lm(attention_mask=attention_mask, labels=labels, past_key_values=past_key_values,
+                       use_cache=use_cache, **inputs, **lm_kwargs)
+
+    def _embed(self, input_ids: Tensor, plan_embeds: Tensor) -> Tensor:
+        """Token embeddings plus plan vectors: input_ids (B, L), plan_embeds (B, L, D) -> inputs_embeds (B, L, D)."""
         token_embeds = self.lm.get_input_embeddings()(input_ids)  # (B, L, D)
-        inputs_embeds = token_embeds + plan_embeds.to(token_embeds.dtype)  # (B, L, D)
-        return self.lm(inputs_embeds=inputs_embeds, attention_mask=attention_mask, labels=labels,
-                       past_key_values=past_key_values, use_cache=use_cache, **lm_kwargs)
+        return token_embeds + plan_embeds.to(token_embeds.dtype)  # (B, L, D)
+
+    def token_nll(self, input_ids: Tensor, targets: Tensor, plan_embeds: Tensor | None = None) -> Tensor:
+        """NLL of ``targets (B, P)``, the tokens that follow the last P positions of ``input_ids (B, L)`` ->
+        (B, P) fp32; only those P positions are projected onto the vocabulary (chunked with loss_chunk_size)."""
+        num_scored = targets.shape[1]
+        split = split_lm_head(self.lm) if self.loss_chunk_size else None
+        if split is None:
+            logits = self(input_ids=input_ids, plan_embeds=plan_embeds, logits_to_keep=num_scored).logits  # (B, P, V)
+            return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
+        body, head = split
+        inputs = {"input_ids": input_ids} if plan_embeds is None else {"inputs_embeds": self._embed(input_ids, plan_embeds)}
+        hidden = body(**inputs).last_hidden_state[:, -num_scored:]  # (B, P, D)
+        nll = linear_cross_entropy(hidden.flatten(0, 1), head.weight, targets.flatten(), self.loss_chunk_size,
+                                   reduction="none")  # (B*P,)
+        return nll.view_as(targets)
 
     # ----------------------------------------------------------------------------- finetuning modes
     def apply_finetune(self, mode: Finetune, lora_rank: int = 8, lora_alpha: int = 16, lora_dropout: float = 0.0,

@@ -26,6 +26,7 @@ from planlm.data.windows import WindowCollator, article_windows
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
 from planlm.plans.sources import check_cache, plan_source
 from planlm.plans.spec import PlanKind, PlanSpec
+from planlm.speed import Speed, speed_up_lm
 from planlm.train.harness import (DEFAULT_LOGGERS, TrainerKnobs, build_trainer, check_loggers, fit, load_best,
                                   resume_checkpoint)
 from planlm.train.lm_module import MULTIPATH_LR_SCALE, LightningLM
@@ -120,8 +121,9 @@ class LMTrainConfig:
     num_nodes: int = 1
     """Lightning nodes."""
     precision: str | None = None
-    """Lightning precision (None: bf16-mixed on CUDA, 32-true on CPU). bf16-mixed on CPU is bf16 autocast: about
-    2x the tokens/s of 32-true on CPUs with AVX512-BF16 / AMX (refused on CPUs without)."""
+    """Lightning precision (None: bf16-mixed on CUDA, 32-true on CPU). bf16-mixed on CPU is bf16 autocast (refused on
+    CPUs without AVX512-BF16 / AMX): with the chunked loss 1.1-1.3x the fp32 step at the demo's shape, measured
+    under load (docs/benchmarks.md)."""
     num_workers: int = 0
     """DataLoader worker processes."""
     log_every_n_steps: int = 50
@@ -309,7 +311,7 @@ def _input_hashes(model: LMModelConfig, spec: PlanSpec) -> dict:
 # --------------------------------------------------------------------------------------------- command
 def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConfig(),
              plans: PlanSpec = PlanSpec(), adapter: AdapterSettings = AdapterSettings(),
-             train: LMTrainConfig = LMTrainConfig()) -> Path:
+             train: LMTrainConfig = LMTrainConfig(), speed: Speed = Speed()) -> Path:
     """Finetune a causal LM conditioned on plans (fixed / oracle / planner actions) or on nothing.
 
     The output folder reloads with ``PlannedLM.from_pretrained(out_dir)``; it is reused when complete
@@ -322,7 +324,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         plans: Where the plans come from (kind: none, fixed, oracle, planner_argmax, planner_sampled), K, T, tau,
             seed, fixed action, planner or plan cache; unset fields take the defaults (K = T = 1, tau = 1).
         adapter: How the adapter folds K paths into one vector (kind: project_avg or multipath, its layers).
-        train: Run knobs (window, batch, optimiser, Lightning trainer).
+        train: Run knobs (window, batch, optimiser, Lightning trainer; train.precision bf16-mixed: bf16 autocast).
+        speed: torch.compile and the chunked loss: the same model, trained faster (not part of the reuse key).
 
     Returns:
         The model folder.
@@ -349,6 +352,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     planner_hash = (plans_manifest or {}).get("planner_hash")
 
     planned = _build_model(prepared, model, spec, adapter, tokenizer, planner_hash, train.train_split, train.seed)
+    speed_up_lm(planned, speed, "train-lm")
     L.seed_everything(derive_seed(train.seed, "dropout"), verbose=False)  # the same dropout stream in every condition
 
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

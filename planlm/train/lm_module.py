@@ -64,6 +64,14 @@ class LightningLM(L.LightningModule):
         for metric in (self.val_nll_sum, self.val_tokens, self.shuffled_nll_sum, self.shuffled_tokens):
             metric.reset()
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning refuses to clip for a fused optimizer under mixed precision, in case the gradients were
+        still loss-scaled; bf16 has no loss scaling (and fp16 gets no fused optimizer), so torch clips them."""
+        if gradient_clip_val and optimizer.param_groups[0].get("fused") and gradient_clip_algorithm in (None, "norm"):
+            torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], gradient_clip_val)
+        else:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self):
         """AdamW over three groups: the LM (lr), the adapter (adapter_lr) and the transformers behind the
         adapter's ReZero gates (adapter_lr x multipath_lr_scale); a group with nothing to train is left out."""
@@ -75,7 +83,10 @@ class LightningLM(L.LightningModule):
                   {"params": [p for p in adapter_params if id(p) not in in_gated], "lr": self.adapter_lr},
                   {"params": gated, "lr": self.adapter_lr * self.multipath_lr_scale}]
         groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in groups]
-        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=self.weight_decay)
+        precision = str(self._trainer.precision) if self._trainer is not None else ""  # no trainer: a bare loop
+        fused = self.device.type in ("cpu", "cuda") and not precision.startswith("16")
+        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=self.weight_decay,
+                                      fused=fused or None)  # one kernel per step; fp16's loss scaling: not fused
         warmup = max(1, self.warmup_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

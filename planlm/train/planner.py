@@ -38,7 +38,8 @@ from planlm.train.harness import (DEFAULT_LOGGERS, TrainerKnobs, build_trainer, 
                                   resume_checkpoint)
 from planlm.train.planner_metrics import baseline_metrics, evaluate_planner, write_summary
 from planlm.train.planner_module import LightningPlanner
-from planlm.utils import PlanlmError, prepare_stage_dir, write_manifest
+from planlm.speed import Speed, compile_module, keep_freed_memory
+from planlm.utils import PlanlmError, check_bf16, prepare_stage_dir, write_manifest
 
 
 @dataclass
@@ -107,7 +108,7 @@ class PlannerTrainArgs:
 
 # ---- the command --------------------------------------------------------------------------------------
 def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = PlannerShape(),
-                  train: PlannerTrainArgs = PlannerTrainArgs()) -> Path:
+                  train: PlannerTrainArgs = PlannerTrainArgs(), speed: Speed = Speed()) -> Path:
     """Train the multi-step planner on a prepared corpus and compare it with majority/unigram/bigram baselines.
 
     Rerunning the same command resumes from ``checkpoints/last.ckpt``; a complete folder with the same
@@ -117,11 +118,14 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
         prepared_dir: Prepared corpus (``planlm prepare``): sentence embeddings, actions, codebook.
         out_dir: Output folder of the planner (weights, config, summary, checkpoints, logs).
         model: Planner shape.
-        train: Optimisation and run knobs.
+        train: Optimisation and run knobs (train.precision bf16-mixed: bf16 autocast).
+        speed: speed.compile: torch.compile the planner (the same planner, trained faster; not part of the reuse key).
 
     Returns:
         The planner folder (load it with ``Planner.from_pretrained``).
     """
+    knobs = TrainerKnobs.of(train)
+    check_bf16(knobs.resolved_precision(), knobs.device_type(), "train-planner: --train.precision")
     prepared = PreparedDataset(prepared_dir)
     config = PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim,
                            encoder_name=prepared.encoder_name if model.finetune_encoder else None, **asdict(model))
@@ -135,9 +139,12 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
     ckpt_path = resume_checkpoint(out, "run_config.json", stage_config, reset=out)
 
     L.seed_everything(train.seed, verbose=False)
-    module = LightningPlanner(_new_planner(prepared, prepared_dir, config), lr=train.lr,
-                              weight_decay=train.weight_decay, encoder_lr=train.encoder_lr)
-    knobs = TrainerKnobs.of(train)
+    planner = _new_planner(prepared, prepared_dir, config)
+    if speed.keep_freed_memory:
+        keep_freed_memory()
+    if speed.compile:
+        compile_module(planner, "train-planner: the planner")
+    module = LightningPlanner(planner, lr=train.lr, weight_decay=train.weight_decay, encoder_lr=train.encoder_lr)
     trainer, best = build_trainer(knobs, out, best_filename="best", log_folders={"csv": "logs", "tensorboard": "logs"})
     fit(trainer, module, _loader(train_split, config, train, shuffle=True),
         _loader(val_split, config, train, shuffle=False), ckpt_path)

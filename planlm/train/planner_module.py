@@ -68,4 +68,5 @@ class LightningPlanner(L.LightningModule):
         groups = [{"params": [p for p in self.planner.parameters() if id(p) not in encoder_params], "lr": self.lr}]
         if encoder is not None:
             groups.append({"params": list(encoder.parameters()), "lr": self.encoder_lr})
-        return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay,
+                                 fused=self.device.type == "cuda" or None)  # one kernel per step on a GPU

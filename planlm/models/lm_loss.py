@@ -1,0 +1,116 @@
+"""The LM's output projection and cross-entropy in chunks of tokens, without all of its logits.
+
+A small LM spends most of its step in its output projection: at the demo's shape (16 x 128 tokens, a
+50,257-token vocabulary, width 128) the logits are 411 MB in fp32, their gradient as much again, and
+both are allocated afresh at every step. ``linear_cross_entropy`` computes, for C tokens at a time, the
+logits (C, V), their log-sum-exp and the NLL of each target; when training it computes the gradients
+of the hidden states and of the projection weight right away (softmax - one-hot), so at most C x V
+logits exist at once and none is kept for the backward pass. The matrix products run in the autocast
+dtype (bf16 under bf16 autocast), the log-sum-exp and the NLL in fp32, like the plain path's loss on
+upcast logits. Exact up to floating-point summation order (tested against F.cross_entropy).
+
+``split_lm_head`` finds the body (the model without its head) and the head of the HF causal LMs whose
+logits are a plain bias-free linear map of the last hidden states; other models (logit soft-capping,
+scaled or biased heads, LoRA on the head) keep their own loss.
+
+Letters: N tokens, D width, V vocabulary, C tokens per chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+IGNORE_INDEX = -100
+PLAIN_HEAD_MODELS = {"gpt2", "llama", "mistral", "qwen2", "gpt_neox", "opt"}
+"""Model types whose logits are ``last_hidden_state @ lm_head.weight.T`` (no bias, no scale, no soft-capping)."""
+
+
+def split_lm_head(lm: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
+    """(body, head) of an HF causal LM (a peft model's base too): ``body(...).last_hidden_state @
+    head.weight.T`` are its logits. None when the model is not known to compute its logits so."""
+    hf = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    if getattr(getattr(hf, "config", None), "model_type", None) not in PLAIN_HEAD_MODELS:
+        return None
+    head = hf.get_output_embeddings()
+    body = getattr(hf, hf.base_model_prefix, None)
+    if type(head) is not nn.Linear or head.bias is not None or body is None:  # LoRA on the head, a biased head
+        return None
+    return body, head
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int = 1024,
+                         reduction: str = "mean") -> Tensor:
+    """Cross-entropy of ``hidden (N, D) @ weight (V, D).T`` against ``targets (N,)`` (IGNORE_INDEX left out),
+    C = ``chunk_size`` tokens at a time. reduction: mean (over the scored tokens), sum, or none ((N,) NLL,
+    0 at ignored tokens; not differentiable)."""
+    scored = targets != IGNORE_INDEX  # (N,)
+    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if reduction == "none":
+        if needs_grad:
+            raise ValueError("linear_cross_entropy: reduction 'none' has no gradient; use mean or sum")
+        nll = hidden.new_zeros(len(targets), dtype=torch.float32)  # (N,)
+        nll[scored] = _chunked_nll(hidden[scored], weight, targets[scored], chunk_size)
+        return nll
+    if needs_grad:
+        total = _LinearCrossEntropy.apply(hidden[scored], weight, targets[scored], chunk_size)
+    else:  # validation: no gradient to compute
+        total = _chunked_nll(hidden[scored], weight, targets[scored], chunk_size).sum()
+    return total / scored.sum().clamp(min=1) if reduction == "mean" else total
+
+
+def _compute_dtype(tensor: Tensor) -> torch.dtype:
+    """The dtype autocast gives a matrix product on ``tensor``'s device (its own dtype without autocast)."""
+    device = tensor.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else tensor.dtype
+
+
+def _chunked_nll(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int,
+                 grad_hidden: Tensor | None = None, grad_weight: Tensor | None = None) -> Tensor:
+    """(N,) fp32 NLL of every target; given ``grad_hidden (N, D)`` / ``grad_weight (V, D)`` (fp32 zeros), also
+    fills them with the gradients of the summed NLL."""
+    dtype = _compute_dtype(hidden)
+    weight_c = weight.to(dtype)  # (V, D)
+    nll = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)  # (N,)
+    with torch.autocast(hidden.device.type, enabled=False):
+        for start in range(0, len(targets), chunk_size):
+            rows = slice(start, start + chunk_size)
+            h = hidden[rows].to(dtype)  # (C, D)
+            logits = (h @ weight_c.T).float()  # (C, V)
+            target = targets[rows, None]  # (C, 1)
+            target_logit = logits.gather(1, target)  # (C, 1)
+            peak = logits.amax(dim=-1, keepdim=True)  # (C, 1)
+            exp = logits.sub_(peak).exp_()  # in place: one exp serves the log-sum-exp and the softmax (C, V)
+            total = exp.sum(dim=-1, keepdim=True)  # (C, 1)
+            nll[rows] = (peak + total.log() - target_logit).squeeze(1)
+            if grad_hidden is None and grad_weight is None:
+                continue
+            grad_logits = exp.mul_(total.reciprocal())  # softmax (C, V)
+            grad_logits.scatter_add_(1, target, grad_logits.new_full(target.shape, -1.0))  # minus the one-hot
+            grad_logits = grad_logits.to(dtype)
+            if grad_hidden is not None:
+                grad_hidden[rows] = grad_logits @ weight_c  # (C, D)
+            if grad_weight is not None:
+                grad_weight.add_(grad_logits.T @ h)  # (V, D)
+    return nll
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Summed NLL whose gradients are computed in the forward pass, chunk by chunk (no logits kept)."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int) -> Tensor:
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        nll = _chunked_nll(hidden, weight, targets, chunk_size, grad_hidden, grad_weight)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.dtypes = hidden.dtype, weight.dtype
+        return nll.sum()
+
+    @staticmethod
+    def backward(ctx, grad_total: Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        hidden_dtype, weight_dtype = ctx.dtypes
+        return (None if grad_hidden is None else (grad_hidden * grad_total).to(hidden_dtype),
+                None if grad_weight is None else (grad_weight * grad_total).to(weight_dtype), None, None)

@@ -1,0 +1,116 @@
+"""The speed settings (planlm.speed) of train-lm, train-planner and evaluate: torch.compile (its fallback to eager,
+the state dict it leaves alone), the chunked loss and bf16 autocast through the commands, at tiny size."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from planlm.data.artifacts import PreparedDataset
+from planlm.evaluate.perplexity import evaluate
+from planlm.models.planned_lm import PlannedLM
+from planlm.models.planner import PlannerShape
+from planlm.plans.spec import PlanSpec
+from planlm.speed import Speed, compile_module, keep_freed_memory, speed_up_lm
+from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
+from planlm.train.lm_module import LightningLM
+from planlm.train.planner import PlannerTrainArgs, train_planner
+from planlm.utils import PlanlmError, cpu_supports_bf16
+
+from helpers import tiny_gpt2_config, tiny_planned_lm
+
+QUICK = dict(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1, lr=1e-3, progress_bar=False,
+             log_every_n_steps=1, loggers=["csv"])
+needs_bf16 = pytest.mark.skipif(not cpu_supports_bf16(), reason="this CPU has no native bf16")
+
+
+@pytest.fixture
+def failing_compile(monkeypatch):
+    """torch.compile whose compiled function fails at its first call, as a compiler error does."""
+    def compile_that_fails(fn, *args, **kwargs):
+        def compiled(*a, **k):
+            raise RuntimeError("InductorError: no C++ compiler\nmore lines")
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", compile_that_fails)
+
+
+def test_a_compiled_model_keeps_its_state_dict_keys_and_saves_and_loads_as_an_eager_one(synthetic_random, tmp_path):
+    eager = tiny_planned_lm(PreparedDataset(synthetic_random), adapter="multipath")
+    compiled = tiny_planned_lm(PreparedDataset(synthetic_random), adapter="multipath")
+    speed_up_lm(compiled, Speed(compile=True), "test")
+    assert compiled.lm.transformer.forward is not eager.lm.transformer.forward.__func__  # compiled in place
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    assert list(LightningLM(compiled).state_dict()) == list(LightningLM(eager).state_dict())  # the checkpoints
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        model.save_pretrained(tmp_path / name)
+    reloaded = {name: PlannedLM.from_pretrained(tmp_path / name).state_dict() for name in ("eager", "compiled")}
+    assert list(reloaded["compiled"]) == list(reloaded["eager"])
+    for key, value in reloaded["eager"].items():
+        torch.testing.assert_close(reloaded["compiled"][key], value, rtol=0, atol=0)
+
+
+def test_a_failing_compile_warns_in_one_line_and_runs_eager(failing_compile):
+    torch.manual_seed(0)
+    module = torch.nn.Linear(4, 3)
+    inputs = torch.randn(2, 4)
+    expected = module(inputs)
+    compile_module(module, "train-lm: the LM")
+    with pytest.warns(UserWarning) as caught:
+        out = module(inputs)
+    message = str(caught[0].message)
+    assert message == ("train-lm: the LM: torch.compile failed (RuntimeError: InductorError: no C++ compiler); "
+                       "running eager")
+    torch.testing.assert_close(out, expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # eager from now on: no second warning
+        torch.testing.assert_close(module(inputs), expected)
+
+
+def test_train_planner_with_a_failing_compile_trains_eager(synthetic_cycle, tmp_path, failing_compile):
+    with pytest.warns(UserWarning, match="train-planner: the planner: torch.compile failed"):
+        out = train_planner(str(synthetic_cycle), str(tmp_path / "planner"),
+                            PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2),
+                            PlannerTrainArgs(batch_size=64, max_epochs=1, max_steps=2, progress_bar=False,
+                                             loggers=["csv"]), speed=Speed(compile=True))
+    assert (out / "model.safetensors").is_file()
+
+
+@needs_bf16
+def test_train_lm_and_evaluate_in_bf16_with_the_chunked_loss(synthetic_random, tmp_path):
+    """The fast setting through the commands: bf16 autocast and the chunked loss, and evaluate's chunked NLL equal
+    to its plain one."""
+    model_dir = train_lm(str(synthetic_random), str(tmp_path / "lm"), LMModelConfig(model_config=tiny_gpt2_config()),
+                         PlanSpec(kind="oracle"), train=LMTrainConfig(precision="bf16-mixed", **QUICK),
+                         speed=Speed(loss_chunk_size=64))
+    assert PlannedLM.from_pretrained(model_dir).loss_chunk_size == 0  # a run setting, not saved
+    metrics = {chunk: evaluate(str(model_dir), str(synthetic_random), str(tmp_path / f"eval{chunk}"), max_articles=3,
+                               stride=64, bootstrap_samples=10, device="cpu", precision="fp32",
+                               speed=Speed(loss_chunk_size=chunk))
+               for chunk in (0, 50)}
+    assert metrics[50]["nll"] == pytest.approx(metrics[0]["nll"], rel=1e-6)
+
+
+def test_malloc_keeps_freed_memory_on_glibc():
+    import platform
+
+    assert keep_freed_memory() == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+
+
+def test_a_negative_chunk_size_is_a_one_line_error():
+    with pytest.raises(PlanlmError, match="loss_chunk_size must be >= 0"):
+        Speed(loss_chunk_size=-1)
+
+
+@pytest.mark.slow
+def test_train_lm_compiled_for_real(synthetic_random, tmp_path):
+    """torch.compile of the LM and the adapter through train-lm (a minute or more on 2 cores: inductor builds C++)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model_dir = train_lm(str(synthetic_random), str(tmp_path / "lm"),
+                             LMModelConfig(model_config=tiny_gpt2_config()), PlanSpec(kind="oracle"),
+                             train=LMTrainConfig(**QUICK), speed=Speed(compile=True))
+    assert not [w for w in caught if "torch.compile failed" in str(w.message)]  # no fallback to eager
+    assert PlannedLM.from_pretrained(model_dir).adapter is not None
