@@ -291,7 +291,7 @@ def condition_config(name: str, planner_dir: str, args, seed: int) -> dict:
     plans = {"none": PlanSpec(kind="none"), "fixed": PlanSpec(kind="fixed"), "oracle": PlanSpec(kind="oracle"),
              "argmax": PlanSpec(kind="planner_argmax", num_paths=1, horizon=1, planner_dir=planner_dir),
              "sampled": PlanSpec(horizon=1, **sampled), "ours": PlanSpec(horizon=args.horizon, **sampled),
-             # not in CONDITIONS: sampled's plans in expectation (K = 1), benchmarks/bench_expectation.py
+             # not in CONDITIONS: sampled's plans in expectation (K = 1), experiments/bench_expectation.py
              "expected": PlanSpec(horizon=1, **{**sampled, "num_paths": 1}, expectation=True)}[name]
     return {"plans": plans, "adapter": AdapterSettings(kind="multipath" if name == "ours" else "project_avg")}
 

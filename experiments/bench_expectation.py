@@ -1,7 +1,7 @@
 """Plans in expectation (``plans.expectation``, beyond the paper) on the mechanism benchmark: one path in
 expectation against K sampled paths, paired over seeds.
 
-On the mechanism corpus (``bench_mechanism.py``, T = 1 plans) a boundary has two likely next types, so a
+On the mechanism corpus (``experiments/bench_mechanism.py``, T = 1 plans) a boundary has two likely next types, so a
 sampled plan needs many paths to name both; the expected plan, sum_a p(a | context) Emb(a), names both with
 one. For every seed, from the benchmark's own folders (trained here when missing: corpus, planner, the seed's
 base LM and its ``sampled`` condition, Project and Avg trained on K = 10 sampled paths of T = 1):
@@ -23,11 +23,11 @@ base LM and its ``sampled`` condition, Project and Avg trained on K = 10 sampled
 Targets, printed PASS/FAIL: expectation K = 1 within the paired interval of sampled K = 50 or better (its
 pooled interval against K = 50 reaches 0 or lies below it); at most 1.2x the evaluation time of sampled K = 1.
 
-Every ``bench_mechanism.py`` option applies (``--out_dir``, ``--seeds``, ``--quick``, ...; give the options the
+Every ``experiments/bench_mechanism.py`` option applies (``--out_dir``, ``--seeds``, ``--quick``, ...; give the options the
 folder was made with again). The report goes to ``<out_dir>/expectation/report.md``.
 
-    python benchmarks/bench_expectation.py --quick --seeds 0 1 2 --out_dir runs/bench_mechanism_quick
-    python benchmarks/bench_expectation.py --out_dir runs/bench_mechanism          # the full benchmark's folders
+    python experiments/bench_expectation.py --quick --seeds 0 1 2 --out_dir runs/bench_mechanism_quick
+    python experiments/bench_expectation.py --out_dir runs/bench_mechanism          # the full benchmark's folders
 """
 
 from __future__ import annotations
