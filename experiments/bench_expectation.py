@@ -49,7 +49,7 @@ SAMPLED_K = (1, 10, 50)
 def parse_args() -> tuple[argparse.Namespace, argparse.Namespace]:
     """(this script's options, the benchmark's options)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3, help="timed evaluations of each of sampled K = 1 and "
+    parser.add_argument("--repeats", type=int, default=5, help="timed evaluations of each of sampled K = 1 and "
                                                                "expectation K = 1, in turn")
     parser.add_argument("--top_actions", type=int, default=64, help="actions kept per step in expectation, when "
                                                                      "the sampled LM is evaluated (the LM trained in "

@@ -285,7 +285,7 @@ class PlannedGenerator:
                 raise PlanlmError("oracle plans need a test article's prefix (prompt_from_article / --article)")
             inside = [s < len(oracle) for s in sentences]
             global_sentences = np.asarray([oracle[s] if ok else oracle[-1] for s, ok in zip(sentences, inside)])
-            paths, mask = OraclePlans(self.split, num_paths, horizon)(global_sentences)
+            paths, mask, _ = OraclePlans(self.split, num_paths, horizon)(global_sentences)
             plans = Plans(paths, mask & torch.tensor(inside)[:, None, None])  # past the article's end: no information
         else:
             plans = self._planner_paths(contexts)
