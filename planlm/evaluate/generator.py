@@ -47,6 +47,9 @@ from planlm.plans.policy import path_mask_from_counts, sample_with_policy
 from planlm.utils import PlanlmError, autocast
 
 EmbedFn = Callable[[list[str]], np.ndarray]
+# Part of every edit-distance folder's reuse key: raised when the same inputs generate other text, so that a
+# finished folder from older code is rebuilt. 2: the window slides by one token at the position limit (was by half).
+GENERATION_VERSION = 2
 
 
 @dataclass
