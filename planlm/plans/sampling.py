@@ -121,23 +121,27 @@ def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizo
         context_embeds, context_mask = boundary_contexts(split, batch, planner.config.max_sentences, embeddings)
         context_embeds, context_mask = context_embeds.to(torch_device), context_mask.to(torch_device)
         with autocast(torch_device, precision):
+            greedy = None
+            if argmax_out is not None and top_actions and argmax_expected_out is not None:
+                greedy, *steps = planner.expected_argmax_path(context_embeds, context_mask, horizon, top_actions)
+                _write_rows(argmax_expected_out, rows, steps)  # (B, T, M) twice
+            elif argmax_out is not None:
+                greedy = planner.argmax_path(context_embeds, context_mask, horizon)  # (B, T)
+            if greedy is not None:
+                argmax_out[rows] = greedy.cpu().numpy()
+            counts = torch.full((len(rows),), num_paths)
             if top_actions and expected_out is not None:
                 paths, *steps = planner.sample_expected_paths(context_embeds, context_mask, num_paths, horizon,
                                                               temperature, top_actions, generator)
                 _write_rows(expected_out, rows, steps)  # (B, K, T, M) twice
-                counts = torch.full((len(rows),), num_paths)
+            elif temperature == 0 and greedy is not None:  # every path is the greedy one: no second rollout
+                paths = greedy[:, None].expand(-1, num_paths, -1)
             else:
                 paths, counts = sample_with_policy(planner, context_embeds, context_mask, policy, horizon,
                                                    temperature, generator)
             out[rows] = paths.cpu().numpy()  # (B, K, T)
             if num_paths_out is not None:
                 num_paths_out[rows] = counts.cpu().numpy()  # (B,)
-            if argmax_out is not None and top_actions and argmax_expected_out is not None:
-                greedy, *steps = planner.expected_argmax_path(context_embeds, context_mask, horizon, top_actions)
-                argmax_out[rows] = greedy.cpu().numpy()
-                _write_rows(argmax_expected_out, rows, steps)  # (B, T, M) twice
-            elif argmax_out is not None:
-                argmax_out[rows] = planner.argmax_path(context_embeds, context_mask, horizon).cpu().numpy()
     return out
 
 
