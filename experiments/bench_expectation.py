@@ -24,7 +24,9 @@ Targets, printed PASS/FAIL: expectation K = 1 within the paired interval of samp
 pooled interval against K = 50 reaches 0 or lies below it); at most 1.2x the evaluation time of sampled K = 1.
 
 Every ``experiments/bench_mechanism.py`` option applies (``--out_dir``, ``--seeds``, ``--quick``, ...; give the options the
-folder was made with again). The report goes to ``<out_dir>/expectation/report.md``.
+folder was made with again). ``--condition ours`` evaluates the multipath LM of T = 3 instead (at T > 1 only
+step 1 is exact, and K paths in expectation average over K sampled prefixes). The report goes to
+``<out_dir>/expectation/report-<condition>.md``.
 
     python experiments/bench_expectation.py --quick --seeds 0 1 2 --out_dir runs/bench_mechanism_quick
     python experiments/bench_expectation.py --out_dir runs/bench_mechanism          # the full benchmark's folders
@@ -55,33 +57,46 @@ def parse_args() -> tuple[argparse.Namespace, argparse.Namespace]:
                                                                      "the sampled LM is evaluated (the LM trained in "
                                                                      "expectation keeps the default, 64)")
     parser.add_argument("--no_compute_sweep", action="store_true", help="skip part 6")
+    parser.add_argument("--condition", choices=["sampled", "ours"], default="sampled",
+                        help="the LM evaluated: sampled (Project and Avg, T = 1) or ours (multipath, T = --horizon, "
+                             "K = 10; adds expectation K = 10, which averages over sampled prefixes; no LM trained in "
+                             "expectation)")
     args, bench_argv = parser.parse_known_args()
     return args, bench.parse_args(bench_argv)
 
 
-def point_specs(top_actions: int) -> dict:
-    """The evaluation points of the ``sampled`` LM: the plans overriding its own."""
+def point_specs(top_actions: int, condition: str = "sampled") -> dict:
+    """The evaluation points of the ``condition`` LM: the plans overriding its own."""
     from planlm.plans.spec import PlanSpec
 
     points = {f"sampled K={k}": PlanSpec(num_paths=k, expectation=False) for k in SAMPLED_K}
-    points["expectation K=1"] = PlanSpec(num_paths=1, expectation=True, top_actions=top_actions)
+    for num_paths in (1, 10) if condition == "ours" else (1,):  # at T > 1 more paths average over more prefixes
+        points[f"expectation K={num_paths}"] = PlanSpec(num_paths=num_paths, expectation=True, top_actions=top_actions)
     return points
 
 
-def evaluate_points(bench_args, seed: int, prepared_dir: str, planner_dir: str, top_actions: int) -> dict:
-    """Evaluation folders of one seed: every point of the ``sampled`` LM and the ``expected`` LM's own."""
+def model_dir(bench_args, condition: str, seed: int) -> Path:
+    return Path(bench_args.out_dir) / bench_args.tag / "lm" / f"{condition}-seed{seed}"
+
+
+def evaluate_points(bench_args, seed: int, prepared_dir: str, planner_dir: str, top_actions: int,
+                    condition: str = "sampled") -> dict:
+    """Evaluation folders of one seed: every point of the ``condition`` LM and (sampled) the ``expected`` LM's
+    own."""
     from planlm.evaluate.perplexity import evaluate
 
     root = Path(bench_args.out_dir) / bench_args.tag
     base = bench.train_base(bench_args, seed, prepared_dir, bench.Clock())
-    bench.train_condition(bench_args, "sampled", seed, prepared_dir, planner_dir, base, bench.Clock())
+    bench.train_condition(bench_args, condition, seed, prepared_dir, planner_dir, base, bench.Clock())
     eval_dirs = {}
-    for name, plans in point_specs(top_actions).items():
-        folder = root / "expectation" / "eval" / f"{name.replace(' ', '-')}-seed{seed}"
-        evaluate(model_dir=str(root / "lm" / f"sampled-seed{seed}"), prepared_dir=prepared_dir, out_dir=str(folder),
+    for name, plans in point_specs(top_actions, condition).items():
+        folder = root / "expectation" / "eval" / f"{condition}-{name.replace(' ', '-')}-seed{seed}"
+        evaluate(model_dir=str(model_dir(bench_args, condition, seed)), prepared_dir=prepared_dir, out_dir=str(folder),
                  split="test", batch_size=64, plans=plans, bootstrap_samples=bench_args.bootstrap_samples,
                  **bench.lm_window(bench_args))
         eval_dirs[name] = folder
+    if condition != "sampled":
+        return eval_dirs
     eval_dirs["trained in expectation"] = bench.train_condition(bench_args, "expected", seed, prepared_dir,
                                                                 planner_dir, base, bench.Clock())[0]
     return eval_dirs
@@ -104,7 +119,8 @@ def paired_table(bench_args, eval_dirs: list[dict]) -> tuple[list[str], dict]:
     return lines, against
 
 
-def timing(bench_args, seed: int, prepared_dir: str, repeats: int, top_actions: int) -> dict:
+def timing(bench_args, seed: int, prepared_dir: str, repeats: int, top_actions: int,
+           condition: str = "sampled") -> dict:
     """Median evaluation wall time (planner, adapter, LM) of sampled K = 1 and expectation K = 1, timed in turn."""
     import torch
 
@@ -113,10 +129,10 @@ def timing(bench_args, seed: int, prepared_dir: str, repeats: int, top_actions: 
     from planlm.models.planned_lm import PlannedLM
     from planlm.plans.spec import evaluation_spec
 
-    model_dir = Path(bench_args.out_dir) / bench_args.tag / "lm" / f"sampled-seed{seed}"
-    model, prepared = PlannedLM.from_pretrained(model_dir), PreparedDataset(prepared_dir)
+    folder = model_dir(bench_args, condition, seed)
+    model, prepared = PlannedLM.from_pretrained(folder), PreparedDataset(prepared_dir)
     split = prepared["test"]
-    points = {name: evaluation_spec(spec, model, str(model_dir)) for name, spec in point_specs(top_actions).items()
+    points = {name: evaluation_spec(spec, model, str(folder)) for name, spec in point_specs(top_actions).items()
               if name in ("sampled K=1", "expectation K=1")}
     times = {name: [] for name in points}
     window = bench.lm_window(bench_args)
@@ -130,7 +146,8 @@ def timing(bench_args, seed: int, prepared_dir: str, repeats: int, top_actions: 
             for name, rows in times.items()}
 
 
-def diagnosis(bench_args, seed: int, prepared_dir: str, top_actions: int, num_paths: int = 50) -> list[str]:
+def diagnosis(bench_args, seed: int, prepared_dir: str, top_actions: int, condition: str = "sampled",
+              num_paths: int = 50) -> list[str]:
     """Per step: the expected action embedding's distance from the K = 50 average, beside that average's own
     Monte Carlo error, in the sampled LM's action-embedding space; and the plan vectors' relative distance."""
     import torch
@@ -140,13 +157,13 @@ def diagnosis(bench_args, seed: int, prepared_dir: str, top_actions: int, num_pa
     from planlm.plans.sources import plan_source
     from planlm.plans.spec import PlanSpec, evaluation_spec
 
-    model_dir = Path(bench_args.out_dir) / bench_args.tag / "lm" / f"sampled-seed{seed}"
-    model, prepared = PlannedLM.from_pretrained(model_dir).eval(), PreparedDataset(prepared_dir)
+    folder = model_dir(bench_args, condition, seed)
+    model, prepared = PlannedLM.from_pretrained(folder).eval(), PreparedDataset(prepared_dir)
     split = prepared["test"]
     sentences = np.arange(split.num_sentences)
     sources = {expectation: plan_source(evaluation_spec(PlanSpec(num_paths=1 if expectation else num_paths,
                                                                  expectation=expectation, top_actions=top_actions),
-                                                        model, str(model_dir)), prepared, split, sentences=sentences)
+                                                        model, str(folder)), prepared, split, sentences=sentences)
                for expectation in (True, False)}
     adapter = model.adapter
     with torch.no_grad():
@@ -180,28 +197,30 @@ def main() -> None:
     out = Path(bench_args.out_dir)
     prepared_dir, _ = bench.prepare_corpus(bench_args, out, clock)
     planner_dir = bench.train_mechanism_planner(bench_args, prepared_dir, clock)
-    eval_dirs = [evaluate_points(bench_args, seed, prepared_dir, planner_dir, args.top_actions)
+    condition = args.condition
+    eval_dirs = [evaluate_points(bench_args, seed, prepared_dir, planner_dir, args.top_actions, condition)
                  for seed in bench_args.seeds]
-    lines = [f"# Plans in expectation on the mechanism benchmark ({out}, seeds {bench_args.seeds}, "
-             f"top {args.top_actions} actions)", "", "## Test perplexity, pooled over seeds (95% paired bootstrap "
+    lines = [f"# Plans in expectation on the mechanism benchmark ({out}, the {condition} LM, seeds "
+             f"{bench_args.seeds}, top {args.top_actions} actions)", "", "## Test perplexity, pooled over seeds (95% paired bootstrap "
              "over test articles; negative: better)", ""]
     table, against = paired_table(bench_args, eval_dirs)
     seed = bench_args.seeds[0]
-    times = timing(bench_args, seed, prepared_dir, args.repeats, args.top_actions)
+    times = timing(bench_args, seed, prepared_dir, args.repeats, args.top_actions, condition)
     ratio = times["expectation K=1"]["wall"] / times["sampled K=1"]["wall"]
-    lines += table + ["", f"## Evaluation time, seed {seed}'s sampled LM, median of {args.repeats} in turn (CPU)", "",
+    lines += table + ["", f"## Evaluation time, seed {seed}'s {condition} LM, median of {args.repeats} in turn (CPU)", "",
                       "| plans | wall s | planner s |", "|---|---|---|"]
     lines += [f"| {name} | {t['wall']:.2f} | {t['planner']:.2f} |" for name, t in times.items()]
     lines += ["", "## Diagnosis: the expected embedding against the K = 50 average", ""]
-    lines += diagnosis(bench_args, seed, prepared_dir, args.top_actions)
+    lines += diagnosis(bench_args, seed, prepared_dir, args.top_actions, condition)
     if not args.no_compute_sweep:
         from planlm.evaluate.sweeps import sweep
 
         root = out / bench_args.tag
-        sweep(str(root / "lm" / f"sampled-seed{seed}"), prepared_dir, str(root / "expectation" / "compute"),
+        sweep(str(model_dir(bench_args, condition, seed)), prepared_dir, str(root / "expectation" / f"compute-{condition}"),
               kind="compute", num_paths=list(SAMPLED_K), policies=[], split="test", batch_size=64,
               bootstrap_samples=bench_args.bootstrap_samples, expectation=True, **bench.lm_window(bench_args))
-        lines += ["", f"compute sweep with the expected point: {root / 'expectation' / 'compute'}/sweep_compute.png"]
+        lines += ["", f"compute sweep with the expected point: {root / 'expectation' / f'compute-{condition}'}/"
+                      f"sweep_compute.png"]
     within = against["expectation K=1"]["ci_low"] <= 0
     lines += ["", "## Targets", "",
               f"- {'PASS' if within else 'FAIL'}: expectation K=1 within the paired interval of sampled K=50 or "
@@ -210,7 +229,7 @@ def main() -> None:
               "", f"({(time.time() - began) / 60:.1f} min in this invocation)"]
     print("\n".join(lines))
     (out / bench_args.tag / "expectation").mkdir(parents=True, exist_ok=True)
-    (out / bench_args.tag / "expectation" / "report.md").write_text("\n".join(lines) + "\n")
+    (out / bench_args.tag / "expectation" / f"report-{condition}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

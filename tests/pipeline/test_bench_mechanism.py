@@ -41,4 +41,4 @@ def test_bench_expectation_prints_its_table_and_targets(tmp_path):
     for row in ("| sampled K=50 |", "| expectation K=1 |", "| trained in expectation |", "| 1 | "):
         assert row in done.stdout
     assert done.stdout.count("PASS") + done.stdout.count("FAIL") == 2
-    assert (tmp_path / "expectation" / "report.md").is_file()
+    assert (tmp_path / "expectation" / "report-sampled.md").is_file()
