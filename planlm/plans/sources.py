@@ -104,11 +104,12 @@ class CachedPlans:
     def __init__(self, plans: np.ndarray, num_paths: int, horizon: int, path_counts: Optional[np.ndarray] = None,
                  action_probs: Optional[np.ndarray] = None):
         step_dims = 0 if action_probs is None else 1  # the M axis of plans in expectation
-        self.repeat = num_paths if plans.ndim == 2 + step_dims else 1
-        self.plans = plans[:, None] if self.repeat > 1 else plans  # (N_sent, K or 1, T[, M])
-        self.action_probs = action_probs[:, None] if action_probs is not None and self.repeat > 1 else action_probs
+        one_path = plans.ndim == 2 + step_dims  # an argmax path per row, repeated K times
+        self.repeat = num_paths if one_path else 1
+        self.plans = plans[:, None] if one_path else plans  # (N_sent, K or 1, T[, M])
+        self.action_probs = action_probs[:, None] if action_probs is not None and one_path else action_probs
         self.num_paths, self.horizon = num_paths, horizon
-        self.path_counts = None if path_counts is None or self.repeat > 1 else np.asarray(path_counts, dtype=np.int64)
+        self.path_counts = None if path_counts is None or one_path else np.asarray(path_counts, dtype=np.int64)
 
     def __call__(self, sentences: np.ndarray) -> Plans:
         sentences = np.asarray(sentences, dtype=np.int64)
@@ -125,7 +126,7 @@ class CachedPlans:
                                                   self.horizon), probs)
 
     def _rows(self, array: np.ndarray, sentences: np.ndarray, dtype) -> torch.Tensor:
-        rows = torch.from_numpy(np.asarray(array[sentences], dtype=dtype))
+        rows = torch.from_numpy(np.asarray(array[sentences], dtype=dtype))  # (N, K or 1, T[, M])
         return rows.expand(-1, self.repeat, *rows.shape[2:]).contiguous() if self.repeat > 1 else rows
 
 

@@ -118,6 +118,9 @@ def test_caches_in_expectation_have_their_own_key_and_match_the_planner(syntheti
         direct = plan_source(PlanSpec(**spec, planner_dir=str(planner_dir)).resolve(), prepared, split,
                              sentences=sentences)
         assert torch.equal(plan_vectors(module, cached, sentences), plan_vectors(module, direct, sentences))
+    one = plan_source(PlanSpec(kind="planner_argmax", num_paths=1, horizon=3, expectation=True, top_actions=4,
+                               plans_dir=str(expected)).resolve(), prepared, split)(sentences[:3])
+    assert one.action_paths.shape == (3, 1, 3, 4) and one.path_mask.shape == (3, 1, 3)  # K = 1: one copy
     # a cache is never read for the other setting
     with pytest.raises(PlanlmError, match="holds only sampled actions.*sample-plans --expectation true"):
         plan_source(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, expectation=True, top_actions=4,
