@@ -504,15 +504,16 @@ def train_base(args, seed: int, prepared_dir: str, clock: Clock) -> Path:
 
 
 def train_condition(args, name: str, seed: int, prepared_dir: str, planner_dir: str, base_dir: Path,
-                    clock: Clock, adapter=None) -> tuple[Path, dict]:
+                    clock: Clock, adapter=None, condition: dict | None = None) -> tuple[Path, dict]:
     """One condition of a seed, from its base LM (--epochs), evaluated on the test split: (its evaluation
-    folder, metrics). ``adapter``: AdapterSettings instead of the condition's own (a recipe variant)."""
+    folder, metrics). ``adapter``: AdapterSettings instead of the condition's own (a recipe variant);
+    ``condition``: {plans, adapter} of a condition this benchmark does not name (bench_lookahead.py's grid)."""
     from planlm.evaluate.perplexity import evaluate
     from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
     out = Path(args.out_dir) / args.tag
     model_dir, eval_dir = out / "lm" / f"{name}-seed{seed}", out / "eval" / f"{name}-seed{seed}"
-    condition = condition_config(name, planner_dir, args, seed)
+    condition = dict(condition or condition_config(name, planner_dir, args, seed))
     condition["adapter"] = adapter or condition["adapter"]
     clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(model_dir),
           model=LMModelConfig(init_from=str(base_dir)), **condition,

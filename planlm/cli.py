@@ -69,7 +69,11 @@ def main(argv: list[str] | None = None) -> None:
             CLI(components, args=argv, as_positional=False, fail_untyped=True)
     except PlanlmError as e:
         print(f"planlm: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(e.exit_status)
+    except OSError as e:  # a full disk, a read-only or vanished folder: what the system said, in one line
+        print(f"planlm: error: {e.filename or ''}: {e.strerror or e}; free space or fix the folder, then rerun the "
+              f"same command (an unfinished stage has no manifest and is rebuilt)", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         print("planlm: interrupted; rerun the same command to resume", file=sys.stderr)
         sys.exit(130)

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "edit-distance": "planlm.evaluate.edit_distance:edit_distance",
     "sweep": "planlm.evaluate.sweeps:sweep",
     "run": "planlm.pipeline.run:run",
+    "verify": "planlm.integrity:verify",
 }
 
 # Python name -> "module:attribute": every command under its function's name, and the rest of the API.

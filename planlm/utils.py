@@ -36,9 +36,11 @@ STAGE_LOCK = ".lock"
 class PlanlmError(Exception):
     """An error caused by the user's input or configuration.
 
-    The CLI prints it as one line (no traceback). The message names the file, the record and
-    the fix.
+    The CLI prints it as one line (no traceback) and exits with ``exit_status``. The message names the file,
+    the record and the fix.
     """
+
+    exit_status = 2
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -130,19 +132,24 @@ def read_manifest(stage_dir: str | Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return None
+    return manifest if isinstance(manifest, dict) else None
 
 
 def write_manifest(stage_dir: str | Path, config: Any, **extra: Any) -> dict:
-    """Mark a stage folder complete. Call this after every other artifact is written."""
+    """Mark a stage folder complete. Call this after every other artifact is written: the manifest records the
+    size, the sha256 and the header of each (``planlm.integrity``), which every later reader checks."""
+    from planlm.integrity import record_files
+
     manifest = {
         "config": to_jsonable(config),
         "config_fingerprint": fingerprint(config),
         "versions": library_versions(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **to_jsonable(extra),
+        "files": record_files(stage_dir),
     }
     write_json(Path(stage_dir) / MANIFEST, manifest)
     unlock_stage_dir(stage_dir)
@@ -155,27 +162,57 @@ def is_complete(stage_dir: str | Path, config: Any) -> bool:
 
 
 def prepare_stage_dir(stage_dir: str | Path, config: Any, *, keep_partial: bool = False) -> bool:
-    """Return True when ``stage_dir`` already holds a complete result for ``config`` (reuse it).
+    """Return True when ``stage_dir`` already holds a complete and intact result for ``config`` (reuse it).
 
     Otherwise take the folder's lock (``lock_stage_dir``: held until ``write_manifest``) and make the folder
     ready for a fresh build: a stale manifest (other config) is removed first, so that an interrupted
     rebuild can never be mistaken for complete. With ``keep_partial`` the other files stay (stages that
-    resume from their own checkpoints); without it the folder is emptied.
+    resume from their own checkpoints); without it the folder is emptied. A finished folder that fails the
+    cheap check of its files (``planlm.integrity``) is rebuilt, with a one-line note naming the file; its
+    damaged files go first, so that a resuming stage never reads them.
     """
     stage_dir = Path(stage_dir)
-    if is_complete(stage_dir, config):  # a finished folder is only read: no lock, read-only folders work
+    damaged = _damaged_files(stage_dir, config)
+    if damaged is None:  # a finished folder is only read: no lock, read-only folders work
         return True
     lock_stage_dir(stage_dir)
-    if is_complete(stage_dir, config):  # finished by the process that held it a moment ago
+    damaged = _damaged_files(stage_dir, config, note=False)
+    if damaged is None:  # finished by the process that held it a moment ago
         unlock_stage_dir(stage_dir)
         return True
     stage_dir.mkdir(parents=True, exist_ok=True)
     (stage_dir / MANIFEST).unlink(missing_ok=True)
+    for path in damaged:
+        path.unlink(missing_ok=True)
     if not keep_partial:
         for path in stage_dir.iterdir():
             if path.name != STAGE_LOCK:
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     return False
+
+
+def _damaged_files(stage_dir: Path, config: Any, note: bool = True) -> list[Path] | None:
+    """None when ``stage_dir`` is complete for ``config`` and passes the cheap check; else the files to drop
+    before rebuilding it (with a one-line note on stderr when ``note`` and the folder was finished but damaged)."""
+    import sys
+
+    from planlm.integrity import check_files
+
+    path = stage_dir / MANIFEST
+    manifest = read_manifest(stage_dir)
+    if manifest is None:
+        if path.is_file() and note:
+            print(f"planlm: {path}: not a readable manifest (damaged); rebuilding {stage_dir}", file=sys.stderr)
+        return []
+    if manifest.get("config_fingerprint") != fingerprint(config):
+        return []
+    damage = check_files(stage_dir, manifest)
+    if not damage:
+        return None
+    if note:
+        more = f" (and {len(damage) - 1} more file(s))" if len(damage) > 1 else ""
+        print(f"planlm: {damage[0]}{more}; rebuilding {stage_dir}", file=sys.stderr)
+    return [d.path for d in damage]
 
 
 # The stage folders this process holds: folder -> its lock. A process takes a folder's lock again freely.

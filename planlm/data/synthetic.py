@@ -54,36 +54,60 @@ def make_synthetic_prepared(out_dir: str | Path, *, num_actions: int = 8, rule: 
     if num_actions * words_per_action > len(_WORDS):
         raise ValueError(f"at most {len(_WORDS) // words_per_action} actions with {words_per_action} words each")
     rng = np.random.default_rng(seed)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     centroids = rng.normal(size=(num_actions, embedding_dim)).astype(np.float32)
     centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
     vocab = np.array(_WORDS[: num_actions * words_per_action]).reshape(num_actions, words_per_action)
-    tok = load_tokenizer(tokenizer)
-    counts = {}
+    splits = {}
     for split in SPLITS:
-        articles, spans_all, actions_all = [], [], []
+        articles = []
         for a in range(num_articles.get(split, 0)):
             n = int(rng.integers(min_sentences, max_sentences + 1))
             acts = [int(rng.integers(num_actions))]
             while len(acts) < n:
                 acts.append(_next_action(rule, acts, num_actions, rng))
+            sentences = [" ".join(rng.choice(vocab[act], size=int(rng.integers(*sentence_words, endpoint=True))))
+                         .capitalize() + "." for act in acts]
+            articles.append({"id": f"{split}-{a}", "title": f"Synthetic {split} {a}", "sentences": sentences,
+                             "actions": acts})
+        splits[split] = (articles, noisy_centroids(centroids, [a["actions"] for a in articles], noise, rng))
+    config = {"source": "synthetic", "rule": rule, "num_actions": num_actions, "num_articles": num_articles,
+              "embedding_dim": embedding_dim, "seed": seed, "tokenizer": tokenizer}
+    return write_synthetic_prepared(out_dir, splits, centroids, tokenizer, config)
+
+
+def noisy_centroids(centroids: np.ndarray, actions: list[list[int]], noise: float,
+                    rng: np.random.Generator) -> np.ndarray:
+    """(N_sent, E) sentence "embeddings": the centroid (A, E) of each sentence's action plus Gaussian noise."""
+    flat = np.asarray([a for article in actions for a in article], dtype=np.int64)
+    return centroids[flat] + noise * rng.normal(size=(len(flat), centroids.shape[1])).astype(np.float32)
+
+
+def write_synthetic_prepared(out_dir: str | Path, splits: dict[str, tuple[list[dict], np.ndarray]],
+                             centroids: np.ndarray, tokenizer: str, config: dict) -> Path:
+    """Write a prepared folder from ``{split: (articles [{id, title, sentences, actions}], embeddings (N_sent, E))}``;
+    an article's text is its sentences joined by one space; ``centroids`` (A, E) is the codebook."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    num_actions, embedding_dim = centroids.shape
+    tok = load_tokenizer(tokenizer)
+    counts = {}
+    for split in SPLITS:
+        articles, embeddings = splits.get(split, ([], np.zeros((0, embedding_dim), np.float32)))
+        records, spans_all, actions_all = [], [], []
+        for article in articles:
             text, spans = "", []
-            for act in acts:
-                words = rng.choice(vocab[act], size=int(rng.integers(*sentence_words, endpoint=True)))
-                sentence = " ".join(words).capitalize() + "."
+            for sentence in article["sentences"]:
                 start = len(text) + (1 if text else 0)
                 text = f"{text} {sentence}" if text else sentence
                 spans.append((start, len(text)))
-            articles.append({"id": f"{split}-{a}", "title": f"Synthetic {split} {a}", "text": text})
+            records.append({"id": article["id"], "title": article["title"], "text": text})
             spans_all.append(np.asarray(spans, dtype=np.int64))
-            actions_all.append(np.asarray(acts, dtype=np.int64))
-        ids, token_sentence = tokenize_articles(tok, [a["text"] for a in articles], spans_all)
+            actions_all.append(np.asarray(article["actions"], dtype=np.int64))
+        ids, token_sentence = tokenize_articles(tok, [a["text"] for a in records], spans_all)
         sentence_offsets = np.concatenate([[0], np.cumsum([len(s) for s in spans_all])]).astype(np.int64)
         token_offsets = np.concatenate([[0], np.cumsum([len(i) for i in ids])]).astype(np.int64)
         actions = np.concatenate(actions_all) if actions_all else np.zeros(0, np.int64)
-        embeddings = centroids[actions] + noise * rng.normal(size=(len(actions), embedding_dim)).astype(np.float32)
-        write_split(out_dir / split, articles, {
+        write_split(out_dir / split, records, {
             "sentence_offsets": sentence_offsets,
             "sentence_spans": np.concatenate(spans_all) if spans_all else np.zeros((0, 2), np.int64),
             "embeddings": embeddings,
@@ -93,10 +117,8 @@ def make_synthetic_prepared(out_dir: str | Path, *, num_actions: int = 8, rule: 
             "token_sentence": (np.concatenate([s + o for s, o in zip(token_sentence, sentence_offsets[:-1])])
                                if ids else np.zeros(0, np.int64)),
         })
-        counts[split] = {"articles": len(articles), "sentences": int(len(actions)), "tokens": int(token_offsets[-1])}
+        counts[split] = {"articles": len(records), "sentences": int(len(actions)), "tokens": int(token_offsets[-1])}
     save_file({"centroids": torch.from_numpy(centroids)}, str(out_dir / "codebook.safetensors"))
-    config = {"source": "synthetic", "rule": rule, "num_actions": num_actions, "num_articles": num_articles,
-              "embedding_dim": embedding_dim, "seed": seed, "tokenizer": tokenizer}
     write_manifest(out_dir, config, num_actions=num_actions, embedding_dim=embedding_dim, tokenizer=tokenizer,
                    encoder="synthetic", splits=list(SPLITS), counts=counts,
                    hashes={"codebook.safetensors": file_sha256(out_dir / "codebook.safetensors")})

@@ -49,6 +49,17 @@ def article_windows(split: PreparedSplit, context_length: int = 128, stride: int
     return windows
 
 
+def beyond_window_share(token_offsets: np.ndarray, context_length: int = 128) -> float:
+    """Share of the tokens with more of their article before them than a ``context_length`` window holds.
+
+    The window shows a token at most ``context_length - 1`` tokens before it, so the token at article position
+    p (from 0) has context beyond it when p >= context_length. Only there can a plan made from the whole
+    article so far tell the LM something its window does not: the planner's possible edge."""
+    lengths = np.diff(np.asarray(token_offsets, dtype=np.int64))  # (N_art,)
+    total = int(lengths.sum())
+    return float(np.maximum(lengths - context_length, 0).sum() / total) if total else 0.0
+
+
 def collate_windows(split: PreparedSplit, windows: list[tuple[int, int, int]], source: PlanSource | None,
                     pad_token_id: int = 0) -> dict[str, torch.Tensor]:
     """A batch of windows, right-padded to the longest.

@@ -12,7 +12,6 @@ matrix-vector product.
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import numpy as np
@@ -119,10 +118,13 @@ def write_per_article(path: str | Path, rows: list[dict]) -> None:
 
 def read_per_article(eval_dir: str | Path) -> dict[str, np.ndarray]:
     """The per-article table of an evaluation folder as arrays (article, id, nll_sum, tokens)."""
+    from planlm.integrity import fix_for, reading, stage_manifest
+
     path = Path(eval_dir) / PER_ARTICLE
+    stage_manifest(eval_dir)  # the cheap check of a finished evaluation folder: one line per damaged file
     if not path.is_file():
         raise PlanlmError(f"{path}: missing; give an evaluation folder written by `planlm evaluate`")
-    with open(path, newline="") as f:
+    with reading(path, fix_for(eval_dir)), open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if rows and set(PER_ARTICLE_FIELDS) - set(rows[0]):
         raise PlanlmError(f"{path}: columns {sorted(rows[0])} lack {sorted(set(PER_ARTICLE_FIELDS) - set(rows[0]))}; "
@@ -137,8 +139,10 @@ def read_per_article(eval_dir: str | Path) -> dict[str, np.ndarray]:
 
 
 def _metrics(eval_dir: Path) -> dict:
+    from planlm.integrity import fix_for, load_json
+
     path = eval_dir / "metrics.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return load_json(path, fix_for(eval_dir)) if path.is_file() else {}
 
 
 def seed_folders(eval_dir: str | Path) -> dict[int, Path]:

@@ -129,11 +129,12 @@ def where_paths_went(eval_dir: Path, planner_dir: Optional[str], prepared_dir: s
     """How an adaptive evaluation spent its paths: histogram over boundaries and the ``examples`` boundaries
     with the most and the fewest paths, each with the planner's top first actions and the following sentence."""
     from planlm.data.artifacts import PreparedDataset
+    from planlm.integrity import fix_for, load_npy
     from planlm.models.planner import Planner
     from planlm.plans.sampling import boundary_contexts
     from planlm.utils import resolve_device
 
-    counts = np.load(eval_dir / "num_paths.npy")  # (N_sent evaluated,)
+    counts = load_npy(eval_dir / "num_paths.npy", fix_for(eval_dir), mmap_mode=None)  # (N_sent evaluated,)
     split_view = PreparedDataset(prepared_dir).split(split)
     order = np.argsort(-counts, kind="stable")
     chosen = {"most": order[:examples], "fewest": order[::-1][:examples]}

@@ -12,7 +12,6 @@ length, averaged over boundaries with a bootstrap confidence interval.
 from __future__ import annotations
 
 import csv
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -29,6 +28,7 @@ from planlm.evaluate.loading import model_fingerprint
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec
 from planlm.models.planner import planner_hash
+from planlm.integrity import fix_for, load_json
 from planlm.utils import PlanlmError, prepare_stage_dir, write_json, write_manifest
 
 
@@ -127,7 +127,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
               "confidence": confidence, "generation_version": GENERATION_VERSION}
     out = Path(out_dir)
     if prepare_stage_dir(out, config):
-        return json.loads((out / "metrics.json").read_text())
+        return load_json(out / "metrics.json", fix_for(out))
     boundaries = select_boundaries(split_view.sentence_offsets, num_articles, max_boundaries_per_article, seed)
     if not boundaries:
         raise PlanlmError(f"{split_view.path}: no sentence start with context in the first {num_articles} articles "

@@ -66,6 +66,8 @@ class SamplingConfig:
     """Nucleus sampling: keep the smallest set of tokens with this much probability (None: off)."""
     use_cache: bool = True
     """Extend a KV cache token by token (False: re-run the window every step; same result, slower)."""
+    stop: Optional[list[str]] = None
+    """Stop once the generated text holds one of these strings (lm-eval's ``until``; None: max_new_tokens)."""
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -398,6 +400,8 @@ class PlannedGenerator:
         while len(state.generated) < sampling.max_new_tokens and steps < 4 * sampling.max_new_tokens:
             steps += 1
             self._step(state, prompt, sampling)
+            if sampling.stop and any(stop in self.tokenizer.decode(state.generated) for stop in sampling.stop):
+                break
         return self._result(state, prompt)
 
     def _start(self, prompt: Prompt) -> GenerationState:

@@ -21,8 +21,11 @@ def load_model(model_dir: str | Path):
     if (model_dir / "config.json").is_file():
         from transformers import AutoModelForCausalLM
 
-        return PlannedLM(PlannedLMConfig(tokenizer=str(model_dir)),
-                         AutoModelForCausalLM.from_pretrained(str(model_dir)))
+        from planlm.integrity import reading
+
+        with reading(model_dir, fix="give an intact HF model folder (save_pretrained) or a `planlm train-lm` folder"):
+            lm = AutoModelForCausalLM.from_pretrained(str(model_dir))
+        return PlannedLM(PlannedLMConfig(tokenizer=str(model_dir)), lm)
     raise PlanlmError(f"{model_dir}: no model here (neither planned_lm.json nor an HF config.json); give the out_dir "
                       f"of a finished `planlm train-lm` or an HF model folder")
 

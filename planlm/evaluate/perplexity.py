@@ -25,7 +25,6 @@ N sentences, V vocabulary.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -38,6 +37,8 @@ import torch.nn.functional as F
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.evaluate.loading import load_checked, model_fingerprint
+from planlm.integrity import fix_for, load_json
+from planlm.models.card import add_evaluation
 from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, write_json, write_manifest
 from planlm.plans.policy import paths_summary
 from planlm.plans.sources import plan_source
@@ -243,7 +244,9 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
               "plans": plans_manifest["config_fingerprint"] if spec.plans_dir else None}
     out = Path(out_dir)
     if prepare_stage_dir(out, config):
-        return json.loads((out / "metrics.json").read_text())
+        metrics = load_json(out / "metrics.json", fix_for(out))
+        add_evaluation(model_dir, metrics)  # a card written before this evaluation gets it too
+        return metrics
     result = evaluate_split(model, prepared, split_view, spec, num_articles, stride, context_length, batch_size,
                             torch_device, precision, plan_usage)
     metrics = _metrics(result, spec, split_view, num_articles, plans_manifest, stride=stride,
@@ -251,6 +254,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
                        plan_usage=plan_usage, model_dir=model_dir, prepared_dir=prepared_dir, split=split,
                        device=torch_device, precision=precision)
     _write_evaluation(out, config, metrics, result, split_view, num_articles)
+    add_evaluation(model_dir, metrics)
     _print_summary(metrics, spec, plan_usage)
     return metrics
 

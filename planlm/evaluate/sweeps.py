@@ -231,9 +231,11 @@ def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: li
 
 def _recorded_planner(model_dir: str) -> str | None:
     """The planner folder a planned-LM folder records (the one its evaluations use by default)."""
-    import json
-
+    from planlm.integrity import fix_for, load_json, reading
     from planlm.models.planned_lm import PlannedLMConfig
 
     config = Path(model_dir) / "planned_lm.json"
-    return PlannedLMConfig.from_dict(json.loads(config.read_text())).plans.planner_dir if config.is_file() else None
+    if not config.is_file():
+        return None
+    with reading(config, fix_for(model_dir)):
+        return PlannedLMConfig.from_dict(load_json(config, fix_for(model_dir))).plans.planner_dir

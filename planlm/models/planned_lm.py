@@ -21,13 +21,12 @@ A saved folder::
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
@@ -84,13 +83,14 @@ class PlannedLMConfig:
         return cls(**values)
 
 
-def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None):
+def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None,
+                   eos_token_id: int | None = None):
     """An HF ``AutoModelForCausalLM``: pretrained (hub name, local folder, ``*.gguf`` file or the offline
     ``smollm2-135m``; see ``planlm.models.pretrained``) or randomly initialised.
 
     ``model_config`` (used when ``name_or_path`` is None) is an ``AutoConfig.for_model`` dict such as
     ``{"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}``; its
-    vocabulary defaults to ``vocab_size``. A pretrained model whose vocabulary is smaller than
+    vocabulary defaults to ``vocab_size`` and its bos / eos ids to ``eos_token_id``. A pretrained model whose vocabulary is smaller than
     ``vocab_size`` is refused (its embedding table cannot hold the corpus' token ids)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -113,6 +113,9 @@ def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, v
             raise PlanlmError(f"model_config {model_config} needs a model_type (e.g. gpt2, llama, gpt_neox, opt)")
         if vocab_size is not None:
             model_config.setdefault("vocab_size", vocab_size)
+        if eos_token_id is not None:  # GPT-2's defaults (50256) lie outside a smaller corpus vocabulary
+            model_config.setdefault("bos_token_id", eos_token_id)
+            model_config.setdefault("eos_token_id", eos_token_id)
         try:
             config = AutoConfig.for_model(model_type, **model_config)
         except Exception as e:
@@ -139,6 +142,7 @@ class PlannedLM(nn.Module):
         else:
             self.codebook = None
         self.adapter = build_adapter(config.adapter, codebook) if config.plans.kind != PlanKind.none else None
+        self.folder: Path | None = None  # where it was saved to or loaded from (what push_to_hub uploads)
 
     @property
     def hidden_size(self) -> int:
@@ -211,7 +215,11 @@ class PlannedLM(nn.Module):
         return self.lm
 
     # ----------------------------------------------------------------------------- save / load
-    def save_pretrained(self, folder: str | Path, tokenizer=None) -> Path:
+    def save_pretrained(self, folder: str | Path, tokenizer=None, training: dict | None = None) -> Path:
+        """Weights, config and tokenizer, then, last, the model card (README.md; ``training``: corpus and run facts
+        for it). A folder with a card is complete (``planlm.models.card``)."""
+        from planlm.models.card import planned_lm_card, write_card
+
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.base_lm().save_pretrained(folder / "lm", safe_serialization=True)
@@ -223,32 +231,52 @@ class PlannedLM(nn.Module):
         if tokenizer is not None:
             tokenizer.save_pretrained(str(folder / "tokenizer"))
         write_json(folder / "planned_lm.json", to_jsonable(self.config))
+        write_card(folder, planned_lm_card(self.config, training))
+        self.folder = folder
         return folder
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, map_location: str | torch.device = "cpu") -> PlannedLM:
+        """From a saved folder or a Hub repo id (``planlm.hub.local_folder``: the local cache when offline)."""
         from transformers import AutoModelForCausalLM
 
-        folder = Path(folder)
+        from planlm.hub import local_folder
+        from planlm.integrity import fix_for, load_json, load_safetensors, reading, stage_manifest
+
+        folder = local_folder(folder, "planned LM")
         config_path = folder / "planned_lm.json"
         if not config_path.is_file():
             raise PlanlmError(f"{folder}: not a planned-LM folder (planned_lm.json missing); "
                               f"give the out_dir of a finished `planlm train-lm`")
-        config = PlannedLMConfig.from_dict(json.loads(config_path.read_text()))
-        lm = AutoModelForCausalLM.from_pretrained(str(folder / "lm"))
+        stage_manifest(folder)  # a train-lm folder: the cheap check of its files, one line per damaged file
+        fix = fix_for(folder)
+        with reading(config_path, fix):
+            config = PlannedLMConfig.from_dict(load_json(config_path, fix))
+        with reading(folder / "lm", fix):
+            lm = AutoModelForCausalLM.from_pretrained(str(folder / "lm"))
         codebook = None
         if (folder / "codebook.safetensors").is_file():
-            codebook = load_file(str(folder / "codebook.safetensors"))["centroids"]
+            codebook = load_safetensors(folder / "codebook.safetensors", fix)["centroids"]
         model = cls(config, lm, codebook)
         if model.adapter is not None:
-            model.adapter.load_state_dict(load_file(str(folder / "adapter.safetensors")))
+            with reading(folder / "adapter.safetensors", fix):
+                model.adapter.load_state_dict(load_safetensors(folder / "adapter.safetensors", fix))
+        model.folder = folder
         return model.to(map_location)
 
-    def load_tokenizer(self, folder: str | Path):
-        """The tokenizer saved with a model folder (falls back to the config's tokenizer name)."""
+    def push_to_hub(self, repo_id: str, **kwargs) -> str:
+        """Upload the folder this model was saved to or loaded from to the Hub repo ``repo_id`` (``planlm.hub``)."""
+        from planlm.hub import push_to_hub
+
+        if self.folder is None:
+            raise PlanlmError("push_to_hub: this model has no folder yet; save_pretrained(folder) first")
+        return push_to_hub(self.folder, repo_id, **kwargs)
+
+    def load_tokenizer(self, folder: str | Path | None = None):
+        """The tokenizer saved with a model folder (default: its own; falls back to the config's tokenizer name)."""
         from planlm.data.resources import load_tokenizer
 
-        path = Path(folder) / "tokenizer"
+        path = Path(folder or self.folder or ".") / "tokenizer"
         return load_tokenizer(str(path) if path.is_dir() else self.config.tokenizer)
 
 

@@ -17,7 +17,6 @@ Letters: B batch (boundaries), S context sentences, T horizon, K paths, A action
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -326,29 +325,41 @@ class Planner(nn.Module):
 
     # ---- persistence -------------------------------------------------------------------------------
     def save_pretrained(self, folder: str | Path) -> Path:
-        """Write model.safetensors + config.json + prepared.json into ``folder``."""
+        """Write model.safetensors + config.json + prepared.json and, last, the model card into ``folder``."""
         from safetensors.torch import save_model
+
+        from planlm.models.card import planner_card, write_card
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         save_model(self, str(folder / WEIGHTS_FILE))
         write_json(folder / CONFIG_FILE, asdict(self.config))
         write_json(folder / PREPARED_FILE, self.prepared_info)
+        write_card(folder, planner_card(self.config, self.prepared_info))  # last: a folder with a card is complete
         return folder
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, map_location: str | torch.device = "cpu") -> "Planner":
+        """From a saved folder or a Hub repo id (``planlm.hub.local_folder``: the local cache when offline)."""
         from safetensors.torch import load_model
 
-        folder = Path(folder)
+        from planlm.hub import local_folder
+        from planlm.integrity import load_json, reading, stage_manifest
+
+        folder = local_folder(folder, "planner")
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (folder / name).is_file():
                 raise PlanlmError(f"{folder}: no trained planner here ({name} missing); run `planlm train-planner "
                                   f"--out_dir {folder}` first")
-        planner = cls(PlannerConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text())))
-        load_model(planner, str(folder / WEIGHTS_FILE), device=str(map_location))
+        stage_manifest(folder)  # a train-planner folder: the cheap check of its files, one line per damaged file
+        fix = (f"retrain it: rerun `planlm train-planner --out_dir {folder}` or the `planlm run` that made it (it "
+               f"rebuilds a damaged stage)")
+        with reading(folder / CONFIG_FILE, fix):
+            planner = cls(PlannerConfig.from_dict(load_json(folder / CONFIG_FILE, fix)))
+        with reading(folder / WEIGHTS_FILE, fix):
+            load_model(planner, str(folder / WEIGHTS_FILE), device=str(map_location))
         if (folder / PREPARED_FILE).is_file():
-            planner.prepared_info = json.loads((folder / PREPARED_FILE).read_text())
+            planner.prepared_info = load_json(folder / PREPARED_FILE, fix)
         return planner.to(map_location)
 
     @classmethod

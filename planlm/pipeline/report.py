@@ -184,6 +184,28 @@ def results_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _corpus_line(layout: RunLayout, rows: list[dict]) -> list[str]:
+    """What the evaluated articles leave to a planner: their length against the LM's window, and the share of
+    their tokens with more of the article before them than the window holds (the planner's possible edge)."""
+    import numpy as np
+
+    from planlm.data.windows import beyond_window_share
+
+    row = next((r for r in rows if r["ppl"] is not None), None)
+    if row is None:
+        return []
+    seed = (row.get("evaluated_seeds") or row.get("seeds") or [None])[0]
+    config = (_read_json(layout.evaluation(row["name"], seed) / "manifest.json") or {}).get("config") or {}
+    split, window, articles = config.get("split"), config.get("context_length"), config.get("articles")
+    if not (split and window and articles and (layout.prepared / split / "token_offsets.npy").is_file()):
+        return []
+    offsets = np.load(layout.prepared / split / "token_offsets.npy")[:articles + 1]
+    lengths = np.diff(offsets)
+    return [f"Corpus: {articles} {split} articles, median {int(np.median(lengths))} tokens, read through a "
+            f"{window}-token window: **{beyond_window_share(offsets, window):.1%} of their tokens have context beyond "
+            f"the window**, the only tokens for which a plan can carry what the LM does not see.", ""]
+
+
 def _planner_section(layout: RunLayout) -> list[str]:
     summary = _read_json(layout.planner / "summary.json")
     if not summary:
@@ -363,6 +385,7 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
              "them). alpha_1 / alpha_2: the multipath adapter's learned ReZero scalars. "
              "The paper's GPT-2-small numbers are shown beside ours for orientation only: a different model "
              "size, corpus and budget.", ""]
+    lines += _corpus_line(layout, rows)
     lines += results_table(rows)
     failed = [r for r in rows if r["status"] == "failed"]
     if failed:

@@ -15,7 +15,10 @@ order and dropout: see train-lm).
 While it runs, `planlm run` holds its run folder: a second `planlm run` on the same folder is refused
 with the holder's pid (see ``planlm.utils.lock_stage_dir``).
 
-A condition that fails is recorded (``results.json``, the report) and the others go on. Each YAML
+A condition that fails is recorded (``results.json``, the report) and the others go on; at the end each stage
+that did not finish is printed with its one-line cause, and `planlm run` exits with status 1 (``StagesFailed``;
+2 is a bad config or input that stopped the run, 143 SIGTERM). A finished stage whose files fail the cheap check
+of ``planlm.integrity`` is rebuilt, with a note naming the file; the stages around it are reused. Each YAML
 section is validated against the signature of the command it feeds before anything runs
 (``dry_run: true`` stops after that check), so a config for a GPU machine with a hub connection
 can be checked offline.
@@ -37,6 +40,12 @@ from planlm.utils import (PlanlmError, lock_stage_dir, read_manifest, releasing_
                           write_json)
 
 TERMINATED = 128 + 15  # the exit status of `planlm run` stopped by SIGTERM (a scheduler's preemption, `kill`)
+
+
+class StagesFailed(PlanlmError):
+    """Some stages of a run failed or were skipped; the others finished and the report was written."""
+
+    exit_status = 1
 
 _IO = {"prepare": {"out_dir", "progress"}, "train_planner": {"prepared_dir", "out_dir"},
        "train_lm": {"prepared_dir", "out_dir"}, "evaluate": {"model_dir", "prepared_dir", "out_dir"},
@@ -318,9 +327,9 @@ def _run_stage(stage: Stage, state: dict, layout: RunLayout) -> tuple[str, float
         raise SystemExit(TERMINATED) from None
     except (Exception, SystemExit) as e:  # one failed condition must not lose the others
         if stage.condition is None:
-            _record_stop(stage, state, layout, "failed", f"{type(e).__name__}: {e}")
+            _record_stop(stage, state, layout, "failed", _cause(e))
             raise
-        status, error = "failed", f"{type(e).__name__}: {e}"
+        status, error = "failed", _cause(e)
         log = layout.stage_log(stage.name)
         log.parent.mkdir(exist_ok=True)
         log.write_text(traceback.format_exc())
@@ -330,6 +339,12 @@ def _run_stage(stage: Stage, state: dict, layout: RunLayout) -> tuple[str, float
                                    "ran_now": not reused, "command": stage.command, "out_dir": str(out_path),
                                    "condition": stage.condition, "seed": stage.seed}
     return status, seconds, reused
+
+
+def _cause(error: BaseException) -> str:
+    """A failed stage's cause in one line: the error's type and the first line of its message."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def _record_stop(stage: Stage, state: dict, layout: RunLayout, status: str, error: str) -> None:
@@ -361,7 +376,9 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
     """Run the whole pipeline: prepare, train the planner, train one LM per condition, evaluate, report.
 
     Every section holds the arguments of the command it feeds (see `planlm CMD --help`); paths between
-    stages are filled in. Rerunning the same config reuses finished stages and resumes interrupted ones.
+    stages are filled in. Rerunning the same config reuses finished stages, resumes interrupted ones and
+    rebuilds damaged ones. Exit status: 0 when every stage finished; 1 when a stage failed or was skipped
+    (the others still run; each is printed at the end with its cause); 2 on a bad config; 143 on SIGTERM.
 
     Args:
         out_dir: Run folder; every stage writes a subfolder, the report lands at its top.
@@ -402,7 +419,18 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
         from planlm.pipeline.report import write_report
 
         report_path = write_report(layout.root, state=state, conditions=conditions, seeds=seeds, **(report or {}))
-    failed = [n for n, s in state["stages"].items() if s["status"] != "done"]
-    progress.console.print(f"[bold]report:[/] {report_path}" + (f"  ([red]not done: {', '.join(failed)}[/])"
-                                                                  if failed else ""))
+    progress.console.print(f"[bold]report:[/] {report_path}")
+    _fail_if_not_done(state, layout, progress)
     return layout.root
+
+
+def _fail_if_not_done(state: dict, layout: RunLayout, progress: Progress) -> None:
+    """Print each stage that did not finish with its cause, and raise StagesFailed (exit status 1) if any."""
+    failed = {name: info for name, info in state["stages"].items() if info["status"] != "done"}
+    for name, info in failed.items():
+        log = layout.stage_log(name)
+        where = f" (traceback: {log})" if info["status"] == "failed" and log.is_file() else ""
+        progress.console.print(f"[red]{name}: {info['status']}[/]: {info['error']}{where}", soft_wrap=True)
+    if failed:
+        raise StagesFailed(f"{len(failed)} of {len(state['stages'])} stages did not finish ({', '.join(failed)}; "
+                           f"causes above); fix them and rerun `planlm run` (finished stages are reused)")

@@ -36,7 +36,8 @@ import numpy as np
 
 from planlm.data.artifacts import PreparedDataset
 from planlm.plans.policy import PathPolicy
-from planlm.utils import PlanlmError, fingerprint, read_manifest
+from planlm.integrity import load_npy, stage_manifest
+from planlm.utils import PlanlmError, fingerprint
 
 
 def default_plans_dir(planner_dir: str | Path, num_paths: int, horizon: int, temperature: float, seed: int,
@@ -52,7 +53,7 @@ def default_plans_dir(planner_dir: str | Path, num_paths: int, horizon: int, tem
 def cache_manifest(plans_dir: str | Path, prepared: PreparedDataset | None = None) -> dict:
     """The manifest of the complete plan cache ``plans_dir``; with ``prepared``, after checking that its plans
     were made for that corpus's actions (codebook and num_actions). One-line error otherwise."""
-    manifest = read_manifest(plans_dir)
+    manifest = stage_manifest(plans_dir)  # one-line error for a damaged file
     if manifest is None:
         raise PlanlmError(f"{plans_dir}: no complete plan cache here (manifest.json missing); run "
                           f"`planlm sample-plans --out_dir {plans_dir}` to build it")
@@ -78,7 +79,7 @@ def load_plans(plans_dir: str | Path, split: str, *, prepared: PreparedDataset |
     if not path.is_file():
         raise PlanlmError(f"{plans_dir}: no plans for split {split!r} (has {manifest.get('splits')}); rerun "
                           f"`planlm sample-plans --splits` with it")
-    plans = np.load(path, mmap_mode="r")
+    plans = load_npy(path, fix=_fix(plans_dir))
     if prepared is not None and len(plans) != prepared.split(split).num_sentences:
         raise PlanlmError(f"{path}: {len(plans)} rows but {prepared.path}/{split} has "
                           f"{prepared.split(split).num_sentences} sentences; rerun `planlm sample-plans`")
@@ -89,7 +90,11 @@ def load_path_counts(plans_dir: str | Path, split: str) -> np.ndarray | None:
     """(N_sent,) paths per boundary of a cached split (the first that many of each row are real), or None
     for a cache made before path policies (every boundary has K paths)."""
     path = Path(plans_dir) / f"{split}.num_paths.npy"
-    return np.load(path) if path.is_file() else None
+    return load_npy(path, fix=_fix(plans_dir), mmap_mode=None) if path.is_file() else None
+
+
+def _fix(plans_dir: str | Path) -> str:
+    return f"resample the cache: rerun `planlm sample-plans --out_dir {plans_dir}` or the `planlm run` that made it"
 
 
 def expected_action_dtype(num_actions: int) -> type:
@@ -112,7 +117,7 @@ def load_expected(plans_dir: str | Path, split: str, *, argmax: bool = False) ->
         if not path.is_file():
             raise PlanlmError(f"{path}: missing from a plan cache in expectation; rerun `planlm sample-plans "
                               f"--expectation true --out_dir {plans_dir}` into an empty folder")
-        arrays.append(np.load(path, mmap_mode="r"))
+        arrays.append(load_npy(path, fix=_fix(plans_dir)))
     return arrays[0], arrays[1]
 
 

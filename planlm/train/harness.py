@@ -18,6 +18,7 @@ import importlib.util
 import inspect
 import json
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -187,7 +188,16 @@ def resume_checkpoint(out: Path, stamp_name: str, run_config: dict, resume: bool
         shutil.rmtree(checkpoints, ignore_errors=True)
         write_json(stamp, {"config_fingerprint": key, "config": lengthless})
     last = checkpoints / "last.ckpt"
-    return str(last) if last.is_file() else None
+    if not last.is_file():
+        return None
+    from planlm.integrity import checkpoint_is_readable
+
+    damage = checkpoint_is_readable(last)
+    if damage:  # cut short by a full disk or a kill mid-save: start again rather than fail in Lightning's loader
+        print(f"planlm: {last}: damaged checkpoint ({damage}); training {out} from the start", file=sys.stderr)
+        shutil.rmtree(checkpoints, ignore_errors=True)
+        return None
+    return str(last)
 
 
 def _read_stamp(stamp: Path) -> str | None:
@@ -223,6 +233,9 @@ def load_best(module: L.LightningModule, best: L.pytorch.callbacks.ModelCheckpoi
 
     ``weights_only=True``: both commands' checkpoints hold only tensors and plain values (the random
     generators as tensors, see ``RestoreRNG``), so no pickled code runs on load."""
+    from planlm.integrity import load_checkpoint
+
     path = best.best_model_path
     if best.monitor is not None and path and Path(path).is_file():
-        module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True)["state_dict"])
+        fix = f"delete {Path(path).parent} and rerun the command (training starts again)"
+        module.load_state_dict(load_checkpoint(path, fix)["state_dict"])

@@ -247,7 +247,8 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec
             and spec.kind != PlanKind.none:
         raise PlanlmError(f"{Path(model.init_from) / 'planned_lm.json'}: trained on another codebook than "
                           f"{prepared.path}; start from a model of this corpus or from a plain LM")
-    lm = init.lm if init is not None else load_causal_lm(model.name_or_path, model.model_config, len(tokenizer))
+    lm = init.lm if init is not None else load_causal_lm(model.name_or_path, model.model_config, len(tokenizer),
+                                                             tokenizer.eos_token_id)
     _check_fits(lm, prepared, prepared[train_split_name], spec)
     adapter_config = None
     if spec.kind != PlanKind.none:
@@ -355,11 +356,12 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     train_loader, val_loaders = _loaders(prepared, spec, train, pad_token_id)
     trainer, best, start = _train(planned, train, out, run_config, train_loader, val_loaders)
     if trainer.is_global_zero:
-        planned.cpu().save_pretrained(out, tokenizer=tokenizer)
+        results = _run_results(trainer, best, start)
+        planned.cpu().save_pretrained(out, tokenizer=tokenizer, training=_card_training(prepared, results))
         write_manifest(out, run_config, prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
                        conditioning=str(spec.kind), adapter=adapter.kind if spec.kind != PlanKind.none else None,
                        plans_dir=spec.plans_dir, planner_dir=spec.planner_dir, planner_hash=planner_hash,
-                       plans_manifest=plans_manifest, **_run_results(trainer, best, start),
+                       plans_manifest=plans_manifest, **results,
                        trainable_parameters=sum(p.numel() for p in planned.parameters() if p.requires_grad),
                        rezero_alphas=planned.adapter.alphas() if planned.adapter is not None else None,
                        lm_hash=file_sha256(next((out / "lm").glob("*.safetensors"))))
@@ -392,6 +394,15 @@ def _train(planned: PlannedLM, train: LMTrainConfig, out: Path, run_config: dict
         trainer.validate(module, val_loaders, verbose=False)
     load_best(module, best)
     return trainer, best, start
+
+
+def _card_training(prepared: PreparedDataset, results: dict) -> dict:
+    """What the model card says of the corpus and the run (``planlm.models.card``)."""
+    corpus = prepared.manifest.get("config", {}).get("corpus", {})
+    return {"prepared_dir": str(prepared.path), "corpus_fingerprint": prepared.manifest.get("config_fingerprint"),
+            "corpus_source": corpus.get("source"), "encoder": prepared.encoder_name,
+            "sentence_splitter": prepared.sentence_splitter, "global_step": results["global_step"],
+            "val_loss": results["val_loss"], "val_ppl": results["val_ppl"]}
 
 
 def _run_results(trainer: L.Trainer, best: L.pytorch.callbacks.ModelCheckpoint, start: float) -> dict:

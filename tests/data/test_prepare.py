@@ -17,6 +17,7 @@ from planlm.data.artifacts import ARRAYS, SPLITS, PreparedDataset
 from planlm.data.corpus import CorpusConfig
 from planlm.data.embed import EmbedConfig, embed_sentences
 from planlm.data.prepare import prepare
+from planlm.data.windows import beyond_window_share
 from planlm.data.resources import load_sentence_encoder, load_tokenizer, split_sentences
 from planlm.utils import PlanlmError, file_sha256, is_complete, read_manifest
 
@@ -61,8 +62,10 @@ def test_manifest_counts_and_codebook(wiki_slice):
     assert ds.codebook_hash == file_sha256(wiki_slice / "codebook.safetensors")
     for split in SPLITS:
         data = ds[split]
+        share = beyond_window_share(data.token_offsets, manifest["lm_window"])
         assert manifest["counts"][split] == {"articles": data.num_articles, "sentences": data.num_sentences,
-                                             "tokens": data.num_tokens}
+                                             "tokens": data.num_tokens, "sources": data.num_articles,
+                                             "beyond_window_share": round(share, 4)}
         assert data.embeddings.shape == (data.num_sentences, 384) and data.embeddings.dtype == np.float32
         assert isinstance(data.embeddings, np.memmap)
         for name in ARRAYS:
@@ -373,3 +376,46 @@ def test_the_last_token_of_a_sentence_carries_the_next_sentences_plan(tmp_path):
                     embeds[row, t] += vectors[batch["plan_index"][row, t]]
         expected = model.lm(inputs_embeds=embeds).logits
     torch.testing.assert_close(got, expected)
+
+
+def test_the_summary_states_the_share_beyond_the_window_and_warns_without_long_documents(tmp_path, capsys):
+    source = tiny_jsonl(tmp_path / "c.jsonl")
+    long_documents = CorpusConfig(source=str(source), num_validation=2, num_test=2, piece_sentences=30)
+    out = prepare(str(tmp_path / "short"), **{**tiny_config(source), "corpus": long_documents})
+    printed = capsys.readouterr()
+    share = PreparedDataset(out).manifest["counts"]["train"]["beyond_window_share"]
+    assert share == 0.0 and "0.0% beyond the 128-token window" in printed.out
+    assert "warning: a long-document corpus, but only 0.0% of the training tokens have context beyond the " \
+           "128-token LM window" in printed.err
+    # the same documents through an 8-token window: most tokens lie beyond it, no warning
+    prepare(str(tmp_path / "window8"), **{**tiny_config(source), "corpus": long_documents}, lm_window=8)
+    printed = capsys.readouterr()
+    assert "beyond the 8-token window" in printed.out and "warning" not in printed.err
+    with pytest.raises(PlanlmError, match="--lm_window must be >= 2"):
+        prepare(str(tmp_path / "bad"), **tiny_config(source), lm_window=1)
+
+
+def test_a_bpe_tokenizer_trained_on_the_training_split_is_saved_and_used_downstream(tmp_path):
+    from helpers import tiny_gpt2_config
+
+    from planlm.models.planned_lm import PlannedLM
+    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
+
+    out = prepare(str(tmp_path / "prepared"), **tiny_config(tiny_jsonl(tmp_path / "c.jsonl")), tokenizer="bpe:300")
+    ds = PreparedDataset(out)
+    assert ds.tokenizer_name == str((out / "tokenizer").resolve())
+    assert ds.manifest["config"]["tokenizer"] == "bpe:300"  # the spec is the fingerprint, the folder the result
+    tok = load_tokenizer(ds.tokenizer_name)
+    assert len(tok) == 300 and tok.is_fast and tok.eos_token == "<|endoftext|>"
+    train = ds["train"]
+    for article in range(train.num_articles):  # the tokens spell each article, and the train text made the merges
+        assert tok.decode(train.input_ids[train.token_range(article)]) == train.articles[article]["text"]
+    assert len(tok("Café ☃")["input_ids"]) > 0  # unseen characters still tokenize (the byte alphabet)
+    model = train_lm(str(out), str(tmp_path / "lm"), model=LMModelConfig(model_config=tiny_gpt2_config()),
+                     train=LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1,
+                                         progress_bar=False))
+    lm = PlannedLM.from_pretrained(model).base_lm()
+    assert lm.get_input_embeddings().num_embeddings == 300 and lm.config.eos_token_id == tok.eos_token_id < 300
+    for bad in ("bpe:100", "bpe:many"):
+        with pytest.raises(PlanlmError, match=r"a trained tokenizer is bpe:V with V > 256"):
+            prepare(str(tmp_path / "bad"), **tiny_config(tiny_jsonl(tmp_path / "c.jsonl")), tokenizer=bad)

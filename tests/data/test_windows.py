@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from planlm.data.artifacts import PreparedDataset
-from planlm.data.windows import WindowCollator, article_windows, collate_windows
+from planlm.data.windows import WindowCollator, article_windows, beyond_window_share, collate_windows
 from planlm.plans.sources import OraclePlans
 from planlm.utils import PlanlmError
 
@@ -46,3 +46,10 @@ def test_collate_dedupes_sentences_and_follows_the_alignment(synthetic_random):
         np.testing.assert_array_equal(first_step, split.token_actions[start:end])
     none_batch = collate_windows(split, windows, None)
     assert "action_paths" not in none_batch and (none_batch["plan_index"] == -1).all()
+
+
+def test_beyond_window_share_counts_the_tokens_past_the_window():
+    offsets = np.array([0, 100, 400, 400, 450])  # articles of 100, 300, 0 and 50 tokens
+    assert beyond_window_share(offsets, 128) == pytest.approx((300 - 128) / 450)
+    assert beyond_window_share(offsets, 50) == pytest.approx((50 + 250) / 450)  # position p >= 50 sees past it
+    assert beyond_window_share(offsets, 300) == 0.0 and beyond_window_share(np.array([0]), 128) == 0.0

@@ -115,7 +115,8 @@ def test_save_and_load_round_trip(dynamics, tmp_path):
     planner = tiny_planner(positions="learned", dynamics=dynamics)
     planner.prepared_info = {"num_actions": 8, "embedding_dim": 16, "codebook_hash": "abc", "encoder": "synthetic"}
     planner.save_pretrained(tmp_path / "planner")
-    assert {p.name for p in (tmp_path / "planner").iterdir()} == {"model.safetensors", "config.json", "prepared.json"}
+    assert {p.name for p in (tmp_path / "planner").iterdir()} == {"model.safetensors", "config.json", "prepared.json",
+                                                                     "README.md"}  # the card last
     loaded = Planner.from_pretrained(tmp_path / "planner").eval()
     assert loaded.config == planner.config and loaded.prepared_info == planner.prepared_info
     embeds, mask = contexts()

@@ -125,7 +125,7 @@ def test_resume_only_under_a_stamp_of_the_same_config(tmp_path):
 
     def checkpoint():
         last.parent.mkdir(exist_ok=True)
-        last.write_bytes(b"")
+        torch.save({"state_dict": {}}, last)
 
     assert resume_checkpoint(tmp_path, "stamp.json", config) is None  # no stamp: nothing to resume
     checkpoint()

@@ -14,11 +14,12 @@ from safetensors.torch import load_file
 
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
+from planlm.integrity import record_files
 from planlm.models.planned_lm import PlannedLM
 from planlm.models.adapter import AdapterSettings
 from planlm.plans.spec import PlanKind, PlanSpec
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
-from planlm.utils import PlanlmError, read_manifest, write_manifest
+from planlm.utils import PlanlmError, read_manifest, write_json, write_manifest
 
 from helpers import read_csv, tiny_gpt2_config, tiny_planner
 
@@ -167,6 +168,11 @@ def test_reported_validation_loss_is_the_saved_models_on_the_whole_validation_sp
     assert val_loss(out) == pytest.approx(rescored_val_loss(out, synthetic_random, num_windows), rel=1e-5)
     logged = [float(r["val/loss"]) for r in read_csv(next((out / "logs").rglob("metrics.csv"))) if r.get("val/loss")]
     assert len(logged) == 2 and val_loss(out) == pytest.approx(min(logged))
+    from huggingface_hub import ModelCard
+
+    training = ModelCard.load(out / "README.md").data.to_dict()["planlm"]["training"]  # the model card says the same
+    assert training["val_loss"] == val_loss(out)
+    assert training["corpus_fingerprint"] == PreparedDataset(synthetic_random).manifest["config_fingerprint"]
 
 
 def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
@@ -372,6 +378,8 @@ def test_bad_input_gives_one_line_errors(synthetic_random, tmp_path):
     config = json.loads((base / "planned_lm.json").read_text())
     config["tokenizer"] = "some-other-tokenizer"
     (base / "planned_lm.json").write_text(json.dumps(config))
+    manifest = read_manifest(base)  # re-recorded: a folder written so, not one damaged after it was written
+    write_json(base / "manifest.json", {**manifest, "files": record_files(base)})
     with pytest.raises(PlanlmError, match="tokenizer"):
         train_lm(str(synthetic_random), str(tmp_path / "m5"), train=quick(), model=LMModelConfig(init_from=str(base)))
     with pytest.raises(PlanlmError, match="fixed_action"):
