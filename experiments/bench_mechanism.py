@@ -290,7 +290,9 @@ def condition_config(name: str, planner_dir: str, args, seed: int) -> dict:
                    seed=seed)
     plans = {"none": PlanSpec(kind="none"), "fixed": PlanSpec(kind="fixed"), "oracle": PlanSpec(kind="oracle"),
              "argmax": PlanSpec(kind="planner_argmax", num_paths=1, horizon=1, planner_dir=planner_dir),
-             "sampled": PlanSpec(horizon=1, **sampled), "ours": PlanSpec(horizon=args.horizon, **sampled)}[name]
+             "sampled": PlanSpec(horizon=1, **sampled), "ours": PlanSpec(horizon=args.horizon, **sampled),
+             # not in CONDITIONS: sampled's plans in expectation (K = 1), experiments/bench_expectation.py
+             "expected": PlanSpec(horizon=1, **{**sampled, "num_paths": 1}, expectation=True)}[name]
     return {"plans": plans, "adapter": AdapterSettings(kind="multipath" if name == "ours" else "project_avg")}
 
 
@@ -422,8 +424,6 @@ def main() -> None:
 
     use_offline_mode_if_no_hub()
     from planlm.data.artifacts import PreparedDataset
-    from planlm.models.planner import PlannerShape
-    from planlm.train.planner import PlannerTrainArgs, train_planner
 
     out, clock = Path(args.out_dir), Clock()
     # 1. prepare, then the purity of the clustering against the true types
@@ -436,12 +436,7 @@ def main() -> None:
     confusion = (counts + 1e-3) / (counts + 1e-3).sum(1, keepdims=True)  # p(cluster | type), train split
 
     # 2. planner against the Bayes optimum given the clustering
-    planner_dir = args.planner_dir or str(out / "planner")
-    clock("train-planner", train_planner, prepared_dir=prepared_dir, out_dir=planner_dir,
-          model=PlannerShape(d_model=args.planner_d_model, num_heads=2, dim_feedforward=2 * args.planner_d_model,
-                             num_layers=args.planner_layers, horizon=args.horizon),
-          train=PlannerTrainArgs(batch_size=128, lr=args.planner_lr, max_epochs=args.planner_epochs,
-                                 eval_split="test", progress_bar=False))
+    planner_dir = train_mechanism_planner(args, prepared_dir, clock)
     summary = json.loads((Path(planner_dir) / "summary.json").read_text())["metrics"]
     optimum = bayes_optimum(splits["test"], types["test"], confusion, args.horizon, args.lag, args.successors)
     floor = lm_floor(splits["test"], types["test"], args.lag, args.successors)
@@ -472,6 +467,20 @@ def main() -> None:
         for stage, seconds in result["stages"].items():
             clock.stages[stage] = clock.stages.get(stage, 0.0) + seconds
     report(args, prepared, score, test_score, counts, summary, optimum, floor, metrics, eval_dirs, sweep_dirs, clock)
+
+
+def train_mechanism_planner(args, prepared_dir: str, clock: Clock) -> str:
+    """The benchmark's planner (reused when trained): its folder."""
+    from planlm.models.planner import PlannerShape
+    from planlm.train.planner import PlannerTrainArgs, train_planner
+
+    planner_dir = args.planner_dir or str(Path(args.out_dir) / "planner")
+    clock("train-planner", train_planner, prepared_dir=prepared_dir, out_dir=planner_dir,
+          model=PlannerShape(d_model=args.planner_d_model, num_heads=2, dim_feedforward=2 * args.planner_d_model,
+                             num_layers=args.planner_layers, horizon=args.horizon),
+          train=PlannerTrainArgs(batch_size=128, lr=args.planner_lr, max_epochs=args.planner_epochs,
+                                 eval_split="test", progress_bar=False))
+    return planner_dir
 
 
 def lm_window(args) -> dict:

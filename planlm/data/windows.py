@@ -7,8 +7,9 @@ T horizon.
   never cross articles; with stride = context_length - 1 consecutive windows overlap by one token,
   so every token of an article but its first is predicted exactly once (labels are shifted inside
   the model; a window's first token is only context).
-- A ``PlanSource`` (``planlm.plans.sources``) maps split-global sentence indices (N,) to
-  ``action_paths (N, K, T)`` and ``path_mask (N, K, T)``: the plan of boundary s.
+- A ``PlanSource`` (``planlm.plans.sources``) maps split-global sentence indices (N,) to ``Plans``:
+  ``action_paths (N, K, T)`` and ``path_mask (N, K, T)`` (in expectation also ``action_probs``), the plan
+  of boundary s.
 - ``collate_windows`` builds a batch: token tensors plus the plans of the batch's *unique*
   sentences (``plan_index (B, L)`` points into them; -1 = no plan), so the adapter runs once per
   sentence, not once per token. Token t is conditioned on the plan of ``token_plan_sentence[t]``
@@ -64,7 +65,7 @@ def collate_windows(split: PreparedSplit, windows: list[tuple[int, int, int]], s
     """A batch of windows, right-padded to the longest.
 
     Returns input_ids, attention_mask, labels (B, L) and, with a source, plan_index (B, L) into the
-    batch's unique sentences plus their action_paths / path_mask (N, K, T)."""
+    batch's unique sentences plus their action_paths / path_mask (N, K, T) (in expectation also action_probs)."""
     longest = max(end - start for _, start, end in windows)
     num_windows = len(windows)
     input_ids = np.full((num_windows, longest), pad_token_id, dtype=np.int64)  # (B, L)
@@ -85,8 +86,7 @@ def collate_windows(split: PreparedSplit, windows: list[tuple[int, int, int]], s
     sentences, inverse = np.unique(plan_sentence[real], return_inverse=True)  # (N,), index of each real token
     plan_index = np.full((num_windows, longest), -1, dtype=np.int64)
     plan_index[real] = inverse
-    action_paths, path_mask = source(sentences)  # (N, K, T) each
-    batch.update(plan_index=torch.from_numpy(plan_index), action_paths=action_paths, path_mask=path_mask)
+    batch.update(plan_index=torch.from_numpy(plan_index), **source(sentences).inputs())  # (N, K, T[, M]) each
     return batch
 
 

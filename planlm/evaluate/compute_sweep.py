@@ -8,7 +8,9 @@ fixed K) with the paired bootstrap interval over articles (``planlm.evaluate.boo
 planner and LM time. Written: ``sweep_compute.csv``, ``sweep_compute.png`` (perplexity against mean
 paths per boundary and against wall time) and, per adaptive point, ``<point>/where_paths_went.json``: the
 histogram of paths per boundary and the boundaries that got the most and the fewest paths, with the
-planner's top first actions and the sentence that followed.
+planner's top first actions and the sentence that followed. With ``expectation``, one more point,
+``expected-1``: plans in expectation at K = 1 (``PlanSpec.expectation``; beyond the paper), at its measured
+planner cost (one sampled path; its ``paths_mean`` is 1).
 """
 
 from __future__ import annotations
@@ -29,8 +31,14 @@ DEFAULT_POLICIES = [PathPolicy("entropy", 1, 10), PathPolicy("entropy", 1, 50),
                     PathPolicy("converge", 1, 50, tolerance=0.2), PathPolicy("converge", 1, 50, tolerance=0.1)]
 
 
-def compute_points(num_paths: list[int], policies: list[PathPolicy]) -> list[tuple[str, int, PathPolicy]]:
-    """(folder name, K_max, policy) of every point: the fixed K, then the adaptive policies."""
+EXPECTED_POINT = "expected-1"
+"""The compute sweep's point of plans in expectation at K = 1."""
+
+
+def compute_points(num_paths: list[int], policies: list[PathPolicy],
+                   expectation: bool = False) -> list[tuple[str, int, PathPolicy]]:
+    """(folder name, K_max, policy) of every point: the fixed K, the adaptive policies, then (``expectation``)
+    ``EXPECTED_POINT``."""
     if not num_paths or min(num_paths) < 1:
         raise PlanlmError(f"--num_paths {num_paths}: the compute sweep needs fixed K values, each >= 1")
     largest = max(num_paths)
@@ -44,7 +52,14 @@ def compute_points(num_paths: list[int], policies: list[PathPolicy]) -> list[tup
         if name in {p[0] for p in points}:
             raise PlanlmError(f"--policies lists {resolved.label()} twice; give each budget once")
         points.append((name, resolved.max_paths, resolved))
+    if expectation:
+        points.append((EXPECTED_POINT, 1, PathPolicy().resolve(1)))
     return points
+
+
+def point_kind(name: str, policy: PathPolicy) -> str:
+    """fixed, entropy, converge or expected: the column ``policy`` and the marker of a point."""
+    return "expected" if name == EXPECTED_POINT else policy.kind
 
 
 def compute_rows(points: list[tuple[str, int, PathPolicy]], metrics: list[dict], out: Path) -> list[dict]:
@@ -52,7 +67,7 @@ def compute_rows(points: list[tuple[str, int, PathPolicy]], metrics: list[dict],
     reference = f"fixed-{max(k for _, k, policy in points if not policy.adaptive)}"  # fixed K_max
     rows = []
     for (name, max_paths, policy), m in zip(points, metrics):
-        rows.append({"value": name, "policy": policy.kind, "K": max_paths, "paths_mean": m["paths_mean"],
+        rows.append({"value": name, "policy": point_kind(name, policy), "K": max_paths, "paths_mean": m["paths_mean"],
                      **{c: m[c] for c in ("ppl", "ci_low", "ci_high", "wall_time_s", "planner_time_s", "lm_time_s",
                                           "tokens_per_s", "tokens", "articles", "T", "tau")},
                      "eval_dir": str(out / name)})
@@ -88,7 +103,7 @@ def plot_compute(rows: list[dict], path: Path, title: str = "") -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, x_key, x_label in ((axes[0], "paths_mean", "mean paths sampled per boundary"),
                                (axes[1], "wall_time_s", "evaluation wall time (s)")):
-        for kind, marker in (("fixed", "o"), ("entropy", "^"), ("converge", "s")):
+        for kind, marker in (("fixed", "o"), ("entropy", "^"), ("converge", "s"), ("expected", "*")):
             group = sorted((r for r in rows if r["policy"] == kind), key=lambda r: r[x_key])
             if not group:
                 continue
@@ -97,7 +112,7 @@ def plot_compute(rows: list[dict], path: Path, title: str = "") -> None:
             errors = [[r["paired_diff"] - r["paired_ci_low"] for r in group],
                       [r["paired_ci_high"] - r["paired_diff"] for r in group]]
             ax.errorbar(x, y, yerr=errors, marker=marker, capsize=3, linestyle="-" if kind == "fixed" else "none",
-                        label=kind if kind != "fixed" else "fixed K")
+                        label={"fixed": "fixed K", "expected": "in expectation, K = 1"}.get(kind, kind))
         ax.set_xlabel(x_label)
         if x_key == "paths_mean" and min(r["paths_mean"] for r in rows) > 0:
             ax.set_xscale("log")

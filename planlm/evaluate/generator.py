@@ -41,7 +41,7 @@ import torch
 
 from planlm.data.artifacts import PreparedSplit
 from planlm.data.resources import split_sentences
-from planlm.plans.sources import FixedPlans, OraclePlans
+from planlm.plans.sources import FixedPlans, OraclePlans, Plans, step_probs
 from planlm.plans.spec import PlanKind, PlanSpec
 from planlm.plans.policy import path_mask_from_counts, sample_with_policy
 from planlm.utils import PlanlmError, autocast
@@ -89,7 +89,7 @@ class PlanRecord:
     context_sentences: int
     """How many complete sentences the planner saw."""
     action_paths: list
-    """(K, T) sampled action ids."""
+    """(K, T) sampled action ids (plans in expectation: the most likely action of each step)."""
     path_mask: list
     """(K, T) which steps are valid."""
 
@@ -278,29 +278,31 @@ class PlannedGenerator:
     # ------------------------------------------------------------------------------ planning
     @torch.no_grad()
     def plan(self, contexts: list[np.ndarray], sentences: list[int], oracle: list[int] | None = None):
-        """One planner call for several boundaries -> action_paths (B, K, T), path_mask (B, K, T), vectors (B, D)."""
+        """One planner call for several boundaries -> action_paths (B, K, T), path_mask (B, K, T), vectors (B, D)
+        (plans in expectation: the most likely action of each step as action_paths)."""
         kind, num_paths, horizon = self.spec.kind, self.spec.num_paths, self.spec.horizon
         if kind == PlanKind.none:
             return None, None, None
         if kind == PlanKind.fixed:
-            paths, mask = FixedPlans(self.spec.fixed_action, num_paths, horizon)(np.zeros(len(contexts), np.int64))
+            plans = FixedPlans(self.spec.fixed_action, num_paths, horizon)(np.zeros(len(contexts), np.int64))
         elif kind == PlanKind.oracle:
             if oracle is None:
                 raise PlanlmError("oracle plans need a test article's prefix (prompt_from_article / --article)")
             inside = [s < len(oracle) for s in sentences]
             global_sentences = np.asarray([oracle[s] if ok else oracle[-1] for s, ok in zip(sentences, inside)])
-            paths, mask = OraclePlans(self.split, num_paths, horizon)(global_sentences)
-            mask = mask & torch.tensor(inside)[:, None, None]  # past the article's end: no information
+            paths, mask, _ = OraclePlans(self.split, num_paths, horizon)(global_sentences)
+            plans = Plans(paths, mask & torch.tensor(inside)[:, None, None])  # past the article's end: no information
         else:
-            paths, mask = self._planner_paths(contexts)
-        paths, mask = paths.to(self.device), mask.to(self.device)
+            plans = self._planner_paths(contexts)
+        plans = plans.to(self.device)
         with autocast(self.device, self.precision):
-            vectors = self.model.plan_vectors(paths, mask).float()  # (B, D)
-        return paths, mask, vectors
+            vectors = self.model.plan_vectors(*plans).float()  # (B, D)
+        paths = plans.action_paths if plans.action_probs is None else plans.action_paths[..., 0]  # (B, K, T)
+        return paths, plans.path_mask, vectors
 
-    def _planner_paths(self, contexts: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The planner's paths (B, K, T) and their mask from the sentence embeddings before each boundary: the
-        argmax path repeated K times, or K sampled paths under the path policy."""
+    def _planner_paths(self, contexts: list[np.ndarray]) -> Plans:
+        """The planner's plans from the sentence embeddings before each boundary: the argmax path repeated K times,
+        or K sampled paths under the path policy; in expectation, each step's distribution along them."""
         width, max_sentences = self.planner.config.embedding_dim, self.planner.config.max_sentences
         contexts = [c[-max_sentences:] if len(c) else np.zeros((0, width), np.float32) for c in contexts]
         longest = max(len(c) for c in contexts)
@@ -313,14 +315,32 @@ class PlannedGenerator:
         self.planner_calls += 1
         horizon = self.spec.horizon
         with autocast(self.device, self.precision):
+            if self.spec.expectation:
+                return self._expected_plans(context_embeds, context_mask)
             if self.spec.kind == PlanKind.planner_argmax:
                 paths = self.planner.argmax_path(context_embeds, context_mask, horizon)
                 paths = paths[:, None].expand(-1, self.spec.num_paths, -1)
-                return paths, torch.ones_like(paths, dtype=torch.bool)
+                return Plans(paths, torch.ones_like(paths, dtype=torch.bool))
             paths, counts = sample_with_policy(self.planner, context_embeds, context_mask, self.spec.path_policy,
                                                horizon, self.spec.temperature, self.generator)  # (B, K, T), (B,)
         self.paths_sampled += counts.tolist()
-        return paths, path_mask_from_counts(counts, paths.shape[1], horizon)
+        return Plans(paths, path_mask_from_counts(counts, paths.shape[1], horizon))
+
+    def _expected_plans(self, context_embeds: torch.Tensor, context_mask: torch.Tensor) -> Plans:
+        """Plans in expectation: the top actions of each step of the greedy path or of K sampled paths, their
+        probabilities renormalised (as the plan sources give them)."""
+        spec = self.spec
+        if spec.kind == PlanKind.planner_argmax:
+            _, actions, probs = self.planner.expected_argmax_path(context_embeds, context_mask, spec.horizon,
+                                                                  spec.top_actions)  # (B, T, M)
+            actions, probs = (x[:, None].expand(-1, spec.num_paths, -1, -1) for x in (actions, probs))
+        else:
+            _, actions, probs = self.planner.sample_expected_paths(context_embeds, context_mask, spec.num_paths,
+                                                                   spec.horizon, spec.temperature, spec.top_actions,
+                                                                   self.generator)  # (B, K, T, M)
+            self.paths_sampled += [spec.num_paths] * len(context_embeds)
+        mask = torch.ones(actions.shape[:-1], dtype=torch.bool, device=actions.device)
+        return Plans(actions, mask, step_probs(probs))
 
     # ------------------------------------------------------------------------------ decoding
     def _sample(self, logits: torch.Tensor, sampling: SamplingConfig) -> int:

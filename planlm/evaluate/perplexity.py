@@ -134,9 +134,9 @@ def plan_vector_table(model, source, sentences: np.ndarray, num_sentences: int, 
     table = torch.zeros(num_sentences, model.hidden_size, device=device)
     for i in range(0, len(sentences), chunk_size):
         chunk = np.asarray(sentences[i:i + chunk_size], dtype=np.int64)
-        action_paths, path_mask = source(chunk)  # (N, K, T) each
+        plans = source(chunk).to(device)  # (N, K, T[, M]) each
         with autocast(device, precision):
-            vectors = model.plan_vectors(action_paths.to(device), path_mask.to(device))  # (N, D)
+            vectors = model.plan_vectors(*plans)  # (N, D)
         table[torch.from_numpy(chunk).to(device)] = vectors.float()
     return table
 
@@ -294,6 +294,7 @@ def _metrics(result: dict, spec: PlanSpec, split_view: PreparedSplit, num_articl
         **paths_summary(result["num_paths"], spec.num_paths if spec.kind == PlanKind.planner_sampled else None),
         "tokens_per_s": total_tokens / max(result["wall_time_s"], 1e-9),
         "conditioning": str(spec.kind), "K": spec.num_paths, "T": spec.horizon, "tau": spec.temperature,
+        "expectation": bool(spec.expectation), "top_actions": spec.top_actions if spec.expectation else None,
         "seed": spec.seed, "fixed_action": spec.fixed_action if spec.kind == PlanKind.fixed else None,
         "planner_dir": spec.planner_dir, "plans_dir": spec.plans_dir, "model_dir": str(model_dir),
         "prepared_dir": str(prepared_dir), "split": split, "device": str(device), "precision": precision,

@@ -77,7 +77,8 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
           policies: list[PathPolicy] = DEFAULT_POLICIES, plans: PlanSpec = PlanSpec(kind=PlanKind.planner_sampled),
           split: str = "test", stride: int = 1, context_length: int = 128,
           max_articles: Optional[int] = None, batch_size: int = 32, device: str = "auto",
-          precision: Literal["auto", "fp32", "bf16"] = "auto", bootstrap_samples: int = 1000) -> Path:
+          precision: Literal["auto", "fp32", "bf16"] = "auto", bootstrap_samples: int = 1000,
+          expectation: bool = False) -> Path:
     """Sweep K (sampled paths), tau (planner temperature) or planning compute at inference: perplexity, its
     paired difference from a reference point on the same articles, and wall time per point.
 
@@ -105,6 +106,8 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
         device: auto, cpu, cuda ...
         precision: auto, fp32 or bf16.
         bootstrap_samples: Bootstrap resamples of each interval.
+        expectation: compute sweep: one more point, plans in expectation at K = 1 (``expected-1``; the other
+            points sample their paths whatever the model was trained with).
 
     Returns:
         The sweep folder.
@@ -113,7 +116,8 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
         raise PlanlmError(f"--kind {kind!r}: choose num_paths, temperature or compute")
     if kind == "compute":
         return compute_sweep(model_dir, prepared_dir, out_dir, num_paths, policies, plans, split, stride,
-                             context_length, max_articles, batch_size, device, precision, bootstrap_samples)
+                             context_length, max_articles, batch_size, device, precision, bootstrap_samples,
+                             expectation)
     values, reference = _swept_values(kind, num_paths, temperatures)
     out = Path(out_dir)
     config = {"model_dir": str(Path(model_dir).resolve()), "prepared_dir": str(Path(prepared_dir).resolve()),
@@ -189,13 +193,15 @@ def _print_table(rows: list[dict], kind: str, reference: float) -> None:
 
 def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: list[int], policies: list[PathPolicy],
                   plans: PlanSpec, split: str, stride: int, context_length: int, max_articles: Optional[int],
-                  batch_size: int, device: str, precision: str, bootstrap_samples: int) -> Path:
-    """The compute sweep of ``sweep``: fixed K and adaptive policies on the same LM and articles."""
+                  batch_size: int, device: str, precision: str, bootstrap_samples: int,
+                  expectation: bool = False) -> Path:
+    """The compute sweep of ``sweep``: fixed K, adaptive policies (and plans in expectation) on the same LM and
+    articles."""
     from dataclasses import asdict
 
-    from planlm.evaluate.compute_sweep import where_paths_went
+    from planlm.evaluate.compute_sweep import EXPECTED_POINT, where_paths_went
 
-    points = compute_points(list(num_paths), list(policies))
+    points = compute_points(list(num_paths), list(policies), expectation)
     out = Path(out_dir)
     config = {"model_dir": str(Path(model_dir).resolve()), "prepared_dir": str(Path(prepared_dir).resolve()),
               "kind": "compute", "points": [(name, asdict(policy)) for name, _, policy in points],
@@ -209,7 +215,8 @@ def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: li
     metrics = []
     for name, max_paths, policy in points:
         metrics.append(evaluate(model_dir, prepared_dir, str(out / name), split=split,
-                                plans=replace(plans, num_paths=max_paths, path_policy=policy), stride=stride,
+                                plans=replace(plans, num_paths=max_paths, path_policy=policy,
+                                              expectation=name == EXPECTED_POINT), stride=stride,
                                 context_length=context_length, max_articles=max_articles, batch_size=batch_size,
                                 device=device, precision=precision, bootstrap_samples=bootstrap_samples,
                                 plan_usage=False))

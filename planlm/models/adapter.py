@@ -5,6 +5,10 @@ E action-embedding width, D the LM's width (hidden_size).
 
 Both adapters map ``action_paths (N, K, T) long, path_mask (N, K, T) bool -> plan_embeds (N, D)``.
 ``path_mask`` is True for real steps (a path is cut where the article ends for oracle actions).
+Plans in expectation (beyond the paper; ``PlanSpec.expectation``) give each step as a distribution instead:
+``action_paths (N, K, T, M)`` its M most likely actions, ``action_probs (N, K, T, M)`` their probabilities; the
+step's embedding is then the expected one, sum_m p_m Emb(a_m) (``step_embeddings``), everywhere the
+formulas below read Emb(a_t^j), PT's input included (M letters the actions of a step).
 
 ``project_avg`` (the paper's "Project and Avg"; with T = K = 1 the Cornille et al. adapter)::
 
@@ -182,15 +186,27 @@ class ProjectAvg(nn.Module):
         """The parameters behind ReZero gates (trained at ``train.multipath_lr_scale`` of the adapter's rate)."""
         return []
 
-    def step_vectors(self, action_paths: Tensor) -> Tensor:
-        """(N, K, T) long -> c_t^j (N, K, T, D)."""
-        return self.projection(self.action_embedding(action_paths))
+    def step_vectors(self, action_paths: Tensor, action_probs: Tensor | None = None) -> Tensor:
+        """(N, K, T) long [or (N, K, T, M) with their probabilities] -> c_t^j (N, K, T, D)."""
+        return self.projection(self.step_embeddings(action_paths, action_probs))
 
-    def forward(self, action_paths: Tensor, path_mask: Tensor | None = None) -> Tensor:
-        path_mask = _default_mask(action_paths, path_mask)
+    def step_embeddings(self, action_paths: Tensor, action_probs: Tensor | None = None) -> Tensor:
+        """Emb(a) of every step: action_paths (..., T) long -> (..., T, E); in expectation, action_paths and
+        action_probs (..., T, M) -> sum_m p_m Emb(a_m) (..., T, E), without building the (..., T, M, E) terms."""
+        if action_probs is None:
+            return self.action_embedding(action_paths)
+        num_actions = action_paths.shape[-1]
+        bags = torch.nn.functional.embedding_bag(
+            action_paths.reshape(-1, num_actions), self.action_embedding.weight, mode="sum",
+            per_sample_weights=action_probs.reshape(-1, num_actions).to(self.action_embedding.weight.dtype))
+        return bags.view(*action_paths.shape[:-1], -1)  # (..., T, E)
+
+    def forward(self, action_paths: Tensor, path_mask: Tensor | None = None,
+                action_probs: Tensor | None = None) -> Tensor:
+        path_mask = _default_mask(action_paths, path_mask, action_probs)
         path_valid = path_mask.any(-1)  # (N, K)
         # W and b are linear: averaging Emb before projecting gives the same c^, T*K times cheaper.
-        mean_embedding = masked_mean(self.action_embedding(action_paths), path_mask, dim=-2)  # (N, K, E)
+        mean_embedding = masked_mean(self.step_embeddings(action_paths, action_probs), path_mask, dim=-2)  # (N, K, E)
         mean_embedding = masked_mean(mean_embedding, path_valid, dim=-2)  # (N, E)
         return self.projection(mean_embedding)  # (N, D)
 
@@ -242,28 +258,28 @@ class MultiPath(ProjectAvg):
             return []
         return [*self.path_transformer.parameters(), *self.sample_transformer.parameters()]
 
-    def forward(self, action_paths: Tensor, path_mask: Tensor | None = None) -> Tensor:
+    def forward(self, action_paths: Tensor, path_mask: Tensor | None = None,
+                action_probs: Tensor | None = None) -> Tensor:
         # PT and ST attend over T steps and K paths (short sequences): flash attention where the head
         # width allows it, else the plain math kernel. The memory-efficient kernel, chosen otherwise for
         # heads over 256 wide (GPT-2 small with 2 heads: 384), spent half the adapter's GPU time in its
         # backward pass; without it a GPT-2-small training step at K = T = 10 went from 0.778x to 0.800x
         # of no conditioning (H100, median of 50 interleaved steps).
         with sdpa_kernel(ADAPTER_ATTENTION):
-            return self._forward(action_paths, path_mask)
+            return self._forward(action_paths, path_mask, action_probs)
 
-    def _forward(self, action_paths: Tensor, path_mask: Tensor | None) -> Tensor:
-        path_mask = _default_mask(action_paths, path_mask)
-        num_sentences, num_paths, horizon = action_paths.shape
+    def _forward(self, action_paths: Tensor, path_mask: Tensor | None, action_probs: Tensor | None) -> Tensor:
+        path_mask = _default_mask(action_paths, path_mask, action_probs)
+        num_sentences, num_paths, horizon = path_mask.shape
         if horizon > self.config.horizon:
             raise PlanlmError(f"paths of horizon {horizon} exceed the adapter's horizon {self.config.horizon}")
         path_valid = path_mask.any(-1)  # (N, K)
 
         # A path's vector depends only on its valid actions, so each distinct path is encoded once
         # (oracle / argmax plans repeat one path K times; confident planners repeat paths too).
-        path_keys = torch.where(path_mask, action_paths, -1).flatten(0, 1)  # (N*K, T), -1 = masked step
-        unique_paths, path_of = torch.unique(path_keys, dim=0, return_inverse=True)  # (U, T), (N*K,)
-        step_mask = unique_paths >= 0  # (U, T)
-        embeds = self.action_embedding(unique_paths.clamp(min=0))  # Emb(a_t^j) (U, T, E)
+        unique_paths, unique_probs, path_of = _unique_paths(action_paths, path_mask, action_probs)  # (U, T[, M])
+        step_mask = (unique_paths if unique_probs is None else unique_paths[..., 0]) >= 0  # (U, T)
+        embeds = self.step_embeddings(unique_paths.clamp(min=0), unique_probs)  # Emb(a_t^j) (U, T, E)
         # W, b are linear: project the mean embedding, T times cheaper than projecting every step.
         path_avg = self.projection(masked_mean(embeds, step_mask, dim=-2))  # c~^j (U, D)
 
@@ -292,12 +308,35 @@ class MultiPath(ProjectAvg):
         return sample_out
 
 
-def _default_mask(action_paths: Tensor, path_mask: Tensor | None) -> Tensor:
+def _default_mask(action_paths: Tensor, path_mask: Tensor | None, action_probs: Tensor | None = None) -> Tensor:
+    """path_mask (N, K, T) bool, all True when None; checked against action_paths (N, K, T[, M])."""
+    shape = action_paths.shape if action_probs is None else action_paths.shape[:-1]
+    if action_probs is not None and action_probs.shape != action_paths.shape:
+        raise ValueError(f"action_probs {tuple(action_probs.shape)} must match action_paths {tuple(action_paths.shape)}")
     if path_mask is None:
-        return torch.ones_like(action_paths, dtype=torch.bool)
-    if path_mask.shape != action_paths.shape:
-        raise ValueError(f"path_mask {tuple(path_mask.shape)} must match action_paths {tuple(action_paths.shape)}")
+        return torch.ones(shape, dtype=torch.bool, device=action_paths.device)
+    if path_mask.shape != shape:
+        raise ValueError(f"path_mask {tuple(path_mask.shape)} must match action_paths {tuple(shape)} (N, K, T)")
     return path_mask.bool()
+
+
+def _unique_paths(action_paths: Tensor, path_mask: Tensor,
+                  action_probs: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor]:
+    """The distinct paths of a batch (masked steps -1): (U, T) long, or in expectation (U, T, M) long and their
+    probabilities (U, T, M); and the distinct path of each of the N*K paths, (N*K,)."""
+    if action_probs is None:
+        path_keys = torch.where(path_mask, action_paths, -1).flatten(0, 1)  # (N*K, T), -1 = masked step
+        unique_paths, path_of = torch.unique(path_keys, dim=0, return_inverse=True)  # (U, T), (N*K,)
+        return unique_paths, None, path_of
+    step_mask = path_mask.unsqueeze(-1)  # (N, K, T, 1)
+    actions = torch.where(step_mask, action_paths, -1).flatten(0, 1)  # (N*K, T, M)
+    probs = torch.where(step_mask, action_probs, 0.0).flatten(0, 1)  # (N*K, T, M)
+    keys = torch.cat([actions.flatten(1).double(), probs.flatten(1).double()], dim=1)  # (N*K, 2 T M), exact
+    unique_keys, path_of = torch.unique(keys, dim=0, return_inverse=True)  # (U, 2 T M), (N*K,)
+    steps = actions.shape[1] * actions.shape[2]
+    unique_paths = unique_keys[:, :steps].long().view(-1, *actions.shape[1:])  # (U, T, M)
+    unique_probs = unique_keys[:, steps:].to(action_probs.dtype).view(-1, *actions.shape[1:])  # (U, T, M)
+    return unique_paths, unique_probs, path_of
 
 
 def build_adapter(config: AdapterConfig, codebook: Tensor | None = None) -> ProjectAvg:

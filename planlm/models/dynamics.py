@@ -72,10 +72,21 @@ class Dynamics(nn.Module, ABC):
     @abstractmethod
     def sample(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
                num_paths: int | torch.Tensor, horizon: int, temperature: float,
-               generator: torch.Generator | None) -> torch.Tensor:
+               generator: torch.Generator | None, top_actions: int = 0):
         """Sampled action paths (B, K, T) at ``temperature`` > 0. ``num_paths``: one K, or (where
         ``mixed_path_counts``) a LongTensor (B,) of counts: then K is its maximum and the paths of boundary b
-        beyond num_paths[b] are zero padding."""
+        beyond num_paths[b] are zero padding. With ``top_actions`` M > 0, also the distribution each step was
+        drawn from, as its M most likely actions: (paths, step_actions (B, K, T, M) long, step_probs (B, K, T, M)
+        (``top_distribution``); the draws are the same."""
+
+
+def top_distribution(logits: torch.Tensor, temperature: float, top_actions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (N, A) -> the M = min(top_actions, A) most likely actions of softmax(logits / temperature),
+    (N, M) long, and their probabilities, (N, M) float32 (not renormalised: 1 - their sum is the mass left out;
+    the plan sources renormalise them)."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (N, A)
+    top_probs, top_ids = probs.topk(min(top_actions, probs.shape[-1]), dim=-1)  # (N, M)
+    return top_ids, top_probs
 
 
 class RecurrentPrediction(nn.Module):
@@ -152,29 +163,34 @@ class RecurrentDynamics(Dynamics):
 
     def sample(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
                num_paths: int | torch.Tensor, horizon: int, temperature: float,
-               generator: torch.Generator | None) -> torch.Tensor:
+               generator: torch.Generator | None, top_actions: int = 0):
         batch_size = latents.shape[0]
         if torch.is_tensor(num_paths):
             counts = num_paths.to(latents.device)
         else:
             counts = torch.full((batch_size,), num_paths, dtype=torch.long, device=latents.device)
         state = self.start(prediction, latents, latent_mask, slot, horizon)
-        paths = self._sample_shared_prefixes(prediction, state, counts, horizon, temperature, generator)
+        paths, steps = self._sample_shared_prefixes(prediction, state, counts, horizon, temperature, generator,
+                                                    top_actions)
         most = int(counts.max())
         if int(counts.min()) == most:
-            return paths.view(batch_size, most, horizon)  # (B, K, T)
-        return pad_paths(paths, counts, most)  # (B, K_max, T)
+            outputs = [x.view(batch_size, most, *x.shape[1:]) for x in (paths, *steps)]  # (B, K, T[, M])
+        else:
+            outputs = [pad_paths(x, counts, most) for x in (paths, *steps)]  # (B, K_max, T[, M])
+        return tuple(outputs) if top_actions else outputs[0]
 
     def _sample_shared_prefixes(self, prediction: nn.Module, state: RecurrentState, counts: torch.Tensor,
-                                horizon: int, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-        """counts (B,) paths per boundary -> the paths, boundary after boundary: (P, T).
+                                horizon: int, temperature: float, generator: torch.Generator | None,
+                                top_actions: int = 0) -> tuple[torch.Tensor, tuple]:
+        """counts (B,) paths per boundary -> the paths, boundary after boundary: (P, T), and with ``top_actions``
+        M the (step_actions, step_probs) (P, T, M) of each step's distribution (else ()).
 
         Paths that share a prefix share their state, so g and f run once per distinct (boundary, prefix):
         U <= P states. Each path samples from its own row of probabilities, so the draws are exactly those
         of independent rollouts."""
         num_actions = state.logits.shape[-1]
         state_of_path = torch.arange(len(counts), device=counts.device).repeat_interleave(counts)  # (P,)
-        actions = []
+        actions, step_ids, step_probs = [], [], []
         for step in range(horizon):
             if step > 0:
                 keys = state_of_path * num_actions + actions[-1]  # (P,) (parent state, action)
@@ -182,13 +198,18 @@ class RecurrentDynamics(Dynamics):
                 state = self.step(prediction, state.select(unique_keys // num_actions), unique_keys % num_actions)
             probs = torch.softmax(state.logits.float() / temperature, dim=-1)[state_of_path]  # (P, A)
             actions.append(torch.multinomial(probs, 1, generator=generator).squeeze(1))  # (P,)
-        return torch.stack(actions, dim=1)  # (P, T)
+            if top_actions:
+                ids, top = top_distribution(state.logits, temperature, top_actions)  # (U, M)
+                step_ids.append(ids[state_of_path])
+                step_probs.append(top[state_of_path])
+        steps = (torch.stack(step_ids, dim=1), torch.stack(step_probs, dim=1)) if top_actions else ()
+        return torch.stack(actions, dim=1), steps  # (P, T), ((P, T, M), (P, T, M))
 
 
 def pad_paths(paths: torch.Tensor, counts: torch.Tensor, most: int) -> torch.Tensor:
-    """paths (P, T), boundary after boundary -> (B, most, T) with zero padding beyond each count."""
+    """paths (P, T, ...), boundary after boundary -> (B, most, T, ...) with zero padding beyond each count."""
     starts = torch.cumsum(counts, 0) - counts  # (B,) first row of each boundary
     slot = torch.arange(len(paths), device=paths.device) - starts.repeat_interleave(counts)  # (P,) path index
-    out = paths.new_zeros(len(counts), most, paths.shape[1])
+    out = paths.new_zeros(len(counts), most, *paths.shape[1:])
     out[torch.arange(len(counts), device=paths.device).repeat_interleave(counts), slot] = paths
     return out

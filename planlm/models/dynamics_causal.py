@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planlm.models.dynamics import Dynamics
+from planlm.models.dynamics import Dynamics, top_distribution
 
 if TYPE_CHECKING:
     from planlm.models.planner import PlannerConfig
@@ -245,16 +245,27 @@ class CausalDynamics(Dynamics):
     @torch.no_grad()
     def sample(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
                slot: torch.Tensor, num_paths: int, horizon: int, temperature: float,
-               generator: torch.Generator | None) -> torch.Tensor:
+               generator: torch.Generator | None, top_actions: int = 0):
         """K draws per boundary at step 0 (a boundary's paths share that state), then one per path and step."""
         def draw(logits: torch.Tensor, draws: int) -> torch.Tensor:  # (N, A) -> (N, draws)
             probs = torch.softmax(logits.float() / temperature, dim=-1)
             return torch.multinomial(probs, draws, replacement=True, generator=generator)
 
+        def distribution(logits: torch.Tensor, repeat: int = 1) -> None:  # the step's top M, one row per path
+            if top_actions:
+                for out, x in zip(steps, top_distribution(logits, temperature, top_actions)):
+                    out.append(x.repeat_interleave(repeat, dim=0))
+
+        steps: tuple[list, list] = ([], [])
         state = self.start(prediction, latents, latent_mask, slot, horizon)
         actions = [draw(state.logits, num_paths).reshape(-1)]  # (B*K,)
+        distribution(state.logits, num_paths)
         state = state.repeat_paths(num_paths)
         for _ in range(1, horizon):
             state = self.step(prediction, state, actions[-1])
             actions.append(draw(state.logits, 1)[:, 0])
-        return torch.stack(actions, dim=1).view(latents.shape[0], num_paths, horizon)  # (B, K, T)
+            distribution(state.logits)
+        paths = torch.stack(actions, dim=1).view(latents.shape[0], num_paths, horizon)  # (B, K, T)
+        if not top_actions:
+            return paths
+        return (paths, *(torch.stack(x, dim=1).view(*paths.shape, -1) for x in steps))  # + (B, K, T, M) twice

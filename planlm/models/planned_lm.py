@@ -154,11 +154,13 @@ class PlannedLM(nn.Module):
     def hidden_size(self) -> int:
         return self.lm.get_input_embeddings().embedding_dim
 
-    def plan_vectors(self, action_paths: Tensor, path_mask: Tensor | None = None) -> Tensor:
-        """(N, K, T) long [+ (N, K, T) bool] -> plan_embeds (N, D)."""
+    def plan_vectors(self, action_paths: Tensor, path_mask: Tensor | None = None,
+                     action_probs: Tensor | None = None) -> Tensor:
+        """(N, K, T) long [+ (N, K, T) bool] -> plan_embeds (N, D); in expectation action_paths and action_probs
+        are (N, K, T, M): each step's top actions and their probabilities (``planlm.plans.sources.Plans``)."""
         if self.adapter is None:
             raise PlanlmError("this model was trained without plans (plans kind none); it has no adapter")
-        return self.adapter(action_paths, path_mask)
+        return self.adapter(action_paths, path_mask, action_probs)
 
     def token_plan_embeds(self, plan_vectors: Tensor, plan_index: Tensor) -> Tensor:
         """Gather (N, D) plan vectors onto tokens: plan_index (B, L) in [-1, N) -> (B, L, D), zeros at -1."""
@@ -168,15 +170,16 @@ class PlannedLM(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None,
                 action_paths: Tensor | None = None, path_mask: Tensor | None = None,
                 plan_index: Tensor | None = None, plan_embeds: Tensor | None = None,
-                past_key_values=None, use_cache: bool = False, **lm_kwargs):
+                past_key_values=None, use_cache: bool = False, action_probs: Tensor | None = None, **lm_kwargs):
         """Causal-LM forward; ``labels`` are shifted inside (HF convention, -100 ignored).
 
-        input_ids (B, L); action_paths (N, K, T) + path_mask (N, K, T) + plan_index (B, L), or
-        plan_embeds (B, L, D) precomputed. With neither, this is exactly the bare LM."""
+        input_ids (B, L); action_paths (N, K, T) + path_mask (N, K, T) + plan_index (B, L) (in expectation
+        also action_probs, see ``plan_vectors``), or plan_embeds (B, L, D) precomputed. With neither, this is
+        exactly the bare LM."""
         if plan_embeds is None and action_paths is not None:
             if plan_index is None:
                 raise ValueError("action_paths need plan_index (B, L): which plan conditions each token")
-            plan_embeds = self.token_plan_embeds(self.plan_vectors(action_paths, path_mask), plan_index)
+            plan_embeds = self.token_plan_embeds(self.plan_vectors(action_paths, path_mask, action_probs), plan_index)
         inputs = {"input_ids": input_ids} if plan_embeds is None else {"inputs_embeds": self._embed(input_ids, plan_embeds)}
         split = split_lm_head(self.lm) if self.loss_chunk_size and labels is not None and not use_cache else None
         if split is not None:  # the loss without the logits

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planlm.models.dynamics import Dynamics, RecurrentDynamics
+from planlm.models.dynamics import Dynamics, RecurrentDynamics, top_distribution
 from planlm.models.dynamics_causal import CausalDynamics
 from planlm.utils import PlanlmError, file_sha256, write_json
 
@@ -243,9 +243,7 @@ class Planner(nn.Module):
         num_paths[b] are zero padding. How the paths are batched is the dynamics' (``Dynamics.sample``)."""
         counts = num_paths if torch.is_tensor(num_paths) else None
         most = num_paths if counts is None else int(counts.max())
-        if most < 1 or (counts is not None and int(counts.min()) < 1) or horizon < 1 or temperature < 0:
-            raise PlanlmError(f"planner: need num_paths >= 1, horizon >= 1, temperature >= 0 "
-                              f"(got {num_paths}, {horizon}, {temperature})")
+        _check_sampling(most if counts is None else int(counts.min()), horizon, temperature)
         if temperature == 0:
             return self.argmax_path(context_embeds, context_mask, horizon).unsqueeze(1).expand(-1, most, -1)
         if counts is not None and not self.dynamics.mixed_path_counts:
@@ -258,6 +256,40 @@ class Planner(nn.Module):
                                         generator)
         finally:
             self.train(was_training)
+
+    @torch.no_grad()
+    def sample_expected_paths(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, num_paths: int,
+                              horizon: int, temperature: float, top_actions: int,
+                              generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
+        """K sampled paths (B, K, T) with the distribution each step was drawn from, as its M = top_actions most
+        likely actions: step_actions (B, K, T, M) long, step_probs (B, K, T, M) (their probabilities): what plans in
+        expectation read (``PlanSpec.expectation``). The draws are those of ``sample_paths``; no extra pass."""
+        if temperature == 0:  # the distribution at tau 0 is the greedy action itself
+            paths = self.sample_paths(context_embeds, context_mask, num_paths, horizon, 0.0)
+            return paths, paths.unsqueeze(-1), torch.ones(*paths.shape, 1, device=paths.device)
+        _check_sampling(num_paths, horizon, temperature)
+        was_training = self.training
+        self.eval()
+        try:
+            latents, latent_mask, slot = self.representation(context_embeds, context_mask)
+            return self.dynamics.sample(self.prediction, latents, latent_mask, slot, num_paths, horizon, temperature,
+                                        generator, top_actions=top_actions)
+        finally:
+            self.train(was_training)
+
+    @torch.no_grad()
+    def expected_argmax_path(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, horizon: int,
+                             top_actions: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The greedy path (B, T) with the planner's distribution (tau 1) at each of its steps, as its M most
+        likely actions: step_actions (B, T, M) long, step_probs (B, T, M)."""
+        was_training = self.training
+        self.eval()
+        try:
+            logits, actions = self.rollout(context_embeds, context_mask, horizon)  # (B, T, A), (B, T)
+        finally:
+            self.train(was_training)
+        ids, probs = top_distribution(logits.flatten(0, 1), 1.0, top_actions)  # (B*T, M)
+        return actions, ids.view(*actions.shape, -1), probs.view(*actions.shape, -1)
 
     def _sample_count_groups(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, counts: torch.Tensor,
                              horizon: int, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
@@ -351,6 +383,12 @@ class Planner(nn.Module):
             raise PlanlmError(f"{where}: planner was trained with codebook {info['codebook_hash'][:12]} but "
                               f"{prepared.path} has codebook {prepared.codebook_hash[:12]}; train a planner on "
                               f"this prepared corpus")
+
+
+def _check_sampling(num_paths: int, horizon: int, temperature: float) -> None:
+    if num_paths < 1 or horizon < 1 or temperature < 0:
+        raise PlanlmError(f"planner: need num_paths >= 1, horizon >= 1, temperature >= 0 "
+                          f"(got {num_paths}, {horizon}, {temperature})")
 
 
 def planner_hash(folder: str | Path | None) -> str | None:

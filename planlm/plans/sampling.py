@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
-from planlm.plans.cache import default_plans_dir
+from planlm.plans.cache import default_plans_dir, expected_action_dtype, expected_mass
 from planlm.plans.policy import PathPolicy, paths_summary, sample_with_policy
+from planlm.plans.spec import PlanKind, PlanSpec
 from planlm.models.planner import WEIGHTS_FILE, Planner
 from planlm.utils import PlanlmError, autocast, file_sha256, prepare_stage_dir, resolve_device, write_manifest
 
@@ -85,7 +86,9 @@ def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizo
                   seed: int, batch_size: int = 256, device: str = "cpu", sentences: np.ndarray | None = None,
                   out: np.ndarray | None = None, argmax_out: np.ndarray | None = None,
                   max_rows: int = MAX_ROWS, precision: str = "fp32", policy: PathPolicy | None = None,
-                  num_paths_out: np.ndarray | None = None) -> np.ndarray:
+                  num_paths_out: np.ndarray | None = None, top_actions: int = 0,
+                  expected_out: tuple[np.ndarray, np.ndarray] | None = None,
+                  argmax_expected_out: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Sampled paths for every boundary of ``split`` (or the given sentence indices) -> (N, K, T) int64.
 
     Boundaries are processed in order of context length (little padding), at most ``batch_size``
@@ -95,6 +98,9 @@ def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizo
     (e.g. memory-mapped files). ``precision`` (fp32, bf16 or auto) sets the planner's autocast.
     ``policy`` (default fixed) decides each boundary's number of paths, at most K = ``num_paths``;
     ``num_paths_out`` (N,) receives them (the paths of a row beyond its count are zero padding).
+    With ``top_actions`` M (plans in expectation; fixed policy), ``expected_out`` (actions, probs) (N, K, T, M)
+    receives the distribution each sampled step was drawn from and ``argmax_expected_out`` (N, T, M) the
+    planner's distribution (tau 1) at each step of the greedy path (``planlm.plans.cache``); same draws.
     """
     check_split(split, "the plans")
     policy = (policy or PathPolicy()).resolve(num_paths)
@@ -115,20 +121,40 @@ def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizo
         context_embeds, context_mask = boundary_contexts(split, batch, planner.config.max_sentences, embeddings)
         context_embeds, context_mask = context_embeds.to(torch_device), context_mask.to(torch_device)
         with autocast(torch_device, precision):
-            paths, counts = sample_with_policy(planner, context_embeds, context_mask, policy, horizon, temperature,
-                                               generator)
+            greedy = None
+            if argmax_out is not None and top_actions and argmax_expected_out is not None:
+                greedy, *steps = planner.expected_argmax_path(context_embeds, context_mask, horizon, top_actions)
+                _write_rows(argmax_expected_out, rows, steps)  # (B, T, M) twice
+            elif argmax_out is not None:
+                greedy = planner.argmax_path(context_embeds, context_mask, horizon)  # (B, T)
+            if greedy is not None:
+                argmax_out[rows] = greedy.cpu().numpy()
+            counts = torch.full((len(rows),), num_paths)
+            if top_actions and expected_out is not None:
+                paths, *steps = planner.sample_expected_paths(context_embeds, context_mask, num_paths, horizon,
+                                                              temperature, top_actions, generator)
+                _write_rows(expected_out, rows, steps)  # (B, K, T, M) twice
+            elif temperature == 0 and greedy is not None:  # every path is the greedy one: no second rollout
+                paths = greedy[:, None].expand(-1, num_paths, -1)
+            else:
+                paths, counts = sample_with_policy(planner, context_embeds, context_mask, policy, horizon,
+                                                   temperature, generator)
             out[rows] = paths.cpu().numpy()  # (B, K, T)
             if num_paths_out is not None:
                 num_paths_out[rows] = counts.cpu().numpy()  # (B,)
-            if argmax_out is not None:
-                argmax_out[rows] = planner.argmax_path(context_embeds, context_mask, horizon).cpu().numpy()
     return out
+
+
+def _write_rows(arrays: tuple[np.ndarray, ...], rows: np.ndarray, values: list[torch.Tensor]) -> None:
+    for array, value in zip(arrays, values):
+        array[rows] = value.float().cpu().numpy() if value.is_floating_point() else value.cpu().numpy()
 
 
 def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]] = None, num_paths: int = 10,
                  horizon: Optional[int] = None, temperature: float = 1.0, seed: int = 0,
                  out_dir: Optional[str] = None, batch_size: int = 256, device: str = "auto",
-                 precision: Literal["auto", "fp32", "bf16"] = "auto", path_policy: PathPolicy = PathPolicy()) -> Path:
+                 precision: Literal["auto", "fp32", "bf16"] = "auto", path_policy: PathPolicy = PathPolicy(),
+                 expectation: bool = False, top_actions: int = 64) -> Path:
     """Sample K action paths of T steps for every sentence boundary and cache them on disk.
 
     Each boundary's paths come from the true text before it. The cache folder is keyed by the planner's
@@ -148,6 +174,9 @@ def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1`` ...
         precision: The planner's arithmetic: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
         path_policy: Paths per boundary: fixed (K everywhere), entropy or converge (planlm.plans.policy).
+        expectation: Also store the distribution of every step (plans in expectation, ``--plans.expectation``):
+            its ``top_actions`` most likely actions and their probabilities, for the sampled and the argmax paths.
+        top_actions: With expectation: actions kept per step (>= the number of actions keeps all: exact).
 
     Returns:
         The plan cache folder.
@@ -157,12 +186,17 @@ def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]
     horizon = planner.config.horizon if horizon is None else horizon
     _check_sampling(num_paths, horizon, temperature, batch_size)
     policy = path_policy.resolve(num_paths)
+    if expectation:  # one line for a policy or a top_actions no expected plan can have
+        PlanSpec(kind=PlanKind.planner_sampled, expectation=True, top_actions=top_actions, num_paths=num_paths,
+                 path_policy=policy).resolve()
     num_paths = policy.max_paths
     splits = list(prepared.manifest.get("splits", ["train", "validation", "test"])) if splits is None else splits
     split_views = {name: prepared.split(name) for name in splits}
     for split in split_views.values():
         check_split(split, "--splits")
-    out = Path(out_dir) if out_dir else default_plans_dir(planner_dir, num_paths, horizon, temperature, seed, policy)
+    expected = top_actions if expectation else 0
+    out = Path(out_dir) if out_dir else default_plans_dir(planner_dir, num_paths, horizon, temperature, seed, policy,
+                                                          expected)
     planner_hash = file_sha256(Path(planner_dir) / WEIGHTS_FILE)
     torch_device = resolve_device(device)
     config = {"planner_hash": planner_hash, "prepared_dir": str(Path(prepared_dir).resolve()),
@@ -171,20 +205,25 @@ def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]
               "device_type": torch_device.type, "precision": precision}
     if policy.adaptive:  # fixed keeps the key of the caches made before policies existed
         config["path_policy"] = policy.cache_key()
+    if expected:  # sampled actions alone keep the key of the caches made before expectation existed
+        config["expectation"] = {"top_actions": expected}
     if prepare_stage_dir(out, config):
         return out
-    counts, paths, planner_time = {}, {}, {}
+    counts, paths, planner_time, kept = {}, {}, {}, {}
     for name, split in split_views.items():
         began = time.perf_counter()
         paths[name] = _sample_split(planner, split, out, num_paths, horizon, temperature, seed, batch_size,
-                                    torch_device, precision, policy)
+                                    torch_device, precision, policy, expected)
         planner_time[name] = time.perf_counter() - began
         counts[name] = split.num_sentences
+        if expected:
+            kept[name] = expected_mass(out, name)
     write_manifest(out, config, num_paths=num_paths, horizon=horizon, temperature=temperature, seed=seed,
                    planner_hash=planner_hash, planner_dir=str(Path(planner_dir).resolve()),
                    codebook_hash=prepared.codebook_hash, num_actions=prepared.num_actions,
                    prepared_dir=str(Path(prepared_dir).resolve()), splits=splits, counts=counts,
-                   path_policy=asdict(policy), paths=paths, planner_time_s=planner_time)
+                   path_policy=asdict(policy), paths=paths, planner_time_s=planner_time,
+                   expectation={"top_actions": expected, "kept": kept} if expected else None)
     return out
 
 
@@ -201,17 +240,28 @@ def _check_sampling(num_paths: int, horizon: int, temperature: float, batch_size
 
 def _sample_split(planner: Planner, split: PreparedSplit, out: Path, num_paths: int, horizon: int,
                   temperature: float, seed: int, batch_size: int, device: torch.device, precision: str,
-                  policy: PathPolicy) -> dict:
-    """Write one split's sampled paths, their counts and argmax paths into the cache; return its paths summary."""
-    sampled = np.lib.format.open_memmap(out / f"{split.name}.npy", mode="w+", dtype=np.int64,
-                                        shape=(split.num_sentences, num_paths, horizon))
-    greedy = np.lib.format.open_memmap(out / f"{split.name}.argmax.npy", mode="w+", dtype=np.int64,
-                                       shape=(split.num_sentences, horizon))
+                  policy: PathPolicy, top_actions: int = 0) -> dict:
+    """Write one split's sampled paths, their counts and argmax paths (with ``top_actions``, also the
+    distribution of every step of both) into the cache; return its paths summary."""
+    def array(name: str, shape: tuple, dtype=np.int64) -> np.ndarray:
+        return np.lib.format.open_memmap(out / f"{split.name}.{name}npy", mode="w+", dtype=dtype, shape=shape)
+
+    sampled = array("", (split.num_sentences, num_paths, horizon))
+    greedy = array("argmax.", (split.num_sentences, horizon))
+    expected = argmax_expected = None
+    if top_actions:
+        kept = min(top_actions, planner.config.num_actions)
+        ids = expected_action_dtype(planner.config.num_actions)
+        expected = tuple(array(f"expected_{part}.", (split.num_sentences, num_paths, horizon, kept), dtype)
+                         for part, dtype in (("actions", ids), ("probs", np.float16)))
+        argmax_expected = tuple(array(f"argmax.expected_{part}.", (split.num_sentences, horizon, kept), dtype)
+                                for part, dtype in (("actions", ids), ("probs", np.float16)))
     path_counts = np.zeros(split.num_sentences, dtype=np.int64)
     compute_plans(planner, split, num_paths, horizon, temperature, seed, batch_size=batch_size, device=str(device),
-                  out=sampled, argmax_out=greedy, precision=precision, policy=policy, num_paths_out=path_counts)
-    sampled.flush()
-    greedy.flush()
-    del sampled, greedy
+                  out=sampled, argmax_out=greedy, precision=precision, policy=policy, num_paths_out=path_counts,
+                  top_actions=top_actions, expected_out=expected, argmax_expected_out=argmax_expected)
+    for written in (sampled, greedy, *(expected or ()), *(argmax_expected or ())):
+        written.flush()
+    del sampled, greedy, expected, argmax_expected
     np.save(out / f"{split.name}.num_paths.npy", path_counts)
     return paths_summary(path_counts, num_paths)

@@ -15,6 +15,10 @@ The kinds (``PlanKind``):
 - ``planner_sampled``: K paths sampled at temperature tau (ours), as many per boundary as the path
   policy gives (``planlm.plans.policy``).
 
+``expectation`` (planner kinds only; beyond the paper, ``planlm.plans.expectation``): each step of a path
+is the planner's whole next-action distribution (its ``top_actions`` most likely actions, renormalised)
+instead of the one action drawn, and the adapter reads the expected action embedding.
+
 Planner plans come from a plan cache (``plans_dir``, ``planlm sample-plans``) or from a planner
 (``planner_dir``): training samples (or reuses) the planner's cache, evaluation and generation run the
 planner on the boundaries they need. ``planlm.plans.sources`` turns a resolved spec into a ``PlanSource``.
@@ -75,6 +79,11 @@ class PlanSpec:
     """A plan cache folder (`planlm sample-plans`): plans are read from it (takes precedence over planner_dir)."""
     path_policy: Optional[PathPolicy] = None
     """Paths per boundary of sampled plans: fixed (K everywhere; default), entropy or converge (at most K)."""
+    expectation: Optional[bool] = None
+    """Plans in expectation (planner kinds; beyond the paper): each step is the planner's next-action distribution
+    along the path (tau; planner_argmax: tau 1), the adapter reads sum_a p(a) Emb(a). Default false."""
+    top_actions: Optional[int] = None
+    """expectation: the most likely actions kept per step, renormalised (default 64; >= A keeps all: exact)."""
 
     def __post_init__(self):
         if self.kind is not None and not isinstance(self.kind, PlanKind):
@@ -98,6 +107,9 @@ class PlanSpec:
             values[f.name] = value
         if self.plans_dir:  # an explicit plan cache replaces the base's planner
             values["planner_dir"] = self.planner_dir
+        kind = PlanKind(str(values["kind"])) if values["kind"] is not None else DEFAULTS["kind"]
+        if self.expectation is None and not kind.uses_planner:  # a model's expectation goes with its planner
+            values["expectation"] = False
         policy = values["path_policy"] or PathPolicy()
         if self.num_paths is None and policy.max_paths is not None:  # K from the policy's most paths
             values["num_paths"] = policy.max_paths
@@ -114,6 +126,8 @@ class PlanSpec:
         if self.kind != PlanKind.planner_sampled:  # only sampled plans have a policy: the others are K copies
             self.path_policy = PathPolicy()
         self.path_policy = self.path_policy.resolve(self.num_paths)
+        if not self.expectation:
+            self.top_actions = DEFAULTS["top_actions"]
 
     def check(self) -> None:
         """One-line errors for values no plan source can serve."""
@@ -125,6 +139,19 @@ class PlanSpec:
         if self.path_policy.max_paths not in (None, self.num_paths):
             raise PlanlmError(f"--plans.path_policy.max_paths {self.path_policy.max_paths} differs from "
                               f"--plans.num_paths {self.num_paths}; leave max_paths unset (K = num_paths)")
+        if self.expectation:
+            self._check_expectation()
+
+    def _check_expectation(self) -> None:
+        if not self.kind.uses_planner:
+            raise PlanlmError(f"--plans.expectation true with --plans.kind {self.kind}: {self.kind} plans have no "
+                              f"planner distribution to average over; set --plans.expectation false or --plans.kind "
+                              f"planner_sampled / planner_argmax")
+        if self.kind == PlanKind.planner_sampled and self.path_policy.adaptive:
+            raise PlanlmError(f"--plans.expectation true with --plans.path_policy.kind {self.path_policy.kind}: an "
+                              f"expected plan needs no adaptive paths; drop --plans.path_policy or the expectation")
+        if self.top_actions < 1:
+            raise PlanlmError(f"--plans.top_actions {self.top_actions} must be >= 1 (actions kept per step)")
 
     def check_source(self) -> None:
         """Planner plans need a plan cache or a planner to come from (checked where plans are read)."""
@@ -133,8 +160,12 @@ class PlanSpec:
                               f"--plans.planner_dir (a planner); set one of them")
 
     def cache_key(self) -> dict:
-        """The settings reuse keys hold: a fixed path policy adds nothing (older folders stay valid)."""
-        return policy_keyed({**asdict(self), "kind": str(self.kind)})
+        """The settings reuse keys hold: a fixed path policy and sampled actions add nothing (older folders stay
+        valid); plans in expectation add their top_actions."""
+        key = policy_keyed({**asdict(self), "kind": str(self.kind)})
+        if not self.expectation:
+            key.pop("expectation"), key.pop("top_actions")
+        return key
 
     def sampled_paths(self, path_counts: Optional[np.ndarray], sentences: np.ndarray) -> np.ndarray:
         """(N,) paths the planner sampled for each of ``sentences``: the policy's counts for sampled plans, 1
@@ -148,12 +179,13 @@ class PlanSpec:
     def label(self) -> str:
         """A short description, e.g. ``planner_sampled, K=5, T=5, tau=1``."""
         text = f"{self.kind}, K={self.num_paths}, T={self.horizon}, tau={self.temperature:g}"
+        text += f", in expectation (top {self.top_actions})" if self.expectation else ""
         return text + (f", {self.path_policy.label()}" if self.path_policy.adaptive else "")
 
 
 NOT_INHERITED = ("plans_dir", "path_policy")
 DEFAULTS = {"kind": PlanKind.none, "num_paths": 1, "horizon": 1, "temperature": 1.0, "seed": 0, "fixed_action": 0,
-            "path_policy": PathPolicy()}
+            "path_policy": PathPolicy(), "expectation": False, "top_actions": 64}
 
 
 def evaluation_spec(overrides: PlanSpec, model, model_dir: str) -> PlanSpec:

@@ -186,7 +186,8 @@ def _training_plans(spec: PlanSpec, prepared: PreparedDataset, splits: list[str]
 
         cache = sample_plans(planner_dir=spec.planner_dir, prepared_dir=str(prepared.path), splits=splits,
                              num_paths=spec.num_paths, horizon=spec.horizon, temperature=spec.temperature,
-                             seed=spec.seed, path_policy=spec.path_policy)
+                             seed=spec.seed, path_policy=spec.path_policy, expectation=spec.expectation,
+                             top_actions=spec.top_actions)
         spec = replace(spec, plans_dir=str(cache))
     manifest = check_cache(spec, prepared)
     return replace(spec, planner_dir=manifest.get("planner_dir") or spec.planner_dir), manifest

@@ -83,7 +83,7 @@ def test_rolling_plans_are_the_prepared_corpus_plans(folders, synthetic_random):
     tokens, sentences = split.token_range(0), split.sentence_range(0)
     ids = torch.from_numpy(np.array(split.input_ids[tokens.start:tokens.stop]))  # (L,)
     rows = np.array(split.token_plan_sentence[tokens.start:tokens.stop]) - sentences.start
-    paths, mask = OraclePlans(split, 2, 3)(np.arange(sentences.start, sentences.stop))  # (S, K, T)
+    paths, mask, _ = OraclePlans(split, 2, 3)(np.arange(sentences.start, sentences.stop))  # (S, K, T)
     inputs = torch.cat([torch.tensor([ours.eot_token_id]), ids[:-1]])[None]  # (1, L): the prefix, then the text
     plan_index = torch.from_numpy(np.concatenate([[0], rows[:-1]]))[None]  # the prefix predicts sentence 0
     with torch.no_grad():

@@ -122,7 +122,7 @@ def test_conditioned_perplexity_matches_a_direct_planned_lm_forward(synthetic_ra
         assert len(tokens) < 128  # one window: the direct forward sees the same context
         plan_sentence = np.asarray(split.token_plan_sentence[tokens.start:tokens.stop])
         sentences, plan_index = np.unique(plan_sentence, return_inverse=True)
-        action_paths, path_mask = oracle(sentences)
+        action_paths, path_mask, _ = oracle(sentences)
         input_ids = torch.from_numpy(np.array(split.input_ids[tokens.start:tokens.stop]))[None]
         with torch.no_grad():
             out = model(input_ids=input_ids, labels=input_ids, action_paths=action_paths, path_mask=path_mask,

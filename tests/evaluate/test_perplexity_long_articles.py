@@ -37,7 +37,7 @@ def reference_nll(model, split, article: int, context_length: int) -> float:
     for length, group in windows.items():
         rows = np.stack([np.arange(start, target) for start, target in group])  # (B, L) token positions
         sentences, plan_index = np.unique(plan_sentence[rows], return_inverse=True)
-        action_paths, path_mask = source(sentences)
+        action_paths, path_mask, _ = source(sentences)
         with torch.no_grad():
             logits = model(input_ids=torch.from_numpy(ids[rows]), action_paths=action_paths, path_mask=path_mask,
                            plan_index=torch.from_numpy(plan_index.reshape(rows.shape)), logits_to_keep=1).logits
@@ -76,7 +76,7 @@ def test_plan_vector_table_beyond_one_chunk_of_256_sentences(synthetic_random):
     table = plan_vector_table(model, source, sentences, split.num_sentences, device="cpu", precision="fp32")
     assert table.shape == (split.num_sentences, 32)
     for sentence in (sentences[0], sentences[255], sentences[256], sentences[-1]):  # both sides of the chunk edge
-        paths, mask = source(np.array([sentence]))
+        paths, mask, _ = source(np.array([sentence]))
         with torch.no_grad():
             torch.testing.assert_close(table[sentence], model.plan_vectors(paths, mask)[0], rtol=1e-5, atol=1e-6)
     unused = np.setdiff1d(np.arange(split.num_sentences), sentences)

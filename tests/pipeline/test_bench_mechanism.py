@@ -29,3 +29,16 @@ def test_seeds_in_worker_processes_give_the_tables_of_one_process(tmp_path):
     assert "| ours - sampled |" in parallel and "| seed 0 | seed 1 |" in parallel
     assert parallel.count("PASS") + parallel.count("FAIL") == 4
     assert (tmp_path / "serial" / "report.md").is_file() and (tmp_path / "lm" / "ours-seed1").is_dir()
+
+
+@pytest.mark.slow
+def test_bench_expectation_prints_its_table_and_targets(tmp_path):
+    """experiments/bench_expectation.py --quick on one seed: every point, the timing and the two targets."""
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_expectation.py"), "--quick", "--seeds",
+                           "0", "--repeats", "1", "--no_compute_sweep", "--out_dir", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for row in ("| sampled K=50 |", "| expectation K=1 |", "| trained in expectation |", "| 1 | "):
+        assert row in done.stdout
+    assert done.stdout.count("PASS") + done.stdout.count("FAIL") == 2
+    assert (tmp_path / "expectation" / "report-sampled.md").is_file()

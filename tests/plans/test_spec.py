@@ -85,12 +85,12 @@ def test_sources_of_each_kind(synthetic_random, tmp_path):
     sentences = np.array([0, last_of_first_article])
     oracle = plan_source(PlanSpec(kind="oracle", num_paths=2, horizon=3).resolve(), prepared, split)
     assert isinstance(oracle, OraclePlans)
-    paths, mask = oracle(sentences)
+    paths, mask, _ = oracle(sentences)
     np.testing.assert_array_equal(paths[0, 1], split.actions[0:3])
     assert mask[0].all() and mask[1, :, 0].all() and not mask[1, :, 1:].any()  # cut at the article's end
     assert (paths[:, 0] == paths[:, 1]).all()  # repeated over K
     fixed = plan_source(PlanSpec(kind="fixed", num_paths=2, horizon=3, fixed_action=5).resolve(), prepared, split)
-    paths, mask = fixed(sentences)
+    paths, mask, _ = fixed(sentences)
     assert isinstance(fixed, FixedPlans) and (paths == 5).all() and mask.all()
     assert plan_source(PlanSpec().resolve(), prepared, split) is None
     shuffled = ShuffledPlans(oracle, np.arange(split.num_sentences)[::-1])
@@ -116,12 +116,12 @@ def test_cached_plans_are_checked_once_against_the_spec(synthetic_random, tmp_pa
     sentences = np.array([0, 3])
     sampled = plan_source(PlanSpec(kind="planner_sampled", num_paths=4, horizon=3, plans_dir=cache).resolve(),
                           prepared, split)
-    paths, mask = sampled(sentences)
+    paths, mask, _ = sampled(sentences)
     assert isinstance(sampled, CachedPlans) and mask.all()
     np.testing.assert_array_equal(paths, plans[sentences])
     argmax = plan_source(PlanSpec(kind="planner_argmax", num_paths=2, horizon=3, plans_dir=cache).resolve(),
                          prepared, split)
-    paths, _ = argmax(sentences)
+    paths, _, _ = argmax(sentences)
     assert paths.shape == (2, 2, 3) and (paths[:, 1] == torch.from_numpy(plans[sentences, 0])).all()
     for spec, message in [(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, plans_dir=cache), "cached K=4"),
                           (PlanSpec(kind="planner_sampled", num_paths=4, horizon=5, plans_dir=cache), "horizon T=3"),
@@ -141,7 +141,7 @@ def test_a_live_planner_plans_only_the_boundaries_asked_for(synthetic_cycle, cyc
     spec = PlanSpec(kind="planner_sampled", num_paths=3, horizon=2, planner_dir=str(tmp_path / "planner")).resolve()
     asked = np.array([1, 4, 7])
     source = plan_source(spec, prepared, split, sentences=asked)
-    paths, mask = source(asked)
+    paths, mask, _ = source(asked)
     assert paths.shape == (3, 3, 2) and mask.all()
     assert (np.asarray(source.plans)[np.setdiff1d(np.arange(split.num_sentences), asked)] == 0).all()
 

@@ -70,7 +70,7 @@ def rescored_val_loss(model_dir: Path, prepared_dir: Path, num_windows: int, con
         kwargs = {}
         if source is not None:
             sentences, plan_index = np.unique(np.array(split.token_plan_sentence[start:end]), return_inverse=True)
-            action_paths, path_mask = source(sentences)
+            action_paths, path_mask, _ = source(sentences)
             kwargs = dict(action_paths=action_paths, path_mask=path_mask,
                           plan_index=torch.from_numpy(plan_index)[None])
         with torch.no_grad():

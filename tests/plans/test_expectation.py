@@ -1,0 +1,209 @@
+"""Plans in expectation (``plans.expectation``): the expected action embedding under the planner's step
+distributions, through the plan sources, the caches, both adapters and the real commands."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import read_csv, tiny_planned_lm, tiny_planner, use_planner
+from planlm.data.artifacts import PreparedDataset
+from planlm.models.adapter import AdapterConfig, build_adapter
+from planlm.plans.cache import load_expected
+from planlm.plans.sampling import boundary_contexts, sample_plans
+from planlm.plans.sources import plan_source
+from planlm.plans.spec import PlanSpec
+from planlm.utils import PlanlmError
+
+
+def adapter(prepared: PreparedDataset, kind: str = "project_avg", horizon: int = 3):
+    """A random adapter (W not zero; multipath with both gates open) over the corpus's actions."""
+    torch.manual_seed(0)
+    config = AdapterConfig(kind=kind, num_actions=prepared.num_actions, action_dim=prepared.embedding_dim,
+                           hidden_size=16, horizon=horizon, num_heads=2, init_no_op=False)
+    module = build_adapter(config, prepared.codebook).eval()
+    if kind == "multipath":
+        with torch.no_grad():
+            module.alpha_path.fill_(1.0)
+            module.alpha_sample.fill_(1.0)
+    return module
+
+
+def plan_vectors(module, source, sentences) -> torch.Tensor:
+    with torch.no_grad():
+        return module(*source(sentences))
+
+
+@pytest.fixture(scope="module")
+def planner_dir(tmp_path_factory, synthetic_cycle):
+    folder = tmp_path_factory.mktemp("expectation") / "planner"
+    tiny_planner(PreparedDataset(synthetic_cycle), max_sentences=4).save_pretrained(folder)
+    return folder
+
+
+def test_at_t1_the_expected_plan_vector_is_the_many_path_limit(synthetic_cycle, planner_dir):
+    """T = 1: one path in expectation = the exact expectation of the plan vector = the K -> infinity average of
+    sampled plan vectors (within Monte Carlo error), and = sum_a p(a) Emb(a) from the planner's logits."""
+    prepared = PreparedDataset(synthetic_cycle)
+    split = prepared["validation"]
+    sentences = np.arange(12)
+    module = adapter(prepared)
+    spec = dict(kind="planner_sampled", horizon=1, planner_dir=str(planner_dir), top_actions=prepared.num_actions)
+    expected = plan_vectors(module, plan_source(PlanSpec(**spec, expectation=True).resolve(), prepared, split,
+                                                sentences=sentences), sentences)  # (N, D)
+    num_paths = 4000
+    many = plan_source(PlanSpec(**spec, num_paths=num_paths).resolve(), prepared, split, sentences=sentences)
+    paths, _, _ = many(sentences)  # (N, K, 1)
+    with torch.no_grad():
+        per_path = module.projection(module.action_embedding(paths[:, :, 0]))  # (N, K, D) each path's vector
+    average, error = per_path.mean(1), per_path.std(1) / num_paths ** 0.5  # (N, D)
+    z = ((expected - average) / error.clamp(min=1e-6)).abs()
+    assert float(z.max()) < 5.0 and float(z.mean()) < 1.5  # Monte Carlo error, not a bias
+    assert torch.allclose(plan_vectors(module, many, sentences), average, atol=1e-5)  # the adapter's own mean
+    # exact: the planner's first-step distribution times the action embeddings
+    planner = tiny_planner(prepared, max_sentences=4)
+    context, mask = boundary_contexts(split, sentences, planner.config.max_sentences)
+    probs = planner.first_step_logits(context, mask).softmax(-1)  # (N, A)
+    with torch.no_grad():
+        exact = module.projection(probs @ module.action_embedding.weight)
+    assert torch.allclose(expected, exact, atol=2e-3)  # float16 probabilities
+
+
+@pytest.mark.parametrize("kind", ["project_avg", "multipath"])
+def test_a_one_hot_distribution_is_the_sampled_path(synthetic_cycle, kind):
+    """Each step's distribution on the drawn action alone gives the sampled plan's vector (both adapters; extra
+    actions at probability 0), and the action embedding learns through the expectation."""
+    prepared = PreparedDataset(synthetic_cycle)
+    module = adapter(prepared, kind)
+    torch.manual_seed(1)
+    paths = torch.randint(0, prepared.num_actions, (5, 2, 3))  # (N, K, T)
+    paths[1, 1] = paths[1, 0]  # a repeated path (encoded once by multipath)
+    mask = torch.ones_like(paths, dtype=torch.bool)
+    mask[2, 1, 2:] = False
+    others = torch.randint(0, prepared.num_actions, (5, 2, 3, 2))
+    actions = torch.cat([paths.unsqueeze(-1), others], -1)  # (N, K, T, 3)
+    probs = torch.tensor([1.0, 0.0, 0.0]).expand_as(actions).contiguous()
+    with torch.no_grad():
+        assert torch.allclose(module(actions, mask, probs), module(paths, mask), atol=1e-5)
+    soft = torch.softmax(torch.randn(actions.shape), -1)
+    module(actions, mask, soft).sum().backward()
+    assert module.action_embedding.weight.grad.abs().sum() > 0
+    with torch.no_grad():  # batch-independent: a row's vector does not depend on its neighbours
+        assert torch.allclose(module(actions, mask, soft)[:2], module(actions[:2], mask[:2], soft[:2]), atol=1e-5)
+
+
+def test_caches_in_expectation_have_their_own_key_and_match_the_planner(synthetic_cycle, planner_dir, tmp_path):
+    prepared = PreparedDataset(synthetic_cycle)
+    split = prepared["validation"]
+    common = dict(splits=["validation"], num_paths=2, horizon=3, device="cpu")
+    sampled = sample_plans(str(planner_dir), str(synthetic_cycle), **common)
+    expected = sample_plans(str(planner_dir), str(synthetic_cycle), **common, expectation=True, top_actions=4)
+    assert expected != sampled and expected.name.endswith("-expected4")
+    manifest = json.loads((expected / "manifest.json").read_text())
+    assert manifest["config"]["expectation"] == {"top_actions": 4} and "expectation" not in \
+        json.loads((sampled / "manifest.json").read_text())["config"]  # caches of sampled actions keep their key
+    kept = manifest["expectation"]["kept"]["validation"]
+    assert 0.5 < kept["min"] <= kept["mean"] <= 1.0 + 1e-3  # the mass the top 4 of 8 actions hold
+    actions, probs = load_expected(expected, "validation")
+    assert actions.shape == (split.num_sentences, 2, 3, 4) and actions.dtype == np.int16 and probs.dtype == np.float16
+    np.testing.assert_array_equal(np.load(expected / "validation.npy"), np.load(sampled / "validation.npy"))  # same draws
+    # the cache gives the vectors the planner computes on the fly (the same boundaries: the same draws)
+    module, sentences = adapter(prepared), np.arange(split.num_sentences)
+    for kind in ("planner_sampled", "planner_argmax"):
+        spec = dict(kind=kind, num_paths=2, horizon=3, expectation=True, top_actions=4)
+        cached = plan_source(PlanSpec(**spec, plans_dir=str(expected)).resolve(), prepared, split)
+        direct = plan_source(PlanSpec(**spec, planner_dir=str(planner_dir)).resolve(), prepared, split,
+                             sentences=sentences)
+        assert torch.equal(plan_vectors(module, cached, sentences), plan_vectors(module, direct, sentences))
+    one = plan_source(PlanSpec(kind="planner_argmax", num_paths=1, horizon=3, expectation=True, top_actions=4,
+                               plans_dir=str(expected)).resolve(), prepared, split)(sentences[:3])
+    assert one.action_paths.shape == (3, 1, 3, 4) and one.path_mask.shape == (3, 1, 3)  # K = 1: one copy
+    # a cache is never read for the other setting
+    with pytest.raises(PlanlmError, match="holds only sampled actions.*sample-plans --expectation true"):
+        plan_source(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, expectation=True, top_actions=4,
+                             plans_dir=str(sampled)).resolve(), prepared, split)
+    with pytest.raises(PlanlmError, match="holds plans in expectation \\(top 4 actions per step\\); set "
+                                          "--plans.expectation true"):
+        plan_source(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, plans_dir=str(expected)).resolve(),
+                    prepared, split)
+    with pytest.raises(PlanlmError, match="keep the top 4 actions per step, not --plans.top_actions 8"):
+        plan_source(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, expectation=True, top_actions=8,
+                             plans_dir=str(expected)).resolve(), prepared, split)
+
+
+@pytest.mark.parametrize("spec, message", [
+    (PlanSpec(kind="oracle", expectation=True), "--plans.expectation true with --plans.kind oracle: oracle plans "
+                                                "have no planner distribution"),
+    (PlanSpec(kind="fixed", expectation=True), "with --plans.kind fixed"),
+    (PlanSpec(expectation=True), "with --plans.kind none"),
+    (PlanSpec(kind="planner_sampled", expectation=True, path_policy={"kind": "entropy"}), "needs no adaptive paths"),
+    (PlanSpec(kind="planner_sampled", expectation=True, top_actions=0), "--plans.top_actions 0 must be >= 1"),
+])
+def test_bad_settings_are_one_line_errors(spec, message):
+    with pytest.raises(PlanlmError, match=message) as error:
+        spec.resolve()
+    assert "\n" not in str(error.value)
+
+
+def test_a_model_trained_in_expectation_is_evaluated_in_expectation_unless_told():
+    trained = PlanSpec(kind="planner_sampled", planner_dir="p", expectation=True, top_actions=16).resolve()
+    assert PlanSpec(num_paths=3).resolve(trained).expectation
+    assert not PlanSpec(expectation=False).resolve(trained).expectation
+    assert not PlanSpec(kind="oracle").resolve(trained).expectation  # the other kinds have no distribution
+    assert "expectation" not in PlanSpec(kind="planner_sampled", planner_dir="p").resolve().cache_key()
+    assert trained.cache_key()["top_actions"] == 16 and "in expectation (top 16)" in trained.label()
+
+
+def test_sample_plans_cli_refuses_expectation_with_an_adaptive_policy(synthetic_cycle, planner_dir, capsys):
+    from planlm.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["sample-plans", "--planner_dir", str(planner_dir), "--prepared_dir", str(synthetic_cycle),
+              "--num_paths", "4", "--expectation", "true", "--path_policy.kind", "converge"])
+    err = capsys.readouterr().err.strip()
+    assert "needs no adaptive paths" in err and len(err.splitlines()) == 1
+
+
+def test_train_evaluate_sweep_and_generate_in_expectation_through_the_cli(synthetic_cycle, planner_dir, tmp_path):
+    """Trained on samples and evaluated in expectation; trained in expectation throughout; the compute sweep's
+    point of its own; generation."""
+    from planlm.cli import main
+
+    prepared = PreparedDataset(synthetic_cycle)
+    base = ["--prepared_dir", str(synthetic_cycle), "--plans.kind", "planner_sampled", "--plans.horizon", "2",
+            "--plans.planner_dir", str(planner_dir), "--train.max_steps", "3", "--train.batch_size", "8",
+            "--train.context_length", "32", "--train.stride", "31", "--train.progress_bar", "false",
+            "--model.model_config", '{"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, '
+                                    '"n_positions": 32}']
+    main(["train-lm", "--out_dir", str(tmp_path / "sampled"), *base])
+    main(["train-lm", "--out_dir", str(tmp_path / "expected"), *base, "--plans.expectation", "true",
+          "--plans.top_actions", "4", "--adapter.kind", "multipath"])
+    trained = json.loads((tmp_path / "expected" / "planned_lm.json").read_text())["plans"]
+    assert trained["expectation"] and trained["top_actions"] == 4
+    assert json.loads((tmp_path / "expected" / "manifest.json").read_text())["plans_dir"].endswith("-expected4")
+    evaluation = ["--prepared_dir", str(synthetic_cycle), "--max_articles", "4", "--context_length", "32",
+                  "--bootstrap_samples", "20", "--device", "cpu"]
+    main(["evaluate", "--model_dir", str(tmp_path / "sampled"), "--out_dir", str(tmp_path / "eval-sampled"),
+          *evaluation, "--plans.expectation", "true"])
+    main(["evaluate", "--model_dir", str(tmp_path / "expected"), "--out_dir", str(tmp_path / "eval-expected"),
+          *evaluation])
+    for name in ("sampled", "expected"):
+        metrics = json.loads((tmp_path / f"eval-{name}" / "metrics.json").read_text())
+        assert metrics["expectation"] and np.isfinite(metrics["ppl"]) and metrics["paths_mean"] == 1
+    main(["sweep", "--model_dir", str(tmp_path / "sampled"), "--out_dir", str(tmp_path / "compute"), "--kind",
+          "compute", "--num_paths", "[1, 3]", "--policies", "[]", "--expectation", "true", *evaluation])
+    rows = read_csv(tmp_path / "compute" / "sweep_compute.csv")
+    assert [(r["value"], r["policy"]) for r in rows] == [("fixed-1", "fixed"), ("fixed-3", "fixed"),
+                                                         ("expected-1", "expected")]
+    assert json.loads((tmp_path / "compute" / "expected-1" / "metrics.json").read_text())["expectation"]
+    assert not json.loads((tmp_path / "compute" / "fixed-1" / "metrics.json").read_text())["expectation"]
+    main(["generate", "--model_dir", str(tmp_path / "expected"), "--prepared_dir", str(synthetic_cycle), "--article",
+          "0", "--boundary", "2", "--sampling.max_new_tokens", "6", "--device", "cpu", "--out_file",
+          str(tmp_path / "generated.json")])
+    generated = json.loads((tmp_path / "generated.json").read_text())
+    plans = [s["plan"] for s in generated["sentences"] if s["plan"]]
+    assert plans and all(np.asarray(p["action_paths"]).shape == (1, 2) for p in plans)
+    assert prepared.num_actions == 8
