@@ -24,7 +24,7 @@ from rapidfuzz.distance import Levenshtein
 from planlm.data.resources import split_sentences
 from planlm.evaluate.bootstrap import bootstrap_mean
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
-from planlm.evaluate.generator import SamplingConfig
+from planlm.evaluate.generator import GENERATION_VERSION, SamplingConfig
 from planlm.evaluate.loading import model_fingerprint
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec
@@ -124,7 +124,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
               "seed": seed, "context_length": context_length, "sampling": sampling, "plan_spec": spec.cache_key(),
               "planner": planner_hash(spec.planner_dir),
               "device_type": generator.device.type, "precision": precision, "bootstrap_samples": bootstrap_samples,
-              "confidence": confidence}
+              "confidence": confidence, "generation_version": GENERATION_VERSION}
     out = Path(out_dir)
     if prepare_stage_dir(out, config):
         return json.loads((out / "metrics.json").read_text())

@@ -24,7 +24,9 @@ plan, and the positions already fed with the later plan keep it and are listed i
 
 With ``use_cache`` the KV cache (``past_key_values``) is extended token by token; without it, every
 step re-runs the whole window (the reference the cache is tested against). When the sequence
-reaches the LM's position limit, the window slides (the oldest half is dropped and the cache rebuilt).
+outgrows the LM's position limit, the window slides by one token per step, so that every token is predicted
+from the last ``max_positions`` tokens, all the LM can read; past the limit each step
+re-runs the whole window, since the positions of the kept tokens move.
 
 Letters: K paths, T horizon, E sentence-embedding width, D LM width, V vocabulary.
 """
@@ -45,6 +47,9 @@ from planlm.plans.policy import path_mask_from_counts, sample_with_policy
 from planlm.utils import PlanlmError, autocast
 
 EmbedFn = Callable[[list[str]], np.ndarray]
+# Part of every edit-distance folder's reuse key: raised when the same inputs generate other text, so that a
+# finished folder from older code is rebuilt. 2: the window slides by one token at the position limit (was by half).
+GENERATION_VERSION = 2
 
 
 @dataclass
@@ -333,9 +338,9 @@ class PlannedGenerator:
     @torch.no_grad()
     def _next_logits(self, state: GenerationState, use_cache: bool) -> torch.Tensor:
         ids, position_plan = state.ids, state.position_plan
-        if len(ids) - state.window_start >= self.max_positions:  # slide: drop the oldest half
-            state.window_start = len(ids) - self.max_positions // 2
-            state.cache, state.cached = None, 0
+        if len(ids) - state.window_start > self.max_positions:  # slide by one: the last max_positions tokens
+            state.window_start = len(ids) - self.max_positions
+            state.cache, state.cached = None, 0  # absolute positions moved: the cache no longer applies
         begin = state.window_start + (state.cached if use_cache else 0)
         input_ids = torch.tensor(ids[begin:], device=self.device)[None]  # (1, L)
         kwargs = {}

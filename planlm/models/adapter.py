@@ -237,7 +237,7 @@ class MultiPath(ProjectAvg):
         While alpha_1 and alpha_2 are near zero, the gradient that reaches PT and ST is near zero and mostly
         noise, which Adam scales up to full-size steps: the transformers drift at random, and a gate opens in
         some seeds and not in others. At a fifth of the adapter's rate they opened in every seed on the
-        mechanism benchmark (README, "The recipe, measured")."""
+        mechanism benchmark (docs/results.md, "The recipe, measured")."""
         if not self.config.rezero:
             return []
         return [*self.path_transformer.parameters(), *self.sample_transformer.parameters()]

@@ -89,7 +89,7 @@ class LMTrainConfig:
     multipath_lr_scale: float = MULTIPATH_LR_SCALE
     """The multipath adapter's PathTransformer and SampleTransformer (behind the ReZero scalars) train at this
     fraction of adapter_lr. At 1.0 the gates opened within 3 epochs in 2 of 6 seeds on the mechanism
-    benchmark; at 0.2 in 6 of 6 (README, "The recipe, measured")."""
+    benchmark; at 0.2 in 6 of 6 (docs/results.md, "The recipe, measured")."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps (constant afterwards)."""
     max_epochs: int = 1

@@ -119,6 +119,26 @@ def test_window_slides_past_the_position_limit(synthetic_cycle):
     assert len(results[0]) == 40 and results[0] == results[1]
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_at_the_position_limit_every_token_sees_the_last_positions_of_context(synthetic_cycle, use_cache):
+    # A prompt as long as the LM's position limit: the first token reads the whole prompt, and every later one the
+    # last n_positions tokens, never a window cut to half.
+    prepared = PreparedDataset(synthetic_cycle)
+    tok = load_tokenizer("gpt2")
+    model = tiny_planned_lm(prepared)
+    model.lm = tiny_gpt2(n_positions=16)
+    prompt = " ".join(["Red water red."] * 4)
+    prompt_ids = tok(prompt)["input_ids"]
+    assert len(prompt_ids) == 16
+    result = generate_text(model, tok, prompt, sampling=SamplingConfig(max_new_tokens=12, temperature=0,
+                                                                        use_cache=use_cache))
+    ids = prompt_ids + result.token_ids
+    with torch.no_grad():
+        expected = [float(torch.log_softmax(model.lm(torch.tensor([ids[max(0, i - 16):i]])).logits[0, -1], -1)[ids[i]])
+                    for i in range(16, len(ids))]
+    assert np.allclose(result.token_logprobs, expected, atol=1e-5)
+
+
 def test_oracle_generation_from_an_article_prefix_plans_the_true_future(synthetic_random):
     prepared = PreparedDataset(synthetic_random)
     split = prepared["test"]

@@ -1,4 +1,4 @@
-"""benchmarks/bench_mechanism.py at its development size: the real stages end to end, seeds side by side."""
+"""experiments/bench_mechanism.py at its development size: the real stages end to end, seeds side by side."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def bench(out_dir: Path, *extra: str) -> str:
     """The report of one invocation (--quick: 300 articles, 1 + 1 epochs, a 3-epoch planner)."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_mechanism.py"), "--quick",
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_mechanism.py"), "--quick",
                            "--seeds", "0", "1", "--out_dir", str(out_dir), *extra],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -41,9 +41,9 @@ Every stage caches under ``--out_dir`` (the library's own stage reuse), so a rer
 missing; ``--epochs``, ``--seeds`` etc. retrain only what they change. The report also goes to
 ``<out_dir>/report.md``.
 
-    python benchmarks/bench_mechanism.py                               # the committed result
-    python benchmarks/bench_mechanism.py --lag 0 --out_dir runs/bench_mechanism_lag0   # the control
-    python benchmarks/bench_mechanism.py --quick --out_dir /tmp/mech   # minutes: small corpus, 1 seed
+    python experiments/bench_mechanism.py                               # the committed result
+    python experiments/bench_mechanism.py --lag 0 --out_dir runs/bench_mechanism_lag0   # the control
+    python experiments/bench_mechanism.py --quick --out_dir /tmp/mech   # minutes: small corpus, 1 seed
 """
 
 from __future__ import annotations
@@ -350,7 +350,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lag_successors", choices=["pairs", "mixed"], default="pairs",
                         help="with --lag > 0: pairs (every type two successors, p = 1/2) or mixed (the --lag 0 "
                              "successor sets: five types with two, three with one, so some boundaries are "
-                             "deterministic for the planner; benchmarks/bench_adaptive.py)")
+                             "deterministic for the planner; experiments/bench_adaptive.py)")
     parser.add_argument("--sentences", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
                         help="sentences per article (default: 6 12 at lag 0, 12 20 otherwise)")
     parser.add_argument("--context_length", type=int, default=None,

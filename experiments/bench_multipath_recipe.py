@@ -16,7 +16,7 @@ it was run with, such as ``--lag``, must be given again). Variants of the adapte
 (``zero_branches``: the attention and feed-forward outputs of PT and ST start at zero, so each transformer
 starts as the identity; ``small``: their weight matrices drawn with std 0.02).
 
-    python benchmarks/bench_multipath_recipe.py --out_dir runs/bench_mechanism --recipe full_rate_e3 \
+    python experiments/bench_multipath_recipe.py --out_dir runs/bench_mechanism --recipe full_rate_e3 \
         --epochs 3 --multipath_lr_scale 1.0
 """
 

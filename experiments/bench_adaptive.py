@@ -10,7 +10,7 @@ It reads finished runs (their prepared data, planner and trained LMs) and runs o
    lies below it. On two LMs:
    - the offline corpus (``--demo_dir``: ``planlm run --config configs/demo.yaml``, its ``ours`` LM, T = 5,
      K = 5, multipath, seed 0), the issue's target setting;
-   - the mechanism corpus (``--mechanism_dir``: ``benchmarks/bench_mechanism.py``, ``--lag 6``), where the
+   - the mechanism corpus (``--mechanism_dir``: ``experiments/bench_mechanism.py``, ``--lag 6``), where the
      LM reads what only the planner can know (``--model``, default the sampled T = 1, K = 10 LM of seed 0).
 2. **Where the paths go**: the same policies through ``planlm.plans.sampling.compute_plans`` on the test boundaries
    of the known-answer corpora (each sentence's type is read back from its first word), beside the
@@ -26,11 +26,11 @@ It reads finished runs (their prepared data, planner and trained LMs) and runs o
    what the best allocation of a budget could reach.
 
     planlm run --config configs/demo.yaml                                                  # runs/demo
-    python benchmarks/bench_mechanism.py --out_dir runs/bench_mechanism                    # ~22 min
-    python benchmarks/bench_mechanism.py --lag 0 --out_dir runs/bench_mechanism_lag0
-    python benchmarks/bench_adaptive.py
-    python benchmarks/bench_mechanism.py --lag_successors mixed --seeds 0 --out_dir runs/bench_mechanism_mixed
-    python benchmarks/bench_adaptive.py --mechanism_dir runs/bench_mechanism_mixed --mechanism_successors mixed
+    python experiments/bench_mechanism.py --out_dir runs/bench_mechanism                    # ~22 min
+    python experiments/bench_mechanism.py --lag 0 --out_dir runs/bench_mechanism_lag0
+    python experiments/bench_adaptive.py
+    python experiments/bench_mechanism.py --lag_successors mixed --seeds 0 --out_dir runs/bench_mechanism_mixed
+    python experiments/bench_adaptive.py --mechanism_dir runs/bench_mechanism_mixed --mechanism_successors mixed
 """
 
 from __future__ import annotations
