@@ -48,6 +48,10 @@ Design decisions the paper leaves open, made here:
   c = 0 and the conditioned LM starts exactly as the base LM (the gradient with respect to W is not
   zero, so it learns from the first step). Set it False for the usual random init of W.
 - ``init_from_codebook`` copies the k-means centroids (A, E) into the action embedding table Emb.
+- ``center`` (opt-in) subtracts the mean plan vector (the batch's sentences in training, a running mean,
+  ``plan_mean``, in evaluation). A constant plan (Fixed) is then no plan. Without it, c's shared part is a
+  shift of every token embedding that Adam moves ||Emb(a)||_1 times faster than the rate (W's gradient is
+  rank one), which cost Fixed 0.40 nats on the tests' corpus (docs/results.md, issue 21).
 """
 
 from __future__ import annotations
