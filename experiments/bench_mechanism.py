@@ -293,7 +293,8 @@ def condition_config(name: str, planner_dir: str, args, seed: int) -> dict:
              "sampled": PlanSpec(horizon=1, **sampled), "ours": PlanSpec(horizon=args.horizon, **sampled),
              # not in CONDITIONS: sampled's plans in expectation (K = 1), experiments/bench_expectation.py
              "expected": PlanSpec(horizon=1, **{**sampled, "num_paths": 1}, expectation=True)}[name]
-    return {"plans": plans, "adapter": AdapterSettings(kind="multipath" if name == "ours" else "project_avg")}
+    return {"plans": plans, "adapter": AdapterSettings(kind="multipath" if name == "ours" else "project_avg",
+                                                       center=getattr(args, "center", False))}
 
 
 def prepare_corpus(args, out: Path, clock: Clock) -> tuple[str, dict[str, list[int]]]:
@@ -369,6 +370,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=3, help="epochs of each condition, from its seed's base LM")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping of the conditions (0: none)")
+    parser.add_argument("--center", action="store_true",
+                        help="centered plan vectors (adapter.center: a constant plan is no plan; issue 21)")
     parser.add_argument("--adapter_lr", type=float, default=None, help="the adapter's learning rate (default: --lr)")
     parser.add_argument("--multipath_lr_scale", type=float, default=None,
                         help="rate of the multipath adapter's transformers / the adapter's (default: the library's)")

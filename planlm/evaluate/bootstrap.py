@@ -7,6 +7,12 @@ same article indices for both (paired bootstrap): most article-to-article varian
 
 Resamples are drawn as multinomial article counts, (R, N_art) integers, so one resample is one
 matrix-vector product.
+
+Runs with several training seeds add a second source of noise: the same recipe trained again gives
+another model. ``seeded_paired_bootstrap`` is a two-level bootstrap that carries it: every resample
+draws the training seeds with replacement and, independently, the articles (one article draw shared by
+the drawn seeds: the test articles are the same for every seed, so their noise does not average out
+over seeds). With one seed, seed noise cannot be estimated and the interval is over articles alone.
 """
 
 from __future__ import annotations
@@ -95,17 +101,47 @@ def paired_bootstrap(nll_a: np.ndarray, nll_b: np.ndarray, token_counts: np.ndar
     keep = tokens > 0
     ppl_a = np.exp(counts[keep] @ nll_a / tokens[keep])
     ppl_b = np.exp(counts[keep] @ nll_b / tokens[keep])
-    diff = ppl_b - ppl_a  # (R,)
     observed = perplexity(nll_b, token_counts) - perplexity(nll_a, token_counts)
+    return {"ppl_a": perplexity(nll_a, token_counts), "ppl_b": perplexity(nll_b, token_counts),
+            **_paired_summary(ppl_b - ppl_a, observed, confidence)}
+
+
+def _paired_summary(diff: np.ndarray, observed: float, confidence: float) -> dict[str, float]:
+    """The interval, the p-value-ish number and the share of resamples where B is better, of the resampled
+    differences ``diff`` (R,) around the ``observed`` one."""
     low, high = _interval(diff, confidence)
     if observed == 0:
         p_value = 1.0
     else:
         p_value = min(1.0, 2.0 * float(np.mean(np.sign(diff) != np.sign(observed))))
-    return {"ppl_a": perplexity(nll_a, token_counts), "ppl_b": perplexity(nll_b, token_counts),
-            "diff": observed, "ci_low": low, "ci_high": high, "p_value": p_value,
-            "fraction_b_better": float(np.mean(diff < 0)), "confidence": confidence,
-            "bootstrap_samples": num_samples}
+    return {"diff": observed, "ci_low": low, "ci_high": high, "p_value": p_value,
+            "fraction_b_better": float(np.mean(diff < 0)), "confidence": confidence, "bootstrap_samples": len(diff)}
+
+
+def seeded_paired_bootstrap(nll_a: np.ndarray, nll_b: np.ndarray, token_counts: np.ndarray,
+                            num_samples: int = 1000, confidence: float = 0.95, seed: int = 0) -> dict[str, float]:
+    """Paired two-level bootstrap of ppl(B) - ppl(A) over training seeds and articles.
+
+    nll_a, nll_b (S, N_art): each seed's per-article NLL sums; token_counts (N_art,). The statistic is the
+    difference of the perplexities of the seed-mean NLL; each resample draws S seeds and N_art articles with
+    replacement (the same article draw for every drawn seed). Needs S >= 2."""
+    _check(num_samples, confidence)
+    nll_a, nll_b = np.asarray(nll_a, np.float64), np.asarray(nll_b, np.float64)
+    token_counts = np.asarray(token_counts, np.float64)
+    num_seeds = nll_a.shape[0]
+    if num_seeds < 2:
+        raise PlanlmError("a seed-noise interval needs >= 2 training seeds")
+    seed_counts = _resample_counts(num_seeds, num_samples, seed + 1)  # (R, S)
+    counts = _resample_counts(len(token_counts), num_samples, seed)  # (R, N_art)
+    tokens = counts @ token_counts  # (R,)
+    keep = tokens > 0
+
+    def resampled_ppl(nll: np.ndarray) -> np.ndarray:
+        per_seed = counts[keep] @ nll.T  # (R', S) each drawn article set's NLL under each seed
+        return np.exp((seed_counts[keep] * per_seed).sum(1) / num_seeds / tokens[keep])  # (R',)
+
+    observed = perplexity(nll_b.mean(0), token_counts) - perplexity(nll_a.mean(0), token_counts)
+    return _paired_summary(resampled_ppl(nll_b) - resampled_ppl(nll_a), observed, confidence)
 
 
 def write_per_article(path: str | Path, rows: list[dict]) -> None:
@@ -183,13 +219,16 @@ def _compare_tables(dir_a: Path, dir_b: Path, table_a: dict, table_b: dict, num_
 
 
 def compare_evaluations(a: str | Path, b: str | Path, num_samples: int = 1000, confidence: float = 0.95,
-                        seed: int = 0) -> dict:
-    """ppl(B) - ppl(A) of two evaluation folders with a paired bootstrap over articles (nothing printed).
+                        seed: int = 0, seed_noise: bool = True) -> dict:
+    """ppl(B) - ppl(A) of two evaluation folders with a paired bootstrap (nothing printed).
 
     Folders of runs with seeds (``seed<N>/`` inside) are paired seed by seed, over the seeds both have:
     ``seeds`` holds each seed's comparison, ``diff_mean``/``diff_std``/``diff_min``/``diff_max`` the spread
-    of the difference over seeds, and ``diff``/``ci_low``/``ci_high`` the paired bootstrap over articles of
-    the NLL averaged over seeds."""
+    of the difference over seeds, and ``diff`` the difference of the perplexities of the NLL averaged over
+    seeds. Its ``ci_low``/``ci_high`` come from the two-level bootstrap over seeds and articles
+    (``seeded_paired_bootstrap``; ``interval`` says so) when ``seed_noise`` and >= 2 seeds, else from the
+    bootstrap over articles alone, which ``article_ci_low``/``article_ci_high`` always hold. With one seed and
+    ``seed_noise``, ``note`` says that seed noise cannot be estimated."""
     dir_a, dir_b = Path(a), Path(b)
     seeds_a, seeds_b = seed_folders(dir_a), seed_folders(dir_b)
     if bool(seeds_a) != bool(seeds_b):
@@ -205,9 +244,17 @@ def compare_evaluations(a: str | Path, b: str | Path, num_samples: int = 1000, c
     tables = [paired_tables(seeds_a[s], seeds_b[s]) for s in common]  # each seed's tables read once
     per_seed = {s: _compare_tables(seeds_a[s], seeds_b[s], *pair, num_samples, confidence, seed)
                 for s, pair in zip(common, tables)}
-    nll_a = np.mean([t[0]["nll_sum"] for t in tables], axis=0)  # (N_art,) averaged over seeds
-    nll_b = np.mean([t[1]["nll_sum"] for t in tables], axis=0)
-    pooled = paired_bootstrap(nll_a, nll_b, tables[0][0]["tokens"], num_samples, confidence, seed)
+    nll_a = np.stack([t[0]["nll_sum"] for t in tables])  # (S, N_art)
+    nll_b = np.stack([t[1]["nll_sum"] for t in tables])
+    tokens = tables[0][0]["tokens"]
+    pooled = paired_bootstrap(nll_a.mean(0), nll_b.mean(0), tokens, num_samples, confidence, seed)
+    pooled.update(article_ci_low=pooled["ci_low"], article_ci_high=pooled["ci_high"], interval="articles")
+    if seed_noise and len(common) > 1:
+        pooled.update(seeded_paired_bootstrap(nll_a, nll_b, tokens, num_samples, confidence, seed),
+                      interval="seeds and articles")
+    elif seed_noise:
+        pooled["note"] = (f"seed noise cannot be estimated from one seed (seed {common[0]}); the interval is over "
+                          f"articles alone")
     diffs = np.array([r["diff"] for r in per_seed.values()])
     first = per_seed[common[0]]
     return {**{k: first[k] for k in ("articles", "tokens", "protocol", "conditioning_a", "conditioning_b")},
@@ -217,13 +264,15 @@ def compare_evaluations(a: str | Path, b: str | Path, num_samples: int = 1000, c
 
 
 def compare(a: str, b: str, num_samples: int = 1000, confidence: float = 0.95, seed: int = 0,
-            out_file: str | None = None) -> dict:
-    """Compare two evaluations of the same articles with a paired bootstrap over articles.
+            out_file: str | None = None, seed_noise: bool = True) -> dict:
+    """Compare two evaluations of the same articles with a paired bootstrap.
 
     Reports ppl(B) - ppl(A) with its confidence interval (negative: B is better) and a bootstrap
     p-value-ish number (how often a resample disagrees with the observed sign). Evaluation folders of
-    runs with seeds (``eval/<condition>`` holding ``seed<N>/``) are paired seed by seed, and the
-    difference is also given as mean, std and range over the seeds.
+    runs with seeds (``eval/<condition>`` holding ``seed<N>/``) are paired seed by seed: each seed's
+    difference is printed, then the difference of the seed-mean NLL with a two-level bootstrap interval
+    over training seeds and articles (over articles alone for single evaluations, one seed or
+    ``--seed_noise false``).
 
     Args:
         a: evaluation folder of the first model (written by ``planlm evaluate``, or a run's eval/<condition>).
@@ -232,8 +281,9 @@ def compare(a: str, b: str, num_samples: int = 1000, confidence: float = 0.95, s
         confidence: confidence level of the interval.
         seed: seed of the resampling.
         out_file: also write the result as JSON here.
+        seed_noise: with seeds, let the interval carry the spread over training seeds (two-level bootstrap).
     """
-    result = compare_evaluations(a, b, num_samples, confidence, seed)
+    result = compare_evaluations(a, b, num_samples, confidence, seed, seed_noise)
     level = int(round(confidence * 100))
     for training_seed, one in result.get("seeds", {}).items():
         print(f"seed {training_seed}: B - A = {one['diff']:+.4f} ({level}% CI [{one['ci_low']:+.4f}, "
@@ -241,7 +291,9 @@ def compare(a: str, b: str, num_samples: int = 1000, confidence: float = 0.95, s
     if "seeds" in result:
         print(f"over {len(result['seeds'])} seeds: B - A mean {result['diff_mean']:+.4f}, "
               f"std {result['diff_std']:.4f}, range [{result['diff_min']:+.4f}, {result['diff_max']:+.4f}]; "
-              f"NLL averaged over seeds:")
+              f"NLL averaged over seeds, interval over {result['interval']}:")
+    if result.get("note"):
+        print(f"note: {result['note']}")
     print(f"A {result['a']}: ppl {result['ppl_a']:.4f}\nB {result['b']}: ppl {result['ppl_b']:.4f}\n"
           f"B - A = {result['diff']:+.4f} ({level}% CI [{result['ci_low']:+.4f}, {result['ci_high']:+.4f}], "
           f"p~{result['p_value']:.3g}, B better in {100 * result['fraction_b_better']:.1f}% of resamples; "

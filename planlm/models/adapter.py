@@ -52,6 +52,10 @@ Design decisions the paper leaves open, made here:
   c = 0 and the conditioned LM starts exactly as the base LM (the gradient with respect to W is not
   zero, so it learns from the first step). Set it False for the usual random init of W.
 - ``init_from_codebook`` copies the k-means centroids (A, E) into the action embedding table Emb.
+- ``center`` (opt-in) subtracts the mean plan vector (the batch's sentences in training, a running mean,
+  ``plan_mean``, in evaluation). A constant plan (Fixed) is then no plan. Without it, c's shared part is a
+  shift of every token embedding that Adam moves ||Emb(a)||_1 times faster than the rate (W's gradient is
+  rank one), which cost Fixed 0.40 nats on the tests' corpus (docs/results.md, issue 21).
 """
 
 from __future__ import annotations
@@ -91,6 +95,10 @@ class AdapterSettings:
     """Initialise Emb from the codebook centroids (needs action_dim == codebook width)."""
     init_no_op: bool = True
     """Initialise the projection W, b to zero so that a fresh adapter leaves the LM unchanged."""
+    center: bool = False
+    """Subtract the mean plan vector (of the batch's sentences in training, a running mean in evaluation, as batch
+    norm does): the plan channel carries only how a sentence's plan differs from the others, never a shift of
+    every token. A plan that says nothing (Fixed) is then exactly no plan (issue 21)."""
 
 
 @dataclass
@@ -163,6 +171,8 @@ class ProjectAvg(nn.Module):
         self.config = config
         self.action_embedding = nn.Embedding(config.num_actions, config.action_dim)  # Emb
         self.projection = nn.Linear(config.action_dim, config.hidden_size)  # W, b
+        if config.center:
+            self.register_buffer("plan_mean", torch.zeros(config.hidden_size))  # running mean of c (D,)
         self.reset_parameters(codebook)
 
     def reset_parameters(self, codebook: Tensor | None = None) -> None:
@@ -208,7 +218,19 @@ class ProjectAvg(nn.Module):
         # W and b are linear: averaging Emb before projecting gives the same c^, T*K times cheaper.
         mean_embedding = masked_mean(self.step_embeddings(action_paths, action_probs), path_mask, dim=-2)  # (N, K, E)
         mean_embedding = masked_mean(mean_embedding, path_valid, dim=-2)  # (N, E)
-        return self.projection(mean_embedding)  # (N, D)
+        return self.centered(self.projection(mean_embedding))  # (N, D)
+
+    def centered(self, plans: Tensor, momentum: float = 0.1) -> Tensor:
+        """``plans`` (N, D) minus their mean with ``center`` (the batch's in training, updating the running mean;
+        the running mean in evaluation), else unchanged."""
+        if not self.config.center:
+            return plans
+        if not self.training:
+            return plans - self.plan_mean.to(plans.dtype)
+        mean = plans.mean(0)  # (D,)
+        with torch.no_grad():
+            self.plan_mean.lerp_(mean.detach().to(self.plan_mean.dtype), momentum)
+        return plans - mean
 
 
 class MultiPath(ProjectAvg):
@@ -222,6 +244,8 @@ class MultiPath(ProjectAvg):
         self.config = config
         self.action_embedding = nn.Embedding(config.num_actions, config.action_dim)
         self.projection = nn.Linear(config.action_dim, config.hidden_size)
+        if config.center:
+            self.register_buffer("plan_mean", torch.zeros(config.hidden_size))
         # U: PT reads the action embeddings (eq. 1); a map E -> D only when the widths differ, never zero.
         self.path_input = (nn.Identity() if config.action_dim == config.hidden_size
                            else nn.Linear(config.action_dim, config.hidden_size))
@@ -304,8 +328,8 @@ class MultiPath(ProjectAvg):
         sample_out = self.sample_transformer(path_vectors, src_key_padding_mask=padding)  # (N, K, D)
         sample_out = masked_mean(sample_out, sample_mask, dim=-2)  # (N, D)
         if self.config.rezero:
-            return sample_out * self.alpha_sample + sample_avg  # c, eq. 2 (N, D)
-        return sample_out
+            return self.centered(sample_out * self.alpha_sample + sample_avg)  # c, eq. 2 (N, D)
+        return self.centered(sample_out)
 
 
 def _default_mask(action_paths: Tensor, path_mask: Tensor | None, action_probs: Tensor | None = None) -> Tensor:

@@ -132,7 +132,8 @@ def _add_paired_differences(layout: RunLayout, rows: list[dict]) -> None:
     done = [r for r in rows if r["ppl"] is not None]
     reference = next((r for r in done if r["name"] == "none"), done[0] if done else None)
     for row in rows:
-        row.update(paired_reference=None, paired_diff=None, paired_ci_low=None, paired_ci_high=None)
+        row.update(paired_reference=None, paired_diff=None, paired_ci_low=None, paired_ci_high=None,
+                   paired_interval=None, paired_seed_diffs=None, paired_note=None)
         if reference is None or row is reference or row["ppl"] is None:
             continue
         try:
@@ -140,7 +141,10 @@ def _add_paired_differences(layout: RunLayout, rows: list[dict]) -> None:
         except PlanlmError:  # e.g. evaluated on other articles: no paired difference to show
             continue
         row.update(paired_reference=reference["name"], paired_diff=result.get("diff_mean", result["diff"]),
-                   paired_ci_low=result["ci_low"], paired_ci_high=result["ci_high"])
+                   paired_ci_low=result["ci_low"], paired_ci_high=result["ci_high"],
+                   paired_interval=result.get("interval", "articles"), paired_note=result.get("note"),
+                   paired_seed_diffs={s: one["diff"] for s, one in result["seeds"].items()} if "seeds" in result
+                   else None)
 
 
 def _fmt_seeds(r: dict) -> str:
@@ -150,6 +154,14 @@ def _fmt_seeds(r: dict) -> str:
         return "n/a"
     return (f"{r['ppl']:.2f} ± {r['ppl_seed_std']:.2f} [{r['ppl_seed_min']:.2f}, {r['ppl_seed_max']:.2f}] | "
             f"{_fmt_ci(r['ppl_seed_mean_nll'], r['ppl_ci_low'], r['ppl_ci_high'])}")
+
+
+def _fmt_seed_diffs(r: dict) -> str:
+    """Each seed's paired difference, beside the interval that carries their spread."""
+    diffs = r.get("paired_seed_diffs")
+    if not diffs or len(diffs) < 2:
+        return ""
+    return " (seeds: " + ", ".join(f"{d:+.2f}" for d in diffs.values()) + ")"
 
 
 def _fmt_alphas(alphas: Optional[dict]) -> str:
@@ -175,7 +187,7 @@ def results_table(rows: list[dict]) -> list[str]:
         usage = "" if r.get("plan_usage_ppl") is None else \
             _fmt_ci(r["plan_usage_ppl"], r.get("plan_usage_ci_low"), r.get("plan_usage_ci_high"))
         paired = "" if r.get("paired_diff") is None else \
-            _fmt_ci(r["paired_diff"], r["paired_ci_low"], r["paired_ci_high"])
+            _fmt_ci(r["paired_diff"], r["paired_ci_low"], r["paired_ci_high"]) + _fmt_seed_diffs(r)
         lines.append(
             f"| {r['label']} | {r['conditioning'] or ''} | {r['K'] if r['K'] is not None else ''} | "
             f"{r['T'] if r['T'] is not None else ''} | {_fmt_seeds(r)} | {paired} | {usage} | "
@@ -380,13 +392,17 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
     lines = [f"# planlm report: {layout.root.name}", "",
              f"Test perplexity ({protocol}; 95% bootstrap intervals over articles) and action edit distance. "
              "Paired: each condition minus the reference on the same articles (and, with seeds, seed by seed: "
-             "the mean over seeds, with the interval of the NLL averaged over seeds). Plan usage: the same LM's "
+             "the mean over seeds and each seed's difference, with a two-level bootstrap interval that resamples "
+             "the training seeds and the articles, so it carries seed noise; with one seed, over articles alone). "
+             "Plan usage: the same LM's "
              "perplexity with its plans shuffled across the test sentences minus with its own (0: it ignores "
              "them). alpha_1 / alpha_2: the multipath adapter's learned ReZero scalars. "
              "The paper's GPT-2-small numbers are shown beside ours for orientation only: a different model "
              "size, corpus and budget.", ""]
     lines += _corpus_line(layout, rows)
     lines += results_table(rows)
+    notes = sorted({r["paired_note"] for r in rows if r.get("paired_note")})
+    lines += [f"\nNote: {note}." for note in notes]
     failed = [r for r in rows if r["status"] == "failed"]
     if failed:
         lines += ["", "Failed conditions (the others ran; see logs/):"]

@@ -98,3 +98,52 @@ def test_compare_refuses_different_articles_in_one_line(tmp_path):
         compare(str(a), str(c))
     with pytest.raises(PlanlmError, match="per_article.csv: missing"):
         compare(str(a), str(tmp_path))
+
+
+def _seeded_eval(root, seed_shifts, nll_a, tokens, ids):
+    """eval/a and eval/b of a run with seeds: B is better than A by ``seed_shifts[s]`` nats per token in seed s
+    (plus article noise shared by every seed)."""
+    noise = np.random.default_rng(7).normal(0, 0.02, len(tokens))
+    for s, shift in enumerate(seed_shifts):
+        _eval_dir_seed(root / "a", s, ids, nll_a, tokens)
+        _eval_dir_seed(root / "b", s, ids, nll_a - (shift + noise) * tokens, tokens, "oracle")
+    return root / "a", root / "b"
+
+
+def _eval_dir_seed(folder, seed, ids, nll, tokens, conditioning="none"):
+    folder.mkdir(parents=True, exist_ok=True)
+    return _eval_dir(folder / f"seed{seed}", ids, nll, tokens, conditioning)
+
+
+def _widths(result):
+    return result["ci_high"] - result["ci_low"], result["article_ci_high"] - result["article_ci_low"]
+
+
+def test_seed_noise_widens_the_interval_when_seeds_disagree_and_not_when_they_agree(tmp_path):
+    from planlm.evaluate.bootstrap import compare_evaluations
+
+    nll_a, tokens = _articles(60)
+    ids = [f"doc{i}" for i in range(60)]
+    disagree = compare_evaluations(*_seeded_eval(tmp_path / "disagree", [0.0, 0.04, 0.08], nll_a, tokens, ids))
+    agree = compare_evaluations(*_seeded_eval(tmp_path / "agree", [0.04, 0.04, 0.04], nll_a, tokens, ids))
+    assert disagree["interval"] == agree["interval"] == "seeds and articles"
+    seeded, articles_only = _widths(disagree)
+    assert seeded > 3 * articles_only  # the seeds' spread (0 to 0.08 nats) dwarfs the articles'
+    assert disagree["ci_low"] <= min(r["diff"] for r in disagree["seeds"].values())
+    seeded, articles_only = _widths(agree)
+    assert seeded == pytest.approx(articles_only, rel=0.15)
+    assert agree["ci_high"] < 0 and agree["diff"] == pytest.approx(agree["diff_mean"], rel=1e-3)
+    old = compare_evaluations(tmp_path / "disagree" / "a", tmp_path / "disagree" / "b", seed_noise=False)
+    assert old["interval"] == "articles" and old["ci_low"] == disagree["article_ci_low"]
+
+
+def test_one_seed_gives_the_article_interval_and_a_one_line_note(tmp_path, capsys):
+    nll_a, tokens = _articles(30)
+    a, b = _seeded_eval(tmp_path, [0.05], nll_a, tokens, [f"doc{i}" for i in range(30)])
+    result = compare(str(a), str(b), num_samples=300)
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if line.startswith("note:")]
+    assert notes == ["note: seed noise cannot be estimated from one seed (seed 0); the interval is over articles "
+                     "alone"]
+    assert result["interval"] == "articles" and result["ci_low"] == result["article_ci_low"]
+    assert "seed 0: B - A = -" in out

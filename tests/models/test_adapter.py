@@ -243,3 +243,23 @@ def test_multipath_backward_is_reproducible(two_threads):
     first = grads()
     for _ in range(30):
         assert all(torch.equal(a, b) for a, b in zip(first, grads()))
+
+
+@pytest.mark.parametrize("kind", ["project_avg", "multipath"])
+def test_centered_plans_carry_only_differences_and_a_constant_plan_is_no_plan(kind):
+    adapter = build_adapter(config(kind=kind, center=True)).train()
+    action_paths, path_mask = paths_and_mask()
+    plans = adapter(action_paths, path_mask)  # (N, D)
+    torch.testing.assert_close(plans.mean(0), torch.zeros(WIDTH), rtol=0, atol=1e-5)
+    constant = torch.full((5, 2, HORIZON), 3)  # Fixed: every sentence the same action
+    out = adapter(constant)
+    assert out.abs().max() < 1e-5
+    (adapter(constant) * torch.randn(5, WIDTH)).sum().backward()  # any loss: W learns nothing from a constant
+    assert adapter.projection.weight.grad.abs().max() < 1e-5
+    running = adapter.plan_mean.clone()
+    assert running.abs().sum() > 0 and "plan_mean" in adapter.state_dict()
+    adapter.eval()  # evaluation subtracts the running mean, whatever the batch
+    torch.testing.assert_close(adapter(action_paths[:1], path_mask[:1]),
+                               adapter.train(False)(action_paths, path_mask)[:1], rtol=1e-5, atol=1e-6)
+    fresh = build_adapter(config(kind=kind, center=True, init_no_op=True)).train()
+    assert fresh(action_paths, path_mask).abs().max() == 0  # still a no-op at the start

@@ -58,3 +58,17 @@ def test_write_report_writes_the_table_and_the_results(run_dir):
     assert "| oracle | oracle |" in text
     results = json.loads((RunLayout(run_dir).root / "results.json").read_text())
     assert {row["name"] for row in results["conditions"]} == {"none", "oracle"}
+
+
+def test_paired_column_of_a_run_with_seeds_carries_seed_noise_and_shows_each_seed(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    shift = np.random.default_rng(0).normal(0, 0.05, 20)
+    for seed, gain in enumerate([0.0, 0.1]):  # the seeds disagree: oracle gains 0 or 0.1 nats
+        write_evaluation(layout.evaluation("none") / f"seed{seed}", 3.0, "none", shift)
+        write_evaluation(layout.evaluation("oracle") / f"seed{seed}", 3.0 - gain, "oracle", shift)
+    rows = {r["name"]: r for r in collect_results(layout.root, [{"name": "none"}, {"name": "oracle"}], None, [0, 1])}
+    oracle = rows["oracle"]
+    assert oracle["paired_interval"] == "seeds and articles"
+    assert oracle["paired_ci_low"] <= oracle["paired_seed_diffs"][1] < oracle["paired_seed_diffs"][0] == 0.0
+    line = next(line for line in results_table(list(rows.values())) if line.startswith("| oracle"))
+    assert f"(seeds: +0.00, {oracle['paired_seed_diffs'][1]:+.2f})" in line
