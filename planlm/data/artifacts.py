@@ -155,7 +155,8 @@ class PreparedDataset:
     @property
     def sentence_splitter(self) -> str:
         """The spaCy splitter the corpus was split with (``planlm prepare --sentences.splitter``)."""
-        return self.manifest.get("config", {}).get("sentences", {}).get("splitter", "sentencizer")
+        sentences = self.manifest.get("config", {}).get("sentences")  # a synthetic corpus may record other things here
+        return sentences.get("splitter", "sentencizer") if isinstance(sentences, dict) else "sentencizer"
 
     @property
     def codebook_hash(self) -> str:

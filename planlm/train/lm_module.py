@@ -78,7 +78,7 @@ class LightningLM(L.LightningModule):
         loss-scaled; bf16 has no loss scaling (and fp16 gets no fused optimizer), so torch clips them."""
         adapter = self.model.adapter
         apart = self.clip_apart and adapter is not None
-        fused = optimizer.param_groups[0].get("fused")
+        fused = optimizer is not None and optimizer.param_groups[0].get("fused")
         if not gradient_clip_val or gradient_clip_algorithm not in (None, "norm") or not (apart or fused):
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
