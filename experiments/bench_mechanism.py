@@ -418,6 +418,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def close_report(targets: list, lines: list[str], say, clock, workers: int, minutes: int, path: Path) -> None:
+    """Add the time target (this invocation's wall time under ``minutes``), list every target as PASS or FAIL,
+    print the report and write it to ``path``."""
+    elapsed = time.time() - clock.start
+    cpu = sum(usage.ru_utime + usage.ru_stime for usage in (resource.getrusage(resource.RUSAGE_SELF),
+                                                          resource.getrusage(resource.RUSAGE_CHILDREN)))
+    stage_times = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in clock.stages.items())
+    targets.append((f"the whole run under {minutes} minutes", elapsed < minutes * 60,
+                    f"{elapsed / 60:.1f} min wall in this invocation ({stage_times}, summed over up to {workers} "
+                    f"processes; reused stages count ~0), {cpu / 60:.1f} min of CPU time on {os.cpu_count()} cores"))
+    say("\n## Targets\n")
+    for name, ok, detail in targets:
+        say(f"- {'PASS' if ok else 'FAIL'}: {name}: {detail}")
+    print("\n".join(lines))
+    path.write_text("\n".join(lines).lstrip("\n") + "\n")
+
+
 def main() -> None:
     args = parse_args()
     import torch
@@ -650,18 +667,7 @@ def report(args, prepared, score, test_score, counts, summary, optimum, floor, m
     targets.append((f"K sweep never significantly worse from one K to the next up to K = {max(args.k_sweep)}",
                     not worse, "; ".join(worse) or "no step's interval lies above 0"))
 
-    elapsed = time.time() - clock.start
-    cpu = sum(usage.ru_utime + usage.ru_stime for usage in (resource.getrusage(resource.RUSAGE_SELF),
-                                                          resource.getrusage(resource.RUSAGE_CHILDREN)))
-    stage_times = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in clock.stages.items())
-    targets.append(("the whole run under 30 minutes", elapsed < 1800,
-                    f"{elapsed / 60:.1f} min wall in this invocation ({stage_times}, summed over up to {args.workers} "
-                    f"processes; reused stages count ~0), {cpu / 60:.1f} min of CPU time on {os.cpu_count()} cores"))
-    say("\n## Targets\n")
-    for name, ok, detail in targets:
-        say(f"- {'PASS' if ok else 'FAIL'}: {name}: {detail}")
-    print("\n".join(lines))
-    (Path(args.out_dir) / args.tag / "report.md").write_text("\n".join(lines).lstrip("\n") + "\n")
+    close_report(targets, lines, say, clock, args.workers, 30, Path(args.out_dir) / args.tag / "report.md")
 
 
 if __name__ == "__main__":

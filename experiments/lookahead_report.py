@@ -4,9 +4,6 @@ diagnostics against the known answer, and the figure of perplexity against K for
 from __future__ import annotations
 
 import json
-import os
-import resource
-import time
 from pathlib import Path
 
 import numpy as np
@@ -111,18 +108,7 @@ def report(args, prepared, types: dict, rows: dict, clock) -> None:
                             all(r["ci_high"] < 0 for r in per_seed), f"pooled {bench.fmt_diff(pooled)}"))
 
     sweep_lines(args, say, targets, rows)
-    elapsed = time.time() - clock.start
-    cpu = sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
-                                                resource.getrusage(resource.RUSAGE_CHILDREN)))
-    stage_times = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in clock.stages.items())
-    targets.append(("the whole run under 40 minutes", elapsed < 2400,
-                    f"{elapsed / 60:.1f} min wall in this invocation ({stage_times}, summed over up to {args.workers} "
-                    f"processes; reused stages count ~0), {cpu / 60:.1f} min of CPU time on {os.cpu_count()} cores"))
-    say("\n## Targets\n")
-    for name, ok, detail in targets:
-        say(f"- {'PASS' if ok else 'FAIL'}: {name}: {detail}")
-    print("\n".join(lines))
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    bench.close_report(targets, lines, say, clock, args.workers, 40, out / "report.md")
 
 
 def sweep_lines(args, say, targets, rows: dict) -> None:
