@@ -117,20 +117,8 @@ def main() -> None:
         return
     variants = ["none", "project_avg", "multipath"]
     models = {kind: build(kind, lm_config, args, device) for kind in variants}
-    elapsed = {kind: 0.0 for kind in variants}
-    cpu_time = {kind: 0.0 for kind in variants}
-    for step in range(args.warmup + args.steps):
-        for kind in variants:  # interleaved
-            model, optimizer = models[kind]
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start, start_cpu = time.perf_counter(), time.process_time()
-            train_step(model, optimizer, batches[step % len(batches)], kind != "none", device)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if step >= args.warmup:
-                elapsed[kind] += time.perf_counter() - start
-                cpu_time[kind] += time.process_time() - start_cpu
+    elapsed, cpu_time = time_interleaved(args, device, batches, variants, lambda kind, batch: train_step(
+        *models[kind], batch, kind != "none", device))
 
     tokens = batch_size * args.context_length * args.steps
     num_plans = batches[0]["action_paths"].shape[0]
@@ -148,6 +136,24 @@ def main() -> None:
         print(f"| {kind:<12} | {params:>19,} | {elapsed[kind] / args.steps:>7.3f} | {rate:>9,.0f} | "
               f"{elapsed['none'] / elapsed[kind]:>6.2f}x | {cpu_time[kind] / args.steps:>10.3f} | {cpu_rate:>12,.0f} | "
               f"{cpu_time['none'] / cpu_time[kind]:>6.2f}x |")
+
+
+def time_interleaved(args, device: torch.device, batches: list[dict], names, step) -> tuple[dict, dict]:
+    """Wall and CPU seconds of ``step(name, batch)`` per name over ``args.steps`` timed steps after
+    ``args.warmup``, the names interleaved step by step so that drifting load hits every variant alike."""
+    elapsed, cpu_time = {name: 0.0 for name in names}, {name: 0.0 for name in names}
+    for index in range(args.warmup + args.steps):
+        for name in names:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            step(name, batches[index % len(batches)])
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if index >= args.warmup:
+                elapsed[name] += time.perf_counter() - start
+                cpu_time[name] += time.process_time() - start_cpu
+    return elapsed, cpu_time
 
 
 def speed_table(lm_config: dict, args, device: torch.device, batches: list[dict], batch_size: int) -> None:
@@ -174,19 +180,8 @@ def speed_table(lm_config: dict, args, device: torch.device, batches: list[dict]
         model, optimizer = build("none", lm_config, args, device, fused)
         speed_up_lm(model, settings, f"bench_lm {name}")
         models[name] = model, optimizer
-    elapsed, cpu_time = {name: 0.0 for name in variants}, {name: 0.0 for name in variants}
-    for step in range(args.warmup + args.steps):
-        for name, (bf16, _, _) in variants.items():  # interleaved, so drifting load hits every variant alike
-            model, optimizer = models[name]
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start, start_cpu = time.perf_counter(), time.process_time()
-            train_step(model, optimizer, batches[step % len(batches)], False, device, bf16=bf16)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if step >= args.warmup:
-                elapsed[name] += time.perf_counter() - start
-                cpu_time[name] += time.process_time() - start_cpu
+    elapsed, cpu_time = time_interleaved(args, device, batches, variants, lambda name, batch: train_step(
+        *models[name], batch, False, device, bf16=variants[name][0]))
     tokens = batch_size * args.context_length * args.steps
     print(f"GPT-2 architecture {lm_config['n_layer']} layers x {lm_config['n_embd']}, vocab {args.vocab_size}; "
           f"device {device}; batch {batch_size} x {args.context_length}; loss chunk {chunk} tokens; {args.steps} "
