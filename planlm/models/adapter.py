@@ -52,10 +52,16 @@ Design decisions the paper leaves open, made here:
   c = 0 and the conditioned LM starts exactly as the base LM (the gradient with respect to W is not
   zero, so it learns from the first step). Set it False for the usual random init of W.
 - ``init_from_codebook`` copies the k-means centroids (A, E) into the action embedding table Emb.
-- ``center`` (opt-in) subtracts the mean plan vector (the batch's sentences in training, a running mean,
-  ``plan_mean``, in evaluation). A constant plan (Fixed) is then no plan. Without it, c's shared part is a
-  shift of every token embedding that Adam moves ||Emb(a)||_1 times faster than the rate (W's gradient is
-  rank one), which cost Fixed 0.40 nats on the tests' corpus (docs/results.md, issue 21).
+- ``center`` (opt-in) subtracts the mean (the batch's sentences in training, a running mean in evaluation,
+  as batch norm does). A constant plan (Fixed) is then no plan. Without it, c's shared part is a shift of
+  every token embedding that Adam moves ||Emb(a)||_1 times faster than the rate (W's gradient is rank one),
+  which cost Fixed 0.40 nats on the tests' corpus (docs/results.md, issue 21).
+  Project and Avg centers the mean action embedding *before* W and drops b: c = W (e - mean e). A constant
+  plan then gives W an exactly zero gradient, so W stays at its no-op zero. Centering c after W (as
+  multipath still does, ``plan_mean``) leaves W a rounding-level gradient that Adam scales up to full-size
+  steps: W drifts at random, training never sees it (the batch mean cancels it) but evaluation does, since
+  the running mean lags the drift (experiments/probe_center.py: |c - plan_mean| 0.49 after 300 steps, the
+  size of a token embedding; 0 when centered before W).
 """
 
 from __future__ import annotations
@@ -172,7 +178,7 @@ class ProjectAvg(nn.Module):
         self.action_embedding = nn.Embedding(config.num_actions, config.action_dim)  # Emb
         self.projection = nn.Linear(config.action_dim, config.hidden_size)  # W, b
         if config.center:
-            self.register_buffer("plan_mean", torch.zeros(config.hidden_size))  # running mean of c (D,)
+            self.register_buffer("embedding_mean", torch.zeros(config.action_dim))  # running mean of e (E,)
         self.reset_parameters(codebook)
 
     def reset_parameters(self, codebook: Tensor | None = None) -> None:
@@ -217,20 +223,11 @@ class ProjectAvg(nn.Module):
         path_valid = path_mask.any(-1)  # (N, K)
         # W and b are linear: averaging Emb before projecting gives the same c^, T*K times cheaper.
         mean_embedding = masked_mean(self.step_embeddings(action_paths, action_probs), path_mask, dim=-2)  # (N, K, E)
-        mean_embedding = masked_mean(mean_embedding, path_valid, dim=-2)  # (N, E)
-        return self.centered(self.projection(mean_embedding))  # (N, D)
-
-    def centered(self, plans: Tensor, momentum: float = 0.1) -> Tensor:
-        """``plans`` (N, D) minus their mean with ``center`` (the batch's in training, updating the running mean;
-        the running mean in evaluation), else unchanged."""
-        if not self.config.center:
-            return plans
-        if not self.training:
-            return plans - self.plan_mean.to(plans.dtype)
-        mean = plans.mean(0)  # (D,)
-        with torch.no_grad():
-            self.plan_mean.lerp_(mean.detach().to(self.plan_mean.dtype), momentum)
-        return plans - mean
+        mean_embedding = masked_mean(mean_embedding, path_valid, dim=-2)  # e (N, E)
+        if self.config.center:  # W (e - mean e): b cancels, and a constant plan gives W no gradient at all
+            return nn.functional.linear(centered(mean_embedding, self.embedding_mean, self.training),
+                                        self.projection.weight)  # (N, D)
+        return self.projection(mean_embedding)  # (N, D)
 
 
 class MultiPath(ProjectAvg):
@@ -245,7 +242,7 @@ class MultiPath(ProjectAvg):
         self.action_embedding = nn.Embedding(config.num_actions, config.action_dim)
         self.projection = nn.Linear(config.action_dim, config.hidden_size)
         if config.center:
-            self.register_buffer("plan_mean", torch.zeros(config.hidden_size))
+            self.register_buffer("plan_mean", torch.zeros(config.hidden_size))  # running mean of c (D,)
         # U: PT reads the action embeddings (eq. 1); a map E -> D only when the widths differ, never zero.
         self.path_input = (nn.Identity() if config.action_dim == config.hidden_size
                            else nn.Linear(config.action_dim, config.hidden_size))
@@ -328,8 +325,23 @@ class MultiPath(ProjectAvg):
         sample_out = self.sample_transformer(path_vectors, src_key_padding_mask=padding)  # (N, K, D)
         sample_out = masked_mean(sample_out, sample_mask, dim=-2)  # (N, D)
         if self.config.rezero:
-            return self.centered(sample_out * self.alpha_sample + sample_avg)  # c, eq. 2 (N, D)
-        return self.centered(sample_out)
+            plans = sample_out * self.alpha_sample + sample_avg  # c, eq. 2 (N, D)
+        else:
+            plans = sample_out
+        return centered(plans, self.plan_mean, self.training) if self.config.center else plans
+
+
+def centered(values: Tensor, running_mean: Tensor, training: bool, momentum: float = 0.1) -> Tensor:
+    """``values`` (N, F) minus their mean: the batch's in training (and ``running_mean`` (F,) moves toward it),
+    ``running_mean`` in evaluation, so that results do not depend on the batch."""
+    if not training:
+        return values - running_mean.to(values.dtype)
+    # Differences from the first row, then their mean: exactly 0 for identical rows (values.mean(0) is not,
+    # it rounds), so a constant plan gives the weights before it exactly no gradient.
+    offsets = values - values[:1]  # (N, F)
+    with torch.no_grad():
+        running_mean.lerp_((values[0] + offsets.mean(0)).detach().to(running_mean.dtype), momentum)
+    return offsets - offsets.mean(0)
 
 
 def _default_mask(action_paths: Tensor, path_mask: Tensor | None, action_probs: Tensor | None = None) -> Tensor:
