@@ -159,6 +159,12 @@ def test_shipped_configs_validate_offline(tmp_path):
         assert "config valid" in result.stdout
     result = _cli(["run", "--config", str(root / "configs" / "demo.yaml"), "--print_config"])
     assert result.returncode == 0 and "conditions:" in result.stdout
+    # the centered-plans diagnosis is an overlay on the demo: its own run folder and conditions
+    result = _cli(["run", "--config", str(root / "configs" / "demo.yaml"), "--config",
+                   str(root / "configs" / "demo-centered.yaml"), "--out_dir", str(tmp_path / "centered"),
+                   "--dry_run", "true"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "train-lm fixed_center seed1" in result.stdout and "train-lm ours" not in result.stdout
 
 
 def test_one_planner_per_horizon_in_the_paper_config(tmp_path):
