@@ -254,19 +254,25 @@ def lm_floor(split, types: np.ndarray, lag: int, successors: dict = LAG_SUCCESSO
     return floors
 
 
+PAIRED_INTERVALS = ("95% intervals: per seed, a paired bootstrap over test articles; pooled, a two-level paired "
+                    "bootstrap over training seeds and articles, which carries seed noise")
+
+
 def paired(eval_dirs_a: list[Path], eval_dirs_b: list[Path], samples: int) -> dict:
-    """ppl(B) - ppl(A) with its paired bootstrap interval over articles; several seeds are pooled by
-    summing each article's NLL over seeds (the pooled ppl is the geometric mean of the seeds')."""
-    from planlm.evaluate.bootstrap import paired_bootstrap, read_per_article
+    """ppl(B) - ppl(A), paired on the same articles: one seed, a bootstrap over articles; several seeds (the i-th
+    of A paired with the i-th of B), the pooled difference (perplexities of the seed-mean NLL, the geometric
+    mean of the seeds') with a two-level bootstrap over seeds and articles, so that it carries seed noise."""
+    from planlm.evaluate.bootstrap import paired_bootstrap, read_per_article, seeded_paired_bootstrap
 
     tables_a = [read_per_article(d) for d in eval_dirs_a]
     tables_b = [read_per_article(d) for d in eval_dirs_b]
     for table in tables_a[1:] + tables_b:
         assert (table["id"] == tables_a[0]["id"]).all() and (table["tokens"] == tables_a[0]["tokens"]).all()
-    nll_a = np.sum([t["nll_sum"] for t in tables_a], axis=0)
-    nll_b = np.sum([t["nll_sum"] for t in tables_b], axis=0)
-    tokens = tables_a[0]["tokens"] * len(tables_a)
-    return paired_bootstrap(nll_a, nll_b, tokens, num_samples=samples)
+    nll_a = np.stack([t["nll_sum"] for t in tables_a])  # (S, N_art)
+    nll_b = np.stack([t["nll_sum"] for t in tables_b])
+    if len(tables_a) == 1:
+        return paired_bootstrap(nll_a[0], nll_b[0], tables_a[0]["tokens"], num_samples=samples)
+    return seeded_paired_bootstrap(nll_a, nll_b, tables_a[0]["tokens"], num_samples=samples)
 
 
 def fmt_diff(result: dict) -> str:
@@ -633,7 +639,7 @@ def report(args, prepared, score, test_score, counts, summary, optimum, floor, m
     say(f"| ideal LM, ideal planner plans (known) | {blank} | | {floor['planner']:.4f} |")
     say(f"| ideal LM, oracle plans (known) | {blank} | | {floor['oracle']:.4f} |")
 
-    say("\n## Paired differences (ppl B - A, 95% paired bootstrap over test articles; negative: B better)\n")
+    say(f"\n## Paired differences (ppl B - A, negative: B better; {PAIRED_INTERVALS})\n")
     pairs = [("none", "argmax"), ("argmax", "sampled"), ("sampled", "oracle"), ("none", "fixed"),
              ("sampled", "ours"), ("argmax", "ours"), ("none", "oracle")]
     say("| B - A | " + " | ".join(f"seed {s}" for s in seeds) + " | pooled |")

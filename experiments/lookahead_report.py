@@ -95,7 +95,7 @@ def report(args, prepared, types: dict, rows: dict, clock) -> None:
               if min(args.num_paths) < k_max]
     pairs += [("cornille", f"ours-T{t_abl}-K{k_max}", None), (f"ours-T{max(args.horizons)}-K{k_max}", "oracle", None)]
     pairs = [p for p in pairs if p[0] in rows and p[1] in rows]
-    say("\n## Paired differences (ppl B - A, 95% paired bootstrap over test articles; negative: B better)\n")
+    say(f"\n## Paired differences (ppl B - A, negative: B better; {bench.PAIRED_INTERVALS})\n")
     say("| B - A | " + " | ".join(f"seed {s}" for s in seeds) + " | pooled |")
     say("|---" * (len(seeds) + 2) + "|")
     for a, b, target in pairs:
