@@ -201,7 +201,8 @@ def main() -> None:
     eval_dirs = [evaluate_points(bench_args, seed, prepared_dir, planner_dir, args.top_actions, condition)
                  for seed in bench_args.seeds]
     lines = [f"# Plans in expectation on the mechanism benchmark ({out}, the {condition} LM, seeds "
-             f"{bench_args.seeds}, top {args.top_actions} actions)", "", f"## Test perplexity, pooled over seeds (negative: better; {bench.PAIRED_INTERVALS})", ""]
+             f"{bench_args.seeds}, top {args.top_actions} actions)", "",
+             f"## Test perplexity, pooled over seeds (negative: better; {bench.PAIRED_INTERVALS})", ""]
     table, against = paired_table(bench_args, eval_dirs)
     seed = bench_args.seeds[0]
     times = timing(bench_args, seed, prepared_dir, args.repeats, args.top_actions, condition)

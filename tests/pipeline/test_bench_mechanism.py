@@ -42,3 +42,28 @@ def test_bench_expectation_prints_its_table_and_targets(tmp_path):
         assert row in done.stdout
     assert done.stdout.count("PASS") + done.stdout.count("FAIL") == 2
     assert (tmp_path / "expectation" / "report-sampled.md").is_file()
+
+
+def test_a_pooled_difference_over_seeds_carries_seed_noise(monkeypatch):
+    """mechanism.paired over several seeds is the two-level (seed x article) bootstrap: two seeds that disagree in
+    sign give an interval across 0, where resampling articles alone would exclude it."""
+    import numpy as np
+
+    from planlm.evaluate import bootstrap
+
+    monkeypatch.syspath_prepend(str(ROOT / "experiments"))
+    import bench_mechanism as mechanism
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(50, 100, 40)
+    base = rng.normal(3.0, 0.1, 40) * tokens
+    tables = {"a0": base, "a1": base, "b0": base - 0.05 * tokens, "b1": base + 0.03 * tokens}
+    monkeypatch.setattr(bootstrap, "read_per_article", lambda d: {
+        "id": np.arange(40).astype(object), "tokens": tokens, "nll_sum": tables[str(d)]})
+    pooled = mechanism.paired([Path("a0"), Path("a1")], [Path("b0"), Path("b1")], 500)
+    expected = bootstrap.seeded_paired_bootstrap(np.stack([base, base]), np.stack([tables["b0"], tables["b1"]]),
+                                                 tokens, num_samples=500)
+    assert pooled == pytest.approx(expected)
+    assert pooled["ci_low"] < 0 < pooled["ci_high"]
+    one_seed = mechanism.paired([Path("a0")], [Path("b0")], 500)
+    assert one_seed["ci_high"] < 0  # one seed: over articles alone
