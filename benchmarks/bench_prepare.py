@@ -2,7 +2,9 @@
 
 1. Sentence embedding: ``planlm.data.embed.embed_sentences`` (chunked, resumable, streamed to a
    memory-mapped file) against one bare ``SentenceTransformer.encode`` call on the same sentences.
-   Target: at least 0.9x the baseline throughput.
+   Target: at least 0.9x the baseline throughput. Where the machine has bf16 (CUDA, or a CPU with
+   AVX512-BF16 / AMX), also ``embedding.precision: bf16`` against the fp32 pipeline, with the cosine
+   between their embeddings.
 2. k-means: planlm's faiss backend (k-means++ seeds on a subsample, then Lloyd iterations) against
    scikit-learn ``KMeans(init="k-means++")`` (the paper's reference) on the same embeddings.
    Target: at least 5x faster at no more than 1% higher inertia.
@@ -58,39 +60,55 @@ def best_of(repeats: int, runs: dict) -> dict[str, float]:
 def bench_embedding(sentences: list[str], batch_size: int, repeats: int, block_size: int) -> tuple[dict, np.ndarray]:
     from planlm.data.embed import EmbedConfig, embed_sentences
     from planlm.data.resources import load_sentence_encoder
+    from planlm.utils import cpu_supports_bf16
 
     config = EmbedConfig(batch_size=batch_size)
     # the very instance the pipeline gets from the cache: the timings compare the code around encode()
     model = load_sentence_encoder(config.encoder, config.device)
     model.encode(sentences[:batch_size], batch_size=batch_size)  # warm-up
-    out = Path(tempfile.mkdtemp(prefix="bench_prepare_")) / "embeddings.npy"
+    folder = Path(tempfile.mkdtemp(prefix="bench_prepare_"))
 
     def bare(block):
         return model.encode(block, batch_size=batch_size, show_progress_bar=False)
 
-    def pipeline(block):
-        for stale in (out, out.with_name(out.name + ".progress.json")):
-            stale.unlink(missing_ok=True)
-        return np.asarray(embed_sentences(block, out, config, progress=False))
+    def pipeline_run(name: str, run_config: EmbedConfig):
+        def run(block):
+            out = folder / f"{name}.npy"
+            for stale in (out, out.with_name(out.name + ".progress.json")):
+                stale.unlink(missing_ok=True)
+            return np.asarray(embed_sentences(block, out, run_config, progress=False))
+        run.__name__ = name
+        return run
 
-    # Alternate the two on the same blocks (and swap who goes first) so that the load of other
-    # processes on a shared machine hits both alike; sum the times.
-    times = {"bare": 0.0, "pipeline": 0.0}
-    result = {"bare": [], "pipeline": []}
+    runs = [bare, pipeline_run("pipeline", config)]
+    if model.device.type == "cuda" or cpu_supports_bf16():
+        runs.append(pipeline_run("pipeline_bf16", EmbedConfig(batch_size=batch_size, precision="bf16")))
+    times, result = interleaved(runs, sentences, repeats, block_size)
+    fp32, out = result["pipeline"], {f"{name}_s": t for name, t in times.items()}
+    out["max_abs_diff"] = float(np.abs(result["bare"] - fp32).max())
+    if "pipeline_bf16" in result:
+        half = result["pipeline_bf16"]
+        out["bf16_min_cosine"] = float(((fp32 * half).sum(1) / np.linalg.norm(fp32, axis=1)
+                                        / np.linalg.norm(half, axis=1)).min())
+    return out, fp32
+
+
+def interleaved(runs: list, sentences: list[str], repeats: int, block_size: int) -> tuple[dict, dict]:
+    """Each run on the same blocks, alternating (and rotating who goes first) so that the load of other
+    processes on a shared machine hits all alike: (seconds per pass of each run, its embeddings)."""
+    times = {run.__name__: 0.0 for run in runs}
+    result = {run.__name__: [] for run in runs}
     for repeat in range(repeats):
         for number, start in enumerate(range(0, len(sentences), block_size)):
             block = sentences[start:start + block_size]
-            order = (bare, pipeline) if (repeat + number) % 2 == 0 else (pipeline, bare)
-            for run in order:
+            shift = (repeat + number) % len(runs)
+            for run in runs[shift:] + runs[:shift]:
                 started = time.perf_counter()
                 embedded = run(block)
                 times[run.__name__] += time.perf_counter() - started
                 if repeat == 0:
                     result[run.__name__].append(embedded)
-    result = {name: np.concatenate(parts) for name, parts in result.items()}
-    times = {name: t / repeats for name, t in times.items()}
-    max_diff = float(np.abs(result["bare"] - result["pipeline"]).max())
-    return {"bare_s": times["bare"], "pipeline_s": times["pipeline"], "max_abs_diff": max_diff}, result["pipeline"]
+    return {n: t / repeats for n, t in times.items()}, {n: np.concatenate(parts) for n, parts in result.items()}
 
 
 def bench_kmeans(x: np.ndarray, num_actions: int, repeats: int, seed: int) -> dict:
@@ -115,6 +133,16 @@ def bench_kmeans(x: np.ndarray, num_actions: int, repeats: int, seed: int) -> di
     times = best_of(repeats, {"sklearn": sklearn_kmeans_pp, "faiss": faiss_kmeans_pp, "faiss_random": faiss_random})
     inertias = {name: inertia(x, c, assign_actions(x, c, progress=False)) for name, c in centroids.items()}
     return {"times": times, "inertia": inertias}
+
+
+def bf16_rows(emb_result: dict, n: int) -> list[tuple]:
+    """The rows of ``embedding.precision: bf16`` against the fp32 pipeline (none without bf16)."""
+    if "pipeline_bf16_s" not in emb_result:
+        return []
+    fp32_rate, bf16_rate = n / emb_result["pipeline_s"], n / emb_result["pipeline_bf16_s"]
+    return [("embedding throughput, bf16 (sent/s)", f"pipeline fp32 {fp32_rate:.1f}", f"bf16 {bf16_rate:.1f}",
+             f"{bf16_rate / fp32_rate:.2f}x", "(info)", None),
+            ("embedding cosine bf16 vs fp32 (min)", "1", f"{emb_result['bf16_min_cosine']:.5f}", "", "(info)", None)]
 
 
 def main() -> None:
@@ -161,6 +189,7 @@ def main() -> None:
     rows = [
         ("embedding throughput (sent/s)", f"bare encode {bare_rate:.1f}", f"pipeline {pipe_rate:.1f}",
          f"{pipe_rate / bare_rate:.2f}x", ">= 0.9x", pipe_rate / bare_rate >= 0.9),
+        *bf16_rows(emb_result, n),
         ("k-means time (s)", f"sklearn k-means++ {t['sklearn']:.2f}", f"faiss k-means++ {t['faiss']:.2f}",
          f"{t['sklearn'] / t['faiss']:.1f}x faster", ">= 5x", t["sklearn"] / t["faiss"] >= 5),
         ("k-means inertia", f"sklearn {inert['sklearn']:.5g}", f"faiss {inert['faiss']:.5g}",

@@ -19,7 +19,7 @@ from planlm.data.embed import EmbedConfig, embed_sentences
 from planlm.data.prepare import prepare
 from planlm.data.windows import beyond_window_share
 from planlm.data.resources import load_sentence_encoder, load_tokenizer, split_sentences
-from planlm.utils import PlanlmError, file_sha256, is_complete, read_manifest
+from planlm.utils import PlanlmError, cpu_supports_bf16, file_sha256, is_complete, read_manifest
 
 SENTENCES = ["The river rises in the north.", "It flows south for two hundred miles.",
              "Many towns stand on its banks.", "The king built a tower.", "His son added a wall.",
@@ -168,6 +168,10 @@ class CountingEncoder:
     def get_embedding_dimension(self):
         return self.model.get_embedding_dimension()
 
+    @property
+    def device(self):
+        return self.model.device
+
     def encode(self, texts, **kwargs):
         if self.fail_after is not None and self.calls >= self.fail_after:
             raise KeyboardInterrupt
@@ -194,6 +198,20 @@ def test_embedding_resumes_after_an_interrupt(tmp_path, monkeypatch):
     assert resumed.calls == 2 + 2 and np.load(tmp_path / "e.npy").shape == (6, 384)
 
 
+@pytest.mark.skipif(not cpu_supports_bf16(), reason="this CPU has no native bf16")
+def test_bf16_embeddings_match_fp32_and_are_not_resumed_across_precisions(tmp_path, monkeypatch):
+    texts = SENTENCES * 2
+    single = embed_sentences(texts, tmp_path / "e.npy", EmbedConfig(chunk_size=8), progress=False).copy()
+    counted = CountingEncoder()
+    monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: counted)
+    half = embed_sentences(texts, tmp_path / "e.npy", EmbedConfig(chunk_size=8, precision="bf16"), progress=False)
+    assert counted.calls == 2 and half.dtype == np.float32  # encoded again (another fingerprint), stored in fp32
+    cosine = (single * half).sum(1) / np.linalg.norm(single, axis=1) / np.linalg.norm(half, axis=1)
+    assert cosine.min() > 0.999 and np.abs(single - half).max() > 0  # measured: 0.99998 on the demo's sentences
+    with pytest.raises(PlanlmError, match="embedding.precision 'fp16'"):
+        EmbedConfig(precision="fp16")
+
+
 @pytest.mark.slow
 def test_multi_process_pool_matches_single_process(tmp_path):
     """The multi-GPU route (sentence-transformers' multi-process pool), exercised with two CPU workers."""
@@ -202,6 +220,11 @@ def test_multi_process_pool_matches_single_process(tmp_path):
                              progress=False)
     single = embed_sentences(texts, tmp_path / "one.npy", EmbedConfig(chunk_size=10), progress=False)
     np.testing.assert_allclose(np.asarray(pooled), np.asarray(single), atol=1e-4)
+    if cpu_supports_bf16():  # bf16 in the pool: the weights are cast (autocast does not reach the processes)
+        half = embed_sentences(texts, tmp_path / "half.npy", EmbedConfig(chunk_size=10, pool_devices=["cpu", "cpu"],
+                                                                         precision="bf16"), progress=False)
+        cosine = (single * half).sum(1) / np.linalg.norm(single, axis=1) / np.linalg.norm(half, axis=1)
+        assert half.dtype == np.float32 and cosine.min() > 0.99
 
 
 def test_reuse_rebuild_and_interrupted_runs(tmp_path, monkeypatch):
