@@ -10,8 +10,9 @@ The target of the issue: multipath at T = 10, K = 10 keeps >= 0.85x of the basel
 
 With ``--speed`` it measures instead the speed settings on the bare LM (the demo's shape by default: batch
 16 x 128): fp32 eager with the foreach AdamW (the library before the speed work) against bf16 autocast, the
-chunked loss (``planlm.models.lm_loss``), the fused AdamW, their combinations, and all of them with torch.compile of
-the transformer (``planlm.speed``), interleaved step by step in one process; the target of the training-speed
+chunked loss (``planlm.models.lm_loss``), the fused AdamW, their combinations, the compiled loss kernel
+(``Speed.compile_loss``), and all of them with torch.compile of the transformer (``planlm.speed``), interleaved
+step by step in one process; the target of the training-speed
 issue is >= 2x fp32 eager's tokens/s. malloc's setting (``--keep-freed-memory``) is process-wide: compare two runs.
 
     python benchmarks/bench_lm.py                  # GPT-2 architecture, 2 layers x 128, CPU
@@ -162,16 +163,18 @@ def speed_table(lm_config: dict, args, device: torch.device, batches: list[dict]
 
     chunk = args.loss_chunk_size
 
-    def speed(chunk_size: int, compile: bool = False) -> Speed:  # malloc's setting is process-wide: not per variant
-        return Speed(loss_chunk_size=chunk_size, compile=compile, keep_freed_memory=False)
+    def speed(chunk_size: int, compile: bool = False, compile_loss: bool = False) -> Speed:
+        # malloc's setting is process-wide: not per variant
+        return Speed(loss_chunk_size=chunk_size, compile=compile, compile_loss=compile_loss, keep_freed_memory=False)
 
     # name -> (bf16 autocast, speed settings, fused AdamW); "fp32 eager" is the library before the speed work
     variants = {"fp32 eager": (False, speed(0), False), "bf16": (True, speed(0), False),
                 "chunked loss": (False, speed(chunk), False), "fused AdamW": (False, speed(0), True),
                 "bf16 + chunked": (True, speed(chunk), False), "bf16 + chunked + fused": (True, speed(chunk), True),
-                "all + compile": (True, speed(chunk, True), True)}
+                "+ compiled loss": (True, speed(chunk, compile_loss=True), True),
+                "all + compile": (True, speed(chunk, True, True), True)}
     if args.no_compile:
-        variants.pop("all + compile")
+        variants.pop("+ compiled loss"), variants.pop("all + compile")
     if device.type == "cpu" and not cpu_supports_bf16():
         variants = {name: v for name, v in variants.items() if not v[0]}
         print("this CPU has no native bf16 (avx512_bf16 / amx_bf16): the bf16 variants are left out")

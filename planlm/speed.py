@@ -29,6 +29,10 @@ class Speed:
     loss_chunk_size: int = 1024
     """Tokens per chunk of the LM's output projection + cross-entropy (planlm.models.lm_loss): the B x L x V logits
     are never held at once, in training, validation and evaluation. 0: the LM's own loss on all the logits."""
+    compile_loss: bool = False
+    """torch.compile the element-wise work of the chunked loss's training chunks (planlm.models.lm_loss.softmax_grad:
+    one fused pass over the chunk's logits instead of eight); needs ``loss_chunk_size`` > 0. When compilation is
+    unavailable or fails: one warning line, then eager."""
     keep_freed_memory: bool = True
     """Linux (glibc): malloc serves large blocks from its heap and keeps them when freed, instead of mapping and
     unmapping them at every step (each page faulted in again); the process's memory stays at its peak. For the
@@ -47,6 +51,7 @@ def speed_up_lm(model, speed: Speed, command: str) -> None:
     if speed.keep_freed_memory:
         keep_freed_memory()
     model.loss_chunk_size = speed.loss_chunk_size
+    model.compile_loss = speed.compile_loss
     if speed.compile:
         split = split_lm_head(model.lm)
         compile_module(split[0] if split is not None else model.lm, f"{command}: the LM")

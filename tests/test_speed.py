@@ -69,6 +69,24 @@ def test_a_failing_compile_warns_in_one_line_and_runs_eager(failing_compile):
         torch.testing.assert_close(module(inputs), expected)
 
 
+def test_a_failing_compile_of_the_loss_warns_once_and_runs_eager(failing_compile, monkeypatch):
+    from planlm.models import lm_loss
+
+    monkeypatch.setattr(lm_loss, "_KERNEL", {})
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(20, 8, requires_grad=True), torch.randn(30, 8, requires_grad=True)
+    targets = torch.randint(0, 30, (20,))
+    expected = lm_loss.linear_cross_entropy(hidden, weight, targets, 8)
+    with pytest.warns(UserWarning) as caught:
+        got = lm_loss.linear_cross_entropy(hidden, weight, targets, 8, compiled=True)
+    assert [str(w.message) for w in caught] == ["the chunked loss: torch.compile failed (RuntimeError: InductorError: "
+                                                "no C++ compiler); running eager"]
+    torch.testing.assert_close(got, expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # eager from now on: no second warning
+        torch.testing.assert_close(lm_loss.linear_cross_entropy(hidden, weight, targets, 8, compiled=True), expected)
+
+
 def test_train_planner_with_a_failing_compile_trains_eager(synthetic_cycle, tmp_path, failing_compile):
     with pytest.warns(UserWarning, match="train-planner: the planner: torch.compile failed"):
         out = train_planner(str(synthetic_cycle), str(tmp_path / "planner"),
@@ -106,11 +124,23 @@ def test_a_negative_chunk_size_is_a_one_line_error():
 
 @pytest.mark.slow
 def test_train_lm_compiled_for_real(synthetic_random, tmp_path):
-    """torch.compile of the LM and the adapter through train-lm (a minute or more on 2 cores: inductor builds C++)."""
+    """torch.compile of the LM, the adapter and the loss kernel through train-lm (a minute or more on 2 cores:
+    inductor builds C++); the compiled loss kernel equals the eager chunk step."""
+    from planlm.models import lm_loss
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model_dir = train_lm(str(synthetic_random), str(tmp_path / "lm"),
                              LMModelConfig(model_config=tiny_gpt2_config()), PlanSpec(kind="oracle"),
-                             train=LMTrainConfig(**QUICK), speed=Speed(compile=True))
+                             train=LMTrainConfig(**QUICK), speed=Speed(compile=True, compile_loss=True))
+        torch.manual_seed(0)
+        hidden, weight = torch.randn(50, 8, requires_grad=True), torch.randn(40, 8, requires_grad=True)
+        targets = torch.randint(0, 40, (50,))
+        losses = [lm_loss.linear_cross_entropy(hidden, weight, targets, 16, compiled=c) for c in (False, True)]
+        grads = [torch.autograd.grad(loss, (hidden, weight)) for loss in losses]
     assert not [w for w in caught if "torch.compile failed" in str(w.message)]  # no fallback to eager
+    assert lm_loss._KERNEL["softmax_grad"] is not None
+    torch.testing.assert_close(losses[1], losses[0])
+    for got, expected in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     assert PlannedLM.from_pretrained(model_dir).adapter is not None

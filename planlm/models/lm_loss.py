@@ -9,6 +9,10 @@ logits exist at once and none is kept for the backward pass. The matrix products
 dtype (bf16 under bf16 autocast), the log-sum-exp and the NLL in fp32, like the plain path's loss on
 upcast logits. Exact up to floating-point summation order (tested against F.cross_entropy).
 
+With ``compiled``, the element-wise work of a training chunk (upcast, max, exp, sum, NLL, softmax - one-hot,
+downcast: eight passes over C x V values in eager mode) is one ``torch.compile``d kernel (``softmax_grad``),
+which reads the logits once and writes their gradient once; where compilation fails, one warning, then eager.
+
 ``split_lm_head`` finds the body (the model without its head) and the head of the HF causal LMs whose
 logits are a plain bias-free linear map of the last hidden states; other models (logit soft-capping,
 scaled or biased heads, LoRA on the head) keep their own loss.
@@ -17,6 +21,8 @@ Letters: N tokens, D width, V vocabulary, C tokens per chunk.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -40,10 +46,10 @@ def split_lm_head(lm: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int = 1024,
-                         reduction: str = "mean") -> Tensor:
+                         reduction: str = "mean", compiled: bool = False) -> Tensor:
     """Cross-entropy of ``hidden (N, D) @ weight (V, D).T`` against ``targets (N,)`` (IGNORE_INDEX left out),
     C = ``chunk_size`` tokens at a time. reduction: mean (over the scored tokens), sum, or none ((N,) NLL,
-    0 at ignored tokens; not differentiable)."""
+    0 at ignored tokens; not differentiable). compiled: the training chunks' element-wise work compiled."""
     scored = targets != IGNORE_INDEX  # (N,)
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     if reduction == "none":
@@ -53,7 +59,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_
         nll[scored] = _chunked_nll(hidden[scored], weight, targets[scored], chunk_size)
         return nll
     if needs_grad:
-        total = _LinearCrossEntropy.apply(hidden[scored], weight, targets[scored], chunk_size)
+        total = _LinearCrossEntropy.apply(hidden[scored], weight, targets[scored], chunk_size, compiled)
     else:  # validation: no gradient to compute
         total = _chunked_nll(hidden[scored], weight, targets[scored], chunk_size).sum()
     return total / scored.sum().clamp(min=1) if reduction == "mean" else total
@@ -65,10 +71,45 @@ def _compute_dtype(tensor: Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else tensor.dtype
 
 
+def softmax_grad(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """logits (C, V), target (C, 1) -> (NLL (C,) fp32, softmax - one-hot (C, V) in the logits' dtype), computed
+    in fp32: the chunk step of ``_chunked_nll`` written as one expression, for torch.compile to fuse."""
+    x = logits.float()  # (C, V)
+    peak = x.amax(dim=-1, keepdim=True)  # (C, 1)
+    exp = (x - peak).exp()  # (C, V)
+    total = exp.sum(dim=-1, keepdim=True)  # (C, 1)
+    nll = (peak + total.log() - x.gather(1, target)).squeeze(1)  # (C,)
+    one_hot = torch.arange(x.shape[1], device=x.device) == target  # (C, V)
+    return nll, (exp / total - one_hot.float()).to(logits.dtype)
+
+
+_KERNEL: dict = {}
+"""``"softmax_grad"``: the compiled ``softmax_grad`` of this process (any chunk length, so no recompiles), or None
+once torch.compile was missing or failed (eager from then on, without retrying)."""
+
+
+def _fused_step(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The compiled chunk step, or None (after one warning) where it cannot run."""
+    if "softmax_grad" not in _KERNEL:
+        _KERNEL["softmax_grad"] = torch.compile(softmax_grad, dynamic=True) if hasattr(torch, "compile") else None
+    kernel = _KERNEL["softmax_grad"]
+    if kernel is None:
+        return None
+    try:
+        return kernel(logits, target)
+    except Exception as error:  # noqa: BLE001 - any compiler failure: eager computes the same
+        message = (str(error).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"the chunked loss: torch.compile failed ({type(error).__name__}: {message}); running eager",
+                      stacklevel=3)
+        _KERNEL["softmax_grad"] = None
+        return None
+
+
 def _chunked_nll(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int,
-                 grad_hidden: Tensor | None = None, grad_weight: Tensor | None = None) -> Tensor:
+                 grad_hidden: Tensor | None = None, grad_weight: Tensor | None = None,
+                 compiled: bool = False) -> Tensor:
     """(N,) fp32 NLL of every target; given ``grad_hidden (N, D)`` / ``grad_weight (V, D)`` (fp32 zeros), also
-    fills them with the gradients of the summed NLL."""
+    fills them with the gradients of the summed NLL (with ``compiled``, by the compiled ``softmax_grad``)."""
     dtype = _compute_dtype(hidden)
     weight_c = weight.to(dtype)  # (V, D)
     nll = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)  # (N,)
@@ -76,8 +117,14 @@ def _chunked_nll(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: in
         for start in range(0, len(targets), chunk_size):
             rows = slice(start, start + chunk_size)
             h = hidden[rows].to(dtype)  # (C, D)
-            logits = (h @ weight_c.T).float()  # (C, V)
             target = targets[rows, None]  # (C, 1)
+            wants_grad = grad_hidden is not None or grad_weight is not None
+            fused = _fused_step(h @ weight_c.T, target) if compiled and wants_grad else None
+            if fused is not None:
+                nll[rows], grad_logits = fused
+                _add_grads(grad_logits, h, weight_c, rows, grad_hidden, grad_weight)
+                continue
+            logits = (h @ weight_c.T).float()  # (C, V)
             target_logit = logits.gather(1, target)  # (C, 1)
             peak = logits.amax(dim=-1, keepdim=True)  # (C, 1)
             exp = logits.sub_(peak).exp_()  # in place: one exp serves the log-sum-exp and the softmax (C, V)
@@ -87,23 +134,28 @@ def _chunked_nll(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: in
                 continue
             grad_logits = exp.mul_(total.reciprocal())  # softmax (C, V)
             grad_logits.scatter_add_(1, target, grad_logits.new_full(target.shape, -1.0))  # minus the one-hot
-            grad_logits = grad_logits.to(dtype)
-            if grad_hidden is not None:
-                grad_hidden[rows] = grad_logits @ weight_c  # (C, D)
-            if grad_weight is not None:
-                grad_weight.add_(grad_logits.T @ h)  # (V, D)
+            _add_grads(grad_logits.to(dtype), h, weight_c, rows, grad_hidden, grad_weight)
     return nll
+
+
+def _add_grads(grad_logits: Tensor, h: Tensor, weight_c: Tensor, rows: slice, grad_hidden: Tensor | None,
+               grad_weight: Tensor | None) -> None:
+    """Back through the projection: grad_logits (C, V), h (C, D), weight_c (V, D)."""
+    if grad_hidden is not None:
+        grad_hidden[rows] = grad_logits @ weight_c  # (C, D)
+    if grad_weight is not None:
+        grad_weight.add_(grad_logits.T @ h)  # (V, D)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """Summed NLL whose gradients are computed in the forward pass, chunk by chunk (no logits kept)."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int) -> Tensor:
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int, compiled: bool) -> Tensor:
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
-        nll = _chunked_nll(hidden, weight, targets, chunk_size, grad_hidden, grad_weight)
+        nll = _chunked_nll(hidden, weight, targets, chunk_size, grad_hidden, grad_weight, compiled)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = hidden.dtype, weight.dtype
         return nll.sum()
@@ -113,4 +165,4 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         hidden_dtype, weight_dtype = ctx.dtypes
         return (None if grad_hidden is None else (grad_hidden * grad_total).to(hidden_dtype),
-                None if grad_weight is None else (grad_weight * grad_total).to(weight_dtype), None, None)
+                None if grad_weight is None else (grad_weight * grad_total).to(weight_dtype), None, None, None)

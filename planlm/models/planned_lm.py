@@ -148,6 +148,8 @@ class PlannedLM(nn.Module):
         self.loss_chunk_size = 0
         """With labels, compute the loss this many tokens at a time without the logits (``planlm.models.lm_loss``;
         0: the LM's own loss on all the logits). A run setting (``Speed``), not part of the saved config."""
+        self.compile_loss = False
+        """Training chunks of that loss through the compiled ``softmax_grad`` (``Speed.compile_loss``)."""
         self.folder: Path | None = None  # where it was saved to or loaded from (what push_to_hub uploads)
 
     @property
@@ -186,7 +188,7 @@ class PlannedLM(nn.Module):
             body, head = split
             hidden = body(attention_mask=attention_mask, **inputs, **lm_kwargs).last_hidden_state  # (B, L, D)
             loss = linear_cross_entropy(hidden[:, :-1].flatten(0, 1), head.weight, labels[:, 1:].flatten(),
-                                        self.loss_chunk_size)
+                                        self.loss_chunk_size, compiled=self.compile_loss)
             return CausalLMOutputWithPast(loss=loss)
         return self.lm(attention_mask=attention_mask, labels=labels, past_key_values=past_key_values,
                        use_cache=use_cache, **inputs, **lm_kwargs)

@@ -46,6 +46,25 @@ def test_chunked_loss_and_gradients_equal_the_plain_cross_entropy(chunk_size):
         linear_cross_entropy(hidden, weight, targets, reduction="none")
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_fused_chunk_step_computes_what_the_eager_one_does(monkeypatch, autocast):
+    """``compiled``'s chunk step (softmax_grad, here run uncompiled: torch.compile as the identity) gives the eager
+    chunks' loss and gradients; the compiled kernel itself is tested in tests/test_speed.py (slow)."""
+    from planlm.models import lm_loss
+
+    monkeypatch.setattr(lm_loss, "_KERNEL", {})
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    hidden, weight, targets = _problem()
+    results = []
+    for compiled in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = linear_cross_entropy(hidden, weight, targets, 8, compiled=compiled)
+        results.append((loss, *torch.autograd.grad(loss, (hidden, weight))))
+    assert lm_loss._KERNEL["softmax_grad"] is lm_loss.softmax_grad  # the fused path ran
+    for got, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6 if not autocast else 1e-4)
+
+
 def test_chunked_loss_under_bf16_autocast_matches_the_plain_path_under_it():
     """The products run in bf16 as autocast gives the plain path's head; the NLL is summed in fp32."""
     hidden, weight, targets = _problem()
