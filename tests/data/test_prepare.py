@@ -212,6 +212,13 @@ def test_bf16_embeddings_match_fp32_and_are_not_resumed_across_precisions(tmp_pa
         EmbedConfig(precision="fp16")
 
 
+def test_bf16_embeddings_on_a_cpu_without_bf16_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setattr("planlm.utils.cpu_supports_bf16", lambda: False)
+    with pytest.raises(PlanlmError, match=r"--embedding.precision bf16: this CPU has no native bf16 .*use fp32"):
+        embed_sentences(SENTENCES, tmp_path / "e.npy", EmbedConfig(precision="bf16"), progress=False)
+    assert not (tmp_path / "e.npy").exists()  # nothing half-written
+
+
 @pytest.mark.slow
 def test_multi_process_pool_matches_single_process(tmp_path):
     """The multi-GPU route (sentence-transformers' multi-process pool), exercised with two CPU workers."""
