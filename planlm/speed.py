@@ -78,28 +78,35 @@ def keep_freed_memory() -> bool:
 
 
 def compile_module(module: nn.Module, what: str) -> nn.Module:
-    """torch.compile ``module``'s forward in place (its state dict, and so its checkpoints, keep their keys).
-    Compilation happens at the first call; when it fails there (or torch.compile is missing), one warning line
-    names the error and the module runs eager from then on."""
+    """torch.compile ``module``'s forward in place (its state dict, and so its checkpoints, keep their keys), with
+    ``compile_or_eager``'s fallback."""
+    module.forward = compile_or_eager(module.forward, what)
+    return module
+
+
+def compile_or_eager(fn, what: str, **options):
+    """``torch.compile(fn, **options)``, compiled at its first call; when that fails (or torch.compile is missing),
+    one warning line names the error (``what``: whose compile) and ``fn`` runs eager from then on."""
     import torch
 
     if not hasattr(torch, "compile"):
         warnings.warn(f"{what}: torch.compile is not available in torch {torch.__version__}; running eager",
-                      stacklevel=2)
-        return module
-    eager = module.forward
-    compiled = torch.compile(eager)
+                      stacklevel=3)
+        return fn
+    current = torch.compile(fn, **options)
 
-    @functools.wraps(eager)
-    def forward(*args, **kwargs):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        nonlocal current
+        if current is fn:
+            return fn(*args, **kwargs)
         try:
-            return compiled(*args, **kwargs)
+            return current(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - any compiler failure: eager gives the same result or its error
             message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
             warnings.warn(f"{what}: torch.compile failed ({type(error).__name__}: {message}); running eager",
                           stacklevel=2)
-            module.forward = eager
-            return eager(*args, **kwargs)
+            current = fn
+            return fn(*args, **kwargs)
 
-    module.forward = forward
-    return module
+    return run

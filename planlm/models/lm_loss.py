@@ -22,10 +22,10 @@ Letters: N tokens, D width, V vocabulary, C tokens per chunk.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import Tensor, nn
+
+from planlm.speed import compile_or_eager
 
 IGNORE_INDEX = -100
 PLAIN_HEAD_MODELS = {"gpt2", "llama", "mistral", "qwen2", "gpt_neox", "opt"}
@@ -84,25 +84,15 @@ def softmax_grad(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
 
 
 _KERNEL: dict = {}
-"""``"softmax_grad"``: the compiled ``softmax_grad`` of this process (any chunk length, so no recompiles), or None
-once torch.compile was missing or failed (eager from then on, without retrying)."""
+"""``"softmax_grad"``: ``softmax_grad`` compiled once per process (any chunk length, so no recompiles), through
+``planlm.speed.compile_or_eager``: where compilation fails, one warning, then ``softmax_grad`` eager."""
 
 
-def _fused_step(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor] | None:
-    """The compiled chunk step, or None (after one warning) where it cannot run."""
+def _fused_step(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """``softmax_grad`` of a training chunk, compiled."""
     if "softmax_grad" not in _KERNEL:
-        _KERNEL["softmax_grad"] = torch.compile(softmax_grad, dynamic=True) if hasattr(torch, "compile") else None
-    kernel = _KERNEL["softmax_grad"]
-    if kernel is None:
-        return None
-    try:
-        return kernel(logits, target)
-    except Exception as error:  # noqa: BLE001 - any compiler failure: eager computes the same
-        message = (str(error).strip().splitlines() or [""])[0][:200]
-        warnings.warn(f"the chunked loss: torch.compile failed ({type(error).__name__}: {message}); running eager",
-                      stacklevel=3)
-        _KERNEL["softmax_grad"] = None
-        return None
+        _KERNEL["softmax_grad"] = compile_or_eager(softmax_grad, "the chunked loss", dynamic=True)
+    return _KERNEL["softmax_grad"](logits, target)
 
 
 def _chunked_nll(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int,
@@ -113,15 +103,14 @@ def _chunked_nll(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: in
     dtype = _compute_dtype(hidden)
     weight_c = weight.to(dtype)  # (V, D)
     nll = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)  # (N,)
+    fused = compiled and (grad_hidden is not None or grad_weight is not None)
     with torch.autocast(hidden.device.type, enabled=False):
         for start in range(0, len(targets), chunk_size):
             rows = slice(start, start + chunk_size)
             h = hidden[rows].to(dtype)  # (C, D)
             target = targets[rows, None]  # (C, 1)
-            wants_grad = grad_hidden is not None or grad_weight is not None
-            fused = _fused_step(h @ weight_c.T, target) if compiled and wants_grad else None
-            if fused is not None:
-                nll[rows], grad_logits = fused
+            if fused:
+                nll[rows], grad_logits = _fused_step(h @ weight_c.T, target)
                 _add_grads(grad_logits, h, weight_c, rows, grad_hidden, grad_weight)
                 continue
             logits = (h @ weight_c.T).float()  # (C, V)
