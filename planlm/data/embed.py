@@ -16,6 +16,7 @@ Letters: N sentences, E embedding width.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from dataclasses import dataclass
@@ -43,8 +44,8 @@ class EmbedConfig:
     batch_size: int = 64
     """Sentences per forward pass (the paper: 256 on GPU)."""
     precision: Literal["fp32", "bf16"] = "fp32"
-    """bf16: bf16 autocast (CUDA, or a CPU with AVX512-BF16 / AMX); all-MiniLM-L6-v2 on the demo's sentences:
-    1.4x on the 2-core CPU, cosine to the fp32 embedding 0.9999 (docs/benchmarks.md). The actions can change."""
+    """bf16: bf16 autocast (CUDA, or a CPU with AVX512-BF16 / AMX); all-MiniLM-L6-v2 on 1,500 sentences: 1.89x on
+    the idle 2-core CPU, cosine to the fp32 embedding >= 0.99997 (bench_prepare.py). The actions can change."""
     device: str | None = None
     """``cpu``, ``cuda``, ``cuda:1`` ...; None picks CUDA when present."""
     normalize: bool = False
@@ -129,8 +130,8 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
         out = np.lib.format.open_memmap(out_path, mode="w+", dtype=np.float32, shape=(num_sentences, dim))
     done = int(record["done"])
     devices = _target_devices(config)
-    if devices and config.precision == "bf16":
-        model.to(torch.bfloat16)  # the pool's processes copy the model: autocast here would not reach them
+    if devices and config.precision == "bf16":  # the pool's processes copy the model, out of autocast's reach:
+        model = copy.deepcopy(model).to(torch.bfloat16)  # a bf16 copy (the encoder is cached, shared in-process)
     pool = model.start_multi_process_pool(devices) if devices and done < num_chunks else None
     autocast = torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
     bar = tqdm(total=num_sentences, initial=min(done * config.chunk_size, num_sentences), desc=desc,

@@ -232,6 +232,8 @@ def test_multi_process_pool_matches_single_process(tmp_path):
                                                                          precision="bf16"), progress=False)
         cosine = (single * half).sum(1) / np.linalg.norm(single, axis=1) / np.linalg.norm(half, axis=1)
         assert half.dtype == np.float32 and cosine.min() > 0.99
+        encoder = load_sentence_encoder(EmbedConfig().encoder, None)  # the instance embed_sentences got: not cast
+        assert all(p.dtype == torch.float32 for p in encoder.parameters())
 
 
 def test_reuse_rebuild_and_interrupted_runs(tmp_path, monkeypatch):
