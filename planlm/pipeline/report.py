@@ -218,13 +218,46 @@ def _corpus_line(layout: RunLayout, rows: list[dict]) -> list[str]:
             f"the window**, the only tokens for which a plan can carry what the LM does not see.", ""]
 
 
+def planner_summaries(layout: RunLayout) -> dict[str, dict]:
+    """{name: summary.json} of the run's planners: ``shared`` (planner/) and each condition's own
+    (planners/<condition>/), with the planner's information per step (computed for summaries written before
+    it was stored)."""
+    from planlm.train.planner_metrics import planner_information
+
+    folders = {"shared": layout.planner, **{p.name: p for p in sorted((layout.root / "planners").glob("*"))}}
+    summaries = {}
+    for name, folder in folders.items():
+        summary = _read_json(folder / "summary.json")
+        if summary:
+            summaries[name] = {**summary, "information": summary.get("information")
+                               or planner_information(summary["metrics"])}
+    return summaries
+
+
+def _information_section(summaries: dict[str, dict]) -> list[str]:
+    """Each planner's information per step: what it knows about the action beyond its frequencies."""
+    from planlm.train.planner_metrics import information_lines
+
+    lines = ["## Planner information per horizon step", "",
+             "Information = unigram NLL - planner NLL (nats) on the evaluation split's boundaries: what the planner "
+             "knows about each step's action beyond the action frequencies; share: its fraction of the unigram NLL. "
+             "Teacher-forced: the true actions fed to g; free-running: the planner's own argmax actions.", ""]
+    for name, summary in summaries.items():
+        if summary.get("information"):
+            lines += [f"Planner `{name}` (horizon {summary['horizon']}, {summary.get('dynamics', 'recurrent')} g):",
+                      "", *information_lines(summary["information"]), ""]
+    return lines
+
+
 def _planner_section(layout: RunLayout) -> list[str]:
-    summary = _read_json(layout.planner / "summary.json")
+    summaries = planner_summaries(layout)
+    info = _information_section(summaries) if summaries else []
+    summary = summaries.get("shared")
     if not summary:
-        return []
+        return info
     metrics = summary["metrics"]
     names = list(metrics)
-    lines = ["## Planner: next-action accuracy per horizon step", "",
+    lines = info + ["## Planner: next-action accuracy per horizon step", "",
              f"{summary.get('num_boundaries')} boundaries of the {summary.get('eval_split')} split, "
              f"{summary.get('num_actions')} actions, {summary.get('dynamics', 'recurrent')} dynamics g; baselines "
              f"fitted on {summary.get('train_split')}.", "",
@@ -382,7 +415,9 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
     layout = RunLayout(Path(run_dir))
     layout.figures.mkdir(parents=True, exist_ok=True)
     rows = collect_results(layout.root, conditions, state, seeds)
-    layout.results_json.write_text(json.dumps({"conditions": rows, "paper": PAPER_TABLE,
+    planners = {name: {"horizon": summary["horizon"], "information": summary["information"]}
+                for name, summary in planner_summaries(layout).items()}
+    layout.results_json.write_text(json.dumps({"conditions": rows, "planners": planners, "paper": PAPER_TABLE,
                                                "stages": (state or {}).get("stages", {})}, indent=2))
     with open(layout.results_csv, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)) or ["name"])

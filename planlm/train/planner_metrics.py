@@ -1,5 +1,6 @@
 """The planner's final evaluation: per-step top-1/top-5/NLL of the planner (teacher-forced and
-free-running) beside majority, unigram and bigram baselines, and the summary files that hold them.
+free-running) beside majority, unigram and bigram baselines, the planner's information (what it knows
+about each step's action beyond the action frequencies), and the summary files that hold them.
 
 Letters: B boundaries, T horizon, A actions.
 """
@@ -7,6 +8,7 @@ Letters: B boundaries, T horizon, A actions.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -111,7 +113,40 @@ def baseline_metrics(train_split: PreparedSplit, eval_split: PreparedSplit, hori
             "bigram": _finish(metrics["bigram"])}
 
 
+def planner_information(metrics: dict[str, dict]) -> Optional[dict]:
+    """Per horizon step, what the planner knows about the action: unigram NLL - planner NLL, in nats.
+
+    The unigram NLL (train frequencies scored on the evaluation split) is the action's cross-entropy with
+    no context, about its entropy; ``share`` is the information's fraction of it (0: the planner knows no
+    more than the frequencies; 1: it names every action). Teacher-forced and free-running rollouts each get
+    ``nats`` and ``share`` (T,). None when the metrics lack the unigram or a planner NLL."""
+    unigram = (metrics.get("unigram") or {}).get("nll")
+    if unigram is None:
+        return None
+    out = {"unigram_nll": list(unigram)}
+    for rollout, name in (("teacher_forced", "planner_teacher_forced"), ("free_running", "planner_free_running")):
+        nll = (metrics.get(name) or {}).get("nll")
+        if nll is None:
+            return None
+        nats = [u - p for u, p in zip(unigram, nll)]
+        out[rollout] = {"nats": nats, "share": [n / u if u > 0 else 0.0 for n, u in zip(nats, unigram)]}
+    return out
+
+
+def information_lines(information: dict) -> list[str]:
+    """The markdown table of ``planner_information``: one row per horizon step."""
+    lines = ["| step | unigram NLL | information, teacher-forced (share) | information, free-running (share) |",
+             "|---|---|---|---|"]
+    teacher, free = information["teacher_forced"], information["free_running"]
+    for step, unigram in enumerate(information["unigram_nll"]):
+        lines.append(f"| {step + 1} | {unigram:.3f} | {teacher['nats'][step]:+.3f} ({100 * teacher['share'][step]:.1f}%) "
+                     f"| {free['nats'][step]:+.3f} ({100 * free['share'][step]:.1f}%) |")
+    return lines
+
+
 def write_summary(out_dir: Path, summary: dict) -> None:
+    """summary.json (with the planner's information per step) and summary.md in ``out_dir``."""
+    summary = {**summary, "information": planner_information(summary["metrics"])}
     write_json(out_dir / "summary.json", summary)
     lines = [f"# Planner summary: {summary['eval_split']} split of {summary['prepared_dir']}", "",
              f"{summary['num_boundaries']} boundaries, horizon T = {summary['horizon']}, "
@@ -130,4 +165,7 @@ def write_summary(out_dir: Path, summary: dict) -> None:
             count = summary["metrics"][names[0]]["count"][step]
             lines.append(f"| {step + 1} | {count} | " + " | ".join(cells) + " |")
         lines.append("")
+    if summary["information"]:
+        lines += ["## Information per step (nats: unigram NLL - planner NLL; share of the unigram NLL)", "",
+                  *information_lines(summary["information"]), ""]
     (out_dir / "summary.md").write_text("\n".join(lines))

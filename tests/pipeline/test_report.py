@@ -72,3 +72,28 @@ def test_paired_column_of_a_run_with_seeds_carries_seed_noise_and_shows_each_see
     assert oracle["paired_ci_low"] <= oracle["paired_seed_diffs"][1] < oracle["paired_seed_diffs"][0] == 0.0
     line = next(line for line in results_table(list(rows.values())) if line.startswith("| oracle"))
     assert f"(seeds: +0.00, {oracle['paired_seed_diffs'][1]:+.2f})" in line
+
+
+def _planner_summary(folder, unigram_nll: list[float], planner_nll: list[float]) -> None:
+    """A planner folder's summary.json as train-planner writes it, before the information was stored."""
+    folder.mkdir(parents=True)
+    nll = {"top1": [0.1] * len(planner_nll), "top5": [0.3] * len(planner_nll), "count": [9] * len(planner_nll)}
+    metrics = {"planner_teacher_forced": {**nll, "nll": planner_nll},
+               "planner_free_running": {**nll, "nll": [n + 0.5 for n in planner_nll]},
+               "unigram": {**nll, "nll": unigram_nll}}
+    (folder / "summary.json").write_text(json.dumps({"horizon": len(planner_nll), "metrics": metrics,
+                                                     "num_boundaries": 9, "eval_split": "validation"}))
+
+
+def test_report_and_results_give_every_planners_information_per_step(run_dir):
+    layout = RunLayout(run_dir)
+    _planner_summary(layout.planner, [4.0, 4.0], [3.0, 3.5])
+    _planner_summary(layout.own_planner("cornille"), [4.0], [3.6])
+    text = write_report(run_dir, conditions=[{"name": "none"}, {"name": "oracle"}]).read_text()
+    assert "## Planner information per horizon step" in text
+    assert "| 1 | 4.000 | +1.000 (25.0%) | +0.500 (12.5%) |" in text  # shared planner, step 1
+    assert "| 2 | 4.000 | +0.500 (12.5%) | +0.000 (0.0%) |" in text
+    assert "Planner `cornille`" in text and "| 1 | 4.000 | +0.400 (10.0%) | -0.100 (-2.5%) |" in text
+    planners = json.loads(layout.results_json.read_text())["planners"]
+    assert planners["shared"]["information"]["teacher_forced"]["nats"] == pytest.approx([1.0, 0.5])
+    assert planners["cornille"]["information"]["free_running"]["share"] == pytest.approx([-0.025])

@@ -88,6 +88,24 @@ def test_summary_reports_planner_and_baselines_per_step(cycle_planner):
     assert "Top-1 accuracy per step" in markdown and "| 1 |" in markdown and "bigram" in markdown
 
 
+def test_summary_holds_the_planners_information_per_step(cycle_planner):
+    summary = json.loads((cycle_planner / "summary.json").read_text())
+    metrics, information = summary["metrics"], summary["information"]
+    assert information["unigram_nll"] == metrics["unigram"]["nll"]
+    for rollout in ("teacher_forced", "free_running"):
+        planner_nll = metrics[f"planner_{rollout}"]["nll"]
+        nats, share = information[rollout]["nats"], information[rollout]["share"]
+        assert len(nats) == len(share) == summary["horizon"]
+        for step, unigram in enumerate(metrics["unigram"]["nll"]):
+            assert nats[step] == pytest.approx(unigram - planner_nll[step], abs=1e-12)
+            assert share[step] == pytest.approx(nats[step] / unigram, abs=1e-12)
+    # The cycle rule names the next action: the planner knows most of what the frequencies do not.
+    assert information["teacher_forced"]["share"][0] > 0.5
+    markdown = (cycle_planner / "summary.md").read_text()
+    step1 = information["teacher_forced"]["nats"][0]
+    assert "## Information per step" in markdown and f"{step1:+.3f}" in markdown
+
+
 @pytest.mark.slow  # ~25 s on one core: the two-sentence rule needs 30 small-batch epochs
 def test_planner_learns_the_skip_rule_and_beats_the_bigram(tmp_path):
     prepared = make_synthetic_prepared(tmp_path / "skip", rule="skip", seed=2)
