@@ -207,3 +207,36 @@ def test_train_evaluate_sweep_and_generate_in_expectation_through_the_cli(synthe
     plans = [s["plan"] for s in generated["sentences"] if s["plan"]]
     assert plans and all(np.asarray(p["action_paths"]).shape == (1, 2) for p in plans)
     assert prepared.num_actions == 8
+
+
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_each_stored_step_is_the_planner_distribution_given_the_sampled_prefix(synthetic_cycle, tmp_path, dynamics):
+    """T > 1: the distribution stored for step t of a sampled path is the planner's at step t under teacher forcing
+    on that path's own actions before t (not step 1's, nor another path's), in the cache and on the fly."""
+    prepared = PreparedDataset(synthetic_cycle)
+    split = prepared["validation"]
+    planner = tiny_planner(prepared, max_sentences=4, dynamics=dynamics)
+    planner.save_pretrained(tmp_path / "planner")
+    num_actions, horizon, temperature = prepared.num_actions, 3, 0.7
+    cache = sample_plans(str(tmp_path / "planner"), str(synthetic_cycle), splits=["validation"], num_paths=3,
+                         horizon=horizon, temperature=temperature, device="cpu", expectation=True,
+                         top_actions=num_actions)  # every action kept
+    paths = torch.from_numpy(np.load(cache / "validation.npy"))  # (N, K, T)
+    actions, probs = (torch.from_numpy(np.array(x)) for x in load_expected(cache, "validation"))  # (N, K, T, A)
+    stored = torch.zeros(*paths.shape, num_actions).scatter_(-1, actions.long(), probs.float())  # (N, K, T, A)
+    sentences = np.arange(split.num_sentences)
+    context, mask = boundary_contexts(split, sentences, planner.config.max_sentences)
+    with torch.no_grad():
+        forced = torch.stack([torch.softmax(planner(context, mask, paths[:, k]) / temperature, -1)
+                              for k in range(paths.shape[1])], dim=1)  # (N, K, T, A)
+    assert (forced[:, :, 1:] - forced[:, :, :1]).abs().amax() > 0.05  # the prefix moves the later steps
+    gap = float((stored - forced).abs().amax())
+    assert gap < 2e-3, f"cached step distributions differ from teacher forcing on the sampled prefix by {gap:.4f}"
+    # on the fly (float32): the same rule, and each path's draws are from its own distributions
+    direct = planner.sample_expected_paths(context, mask, 3, horizon, temperature, num_actions,
+                                           torch.Generator().manual_seed(1))
+    paths, stored = direct[0], torch.zeros(*direct[0].shape, num_actions).scatter_(-1, direct[1], direct[2])
+    with torch.no_grad():
+        forced = torch.stack([torch.softmax(planner(context, mask, paths[:, k]) / temperature, -1)
+                              for k in range(paths.shape[1])], dim=1)
+    torch.testing.assert_close(stored, forced, atol=1e-5, rtol=1e-4)
