@@ -254,15 +254,16 @@ def lm_floor(split, types: np.ndarray, lag: int, successors: dict = LAG_SUCCESSO
     return floors
 
 
-PAIRED_INTERVALS = ("95% intervals: per seed, a paired bootstrap over test articles; pooled, a two-level paired "
-                    "bootstrap over training seeds and articles, which carries seed noise")
+PAIRED_INTERVALS = ("95% intervals: per seed, a paired bootstrap over test documents; pooled, the seed-noise "
+                    "interval of `planlm compare` (a t quantile on S - 1 degrees of freedom over seeds, in "
+                    "quadrature with the bootstrap over documents)")
 
 
 def paired(eval_dirs_a: list[Path], eval_dirs_b: list[Path], samples: int) -> dict:
-    """ppl(B) - ppl(A), paired on the same articles: one seed, a bootstrap over articles; several seeds (the i-th
-    of A paired with the i-th of B), the pooled difference (perplexities of the seed-mean NLL, the geometric
-    mean of the seeds') with a two-level bootstrap over seeds and articles, so that it carries seed noise."""
-    from planlm.evaluate.bootstrap import paired_bootstrap, read_per_article, seeded_paired_bootstrap
+    """ppl(B) - ppl(A), paired on the same articles: one seed, a bootstrap over source documents; several seeds
+    (the i-th of A paired with the i-th of B), the mean of the seeds' differences with the seed-noise interval of
+    ``planlm compare`` (``seeded_paired_interval``), so that it carries seed noise."""
+    from planlm.evaluate.bootstrap import paired_bootstrap, read_per_article, seeded_paired_interval
 
     tables_a = [read_per_article(d) for d in eval_dirs_a]
     tables_b = [read_per_article(d) for d in eval_dirs_b]
@@ -270,9 +271,10 @@ def paired(eval_dirs_a: list[Path], eval_dirs_b: list[Path], samples: int) -> di
         assert (table["id"] == tables_a[0]["id"]).all() and (table["tokens"] == tables_a[0]["tokens"]).all()
     nll_a = np.stack([t["nll_sum"] for t in tables_a])  # (S, N_art)
     nll_b = np.stack([t["nll_sum"] for t in tables_b])
+    sources = tables_a[0].get("source")
     if len(tables_a) == 1:
-        return paired_bootstrap(nll_a[0], nll_b[0], tables_a[0]["tokens"], num_samples=samples)
-    return seeded_paired_bootstrap(nll_a, nll_b, tables_a[0]["tokens"], num_samples=samples)
+        return paired_bootstrap(nll_a[0], nll_b[0], tables_a[0]["tokens"], num_samples=samples, clusters=sources)
+    return seeded_paired_interval(nll_a, nll_b, tables_a[0]["tokens"], num_samples=samples, clusters=sources)
 
 
 def fmt_diff(result: dict) -> str:

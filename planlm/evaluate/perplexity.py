@@ -196,7 +196,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
 
     Writes ``metrics.json`` (ppl, ci_low, ci_high, nll, tokens, articles, protocol, wall_time_s,
     tokens_per_s, conditioning, K, T, tau; the compute: paths sampled per boundary (paths_mean, paths_hist),
-    planner_time_s, adapter_time_s, lm_time_s), ``per_article.csv`` (article, id, nll_sum, tokens),
+    planner_time_s, adapter_time_s, lm_time_s), ``per_article.csv`` (article, id, source, nll_sum, tokens),
     ``num_paths.npy`` (paths of each evaluated boundary) and, last, ``manifest.json``; a complete folder for
     the same settings and weights is reused.
 
@@ -277,8 +277,11 @@ def _metrics(result: dict, spec: PlanSpec, split_view: PreparedSplit, num_articl
              plans_manifest: Optional[dict], *, stride: int, context_length: int, bootstrap_samples: int,
              confidence: float, plan_usage: bool, model_dir: str, prepared_dir: str, split: str,
              device: torch.device, precision: str) -> dict:
-    """The contents of metrics.json: perplexity with its bootstrap CI, the compute, the settings."""
-    interval = bootstrap_perplexity(result["nll_sums"], result["tokens"], bootstrap_samples, confidence)
+    """The contents of metrics.json: perplexity with its bootstrap CI (over source documents), the compute, the
+    settings."""
+    sources = _sources(split_view, num_articles)
+    interval = bootstrap_perplexity(result["nll_sums"], result["tokens"], bootstrap_samples, confidence,
+                                    clusters=sources)
     total_tokens = int(result["tokens"].sum())
     metrics = {
         "ppl": interval["ppl"], "ci_low": interval["ci_low"], "ci_high": interval["ci_high"],
@@ -303,16 +306,21 @@ def _metrics(result: dict, spec: PlanSpec, split_view: PreparedSplit, num_articl
         from planlm.evaluate.plan_usage import plan_usage_metrics
 
         metrics.update(plan_usage_metrics(result["nll_sums"], result["nll_sums_shuffled"], result["tokens"],
-                                          bootstrap_samples, confidence))
+                                          bootstrap_samples, confidence, clusters=sources))
     return metrics
+
+
+def _sources(split_view: PreparedSplit, num_articles: int) -> list[str]:
+    """The source document of each evaluated article (a piece's document; an uncut article's own id)."""
+    return [str(a.get("source", a["id"])) for a in split_view.articles[:num_articles]]
 
 
 def _write_evaluation(out: Path, config: dict, metrics: dict, result: dict, split_view: PreparedSplit,
                       num_articles: int) -> None:
     """per_article.csv, num_paths.npy, metrics.json and, last, the manifest."""
-    articles = split_view.articles
+    articles, sources = split_view.articles, _sources(split_view, num_articles)
     write_per_article(out / "per_article.csv", [
-        {"article": a, "id": articles[a]["id"], "nll_sum": repr(float(result["nll_sums"][a])),
+        {"article": a, "id": articles[a]["id"], "source": sources[a], "nll_sum": repr(float(result["nll_sums"][a])),
          "tokens": int(result["tokens"][a])} for a in range(num_articles)])
     np.save(out / "num_paths.npy", result["num_paths"])
     write_json(out / "metrics.json", metrics)

@@ -147,3 +147,155 @@ def test_one_seed_gives_the_article_interval_and_a_one_line_note(tmp_path, capsy
                      "alone"]
     assert result["interval"] == "articles" and result["ci_low"] == result["article_ci_low"]
     assert "seed 0: B - A = -" in out
+
+
+def test_cluster_resampling_draws_every_piece_of_a_document_equally_often():
+    from planlm.evaluate.bootstrap import _resample_counts
+
+    sources = ["a", "a", "b", "c", "c", "c", "d"]
+    counts = _resample_counts(len(sources), 500, seed=3, clusters=sources)  # (R, N_art)
+    assert (counts[:, 0] == counts[:, 1]).all() and (counts[:, 3] == counts[:, 4]).all()
+    assert (counts[:, 3] == counts[:, 5]).all()
+    assert (counts[:, [0, 2, 3, 6]].sum(1) == 4).all()  # 4 documents drawn per resample, not 7 pieces
+    assert not (counts[:, 0] == counts[:, 2]).all()  # documents are drawn independently
+    # every article its own document: exactly the resampling over articles
+    alone = _resample_counts(len(sources), 50, seed=3, clusters=[f"x{i}" for i in range(7)])
+    assert (alone == _resample_counts(len(sources), 50, seed=3)).all()
+
+
+def test_pieces_of_one_document_widen_the_interval_when_their_errors_are_shared():
+    """Ten documents of six pieces whose per-token NLL is the document's: resampling pieces as if independent
+    gives a far narrower interval than resampling the ten documents."""
+    rng = np.random.default_rng(0)
+    sources = np.repeat([f"doc{d}" for d in range(10)], 6)
+    tokens = np.full(60, 100)
+    nll = (3.0 + rng.normal(0, 0.3, 10))[np.arange(60) // 6] * tokens
+    pieces = bootstrap_perplexity(nll, tokens, num_samples=2000)
+    documents = bootstrap_perplexity(nll, tokens, num_samples=2000, clusters=sources)
+    assert documents["ppl"] == pieces["ppl"]
+    assert documents["ci_high"] - documents["ci_low"] > 1.8 * (pieces["ci_high"] - pieces["ci_low"])
+    paired = paired_bootstrap(nll, nll - 0.02 * tokens * (1 + rng.normal(0, 1, 10))[np.arange(60) // 6], tokens,
+                              num_samples=2000, clusters=sources)
+    unclustered = paired_bootstrap(nll, nll - 0.02 * tokens * (1 + rng.normal(0, 1, 10))[np.arange(60) // 6],
+                                   tokens, num_samples=2000)
+    assert paired["ci_high"] - paired["ci_low"] > 1.5 * (unclustered["ci_high"] - unclustered["ci_low"])
+
+
+def test_source_of_a_piece_id_and_an_old_per_article_csv_without_source(tmp_path):
+    from planlm.evaluate.bootstrap import read_per_article, source_of
+
+    assert source_of("speech-1945#3") == "speech-1945" and source_of("a#b#12") == "a#b"
+    assert source_of("Title #x") == "Title #x" and source_of("plain") == "plain" and source_of("#4") == "#4"
+    (tmp_path / "per_article.csv").write_text("article,id,nll_sum,tokens\n0,doc#0,30.0,10\n1,doc#1,31.0,10\n"
+                                              "2,other,29.0,10\n")
+    table = read_per_article(tmp_path)
+    assert list(table["source"]) == ["doc", "doc", "other"] and list(table["tokens"]) == [10, 10, 10]
+    write_per_article(tmp_path / "per_article.csv", [{"article": 0, "id": "x#0", "source": "y", "nll_sum": 1.0,
+                                                      "tokens": 1}])
+    assert read_per_article(tmp_path)["source"][0] == "y"  # the written column wins over the id
+
+
+def _seed_noise(num_seeds, seed_sd=0.03, seed=0):
+    """Per-seed NLL sums (S, 40) of A and B over 10 documents of 4 pieces: B better by 0.02 nats plus seed noise."""
+    rng = np.random.default_rng(seed)
+    sources = np.repeat(np.arange(10), 4)
+    tokens = rng.integers(200, 400, 40)
+    level = 3.0 + rng.normal(0, 0.2, 10)[sources]
+    nll_a = np.stack([(level + rng.normal(0, 0.005, 40)) * tokens for _ in range(num_seeds)])
+    shift = -0.02 + rng.normal(0, seed_sd, (num_seeds, 1)) + rng.normal(0, 0.005, (num_seeds, 40))
+    return nll_a, nll_a + shift * tokens, tokens, sources
+
+
+def test_the_seed_noise_interval_is_wider_than_the_two_level_bootstrap_at_two_seeds():
+    from scipy.stats import t
+
+    from planlm.evaluate.bootstrap import seeded_paired_bootstrap, seeded_paired_interval
+
+    nll_a, nll_b, tokens, sources = _seed_noise(2)
+    new = seeded_paired_interval(nll_a, nll_b, tokens, num_samples=500, clusters=sources)
+    old = seeded_paired_bootstrap(nll_a, nll_b, tokens, num_samples=500)
+    per_seed = [np.exp(b.sum() / tokens.sum()) - np.exp(a.sum() / tokens.sum()) for a, b in zip(nll_a, nll_b)]
+    assert new["diff"] == pytest.approx(np.mean(per_seed))
+    assert old["ci_low"] >= min(per_seed) - 0.1 and old["ci_high"] <= max(per_seed) + 0.1  # stuck in the range
+    assert new["ci_high"] - new["ci_low"] > 4 * (old["ci_high"] - old["ci_low"])
+    assert new["ci_low"] < min(per_seed) and new["ci_high"] > max(per_seed)
+    # the half-width is the two parts' t quantiles in quadrature, the seed part on S - 1 = 1 degree of freedom
+    seed_part = t.ppf(0.975, 1) * np.std(per_seed, ddof=1) / np.sqrt(2)
+    document_part = t.ppf(0.975, 9) * new["document_se"]
+    assert new["ci_high"] - new["diff"] == pytest.approx(np.hypot(seed_part, document_part))
+    assert 0.05 < new["p_value"] <= 1  # the interval covers 0
+    with pytest.raises(PlanlmError, match=">= 2 training seeds"):
+        seeded_paired_interval(nll_a[:1], nll_b[:1], tokens)
+
+
+def test_the_seed_noise_interval_shrinks_to_the_document_bootstrap_when_seeds_agree():
+    from planlm.evaluate.bootstrap import seeded_paired_interval
+
+    nll_a, _, tokens, sources = _seed_noise(3)
+    nll_b = nll_a - 0.02 * tokens * (1 + np.random.default_rng(1).normal(0, 1, 10))[sources]  # same gain each seed
+    new = seeded_paired_interval(nll_a, nll_b, tokens, num_samples=2000, clusters=sources)
+    documents = paired_bootstrap(nll_a.mean(0), nll_b.mean(0), tokens, num_samples=2000, clusters=sources)
+    assert new["seed_se"] < 0.05 * new["document_se"]
+    assert new["ci_high"] - new["ci_low"] == pytest.approx(documents["ci_high"] - documents["ci_low"], rel=0.25)
+    assert new["ci_high"] < 0 and new["p_value"] < 0.05
+
+
+def test_share_of_the_oracle_gain_on_a_known_case():
+    from planlm.evaluate.bootstrap import oracle_gain_share
+
+    rng = np.random.default_rng(0)
+    sources = np.repeat(np.arange(12), 3)
+    tokens = np.full(36, 200)
+    fixed = (3.0 + rng.normal(0, 0.2, 12)[sources]) * tokens
+    noise = rng.normal(0, 0.01, (2, 36))
+    oracle = np.stack([fixed - 0.2 * tokens] * 2)  # the same large gain in both seeds
+    condition = np.stack([fixed - (0.05 + n) * tokens for n in noise])  # about a quarter of it
+    fixed = np.stack([fixed, fixed])
+    result = oracle_gain_share(fixed, condition, oracle, tokens, num_samples=500, clusters=sources)
+    ppl = [np.exp(x.sum() / tokens.sum()) for x in (fixed[0], condition[0], condition[1], oracle[0])]
+    expected = ((ppl[1] + ppl[2]) / 2 - ppl[0]) / (ppl[3] - ppl[0])
+    assert result["share"] == pytest.approx(expected) and 0.2 < result["share"] < 0.3
+    assert result["ci_low"] < result["share"] < result["ci_high"] and result["note"] is None
+    assert 0.0 < result["ci_low"] and result["ci_high"] < 0.5
+    # an oracle whose gain is lost in seed noise: no bounded interval, and a note that says why
+    oracle = np.stack([fixed[0] - 0.2 * tokens, fixed[0] + 0.15 * tokens])
+    unstable = oracle_gain_share(fixed, condition, oracle, tokens, num_samples=500, clusters=sources)
+    assert unstable["ci_low"] is None and unstable["ci_high"] is None
+    assert "not distinguishable from 0" in unstable["note"]
+    single = oracle_gain_share(fixed[0], condition[0], oracle[0], tokens, num_samples=500, clusters=sources)
+    assert single["seeds"] == 1 and single["ci_low"] < single["share"] < single["ci_high"]
+
+
+def test_compare_refuses_a_seed_that_scored_other_articles_in_one_line(tmp_path):
+    from planlm.evaluate.bootstrap import compare_evaluations
+
+    nll, tokens = _articles(6)
+    ids = [f"doc{i}" for i in range(6)]
+    for name in ("a", "b"):
+        _eval_dir_seed(tmp_path / name, 0, ids, nll, tokens)
+        _eval_dir_seed(tmp_path / name, 1, ids[:4] + ["other", "doc5"], nll, tokens)  # seed 1: other articles
+    with pytest.raises(PlanlmError, match=r"seed1: seed 1 scored other articles than seed 0 .* article other vs doc4"
+                       ) as err:
+        compare_evaluations(tmp_path / "a", tmp_path / "b")
+    assert "\n" not in str(err.value) and "evaluate every seed on the same --split" in str(err.value)
+    for name in ("c", "d"):
+        _eval_dir_seed(tmp_path / name, 0, ids, nll, tokens)
+        _eval_dir_seed(tmp_path / name, 1, ids, nll, tokens + np.arange(6) // 5)  # doc5 has one more token
+    with pytest.raises(PlanlmError, match=r"seed 1's article doc5 \(row 5\) has \d+ scored tokens vs \d+ in seed 0"
+                       ) as err:
+        compare_evaluations(tmp_path / "c", tmp_path / "d")
+    assert "\n" not in str(err.value) and "same tokenizer, --stride" in str(err.value)
+
+
+def test_an_evaluation_writes_each_piece_s_source_document(tmp_path):
+    from types import SimpleNamespace
+
+    from planlm.evaluate.bootstrap import read_per_article
+    from planlm.evaluate.perplexity import _write_evaluation
+
+    split = SimpleNamespace(articles=[{"id": "speech#0", "source": "speech"}, {"id": "speech#2", "source": "speech"},
+                                      {"id": "letter#1", "source": "letters"}, {"id": "solo"}])
+    result = {"nll_sums": np.array([4.0, 5.0, 6.0, 7.0]), "tokens": np.array([2, 2, 3, 3]), "num_paths": np.ones(4)}
+    _write_evaluation(tmp_path, {"split": "test"}, {"ppl": 1.0}, result, split, 4)
+    table = read_per_article(tmp_path)  # through the manifest's cheap check
+    assert list(table["source"]) == ["speech", "speech", "letters", "solo"]  # the split's, not guessed from ids

@@ -45,8 +45,8 @@ def test_bench_expectation_prints_its_table_and_targets(tmp_path):
 
 
 def test_a_pooled_difference_over_seeds_carries_seed_noise(monkeypatch):
-    """mechanism.paired over several seeds is the two-level (seed x article) bootstrap: two seeds that disagree in
-    sign give an interval across 0, where resampling articles alone would exclude it."""
+    """mechanism.paired over several seeds is the seed-noise interval of `planlm compare`: two seeds that disagree
+    in sign give an interval across 0, where resampling articles alone would exclude it."""
     import numpy as np
 
     from planlm.evaluate import bootstrap
@@ -61,8 +61,8 @@ def test_a_pooled_difference_over_seeds_carries_seed_noise(monkeypatch):
     monkeypatch.setattr(bootstrap, "read_per_article", lambda d: {
         "id": np.arange(40).astype(object), "tokens": tokens, "nll_sum": tables[str(d)]})
     pooled = mechanism.paired([Path("a0"), Path("a1")], [Path("b0"), Path("b1")], 500)
-    expected = bootstrap.seeded_paired_bootstrap(np.stack([base, base]), np.stack([tables["b0"], tables["b1"]]),
-                                                 tokens, num_samples=500)
+    expected = bootstrap.seeded_paired_interval(np.stack([base, base]), np.stack([tables["b0"], tables["b1"]]),
+                                                tokens, num_samples=500)
     assert pooled == pytest.approx(expected)
     assert pooled["ci_low"] < 0 < pooled["ci_high"]
     one_seed = mechanism.paired([Path("a0")], [Path("b0")], 500)
