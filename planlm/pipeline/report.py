@@ -78,7 +78,8 @@ def _over_seeds(layout: RunLayout, name: str, per_seed: dict[int, dict]) -> dict
 
     ppls = np.array([n["ppl"] for n in done.values()])
     tables = [read_per_article(layout.evaluation(name, seed)) for seed in done]
-    pooled = bootstrap_perplexity(np.mean([t["nll_sum"] for t in tables], axis=0), tables[0]["tokens"])
+    pooled = bootstrap_perplexity(np.mean([t["nll_sum"] for t in tables], axis=0), tables[0]["tokens"],
+                                  clusters=tables[0]["source"])
     alphas = [n["rezero_alphas"] for n in done.values() if n["rezero_alphas"]]
     return {"metrics": next(iter(done.values()))["metrics"], "evaluated_seeds": list(done), "ppl": float(ppls.mean()),
             "ppl_seed_std": float(ppls.std(ddof=1)) if len(ppls) > 1 else 0.0, "ppl_seed_min": float(ppls.min()),
@@ -115,6 +116,7 @@ def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict]
             "error": "; ".join(errors) or None,
         })
     _add_paired_differences(layout, rows)
+    _add_oracle_shares(layout, rows)
     # Evaluation time relative to the Cornille et al. baseline (one argmax path), as in the paper.
     reference = [r for r in rows if r["paper"] == "Cornille et al. (T=1, K=1)" and r["eval_wall_time_s"]]
     base = next((r["eval_wall_time_s"] for r in reference + rows if r["eval_wall_time_s"]), None)
@@ -147,6 +149,42 @@ def _add_paired_differences(layout: RunLayout, rows: list[dict]) -> None:
                    else None)
 
 
+def _add_oracle_shares(layout: RunLayout, rows: list[dict]) -> None:
+    """For every planned condition, when the run has a `fixed` and an `oracle` condition: the share of the
+    oracle's gain it captures, (ppl - ppl_fixed) / (ppl_oracle - ppl_fixed), with the Fieller interval of
+    ``planlm.evaluate.bootstrap.oracle_gain_share`` (seeds and documents, as the paired column)."""
+    from planlm.evaluate.bootstrap import evaluation_arrays, oracle_gain_share
+    from planlm.utils import PlanlmError
+
+    done = [r for r in rows if r["ppl"] is not None]
+    fixed = next((r for r in done if r["conditioning"] == "fixed"), None)
+    oracle = next((r for r in done if r["conditioning"] == "oracle"), None)
+    for row in rows:
+        row.update(oracle_share=None, oracle_share_ci_low=None, oracle_share_ci_high=None, oracle_share_note=None)
+        if fixed is None or oracle is None or row["ppl"] is None or row["conditioning"] not in (
+                "planner_argmax", "planner_sampled"):
+            continue
+        try:
+            nlls, tokens, sources, _ = evaluation_arrays([layout.evaluation(r["name"]) for r in (fixed, row, oracle)])
+        except PlanlmError as e:  # e.g. evaluated on other articles: no share to show
+            row["oracle_share_note"] = str(e)
+            continue
+        share = oracle_gain_share(*nlls, tokens, clusters=sources)
+        row.update(oracle_share=share["share"], oracle_share_ci_low=share["ci_low"],
+                   oracle_share_ci_high=share["ci_high"], oracle_share_note=share["note"],
+                   oracle_share_of=[fixed["name"], oracle["name"]])
+
+
+def _fmt_share(r: dict) -> str:
+    """The share of the oracle's gain in percent, with its interval (unbounded where the oracle's gain is not
+    distinguishable from 0)."""
+    if r.get("oracle_share") is None:
+        return ""
+    if r["oracle_share_ci_low"] is None:
+        return f"{r['oracle_share']:.0%} [unbounded]"
+    return f"{r['oracle_share']:.0%} [{r['oracle_share_ci_low']:.0%}, {r['oracle_share_ci_high']:.0%}]"
+
+
 def _fmt_seeds(r: dict) -> str:
     if not r.get("seeds"):
         return _fmt_ci(r["ppl"], r["ppl_ci_low"], r["ppl_ci_high"])
@@ -170,10 +208,12 @@ def _fmt_alphas(alphas: Optional[dict]) -> str:
 
 def results_table(rows: list[dict]) -> list[str]:
     seeds = next((r["seeds"] for r in rows if r.get("seeds")), None)
-    ppl_header = (f"PPL mean ± std [min, max] over seeds {seeds} | PPL of the seed-mean NLL [95% CI over articles]"
+    ppl_header = (f"PPL mean ± std [min, max] over seeds {seeds} | PPL of the seed-mean NLL [95% CI over documents]"
                   if seeds else "PPL [95% CI]")
     reference = next((r["paired_reference"] for r in rows if r.get("paired_reference")), None)
+    shares = any(r.get("oracle_share") is not None for r in rows)
     columns = ["Model", "conditioning", "K", "T", ppl_header, f"paired PPL - {reference or 'reference'} [95% CI]",
+               *(["share of the oracle's gain over Fixed [95% CI]"] if shares else []),
                "plan usage: PPL shuffled - own", "Edit [95% CI]", "alpha_1 / alpha_2", "rel. eval time", "paper PPL",
                "paper Edit"]
     width = len(columns) + (1 if seeds else 0)
@@ -190,9 +230,14 @@ def results_table(rows: list[dict]) -> list[str]:
             _fmt_ci(r["paired_diff"], r["paired_ci_low"], r["paired_ci_high"]) + _fmt_seed_diffs(r)
         lines.append(
             f"| {r['label']} | {r['conditioning'] or ''} | {r['K'] if r['K'] is not None else ''} | "
-            f"{r['T'] if r['T'] is not None else ''} | {_fmt_seeds(r)} | {paired} | {usage} | "
+            f"{r['T'] if r['T'] is not None else ''} | {_fmt_seeds(r)} | {paired} | "
+            f"{_fmt_share(r) + ' | ' if shares else ''}{usage} | "
             f"{_fmt_ci(r['edit'], r['edit_ci_low'], r['edit_ci_high'])} | {_fmt_alphas(r.get('rezero_alphas'))} | "
             f"{rel} | {paper[0] if paper else ''} | {paper[1] if paper else ''} |")
+    if shares:
+        lines.append("\nShare of the oracle's gain: (PPL - PPL of Fixed) / (PPL of the oracle - PPL of Fixed), paired "
+                     "over the same documents and seeds; Fieller's interval, unbounded where the oracle's own gain "
+                     "over Fixed is not distinguishable from 0 (and wide and unstable near that edge).")
     return lines
 
 
@@ -425,10 +470,12 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
         writer.writerows(rows)
     protocol = next((r["protocol"] for r in rows if r["protocol"]), "n/a")
     lines = [f"# planlm report: {layout.root.name}", "",
-             f"Test perplexity ({protocol}; 95% bootstrap intervals over articles) and action edit distance. "
+             f"Test perplexity ({protocol}; 95% bootstrap intervals over source documents, each resampled with "
+             "all its pieces) and action edit distance. "
              "Paired: each condition minus the reference on the same articles (and, with seeds, seed by seed: "
-             "the mean over seeds and each seed's difference, with a two-level bootstrap interval that resamples "
-             "the training seeds and the articles, so it carries seed noise; with one seed, over articles alone). "
+             "the mean over seeds and each seed's difference, with an interval that carries seed noise: a t "
+             "quantile on S - 1 degrees of freedom for the spread over seeds, added in quadrature to the bootstrap "
+             "over documents, so it holds its coverage at 2-3 seeds; with one seed, over documents alone). "
              "Plan usage: the same LM's "
              "perplexity with its plans shuffled across the test sentences minus with its own (0: it ignores "
              "them). alpha_1 / alpha_2: the multipath adapter's learned ReZero scalars. "
