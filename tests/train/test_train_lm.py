@@ -499,6 +499,28 @@ def test_the_lm_and_the_adapter_are_clipped_apart(oracle_planned_lm):
         quick(gradient_clip_scope="both")
 
 
+@pytest.mark.parametrize("lm_grad, adapter_grad", [(0.1, 1e-5), (0.1, 1.0)])
+def test_an_lm_gradient_above_the_norm_is_clipped_apart(oracle_planned_lm, lm_grad, adapter_grad):
+    """Clipping apart clips the LM's own group too: an LM gradient norm above the threshold comes out at the
+    threshold, whatever the adapter's; an adapter gradient below it is left as it was."""
+    from planlm.train.lm_module import LightningLM
+
+    model = oracle_planned_lm
+    adapter = {id(p) for p in model.adapter.parameters()}
+    for p in model.parameters():
+        p.grad = torch.full_like(p, lm_grad if id(p) not in adapter else adapter_grad)
+
+    def norm(params) -> float:  # in float64: torch's float32 norm of 1.6M equal entries is 4e-4 off
+        return float(sum(p.grad.double().square().sum() for p in params)) ** 0.5
+
+    lm_params = [p for p in model.parameters() if id(p) not in adapter]
+    adapter_before = norm(model.adapter.parameters())
+    assert norm(lm_params) > 10.0  # well above the threshold of 1
+    LightningLM(model).configure_gradient_clipping(None, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+    assert norm(lm_params) == pytest.approx(1.0, rel=1e-3)
+    assert norm(model.adapter.parameters()) == pytest.approx(min(adapter_before, 1.0), rel=1e-3)
+
+
 def test_a_fixed_plan_with_centered_plans_trains_to_the_loss_of_none(synthetic_random, tmp_path):
     """A Fixed plan carries nothing, so a Fixed LM should train to the loss of the plain LM (issue 21).
 
