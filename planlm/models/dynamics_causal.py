@@ -18,8 +18,19 @@ f is the same prefix-causal stack over g's outputs, then the paper's mean pool (
 the context and the steps so far) and the linear classifier. Layers mirror nn.TransformerEncoderLayer
 (post-norm, ReLU), so g and f have the same parameter counts as the recurrent ones.
 
+The article-level encoder (``PlannerShape.encoder = "article"``) makes the context causal too: context
+latent z_j attends to z_0 .. z_j only. Then a boundary's context states are the prefix of one pass over its
+article, and ``article_teacher_forcing`` computes every boundary of an article in one pass:
+
+    [z_0 .. z_n | steps of boundary 0 | steps of boundary 1 | ...]     (n+1) + (n+1)(T-1) tokens
+    z_i sees z_0..z_i;  step t of boundary j sees z_0..z_j and the steps <= t of boundary j
+
+with the mean pool as a prefix sum over the context (cumsum). It equals the per-boundary computation
+with the causal context mask (tests/models/test_planner.py checks it to 1e-5); the paper's bidirectional
+context cannot be shared this way, since every context latent changes with the boundary.
+
 Letters: B boundaries, K paths, n context latents (start latent included), t steps so far, T horizon,
-A actions, D width, H heads, Dh head width, N rows (B or B*K).
+A actions, D width, H heads, Dh head width, N rows (B or B*K), R article rows, J boundaries of a row.
 """
 
 from __future__ import annotations
@@ -103,18 +114,22 @@ class CachedEncoderLayer(nn.Module):
 class CausalStack(nn.Module):
     """Layers of CachedEncoderLayer with the prefix-causal mask (the ``transformer`` of g or f)."""
 
-    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int, dropout: float, num_layers: int):
+    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int, dropout: float, num_layers: int,
+                 causal_context: bool = False):
         super().__init__()
         self.layers = nn.ModuleList(CachedEncoderLayer(d_model, num_heads, dim_feedforward, dropout)
                                     for _ in range(num_layers))
+        self.causal_context = causal_context  # the article-level encoder: context latent j sees latents <= j
 
-    @staticmethod
-    def prefix_causal_mask(context_mask: torch.Tensor, num_steps: int) -> torch.Tensor:
-        """context_mask (N, n) -> allowed (N, n+s, n+s): every query sees the valid context; step latents
-        also see the steps up to their own."""
+    def prefix_causal_mask(self, context_mask: torch.Tensor, num_steps: int) -> torch.Tensor:
+        """context_mask (N, n) -> allowed (N, n+s, n+s): every query sees the valid context (context queries:
+        only up to their own position when ``causal_context``); step latents also see the steps up to their own."""
         rows, num_context = context_mask.shape
         length = num_context + num_steps
         allowed = context_mask[:, None, :].expand(rows, length, num_context)  # (N, L, n)
+        if self.causal_context:
+            earlier = torch.ones(length, num_context, dtype=torch.bool, device=context_mask.device)
+            allowed = allowed & earlier.tril()  # rows >= n (the steps) keep the whole context
         steps = torch.ones(num_steps, num_steps, dtype=torch.bool, device=context_mask.device).tril()
         step_part = torch.zeros(length, num_steps, dtype=torch.bool, device=context_mask.device)
         step_part[num_context:] = steps  # context queries never see the steps
@@ -123,7 +138,10 @@ class CausalStack(nn.Module):
     def forward(self, x: torch.Tensor, context_mask: torch.Tensor) -> tuple[torch.Tensor, Cache]:
         """x (N, n+s, D): context then steps; context_mask (N, n) -> output (N, n+s, D), per-layer keys and
         values (N, H, n+s, Dh)."""
-        allowed = self.prefix_causal_mask(context_mask, x.shape[1] - context_mask.shape[1])
+        return self.run(x, self.prefix_causal_mask(context_mask, x.shape[1] - context_mask.shape[1]))
+
+    def run(self, x: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, Cache]:
+        """x (N, L, D), allowed (N, L, L) [query, key] -> output (N, L, D), per-layer keys and values."""
         cache = []
         for layer in self.layers:
             x, keys, values = layer(x, allowed)
@@ -148,7 +166,7 @@ class CausalPrediction(nn.Module):
     def __init__(self, config: PlannerConfig):
         super().__init__()
         self.transformer = CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
-                                       config.num_layers)
+                                       config.num_layers, causal_context=config.encoder == "article")
         self.classifier = nn.Linear(config.d_model, config.num_actions)
 
 
@@ -191,7 +209,7 @@ class CausalDynamics(Dynamics):
         super().__init__()
         self.action_embedding = nn.Embedding(config.num_actions, config.d_model)
         self.transformer = CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
-                                       config.num_layers)
+                                       config.num_layers, causal_context=config.encoder == "article")
         self.positions = positions  # shared with h
 
     def embed_actions(self, actions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -214,6 +232,48 @@ class CausalDynamics(Dynamics):
         sums = torch.cat([context_sum, context_sum + step_sums], dim=1)  # (B, T, D)
         counts = weights.sum(dim=1, keepdim=True) + torch.arange(horizon, device=latents.device)[None, :, None]
         return prediction.classifier(sums / counts)  # (B, T, A)
+
+    def article_teacher_forcing(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
+                                actions: torch.Tensor) -> torch.Tensor:
+        """Every boundary of an article row in one pass (needs the causal context, encoder "article").
+
+        latents (R, J, D): the start latent then the row's sentences (slots 0 .. J-1), latent_mask (R, J);
+        boundary j of a row has context latents 0 .. j and plans from slot j+1; actions (R, J, T) the fed
+        actions of each boundary (step t sees actions < t) -> logits (R, J, T, A)."""
+        rows, num_bounds, horizon = actions.shape
+        num_steps = horizon - 1
+        device = latents.device
+        slots = torch.arange(num_bounds, device=device)[:, None] + 1 + torch.arange(num_steps, device=device)  # (J, T-1)
+        step_latents = self.embed_actions(actions[:, :, :-1].flatten(1), slots.flatten().expand(rows, -1))  # (R, J*(T-1), D)
+        allowed = article_mask(latent_mask, num_steps)  # (R, L, L), L = J + J*(T-1)
+        hidden, _ = self.transformer.run(torch.cat([latents, step_latents], dim=1), allowed)
+        hidden, _ = prediction.transformer.run(hidden, allowed)  # (R, L, D)
+        weights = latent_mask.unsqueeze(-1).to(hidden.dtype)  # (R, J, 1)
+        context_sums = torch.cumsum(hidden[:, :num_bounds] * weights, dim=1)  # (R, J, D) prefix sums
+        step_sums = torch.cumsum(hidden[:, num_bounds:].view(rows, num_bounds, num_steps, -1), dim=2)  # (R, J, T-1, D)
+        sums = torch.cat([context_sums.unsqueeze(2), context_sums.unsqueeze(2) + step_sums], dim=2)  # (R, J, T, D)
+        counts = torch.cumsum(weights, dim=1).unsqueeze(2) + torch.arange(horizon, device=device)[:, None]  # (R, J, T, 1)
+        return prediction.classifier(sums / counts)  # (R, J, T, A)
+
+    @torch.no_grad()
+    def article_start(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
+                      row: torch.Tensor, bound: torch.Tensor, horizon: int) -> CausalState:
+        """The decoding state of chosen boundaries after one causal pass per article row.
+
+        latents (R, J, D), latent_mask (R, J) as in ``article_teacher_forcing``; row (B,), bound (B,): boundary
+        ``bound[b]`` of row ``row[b]`` -> the state ``start`` would give for that boundary's own context."""
+        hidden, g_cache = self.transformer(latents, latent_mask)  # (R, J, D), causal over the row
+        hidden, f_cache = prediction.transformer(hidden, latent_mask)
+        weights = latent_mask.unsqueeze(-1).to(hidden.dtype)  # (R, J, 1)
+        sums = torch.cumsum(hidden * weights, dim=1)[row, bound]  # (B, D)
+        counts = torch.cumsum(weights, dim=1)[row, bound]  # (B, 1)
+        # Keys and values of a row serve its boundaries with the later latents masked out: under the causal
+        # context they are exactly the keys and values of the boundary's own context.
+        context_mask = latent_mask[row] & (torch.arange(latents.shape[1], device=latents.device) <= bound[:, None])
+        g_context = [(keys[row], values[row]) for keys, values in g_cache]  # (B, H, J, Dh)
+        f_context = [(keys[row], values[row]) for keys, values in f_cache]
+        return CausalState(g_context, f_context, context_mask, sums, counts, bound + 1,
+                           prediction.classifier(sums / counts), horizon)
 
     @torch.no_grad()
     def start(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
@@ -247,6 +307,15 @@ class CausalDynamics(Dynamics):
                slot: torch.Tensor, num_paths: int, horizon: int, temperature: float,
                generator: torch.Generator | None, top_actions: int = 0):
         """K draws per boundary at step 0 (a boundary's paths share that state), then one per path and step."""
+        state = self.start(prediction, latents, latent_mask, slot, horizon)
+        return self.sample_from(prediction, state, num_paths, temperature, generator, top_actions)
+
+    @torch.no_grad()
+    def sample_from(self, prediction: CausalPrediction, state: CausalState, num_paths: int, temperature: float,
+                    generator: torch.Generator | None, top_actions: int = 0):
+        """``sample`` from a start state (``start`` or ``article_start``; one row per boundary)."""
+        horizon, batch = state.horizon, state.logits.shape[0]
+
         def draw(logits: torch.Tensor, draws: int) -> torch.Tensor:  # (N, A) -> (N, draws)
             probs = torch.softmax(logits.float() / temperature, dim=-1)
             return torch.multinomial(probs, draws, replacement=True, generator=generator)
@@ -257,7 +326,6 @@ class CausalDynamics(Dynamics):
                     out.append(x.repeat_interleave(repeat, dim=0))
 
         steps: tuple[list, list] = ([], [])
-        state = self.start(prediction, latents, latent_mask, slot, horizon)
         actions = [draw(state.logits, num_paths).reshape(-1)]  # (B*K,)
         distribution(state.logits, num_paths)
         state = state.repeat_paths(num_paths)
@@ -265,7 +333,23 @@ class CausalDynamics(Dynamics):
             state = self.step(prediction, state, actions[-1])
             actions.append(draw(state.logits, 1)[:, 0])
             distribution(state.logits)
-        paths = torch.stack(actions, dim=1).view(latents.shape[0], num_paths, horizon)  # (B, K, T)
+        paths = torch.stack(actions, dim=1).view(batch, num_paths, horizon)  # (B, K, T)
         if not top_actions:
             return paths
         return (paths, *(torch.stack(x, dim=1).view(*paths.shape, -1) for x in steps))  # + (B, K, T, M) twice
+
+
+def article_mask(latent_mask: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """latent_mask (R, J) -> allowed (R, L, L) over [latents; the T-1 steps of boundary 0; of boundary 1; ...]:
+    latent i sees the valid latents <= i; step t of boundary j sees the valid latents <= j and the steps <= t
+    of boundary j. L = J + J*(T-1)."""
+    num_bounds, device = latent_mask.shape[1], latent_mask.device
+    bound = torch.arange(num_bounds, device=device)
+    query_bound = torch.cat([bound, bound.repeat_interleave(num_steps)])  # (L,) the boundary whose prefix a query sees
+    query_step = torch.cat([torch.full_like(bound, -1), torch.arange(num_steps, device=device).repeat(num_bounds)])
+    sees_latent = bound[None, :] <= query_bound[:, None]  # (L, J)
+    sees_step = ((query_bound[:, None] == query_bound[None, num_bounds:])
+                 & (query_step[num_bounds:][None, :] <= query_step[:, None]))  # (L, J*(T-1)); latents: step -1
+    allowed = torch.cat([sees_latent, sees_step], dim=1)  # (L, L)
+    key_valid = torch.cat([latent_mask, latent_mask.new_ones(latent_mask.shape[0], num_bounds * num_steps)], dim=1)
+    return allowed[None] & key_valid[:, None, :]  # (R, L, L)

@@ -4,7 +4,8 @@ sampling loop (``compute_plans``) and the ``sample-plans`` command that fills th
 
 Boundary s (split-global sentence index) is the point before sentence s; its context is the true
 sentences of the same article before s (the last ``max_sentences`` of them) and its plan is the
-actions of sentences s, s+1, ..., s+T-1.
+actions of sentences s, s+1, ..., s+T-1. A planner with the article-level encoder reads article rows
+(``article_rows``: one pass per article serves all its boundaries, the same contexts).
 
 Letters: B boundaries, S context sentences, E embedding width, K paths, T horizon, N_sent sentences.
 """
@@ -23,6 +24,7 @@ from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.plans.cache import default_plans_dir, expected_action_dtype, expected_mass
 from planlm.plans.policy import PathPolicy, paths_summary, sample_with_policy
 from planlm.plans.spec import PlanKind, PlanSpec
+from planlm.models.dynamics import top_distribution
 from planlm.models.planner import WEIGHTS_FILE, Planner
 from planlm.utils import PlanlmError, autocast, file_sha256, prepare_stage_dir, resolve_device, write_manifest
 
@@ -52,6 +54,39 @@ def boundary_contexts(split: PreparedSplit, sentences: np.ndarray, max_sentences
         np.zeros((0, width), dtype=np.float32)
     context = context.reshape(len(sentences), num_context, width) * context_mask[..., None]  # (B, S, E)
     return torch.from_numpy(context), torch.from_numpy(context_mask)
+
+
+def article_rows(split: PreparedSplit, max_sentences: int) -> np.ndarray:
+    """The article rows of a split: (R, 3) int64 of (first sentence, boundaries J, first supervised boundary).
+
+    Row r holds sentences begin .. begin+J-2 and its boundaries j = 0 .. J-1 (boundary j: context = the row's
+    first j sentences, i.e. global sentence begin+j). One row per article covers its first max_sentences + 1
+    boundaries, every context as the paper's (the last max_sentences sentences). A longer article's later
+    boundary s gets a row of its own, s-max_sentences .. s-1, supervised at its last boundary only: the same
+    context as the per-boundary encoder, at the per-boundary cost."""
+    offsets = split.sentence_offsets
+    rows = []
+    for begin, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        if end > begin:
+            rows.append((begin, min(end - begin, max_sentences + 1), 0))
+            rows.extend((s - max_sentences, max_sentences + 1, max_sentences)
+                        for s in range(begin + max_sentences + 1, end))
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+
+
+def article_contexts(split: PreparedSplit, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """rows (R, 3) of ``article_rows`` -> context_embeds (R, S, E) float32, context_mask (R, S) bool (a row's
+    sentences, right-padded; S = J-1) and sentences (R, J) int64: the boundary (split-global sentence index) of
+    each supervised row position, -1 elsewhere."""
+    begin, num_bounds, first = np.asarray(rows, dtype=np.int64).reshape(-1, 3).T  # (R,) each
+    bound = np.arange(int(num_bounds.max()) if len(num_bounds) else 1)  # (J,)
+    supervised = (bound[None, :] >= first[:, None]) & (bound[None, :] < num_bounds[:, None])  # (R, J)
+    sentences = np.where(supervised, begin[:, None] + bound[None, :], -1)  # (R, J)
+    context_mask = bound[None, :-1] < num_bounds[:, None] - 1  # (R, S)
+    index = np.where(context_mask, begin[:, None] + bound[None, :-1], 0)  # (R, S)
+    context = np.asarray(split.embeddings[index.reshape(-1)], dtype=np.float32).reshape(*index.shape, -1)
+    context = context * context_mask[..., None]  # (R, S, E)
+    return torch.from_numpy(context), torch.from_numpy(context_mask), sentences
 
 
 def boundary_targets(split: PreparedSplit, sentences: np.ndarray, horizon: int) -> torch.Tensor:
@@ -112,6 +147,11 @@ def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizo
         out = np.zeros((len(sentences), num_paths, horizon), dtype=np.int64)
     embeddings = embed_split(planner, split) if planner.config.finetune_encoder else None
     generator = torch.Generator(device=torch_device).manual_seed(seed)
+    if planner.config.encoder == "article" and (policy.kind == "fixed" or temperature == 0):
+        _article_plans(planner, split, sentences, num_paths, horizon, temperature, generator,
+                       max(1, min(batch_size, max_rows // num_paths)), precision, top_actions, out, argmax_out,
+                       num_paths_out, expected_out, argmax_expected_out)
+        return out
     context_lengths = sentences - split.sentence_offsets[split.sentence_article[sentences]]
     order = np.argsort(np.minimum(context_lengths, planner.config.max_sentences), kind="stable")
     per_forward = max(1, min(batch_size, max_rows // num_paths))
@@ -143,6 +183,51 @@ def compute_plans(planner: Planner, split: PreparedSplit, num_paths: int, horizo
             if num_paths_out is not None:
                 num_paths_out[rows] = counts.cpu().numpy()  # (B,)
     return out
+
+
+def _article_plans(planner: Planner, split: PreparedSplit, sentences: np.ndarray, num_paths: int, horizon: int,
+                   temperature: float, generator: torch.Generator, per_forward: int, precision: str,
+                   top_actions: int, out: np.ndarray, argmax_out: np.ndarray | None, num_paths_out: np.ndarray | None,
+                   expected_out: tuple | None, argmax_expected_out: tuple | None) -> None:
+    """``compute_plans`` for the article-level encoder (fixed policy): article rows of about ``per_forward``
+    boundaries, one causal pass per row, then the paths of every asked-for boundary from that pass."""
+    device = next(planner.parameters()).device
+    position = np.full(split.num_sentences, -1, dtype=np.int64)
+    position[sentences] = np.arange(len(sentences))  # boundary -> its row in ``out``
+    rows = article_rows(split, planner.config.max_sentences)
+    begin, num_bounds, first = rows.T
+    asked = np.array([(position[b + f:b + j] >= 0).sum() for b, j, f in rows])  # (rows,) boundaries asked for
+    rows, asked = rows[asked > 0], asked[asked > 0]
+    batch_of = np.cumsum(asked) // per_forward if len(rows) else asked  # consecutive rows of ~per_forward boundaries
+    for batch in np.unique(batch_of):
+        context_embeds, context_mask, row_sentences = article_contexts(split, rows[batch_of == batch])
+        wanted = row_sentences >= 0
+        wanted[wanted] = position[row_sentences[wanted]] >= 0  # (R, J)
+        row, bound = (torch.from_numpy(x).to(device) for x in np.nonzero(wanted))
+        targets = position[row_sentences[wanted]]  # (B,) rows of ``out``, in the order of (row, bound)
+        with autocast(device, precision):
+            state = planner.article_start(context_embeds.to(device), context_mask.to(device), row, bound, horizon)
+            greedy = None
+            if argmax_out is not None or temperature == 0:
+                logits, greedy = planner.decode(state, horizon)  # (B, T, A), (B, T)
+                if argmax_out is not None:
+                    argmax_out[targets] = greedy.cpu().numpy()
+                if argmax_out is not None and top_actions and argmax_expected_out is not None:
+                    ids, probs = top_distribution(logits.flatten(0, 1), 1.0, top_actions)  # (B*T, M)
+                    _write_rows(argmax_expected_out, targets, [ids.view(*greedy.shape, -1), probs.view(*greedy.shape, -1)])
+            if temperature == 0:
+                paths = greedy[:, None].expand(-1, num_paths, -1)
+                if top_actions and expected_out is not None:  # the distribution at tau 0 is the greedy action itself
+                    _write_rows(expected_out, targets, [paths.unsqueeze(-1), torch.ones(*paths.shape, 1)])
+            elif top_actions and expected_out is not None:
+                paths, *steps = planner.dynamics.sample_from(planner.prediction, state, num_paths, temperature,
+                                                             generator, top_actions)
+                _write_rows(expected_out, targets, steps)  # (B, K, T, M) twice
+            else:
+                paths = planner.dynamics.sample_from(planner.prediction, state, num_paths, temperature, generator)
+        out[targets] = paths.cpu().numpy()  # (B, K, T)
+        if num_paths_out is not None:
+            num_paths_out[targets] = num_paths
 
 
 def _write_rows(arrays: tuple[np.ndarray, ...], rows: np.ndarray, values: list[torch.Tensor]) -> None:

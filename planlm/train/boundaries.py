@@ -1,6 +1,8 @@
-"""The planner's training data: every sentence boundary of a split, batched with similar context lengths.
+"""The planner's training data: every sentence boundary of a split, batched with similar context lengths
+(``BoundaryCollate``, the paper's per-boundary encoder) or as article rows whose every boundary is one
+example (``ArticleCollate``, the article-level encoder: one row per article, no context gathered per boundary).
 
-Letters: B boundaries, S context sentences, E embedding width, T horizon.
+Letters: B boundaries, S context sentences, E embedding width, T horizon, R article rows, J boundaries of a row.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 from torch.utils.data import Dataset
 
 from planlm.data.artifacts import PreparedSplit
-from planlm.plans.sampling import boundary_contexts, boundary_targets
+from planlm.plans.sampling import IGNORE_INDEX, article_contexts, article_rows, boundary_contexts, boundary_targets
 
 
 class BoundaryDataset(Dataset):
@@ -98,3 +100,37 @@ class BoundaryCollate:
         return {"context_index": context_index, "texts": texts, "context_mask": context_mask,
                 "target_actions": targets, "sentences": torch.from_numpy(sentences)}
 
+
+
+class ArticleCollate:
+    """Article row indices -> {context_embeds (R, S, E), context_mask (R, S), target_actions (R, S+1, T),
+    sentences (R, S+1)}: a row's sentences and the targets of each of its boundaries (IGNORE_INDEX past the
+    row's boundaries and before its first supervised one; ``sentences`` -1 there), for ``Planner.article_forward``."""
+
+    def __init__(self, split_path: str | Path, horizon: int, max_sentences: int):
+        self.split_path, self.horizon, self.max_sentences = Path(split_path), horizon, max_sentences
+        self._split: PreparedSplit | None = None
+        self._rows: np.ndarray | None = None
+
+    @property
+    def split(self) -> PreparedSplit:
+        if self._split is None:
+            self._split = PreparedSplit(self.split_path)
+        return self._split
+
+    @property
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows = article_rows(self.split, self.max_sentences)
+        return self._rows
+
+    def __getstate__(self):
+        return {**self.__dict__, "_split": None, "_rows": None}
+
+    def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        context_embeds, context_mask, sentences = article_contexts(self.split, self.rows[np.asarray(indices)])
+        supervised = sentences >= 0  # (R, J)
+        targets = torch.full((*sentences.shape, self.horizon), IGNORE_INDEX, dtype=torch.long)  # (R, J, T)
+        targets[torch.from_numpy(supervised)] = boundary_targets(self.split, sentences[supervised], self.horizon)
+        return {"context_embeds": context_embeds, "context_mask": context_mask, "target_actions": targets,
+                "sentences": torch.from_numpy(sentences)}

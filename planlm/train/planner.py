@@ -33,11 +33,12 @@ from torch.utils.data import DataLoader
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.models.planner import Planner, PlannerConfig, PlannerShape
 from planlm.plans.sampling import check_split
-from planlm.train.boundaries import BoundaryCollate, BoundaryDataset, LengthGroupedSampler
+from planlm.train.boundaries import ArticleCollate, BoundaryCollate, BoundaryDataset, LengthGroupedSampler
 from planlm.train.harness import (DEFAULT_LOGGERS, TrainerKnobs, build_trainer, check_loggers, fit, load_best,
                                   resume_checkpoint)
 from planlm.train.planner_metrics import baseline_metrics, evaluate_planner, write_summary
 from planlm.train.planner_module import LightningPlanner
+from planlm.train.resume import EpochShuffle
 from planlm.speed import Speed, compile_module, keep_freed_memory
 from planlm.utils import PlanlmError, check_bf16, prepare_stage_dir, write_manifest
 
@@ -205,7 +206,10 @@ def _new_planner(prepared: PreparedDataset, prepared_dir: str, config: PlannerCo
 
 
 def _loader(split: PreparedSplit, config: PlannerConfig, train: PlannerTrainArgs, shuffle: bool) -> DataLoader:
-    """Every boundary of ``split``: length-grouped shuffled batches (training) or sorted by context length."""
+    """Every boundary of ``split``: length-grouped shuffled batches (training) or sorted by context length;
+    for the article-level encoder, article rows (``_article_loader``)."""
+    if config.encoder == "article":
+        return _article_loader(split, config, train, shuffle)
     collate = BoundaryCollate(split.path, config.horizon, config.max_sentences, with_texts=config.finetune_encoder)
     sentences = np.arange(split.num_sentences)
     context_lengths = np.minimum(sentences - split.sentence_offsets[split.sentence_article], config.max_sentences)
@@ -213,6 +217,19 @@ def _loader(split: PreparedSplit, config: PlannerConfig, train: PlannerTrainArgs
                else np.argsort(context_lengths, kind="stable").tolist())
     return DataLoader(BoundaryDataset(split.num_sentences), batch_size=train.batch_size, sampler=sampler,
                       collate_fn=collate, num_workers=train.num_workers, persistent_workers=train.num_workers > 0)
+
+
+def _article_loader(split: PreparedSplit, config: PlannerConfig, train: PlannerTrainArgs,
+                    shuffle: bool) -> DataLoader:
+    """Article rows of ``split`` (``article_rows``), as many per batch as hold about ``batch_size`` boundaries
+    (so an epoch takes about as many optimiser steps as with boundary batches); shuffled per epoch."""
+    collate = ArticleCollate(split.path, config.horizon, config.max_sentences)
+    rows = collate.rows
+    per_batch = max(1, round(train.batch_size / max(float(rows[:, 1].mean()), 1.0)))
+    dataset = BoundaryDataset(len(rows))  # item = row index
+    sampler = EpochShuffle(dataset, seed=train.seed, batch_size=per_batch) if shuffle else None
+    return DataLoader(dataset, batch_size=per_batch, sampler=sampler, collate_fn=collate,
+                      num_workers=train.num_workers, persistent_workers=train.num_workers > 0)
 
 
 def _final_metrics(planner: Planner, prepared: PreparedDataset, train_split: PreparedSplit, eval_split: PreparedSplit,

@@ -40,24 +40,37 @@ class LightningPlanner(L.LightningModule):
         self.lr, self.weight_decay, self.encoder_lr = lr, weight_decay, encoder_lr
 
     def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        targets = trim_horizon(batch["target_actions"])  # (B, T)
+        """The loss over the batch's boundaries, their logits (B, T, A) and targets (B, T), and the context.
+        An article batch (target_actions (R, J, T), ArticleCollate) is one pass per row; its boundaries are
+        then flattened (B = R*J, padding included as IGNORE_INDEX targets)."""
+        targets = trim_horizon(batch["target_actions"].flatten(0, -2)).view(*batch["target_actions"].shape[:-1], -1)
         context_embeds = context_of(self.planner, batch)
-        logits = self.planner(context_embeds, batch["context_mask"], targets)  # (B, T, A)
+        if targets.dim() == 3:  # article rows
+            logits = self.planner.article_forward(context_embeds, batch["context_mask"], targets).flatten(0, 1)
+            targets = targets.flatten(0, 1)  # (B, T)
+        else:
+            logits = self.planner(context_embeds, batch["context_mask"], targets)  # (B, T, A)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
         return loss, logits, targets, context_embeds
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, _, targets, _ = self.model_step(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(targets))
+        self.log("train/loss", loss, prog_bar=True, batch_size=int((targets[:, 0] != IGNORE_INDEX).sum()))
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         loss, logits, targets, context_embeds = self.model_step(batch)
         valid = targets != IGNORE_INDEX  # (B, T)
-        step1 = (logits[:, 0].argmax(-1) == targets[:, 0]).float().mean()
-        free_logits, _ = self.planner.rollout(context_embeds, batch["context_mask"], targets.shape[1])
+        step1 = ((logits[:, 0].argmax(-1) == targets[:, 0]) & valid[:, 0]).sum() / valid[:, 0].sum().clamp(min=1)
+        if batch["target_actions"].dim() == 3:  # article rows: every boundary's start state from one pass per row
+            rows, bounds = torch.nonzero(batch["target_actions"][..., 0] != IGNORE_INDEX, as_tuple=True)
+            state = self.planner.article_start(context_embeds, batch["context_mask"], rows, bounds, targets.shape[1])
+            free_logits = torch.zeros_like(logits)
+            free_logits[rows * batch["target_actions"].shape[1] + bounds] = self.planner.decode(state, targets.shape[1])[0]
+        else:
+            free_logits, _ = self.planner.rollout(context_embeds, batch["context_mask"], targets.shape[1])
         free_correct = (free_logits.argmax(-1) == targets) & valid
-        batch_size = len(targets)
+        batch_size = int(valid[:, 0].sum())
         self.log("val/loss", loss, prog_bar=True, batch_size=batch_size, sync_dist=True)
         self.log("val/acc_step1", step1, batch_size=batch_size, sync_dist=True)
         self.log("val/acc_free_running", free_correct.sum() / valid.sum(), batch_size=batch_size, sync_dist=True)

@@ -232,3 +232,43 @@ def test_causal_context_latents_do_not_see_the_plan_steps():
 def test_config_rejects_unknown_dynamics():
     with pytest.raises(PlanlmError, match="dynamics"):
         PlannerConfig(dynamics="lstm")
+
+
+def test_article_encoder_equals_its_per_boundary_causal_computation():
+    """encoder="article": one pass per article row gives every boundary's prediction; boundary j equals the
+    same planner run on that boundary alone (its first j sentences, the causal context), to 1e-5 in fp32."""
+    planner = tiny_planner(seed=2, dynamics="causal", encoder="article", num_layers=2)
+    embeds, _ = contexts(batch_size=3, num_sentences=5, seed=3)
+    lengths = torch.tensor([5, 2, 0])  # rows of 5, 2 and 0 sentences (right-padded)
+    mask = torch.arange(5)[None, :] < lengths[:, None]
+    given = torch.randint(0, 8, (3, 6, 6), generator=torch.Generator().manual_seed(4))  # (R, J, T)
+    rows, bounds = torch.nonzero(torch.arange(6)[None, :] <= lengths[:, None], as_tuple=True)
+    with torch.no_grad():
+        article = planner.article_forward(embeds, mask, given)  # (R, J, T, A)
+        free_logits, free_actions = planner.decode(planner.article_start(embeds, mask, rows, bounds, 6), 6)
+    for b, (row, bound) in enumerate(zip(rows.tolist(), bounds.tolist())):
+        with torch.no_grad():
+            own = planner(embeds[row:row + 1, :bound], mask[row:row + 1, :bound], given[row:row + 1, bound])
+            own_free, own_actions = planner.rollout(embeds[row:row + 1, :bound], mask[row:row + 1, :bound], 6)
+        torch.testing.assert_close(article[row, bound], own[0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(free_logits[b], own_free[0], rtol=0, atol=1e-5)
+        assert torch.equal(free_actions[b], own_actions[0])
+
+
+def test_article_context_is_causal_and_the_boundary_encoder_is_not():
+    embeds, mask = contexts(batch_size=1, num_sentences=4)
+    mask[:] = True
+    given = torch.zeros(1, 2, dtype=torch.long)
+    changed = embeds.clone()
+    changed[:, -1] += 1.0  # the last context sentence
+    for encoder, same in (("article", True), ("boundary", False)):
+        planner = tiny_planner(dynamics="causal", encoder=encoder)
+        with torch.no_grad():  # the latent of sentence 1 (position 1) sees sentence 4 only in the boundary encoder
+            hidden = [planner.dynamics.transformer(planner.representation(x, mask)[0], torch.ones(1, 5, dtype=torch.bool))[0]
+                      for x in (embeds, changed)]
+        assert torch.allclose(hidden[0][:, 1], hidden[1][:, 1]) == same
+
+
+def test_article_encoder_needs_the_causal_dynamics():
+    with pytest.raises(PlanlmError, match="encoder=article needs dynamics=causal"):
+        PlannerConfig(**TINY, encoder="article")
