@@ -322,6 +322,30 @@ def test_a_full_disk_in_a_command_is_one_line_and_leaves_no_manifest(run_dir, tm
     assert "No space left on device" in err and not (tmp_path / "eval" / "manifest.json").exists()
 
 
+def test_a_zeroed_block_beyond_the_hash_budget_is_missed_by_the_cheap_check_and_found_by_verify(run_dir, monkeypatch,
+                                                                                                 capsys):
+    """The cheap check hashes a stage's smallest files up to QUICK_HASH_BYTES (128 MiB); a large file beyond it keeps
+    its size and header when a block of it is zeroed, so only `planlm verify`'s full hash finds that. The budget is
+    lowered here to just below the LM stage's total, so its largest file (the LM's weights) is the one beyond it."""
+    from planlm import integrity
+
+    stage = run_dir / "lm" / "ours"
+    files = json.loads((stage / "manifest.json").read_text())["files"]
+    rel = max(files, key=lambda name: files[name]["size"])
+    assert rel == "lm/model.safetensors"
+    zero(stage / rel)
+    assert planlm(["verify", "--run_dir", str(run_dir), "--quick", "true"])[0] == 1  # within the real budget: hashed
+    monkeypatch.setattr(integrity, "QUICK_HASH_BYTES", sum(f["size"] for f in files.values()) - 1)
+    capsys.readouterr()
+    assert planlm(["verify", "--run_dir", str(run_dir), "--quick", "true"])[0] == 0  # beyond it: missed
+    assert "5 stage folders intact" in capsys.readouterr().out
+    status, err = planlm(["verify", "--run_dir", str(run_dir)])
+    out = capsys.readouterr().out
+    assert status == 1 and "Traceback" not in err, err
+    stage_line = next(line for line in out.splitlines() if "damaged" in line)
+    assert "model.safetensors" in stage_line, out
+
+
 def test_verify_finds_the_restored_run_intact(clean, capsys):
     """Last: every case above left the run as it was, and verify says so with status 0."""
     status, err = planlm(["verify", "--run_dir", str(clean[0])])
