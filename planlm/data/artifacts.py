@@ -4,7 +4,8 @@ Layout of a prepared folder (all arrays are ``.npy`` files that load memory-mapp
 
     manifest.json               written last: config, versions, counts, hashes (see planlm.utils)
     codebook.safetensors        {"centroids": (A, E) float32}, the abstract writing actions
-    <split>/                    train, validation, test
+    <split>/                    train, validation, test (and planner_train: the planner's training set, with
+                                prepare.planner_corpus: the train articles plus more, without tokens)
         articles.jsonl          one {"id", "title", "text"} per article, in order (+ "source": the document
                                 a piece was cut from, with corpus.piece_sentences)
         sentence_offsets.npy    (N_art + 1,) int64   article a owns sentences [o[a], o[a+1])
@@ -159,6 +160,12 @@ class PreparedDataset:
         return sentences.get("splitter", "sentencizer") if isinstance(sentences, dict) else "sentencizer"
 
     @property
+    def planner_split(self) -> str:
+        """The split the planner and the codebook were fitted on: ``planner_train`` when prepare gave the planner
+        more documents than the LM (``prepare.planner_corpus``), else ``train``."""
+        return self.manifest.get("planner_split") or "train"
+
+    @property
     def codebook_hash(self) -> str:
         return self.manifest["hashes"]["codebook.safetensors"]
 
@@ -172,7 +179,7 @@ class PreparedDataset:
         return tensors["centroids"]
 
     def split(self, name: str) -> PreparedSplit:
-        if name not in self.manifest.get("splits", SPLITS):
+        if name not in self.manifest.get("splits", SPLITS) and name != self.manifest.get("planner_split"):
             raise PlanlmError(f"{self.path}: no split {name!r} (has {list(self.manifest.get('splits', []))})")
         return PreparedSplit(self.path / name)
 

@@ -97,21 +97,27 @@ def _target_devices(config: EmbedConfig) -> list[str] | None:
 
 
 def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedConfig | None = None,
-                    desc: str = "embedding", progress: bool = True) -> np.ndarray:
+                    desc: str = "embedding", progress: bool = True, known: Sequence[np.ndarray] = (),
+                    known_id: str = "") -> np.ndarray:
     """Encode ``texts`` into ``out_path`` (an (N, E) float32 ``.npy``) and return it memory-mapped.
 
     Resumes a previous interrupted call on the same texts and encoder; returns at once when the
-    file is already complete.
+    file is already complete. ``known``: blocks of embeddings of the first texts, in order, copied (chunk by
+    chunk) rather than encoded: the LM's training sentences at the head of the planner's split; ``known_id``
+    names where they come from, in the resume key.
     """
     config = config or EmbedConfig()
     out_path = Path(out_path)
     progress_path = _progress_path(out_path)
     num_sentences = len(texts)
+    num_known = sum(len(block) for block in known)
     key = {"encoder": config.encoder, "normalize": config.normalize, "chunk_size": config.chunk_size,
            "texts": texts_hash(texts), "num_sentences": num_sentences}
     if config.precision != "fp32":  # fp32 files written before the setting existed stay resumable
         key["precision"] = config.precision
-    num_chunks = -(-num_sentences // config.chunk_size)
+    if known:
+        key["known"] = [num_known, known_id]
+    num_chunks = -(-(num_sentences - num_known) // config.chunk_size)  # chunks of the rows to encode
     record = _read_progress(progress_path)
     resumable = record.get("key") == fingerprint(key) and out_path.is_file()
     if resumable and record.get("done") == num_chunks:
@@ -126,19 +132,22 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
             resumable = False
     if not resumable:
         record = {"key": fingerprint(key), "done": 0, "num_sentences": num_sentences, "dim": dim}
-        write_json(progress_path, record)
+        write_json(progress_path, {})  # not resumable until the known rows are in
         out = np.lib.format.open_memmap(out_path, mode="w+", dtype=np.float32, shape=(num_sentences, dim))
+        _copy_known(known, out, dim, config.chunk_size)
+        write_json(progress_path, record)
     done = int(record["done"])
     devices = _target_devices(config)
     if devices and config.precision == "bf16":  # the pool's processes copy the model, out of autocast's reach:
         model = copy.deepcopy(model).to(torch.bfloat16)  # a bf16 copy (the encoder is cached, shared in-process)
     pool = model.start_multi_process_pool(devices) if devices and done < num_chunks else None
     autocast = torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
-    bar = tqdm(total=num_sentences, initial=min(done * config.chunk_size, num_sentences), desc=desc,
+    bar = tqdm(total=num_sentences, initial=min(num_known + done * config.chunk_size, num_sentences), desc=desc,
                unit="sent", dynamic_ncols=True, disable=not progress)
     try:
         with autocast:
-            _encode_chunks(model, texts, out, record, range(done, num_chunks), config, pool, bar, progress_path)
+            _encode_chunks(model, texts, out, record, range(done, num_chunks), config, pool, bar, progress_path,
+                           first=num_known)
     finally:
         bar.close()
         if pool is not None:
@@ -147,12 +156,26 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
     return np.load(out_path, mmap_mode="r")
 
 
+def _copy_known(known: Sequence[np.ndarray], out: np.ndarray, dim: int, chunk_size: int) -> None:
+    """Copy the blocks of known embeddings into the head of ``out``, ``chunk_size`` rows at a time."""
+    row = 0
+    for block in known:
+        if block.ndim != 2 or block.shape[1] != dim:
+            raise PlanlmError(f"embeddings of shape {tuple(block.shape)} cannot join sentences embedded with width "
+                              f"{dim}; embed them with the same encoder")
+        for start in range(0, len(block), chunk_size):
+            rows = np.asarray(block[start:start + chunk_size], dtype=np.float32)
+            out[row:row + len(rows)] = rows
+            row += len(rows)
+    out.flush()
+
+
 def _encode_chunks(model, texts: Sequence[str], out: np.ndarray, record: dict, chunks: range, config: EmbedConfig,
-                   pool, bar, progress_path: Path) -> None:
-    """Encode ``chunks`` of ``texts`` into ``out``, recording each finished chunk in ``progress_path``."""
+                   pool, bar, progress_path: Path, first: int = 0) -> None:
+    """Encode ``chunks`` of ``texts[first:]`` into ``out``, recording each finished chunk in ``progress_path``."""
     num_sentences = len(texts)
     for chunk in chunks:
-        start = chunk * config.chunk_size
+        start = first + chunk * config.chunk_size
         stop = min(start + config.chunk_size, num_sentences)
         chunk_texts = list(texts[start:stop])
         if pool is not None:

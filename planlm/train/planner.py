@@ -21,7 +21,7 @@ Letters: B boundaries, S context sentences, E embedding width, T horizon, A acti
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Union
 
@@ -84,8 +84,9 @@ class PlannerTrainArgs:
     loggers: list[str] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
     """Where metrics are logged: csv and tensorboard (default), wandb, mlflow or comet (when installed), or a
     Lightning Logger class path (module.Class)."""
-    train_split: str = "train"
-    """Split the planner and the baselines are fitted on."""
+    train_split: Optional[str] = None
+    """Split the planner and the baselines are fitted on (None: the corpus's planner split, ``planner_train`` when
+    ``prepare.planner_corpus`` gave the planner more documents than the LM, else ``train``)."""
     val_split: str = "validation"
     """Split for validation during training (checkpoint selection, early stopping)."""
     eval_split: str = "validation"
@@ -128,6 +129,7 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
     knobs = TrainerKnobs.of(train)
     check_bf16(knobs.resolved_precision(), knobs.device_type(), "train-planner: --train.precision")
     prepared = PreparedDataset(prepared_dir)
+    train = replace(train, train_split=train.train_split or prepared.planner_split)  # the reuse key names it
     config = PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim,
                            encoder_name=prepared.encoder_name if model.finetune_encoder else None, **asdict(model))
     train_split, val_split, eval_split = _checked_splits(prepared, config, train)

@@ -1,0 +1,52 @@
+"""`planlm run --config BASE --config OVERLAY` with `prepare.planner_corpus` (issue 36): the planner trains on more
+documents than the LM, end to end on a tiny config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from helpers import tiny_run_config
+from planlm.cli import main as cli_main
+from planlm.data.artifacts import PreparedDataset
+from planlm.utils import read_manifest
+
+
+def test_run_with_a_planner_corpus_overlay(tmp_path):
+    out = tmp_path / "run"
+    config = tiny_run_config(out, edit_distance=None, sweeps=[],
+                             conditions=[{"name": "none", "plans": {"kind": "none"}},
+                                         {"name": "ours", "plans": {"kind": "planner_sampled", "num_paths": 2,
+                                                                    "horizon": 2}, "adapter": {"kind": "multipath"}}])
+    config["prepare"]["corpus"]["num_train"] = 12
+    config["planner"]["train"]["max_epochs"] = 1
+    config["lm"]["train"]["max_steps"] = 2
+    base, overlay = tmp_path / "base.yaml", tmp_path / "bigplanner.yaml"
+    base.write_text(yaml.safe_dump(config))
+    # a second --config replaces whole sections: the overlay repeats prepare (as configs/demo-bigplanner.yaml does)
+    planner_corpus = {"rest_of_train": True, "max_articles": 30}
+    overlay.write_text(yaml.safe_dump({"prepare": {**config["prepare"], "planner_corpus": planner_corpus}}))
+    cli_main(["run", "--config", str(base), "--config", str(overlay)])
+
+    prepared = PreparedDataset(out / "prepared")
+    assert prepared.manifest["planner_origin"] == {"lm_train": 12, "rest_of_train": 30, "source": 0}
+    assert prepared["train"].num_articles == 12  # the LM's split is the configured one
+    summary = json.loads((out / "planner" / "summary.json").read_text())
+    assert summary["train_split"] == "planner_train" and summary["eval_split"] == "validation"
+    planner_sentences = prepared["planner_train"].num_sentences
+    assert read_manifest(out / "planner")["config"]["train"]["train_split"] == "planner_train"
+    assert summary["global_step"] == -(-planner_sentences // config["planner"]["train"]["batch_size"])
+    state = json.loads((out / "run_state.json").read_text())["stages"]
+    assert all(stage["status"] == "done" for stage in state.values())
+    assert read_manifest(out / "lm" / "ours")["global_step"] == 2
+
+
+def test_the_demo_overlay_is_the_demo_plus_the_planner_corpus():
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    demo = yaml.safe_load((configs / "demo.yaml").read_text())
+    overlay = yaml.safe_load((configs / "demo-bigplanner.yaml").read_text())
+    prepare = dict(overlay["prepare"])
+    assert prepare.pop("planner_corpus") == {"rest_of_train": True}
+    assert prepare == demo["prepare"] and set(overlay) == {"out_dir", "prepare"}
