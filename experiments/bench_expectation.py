@@ -3,15 +3,18 @@ expectation against K sampled paths, paired over seeds.
 
 On the mechanism corpus (``experiments/bench_mechanism.py``, T = 1 plans) a boundary has two likely next types, so a
 sampled plan needs many paths to name both; the expected plan, sum_a p(a | context) Emb(a), names both with
-one. For every seed, from the benchmark's own folders (trained here when missing: corpus, planner, the seed's
+one (at T = 1 it is the K -> infinity limit itself, up to the cache's float16 probabilities). For every seed,
+from the benchmark's own folders (trained here when missing: corpus, planner, the seed's
 base LM and its ``sampled`` condition, Project and Avg trained on K = 10 sampled paths of T = 1):
 
 1. the ``sampled`` LM evaluated on the test split with K = 1, 10, 50 sampled paths and with plans in
    expectation at K = 1 (trained on samples, evaluated in expectation);
 2. an ``expected`` LM trained in expectation (K = 1) from the same base LM, evaluated in expectation
    (trained in expectation throughout);
-3. pooled over seeds (each article's NLL summed over seeds), each point's perplexity and its paired
-   difference from sampled K = 50 and from sampled K = 1, with 95% paired bootstrap intervals over articles;
+3. each point's perplexity pooled over seeds (every seed's NLL and tokens summed) and its paired difference
+   from sampled K = 50 and from sampled K = 1 (``bench_mechanism.paired``): with one seed, a 95% paired
+   bootstrap over test documents; with several, the mean of the seeds' differences with the seed-noise
+   interval of ``planlm compare``;
 4. the evaluation time of expectation K = 1 over sampled K = 1: both evaluated ``--repeats`` times, in turn,
    in this process, on seed 0's model (median wall time: planner, adapter and LM);
 5. the diagnosis: per step, how far the expected action embedding (the ``sampled`` LM's own Emb) lies from the
@@ -25,7 +28,8 @@ pooled interval against K = 50 reaches 0 or lies below it); at most 1.2x the eva
 
 Every ``experiments/bench_mechanism.py`` option applies (``--out_dir``, ``--seeds``, ``--quick``, ...; give the options the
 folder was made with again). ``--condition ours`` evaluates the multipath LM of T = 3 instead (at T > 1 only
-step 1 is exact, and K paths in expectation average over K sampled prefixes). The report goes to
+step 1 is exact: steps 2..T take the expectation along the sampled prefix, K paths in expectation average over K
+prefixes, and the variance need not be below the sampled plan's; docs/method.md). The report goes to
 ``<out_dir>/expectation/report-<condition>.md``.
 
     python experiments/bench_expectation.py --quick --seeds 0 1 2 --out_dir runs/bench_mechanism_quick

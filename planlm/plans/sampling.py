@@ -261,7 +261,8 @@ def sample_plans(planner_dir: str, prepared_dir: str, splits: Optional[list[str]
         path_policy: Paths per boundary: fixed (K everywhere), entropy or converge (planlm.plans.policy).
         expectation: Also store the distribution of every step (plans in expectation, ``--plans.expectation``):
             its ``top_actions`` most likely actions and their probabilities, for the sampled and the argmax paths.
-        top_actions: With expectation: actions kept per step (>= the number of actions keeps all: exact).
+        top_actions: With expectation: actions kept per step (>= the number of actions keeps all; the stored
+            probabilities are float16, within about 2e-3 of the planner's).
 
     Returns:
         The plan cache folder.
