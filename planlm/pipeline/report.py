@@ -149,6 +149,62 @@ def _add_paired_differences(layout: RunLayout, rows: list[dict]) -> None:
                    else None)
 
 
+def check_contrasts(contrasts: list, names: list[str], where: str) -> None:
+    """Each contrast is a pair [b, a] of condition ``names``: a one-line error naming the pair otherwise."""
+    from planlm.utils import PlanlmError
+
+    for pair in contrasts:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(n in names for n in pair):
+            raise PlanlmError(f"{where}: {pair!r} is not a pair [b, a] of condition names "
+                              f"({', '.join(map(str, names))}); write e.g. [ours, cornille] for ours - cornille")
+
+
+def contrast_rows(layout: RunLayout, rows: list[dict], contrasts: list[list[str]]) -> list[dict]:
+    """ppl(b) - ppl(a) for each configured pair [b, a] of conditions, paired over the same articles and, with
+    seeds, seed by seed with the seed-noise interval of ``planlm compare``; beside each side's ReZero scalars."""
+    from planlm.evaluate.bootstrap import compare_evaluations
+    from planlm.utils import PlanlmError
+
+    by_name = {r["name"]: r for r in rows}
+    check_contrasts(contrasts, list(by_name), where="report.contrasts")
+    out = []
+    for b, a in contrasts:
+        row = {"b": b, "a": a, "diff": None, "ci_low": None, "ci_high": None, "interval": None, "seed_diffs": None,
+               "relative": None, "alphas_b": by_name[b].get("rezero_alphas"), "alphas_a": by_name[a].get("rezero_alphas")}
+        if by_name[a]["ppl"] is not None and by_name[b]["ppl"] is not None:
+            try:
+                result = compare_evaluations(layout.evaluation(a), layout.evaluation(b))
+            except PlanlmError as e:
+                row["error"] = str(e)
+            else:
+                row.update(diff=result.get("diff_mean", result["diff"]), ci_low=result["ci_low"],
+                           ci_high=result["ci_high"], interval=result.get("interval", "articles"),
+                           relative=result["diff"] / result["ppl_a"],
+                           seed_diffs={s: one["diff"] for s, one in result["seeds"].items()} if "seeds" in result
+                           else None)
+        out.append(row)
+    return out
+
+
+def _contrasts_section(contrasts: list[dict]) -> list[str]:
+    if not contrasts:
+        return []
+    lines = ["## Paired contrasts", "",
+             "ppl(B) - ppl(A) on the same articles (negative: B is better), the interval as in the paired column; "
+             "relative: the difference of the seed-mean NLL's perplexities over A's.", "",
+             "| B - A | PPL difference [95% CI] | relative | interval over | alpha_1 / alpha_2 of B | of A |",
+             "|---|---|---|---|---|---|"]
+    for c in contrasts:
+        if c["diff"] is None:
+            lines.append(f"| {c['b']} - {c['a']} | n/a {c.get('error', '(not evaluated)')} | | | | |")
+            continue
+        seeds = _fmt_seed_diffs({"paired_seed_diffs": c["seed_diffs"]})
+        lines.append(f"| {c['b']} - {c['a']} | {_fmt_ci(c['diff'], c['ci_low'], c['ci_high'])}{seeds} | "
+                     f"{100 * c['relative']:+.2f}% | {c['interval']} | {_fmt_alphas(c['alphas_b'])} | "
+                     f"{_fmt_alphas(c['alphas_a'])} |")
+    return lines + [""]
+
+
 def _add_oracle_shares(layout: RunLayout, rows: list[dict]) -> None:
     """For every planned condition, when the run has a `fixed` and an `oracle` condition: the share of the
     oracle's gain it captures, (ppl - ppl_fixed) / (ppl_oracle - ppl_fixed), with the Fieller interval of
@@ -455,14 +511,19 @@ def _actions_section(layout: RunLayout, actions_shown: int) -> list[str]:
 
 
 def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional[dict] = None,
-                 seeds: Optional[list[int]] = None, actions_shown: int = 5) -> Path:
-    """Write report.md, results.json, results.csv and figures/ in ``run_dir``; return report.md's path."""
+                 seeds: Optional[list[int]] = None, actions_shown: int = 5,
+                 contrasts: Optional[list[list[str]]] = None) -> Path:
+    """Write report.md, results.json, results.csv and figures/ in ``run_dir``; return report.md's path.
+
+    ``contrasts``: pairs [b, a] of condition names whose paired difference ppl(b) - ppl(a) gets a row of its own
+    (e.g. [ours, ours_t1] for the paper's claim that planning T steps ahead helps)."""
     layout = RunLayout(Path(run_dir))
     layout.figures.mkdir(parents=True, exist_ok=True)
     rows = collect_results(layout.root, conditions, state, seeds)
+    paired = contrast_rows(layout, rows, contrasts or [])
     planners = {name: {"horizon": summary["horizon"], "information": summary["information"]}
                 for name, summary in planner_summaries(layout).items()}
-    layout.results_json.write_text(json.dumps({"conditions": rows, "planners": planners, "paper": PAPER_TABLE,
+    layout.results_json.write_text(json.dumps({"conditions": rows, "contrasts": paired, "planners": planners, "paper": PAPER_TABLE,
                                                "stages": (state or {}).get("stages", {})}, indent=2))
     with open(layout.results_csv, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)) or ["name"])
@@ -490,6 +551,7 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
         lines += ["", "Failed conditions (the others ran; see logs/):"]
         lines += [f"- {r['name']}: {r['error']}" for r in failed]
     lines.append("")
+    lines += _contrasts_section(paired)
     lines += _planner_section(layout)
     lines += _sweeps_section(layout)
     lines += _actions_section(layout, actions_shown)
@@ -506,4 +568,5 @@ if __name__ == "__main__":  # rebuild a report: python -m planlm.pipeline.report
     run = RunLayout(Path(sys.argv[1]))
     state = _read_json(run.state) or {}
     config = state.get("config") or {}
-    print(write_report(run.root, conditions=config.get("conditions") or [], state=state, seeds=config.get("seeds")))
+    print(write_report(run.root, conditions=config.get("conditions") or [], state=state, seeds=config.get("seeds"),
+                       **(config.get("report") or {})))

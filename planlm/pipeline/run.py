@@ -397,11 +397,16 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
         seeds: Training seeds, e.g. [0, 1, 2]: the base LM and every condition are trained and evaluated once
             per seed (lm/<condition>/seed<N>/, eval/<condition>/seed<N>/ ...) and the report gives the mean and
             spread over seeds; adding a seed trains only the new one. Unset: one run with lm.train.seed.
-        report: Options of the report: {actions_shown: int}.
+        report: Options of the report: {actions_shown: int, contrasts: [[b, a], ...]} (each pair's paired
+            difference ppl(b) - ppl(a) gets a row, e.g. [ours, cornille]).
         dry_run: Validate every section and list the stages without running anything.
     """
     layout = RunLayout(Path(out_dir))
     conditions = conditions or []
+    from planlm.pipeline.report import check_contrasts, write_report
+
+    check_contrasts((report or {}).get("contrasts") or [], [c.get("name") for c in conditions],
+                    where=f"run {layout.root}: report.contrasts")
     stages = plan_stages(layout.root, prepare or {}, planner or {}, lm or {}, base_lm, conditions, evaluate or {},
                          edit_distance, sweeps, where=f"run {layout.root}", seeds=seeds)
     if dry_run:
@@ -412,12 +417,10 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
     layout.root.mkdir(parents=True, exist_ok=True)
     state = {"stages": {}, "config": {"prepare": prepare, "planner": planner, "lm": lm, "base_lm": base_lm,
                                       "conditions": conditions, "evaluate": evaluate, "edit_distance": edit_distance,
-                                      "sweeps": sweeps, "seeds": seeds}}
+                                      "sweeps": sweeps, "seeds": seeds, "report": report}}
     with releasing_stage_locks():
         lock_stage_dir(layout.root)  # a second `planlm run` on this folder is refused with our pid
         progress = _run_stages(stages, state, layout)
-        from planlm.pipeline.report import write_report
-
         report_path = write_report(layout.root, state=state, conditions=conditions, seeds=seeds, **(report or {}))
     progress.console.print(f"[bold]report:[/] {report_path}")
     _fail_if_not_done(state, layout, progress)

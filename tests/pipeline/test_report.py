@@ -97,3 +97,26 @@ def test_report_and_results_give_every_planners_information_per_step(run_dir):
     planners = json.loads(layout.results_json.read_text())["planners"]
     assert planners["shared"]["information"]["teacher_forced"]["nats"] == pytest.approx([1.0, 0.5])
     assert planners["cornille"]["information"]["free_running"]["share"] == pytest.approx([-0.025])
+
+
+def test_contrasts_pair_two_conditions_with_seed_noise_and_a_bad_pair_is_refused(tmp_path):
+    from planlm.pipeline.run import run
+    from planlm.utils import PlanlmError
+
+    layout = RunLayout(tmp_path / "run")
+    shift = np.random.default_rng(0).normal(0, 0.05, 20)
+    for seed, gain in enumerate([0.045, 0.04]):  # two seeds that agree: the t interval on 1 df excludes 0
+        write_evaluation(layout.evaluation("cornille") / f"seed{seed}", 3.0, "planner_argmax", shift)
+        write_evaluation(layout.evaluation("ours") / f"seed{seed}", 3.0 - gain, "planner_sampled", shift)
+    conditions = [{"name": "cornille"}, {"name": "ours"}]
+    text = write_report(layout.root, conditions=conditions, seeds=[0, 1], contrasts=[["ours", "cornille"]]).read_text()
+    contrast = json.loads(layout.results_json.read_text())["contrasts"][0]
+    assert (contrast["b"], contrast["a"], contrast["interval"]) == ("ours", "cornille", "seeds and articles")
+    assert contrast["ci_low"] <= contrast["seed_diffs"]["0"] < contrast["seed_diffs"]["1"] < contrast["ci_high"] < 0
+    assert contrast["relative"] == pytest.approx(math.exp(-0.0425) - 1, abs=2e-3)
+    assert "## Paired contrasts" in text and "| ours - cornille |" in text
+    with pytest.raises(PlanlmError, match=r"\['ours', 'fixed'\] is not a pair"):
+        write_report(layout.root, conditions=conditions, seeds=[0, 1], contrasts=[["ours", "fixed"]])
+    with pytest.raises(PlanlmError, match="report.contrasts"):  # refused before any stage runs
+        run(out_dir=str(tmp_path / "bad"), conditions=conditions, report={"contrasts": [["ours", "fixed"]]})
+    assert not (tmp_path / "bad").exists()
