@@ -9,6 +9,13 @@ like the offline default (384-d embeddings, 128 actions, articles of 2-15 senten
     python benchmarks/bench_planner.py [--prepared_dir DIR [--planner_dir DIR]] [--d_model 256] [--boundaries 256]
         [--dynamics recurrent causal]
 
+``--encoders`` prints instead the article-level encoder's table (issue 34): one training epoch (the real
+``train-planner`` loader, forward, backward, AdamW) and ``sample-plans``' work on a split (K = 5, T = 5, with the
+argmax paths), each row against the current code (the paper's per-boundary encoder and recurrent g) timed in
+the same run, on the demo's planner shape and articles of ``--article_sentences`` sentences:
+
+    python benchmarks/bench_planner.py --encoders [--epoch_articles 10 (quick) | 260 (the demo)] [--article_sentences 30]
+
 A fresh planner is near-uniform over actions (the worst case for sampling: K paths share no
 prefix); ``--planner_dir`` times a trained one (paths share prefixes, and so states, more often).
 """
@@ -66,8 +73,16 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda: where the planner trains and samples")
     parser.add_argument("--latency_boundaries", type=int, default=32,
                         help="boundaries re-planned one at a time (B = 1, as during generation)")
+    parser.add_argument("--encoders", action="store_true",
+                        help="only the article-level encoder's table: epoch and sample-plans against the current code")
+    parser.add_argument("--epoch_articles", type=int, default=10,
+                        help="--encoders: training articles (10: the quick setting; the demo has 260)")
+    parser.add_argument("--article_sentences", type=int, default=30, help="--encoders: sentences per article")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.encoders:
+        time_encoders(args)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         prepared_dir = args.prepared_dir or make_synthetic_prepared(
@@ -161,6 +176,61 @@ def time_planner(planner: Planner, trained: Planner | None, split, args) -> list
         seconds = latency_base if num_paths == 1 else timed(replan(num_paths), args.repeats)
         rows.append((f"re-plan one boundary (B=1), K={num_paths}", len(single), seconds, latency_base))
     return rows
+
+
+ENCODERS = (("boundary encoder, recurrent g (current)", "boundary", "recurrent"),
+            ("boundary encoder, causal g", "boundary", "causal"),
+            ("article encoder, causal g", "article", "causal"))
+
+
+def time_encoders(args) -> None:
+    """The article-level encoder against the current code, on the demo's planner recipe (d_model 128, 1 layer,
+    T = 5, batch 128) and a synthetic corpus of equal-length articles: one epoch of training, and the plans of
+    the training split at K = 5, T = 5 as ``sample-plans`` computes them (sampled and argmax paths)."""
+    from planlm.train.planner import PlannerTrainArgs, _loader
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prepared_dir = args.prepared_dir or make_synthetic_prepared(
+            Path(tmp) / "articles", num_actions=16, rule="random", embedding_dim=384,
+            min_sentences=args.article_sentences, max_sentences=args.article_sentences,
+            num_articles={"train": args.epoch_articles, "validation": 4, "test": 4}, seed=0)
+        prepared = PreparedDataset(prepared_dir)
+        split = prepared["train"]
+        train = PlannerTrainArgs(batch_size=128, lr=1e-3, progress_bar=False)
+        rows = []
+        for label, encoder, dynamics in ENCODERS:
+            config = PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim, d_model=128,
+                                   num_heads=2, num_layers=1, dim_feedforward=256, horizon=5, dynamics=dynamics,
+                                   encoder=encoder)
+            torch.manual_seed(0)
+            planner = Planner(config, codebook=prepared.codebook).to(args.device)
+            module = LightningPlanner(planner)
+            optimizer = module.configure_optimizers()
+            loader = _loader(split, config, train, shuffle=True)
+
+            def epoch():
+                planner.train()
+                for batch in loader:
+                    batch = {k: v.to(args.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+                    loss = module.model_step(batch)[0]
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+
+            def plans():
+                planner.eval()
+                greedy = np.zeros((split.num_sentences, 5), dtype=np.int64)
+                compute_plans(planner, split, 5, 5, 1.0, seed=0, argmax_out=greedy, device=args.device,
+                              precision=args.precision)
+
+            rows.append((label, timed(epoch, 1), timed(plans, 1)))
+    print(f"{args.epoch_articles} articles of {args.article_sentences} sentences ({split.num_sentences} boundaries), "
+          f"d_model=128 T=5 batch 128, torch threads={torch.get_num_threads()}, device={args.device}, "
+          f"sampling {args.precision}")
+    print(f"{'planner':40s} {'epoch s':>9s} {'vs current':>11s} {'plans K=5 s':>12s} {'vs current':>11s}")
+    epoch_base, plans_base = rows[0][1], rows[0][2]
+    for label, epoch_s, plans_s in rows:
+        print(f"{label:40s} {epoch_s:9.2f} {epoch_base / epoch_s:10.2f}x {plans_s:12.2f} {plans_base / plans_s:10.2f}x")
 
 
 if __name__ == "__main__":
