@@ -57,3 +57,21 @@ def test_article_plans_are_the_per_boundary_greedy_paths(synthetic_cycle):
     assert paths.shape == (len(sentences), 4, 3) and paths.min() >= 0 and paths.max() < prepared.num_actions
     again = compute_plans(planner, split, 4, 3, 1.0, seed=0, sentences=sentences, batch_size=8)
     assert np.array_equal(paths, again)  # seeded
+
+
+def test_evaluate_planner_reads_an_article_planner_as_its_article_batches(synthetic_cycle):
+    from planlm.train.planner_metrics import evaluate_planner
+
+    prepared = PreparedDataset(synthetic_cycle)
+    split = prepared["validation"]
+    planner = tiny_planner(prepared, dynamics="causal", encoder="article", horizon=3)
+    metrics = evaluate_planner(planner, split, horizon=3)  # per boundary, the causal context
+    collate = ArticleCollate(split.path, 3, planner.config.max_sentences)
+    batch = collate(list(range(len(collate.rows))))
+    with torch.no_grad():
+        logits = planner.article_forward(batch["context_embeds"], batch["context_mask"], batch["target_actions"])
+    targets = batch["target_actions"]
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 2), targets.flatten().clamp(min=0), reduction="none")
+    valid = (targets != IGNORE_INDEX).flatten(0, 1)  # (R*J, T)
+    per_step = (nll.view(valid.shape) * valid).sum(0) / valid.sum(0)
+    np.testing.assert_allclose(metrics["planner_teacher_forced"]["nll"], per_step.numpy(), atol=1e-5)
