@@ -20,10 +20,11 @@ embeddings (the LM's training sentences copied, the others streamed to disk in r
 with empty token arrays, so that no LM window can be drawn from it. The codebook is fitted on it and
 ``train-planner`` trains on it (and fits its baselines on it); validation stays the validation split.
 
-No document lies in two splits. The rest of the training side is drawn by document, like the splits. A
-document of ``source`` with the id of a test or validation document, or with one of their paragraphs of at
-least ``_MIN_PARAGRAPH_WORDS`` words (whitespace ignored), is a one-line error that names it; one with the id
-of a document already in the planner's set is skipped and counted (``already_in_planner_set``).
+No document lies in two splits. The rest of the training side is drawn by document id, like the splits (a
+text repeated under two ids of the corpus is treated as the LM's splits treat it). A document of ``source``
+with the id of a test or validation document, or with one of their paragraphs of at least
+``_MIN_PARAGRAPH_WORDS`` words (whitespace ignored), is a one-line error that names it; one with the id of a
+document already in the planner's set is skipped and counted (``already_in_planner_set``).
 """
 
 from __future__ import annotations
@@ -136,13 +137,14 @@ class HeldOut:
                 for key in _paragraph_keys(art["text"]):
                     self.paragraphs.setdefault(key, (split, document))
 
-    def check(self, article: dict, where: str) -> None:
-        """One-line error when ``article`` (from ``where``) shares a document with test or validation."""
+    def check(self, article: dict, where: str, by_text: bool = True) -> None:
+        """One-line error when ``article`` (from ``where``) shares a document with test or validation (by id, and
+        by long paragraph with ``by_text``: another source's ids need not be the corpus's)."""
         document = str(article.get("source", article["id"]))
         reason = None
         if document in self.ids:
             split, reason = self.ids[document], "the same document id"
-        else:
+        elif by_text:
             for key in _paragraph_keys(article["text"]):
                 if key in self.paragraphs:
                     split, held = self.paragraphs[key]

@@ -337,8 +337,8 @@ def _planner_set(drawn: dict, rest: Pieces | None, planner_corpus: PlannerCorpus
     train_articles, train_spans = drawn["train"]
     in_set = {str(a.get("source", a["id"])) for a in train_articles}
     rest = rest or []
-    for piece, _ in rest:  # drawn by document, after test and validation: a hit here is a bug
-        held_out.check(piece, corpus.source)
+    for piece, _ in rest:  # drawn by document id, like the splits: a hit here is a bug
+        held_out.check(piece, corpus.source, by_text=False)
     in_set |= {str(p.get("source", p["id"])) for p, _ in rest}
     room = None if planner_corpus.max_articles is None else planner_corpus.max_articles - len(rest)
     known, known_id, copied, copied_spans, encoded = [], "", [], [], list(rest)
