@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from planlm.data.resources import DEFAULT_ENCODER, load_sentence_encoder
-from planlm.utils import PlanlmError, check_bf16, fingerprint, write_json
+from planlm.utils import PlanlmError, check_bf16, fingerprint, native_precision, write_json
 
 
 _BATCHES_PER_CALL = 4  # encode() calls carry a small fixed cost; the bar still moves often
@@ -43,9 +43,10 @@ class EmbedConfig:
     uses ``sentence-transformers/all-mpnet-base-v2``)."""
     batch_size: int = 64
     """Sentences per forward pass (the paper: 256 on GPU)."""
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["fp32", "bf16", "native"] = "fp32"
     """bf16: bf16 autocast (CUDA, or a CPU with AVX512-BF16 / AMX); all-MiniLM-L6-v2 on 1,500 sentences: 1.89x on
-    the idle 2-core CPU, cosine to the fp32 embedding >= 0.99997 (bench_prepare.py). The actions can change."""
+    the idle 2-core CPU, cosine to the fp32 embedding >= 0.99997 (bench_prepare.py). The actions can change.
+    native: bf16 where it is native (CUDA, or such a CPU), fp32 elsewhere."""
     device: str | None = None
     """``cpu``, ``cuda``, ``cuda:1`` ...; None picks CUDA when present."""
     normalize: bool = False
@@ -63,8 +64,8 @@ class EmbedConfig:
             raise PlanlmError(f"--embedding.batch_size must be >= 1 (got {self.batch_size})")
         if self.chunk_size < 1:
             raise PlanlmError(f"--embedding.chunk_size must be >= 1 (got {self.chunk_size})")
-        if self.precision not in ("fp32", "bf16"):
-            raise PlanlmError(f"--embedding.precision {self.precision!r}: choose fp32 or bf16")
+        if self.precision not in ("fp32", "bf16", "native"):
+            raise PlanlmError(f"--embedding.precision {self.precision!r}: choose fp32, bf16 or native")
 
 
 def texts_hash(texts: Sequence[str]) -> str:
@@ -107,6 +108,8 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
     names where they come from, in the resume key.
     """
     config = config or EmbedConfig()
+    device_type = torch.device(config.device).type if config.device else ("cuda" if torch.cuda.is_available() else "cpu")
+    config = replace(config, precision=native_precision(config.precision, device_type, "bf16", "fp32"))
     out_path = Path(out_path)
     progress_path = _progress_path(out_path)
     num_sentences = len(texts)

@@ -28,7 +28,7 @@ import lightning as L
 import torch
 
 from planlm.train.resume import RestoreRNG, ResumeMidEpoch, last_checkpoint
-from planlm.utils import PlanlmError, fingerprint, write_json
+from planlm.utils import PlanlmError, fingerprint, native_precision, write_json
 
 DEFAULT_LOGGERS = ("csv", "tensorboard")
 
@@ -66,7 +66,8 @@ class TrainerKnobs:
     strategy: str = "auto"
     num_nodes: int = 1
     precision: str | None = None
-    """None: bf16-mixed on CUDA, 32-true otherwise."""
+    """None: bf16-mixed on CUDA, 32-true otherwise; native: bf16-mixed where bf16 is native (CUDA, a CPU with
+    AVX512-BF16 / AMX), 32-true elsewhere."""
     max_epochs: int = 1
     max_steps: int = -1
     val_check_interval: int | float | None = None
@@ -90,7 +91,8 @@ class TrainerKnobs:
         return "cuda" if torch.cuda.is_available() and self.accelerator in ("auto", "gpu", "cuda") else "cpu"
 
     def resolved_precision(self) -> str:
-        return self.precision or ("bf16-mixed" if self.device_type() == "cuda" else "32-true")
+        precision = native_precision(self.precision, self.device_type(), "bf16-mixed", "32-true")
+        return precision or ("bf16-mixed" if self.device_type() == "cuda" else "32-true")
 
 
 # ---- loggers ------------------------------------------------------------------------------------------

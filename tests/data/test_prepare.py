@@ -219,6 +219,21 @@ def test_bf16_embeddings_on_a_cpu_without_bf16_is_a_one_line_error(tmp_path, mon
     assert not (tmp_path / "e.npy").exists()  # nothing half-written
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_native_precision_is_bf16_where_the_cpu_has_it_and_fp32_elsewhere(tmp_path, monkeypatch, native):
+    """The demo's `precision: native` runs on every machine: bf16 where it is native, fp32 (never refused) elsewhere."""
+    from planlm.train.harness import TrainerKnobs
+
+    monkeypatch.setattr("planlm.utils.cpu_supports_bf16", lambda: native)
+    assert TrainerKnobs(precision="native", accelerator="cpu").resolved_precision() == ("bf16-mixed" if native
+                                                                                      else "32-true")
+    asked = []
+    monkeypatch.setattr("planlm.data.embed.check_bf16", lambda precision, *a: asked.append(precision))
+    monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: CountingEncoder())
+    embed_sentences(SENTENCES, tmp_path / "e.npy", EmbedConfig(precision="native", device="cpu"), progress=False)
+    assert asked == ["bf16" if native else "fp32"]
+
+
 @pytest.mark.slow
 def test_multi_process_pool_matches_single_process(tmp_path):
     """The multi-GPU route (sentence-transformers' multi-process pool), exercised with two CPU workers."""
