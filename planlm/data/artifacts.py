@@ -125,6 +125,36 @@ class PreparedSplit:
         start, end = self.sentence_spans[sentence]
         return self.articles[article]["text"][start:end]
 
+    def head(self, num_articles: int) -> "PreparedSplit":
+        """The first ``num_articles`` articles of this split, as a split (memory-mapped slices, nothing copied):
+        a planner trained on a part of its set, with the same codebook (a scaling study)."""
+        if not 1 <= num_articles <= self.num_articles:
+            raise PlanlmError(f"{self.path}: {num_articles} articles asked of a split of {self.num_articles}; "
+                              f"ask for 1 to {self.num_articles}")
+        return HeadSplit(self.path, num_articles)
+
+
+_SENTENCE_ARRAYS = ("sentence_spans", "embeddings", "actions")
+
+
+@dataclass
+class HeadSplit(PreparedSplit):
+    """The first ``num_head`` articles of a split (``PreparedSplit.head``): article offsets cut after them,
+    sentence and token arrays cut at their ends (sentence indices stay split-global: they are the same)."""
+
+    num_head: int = 0
+
+    def _array(self, name: str) -> np.ndarray:
+        array = super()._array(name)
+        if name in ("sentence_offsets", "token_offsets"):
+            return array[:self.num_head + 1]
+        ends = self.sentence_offsets if name in _SENTENCE_ARRAYS else self.token_offsets
+        return array[:int(ends[-1])]
+
+    @cached_property
+    def articles(self) -> list[dict]:
+        return PreparedSplit.articles.func(self)[:self.num_head]
+
 
 class PreparedDataset:
     """A prepared folder: manifest, codebook and splits. ``PreparedDataset(path)`` checks completeness."""

@@ -87,6 +87,9 @@ class PlannerTrainArgs:
     train_split: Optional[str] = None
     """Split the planner and the baselines are fitted on (None: the corpus's planner split, ``planner_train`` when
     ``prepare.planner_corpus`` gave the planner more documents than the LM, else ``train``)."""
+    max_train_articles: Optional[int] = None
+    """Fit on the first N articles of the train split only (None: all): a planner scaling study on one corpus,
+    codebook and validation split."""
     val_split: str = "validation"
     """Split for validation during training (checkpoint selection, early stopping)."""
     eval_split: str = "validation"
@@ -103,6 +106,8 @@ class PlannerTrainArgs:
                 raise PlanlmError(f"train-planner: --train.{name}={getattr(self, name)} must be > 0")
         if self.weight_decay < 0:
             raise PlanlmError(f"train-planner: --train.weight_decay={self.weight_decay} must be >= 0")
+        if self.max_train_articles is not None and self.max_train_articles < 1:
+            raise PlanlmError(f"train-planner: --train.max_train_articles={self.max_train_articles} must be >= 1 or null")
         if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
             raise PlanlmError("train-planner: --train.early_stopping_patience must be >= 1 or null")
         check_loggers(self.loggers, "train-planner: --train.loggers")
@@ -175,6 +180,8 @@ def _checked_splits(prepared: PreparedDataset, config: PlannerConfig,
     splits = prepared.split(train.train_split), prepared.split(train.val_split), prepared.split(train.eval_split)
     for split, flag in zip(splits, ("--train.train_split", "--train.val_split", "--train.eval_split")):
         check_split(split, flag)
+    if train.max_train_articles is not None:
+        splits = (splits[0].head(min(train.max_train_articles, splits[0].num_articles)), *splits[1:])
     train_split = splits[0]
     longest = int(np.diff(train_split.sentence_offsets).max())
     if config.horizon > longest:

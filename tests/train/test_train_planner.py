@@ -253,3 +253,27 @@ def test_finetuned_encoder_planner_end_to_end(tmp_path):
     assert any(changed)
     plans_dir = sample_plans(str(out), str(prepared), splits=["validation"], num_paths=3)
     assert load_plans(plans_dir, "validation").shape[1:] == (3, 2)
+
+
+def test_head_of_a_split_and_a_planner_fitted_on_its_first_articles(synthetic_cycle, tmp_path):
+    split = PreparedDataset(synthetic_cycle)["train"]
+    head = split.head(3)
+    ends = int(split.sentence_offsets[3]), int(split.token_offsets[3])
+    assert head.num_articles == 3 and head.num_sentences == ends[0] and head.num_tokens == ends[1]
+    np.testing.assert_array_equal(head.embeddings, split.embeddings[:ends[0]])
+    np.testing.assert_array_equal(head.token_plan_sentence, split.token_plan_sentence[:ends[1]])
+    assert head.articles == split.articles[:3] and head.sentence_text(ends[0] - 1) == split.sentence_text(ends[0] - 1)
+    with pytest.raises(PlanlmError, match=f"ask for 1 to {split.num_articles}"):
+        split.head(split.num_articles + 1)
+    out = train_planner(str(synthetic_cycle), str(tmp_path / "head"), TINY_MODEL,
+                        tiny_train(max_epochs=1, max_train_articles=3))
+    summary = json.loads((out / "summary.json").read_text())
+    # the unigram baseline is fitted on the planner's training articles, the first 3 only: its step-1 NLL on
+    # every validation boundary, by hand
+    num_actions = PreparedDataset(synthetic_cycle).num_actions
+    unigram = (np.bincount(split.actions[:ends[0]], minlength=num_actions) + 1) / (ends[0] + num_actions)
+    validation = PreparedDataset(synthetic_cycle)["validation"].actions
+    assert summary["metrics"]["unigram"]["nll"][0] == pytest.approx(-np.log(unigram[validation]).mean(), rel=1e-9)
+    assert json.loads((out / "manifest.json").read_text())["config"]["train"]["max_train_articles"] == 3
+    with pytest.raises(PlanlmError, match="max_train_articles=0 must be >= 1"):
+        tiny_train(max_train_articles=0)
