@@ -25,6 +25,13 @@ def two_threads():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def bf16_allowed(monkeypatch):
+    """bf16 autocast allowed on any CPU: on one without native bf16 it is emulated (slower, still correct), so the
+    tests of the bf16 paths run on every machine; the refusal itself has tests of its own."""
+    monkeypatch.setattr("planlm.utils.cpu_supports_bf16", lambda: True)
+
+
 @pytest.fixture(scope="session")
 def synthetic_cycle(tmp_path_factory):
     """8 actions, a_{i+1} = a_i + 1 mod 8; 200/20/20 articles of 4-9 sentences; 16-d embeddings."""

@@ -185,7 +185,7 @@ def test_generate_command_shows_plans_with_example_sentences(synthetic_cycle, cy
         generate(str(model_dir), str(synthetic_cycle))
 
 
-def test_bf16_generation_replans_with_a_causal_planner(synthetic_cycle):
+def test_bf16_generation_replans_with_a_causal_planner(synthetic_cycle, bf16_allowed):
     prepared = PreparedDataset(synthetic_cycle)
     counter = CountingPlanner(tiny_planner(prepared, dynamics="causal"))
     model = chatty_planned_lm(prepared)

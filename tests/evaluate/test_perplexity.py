@@ -152,7 +152,7 @@ def test_raising_num_paths_does_not_multiply_lm_forward_passes(synthetic_random,
 
 
 def test_bf16_evaluation_runs_the_lm_the_adapter_and_the_planner_in_bf16(synthetic_random, planned_lm_dir,
-                                                                         tmp_path):
+                                                                         tmp_path, bf16_allowed):
     prepared = PreparedDataset(synthetic_random)
     split = prepared["test"]
     model, cond = sampled_multipath(prepared, tmp_path / "planner")

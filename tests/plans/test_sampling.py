@@ -68,7 +68,7 @@ def test_compute_plans_is_reproducible_and_seeded(planner_dir, synthetic_cycle):
 
 
 @pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
-def test_bf16_plans_are_valid_and_keyed_apart(synthetic_cycle, tmp_path, dynamics):
+def test_bf16_plans_are_valid_and_keyed_apart(synthetic_cycle, tmp_path, dynamics, bf16_allowed):
     folder = save_planner(tmp_path / "planner", synthetic_cycle, dynamics=dynamics)
     planner = Planner.from_pretrained(folder)
     split = PreparedDataset(synthetic_cycle)["validation"]
@@ -89,7 +89,7 @@ def test_bf16_plans_are_valid_and_keyed_apart(synthetic_cycle, tmp_path, dynamic
 @pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32),
                                               ("auto", torch.float32)])  # auto: fp32 on CPU
 def test_plan_sampling_runs_the_planner_at_the_precision_asked_for(planner_dir, synthetic_cycle, tmp_path, precision,
-                                                                  dtype):
+                                                                  dtype, bf16_allowed):
     with linear_output_dtypes() as seen:
         sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=2, horizon=3,
                      device="cpu", precision=precision, out_dir=str(tmp_path / "plans"))
