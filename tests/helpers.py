@@ -218,3 +218,11 @@ def write_tiny_llama_gguf(path: Path, seed: int = 0, architecture: str = "llama"
     writer.write_tensors_to_file()
     writer.close()
     return lm.eval()
+
+
+def report_target(report: str, name: str) -> bool:
+    """Whether the report's target line that starts with ``name`` says PASS (fails when it is missing)."""
+    lines = [line for line in report.splitlines() if line.startswith(("- PASS: ", "- FAIL: ")) and
+             line[8:].startswith(name)]
+    assert len(lines) == 1, report
+    return lines[0].startswith("- PASS")

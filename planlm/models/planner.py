@@ -235,13 +235,7 @@ class Planner(nn.Module):
         if target_actions is not None:
             fed = target_actions[:, :horizon].clamp(min=0)  # masked steps (-100) feed action 0
             return self.dynamics.teacher_forcing(self.prediction, latents, latent_mask, slot, fed), fed
-        state = self.dynamics.start(self.prediction, latents, latent_mask, slot, horizon)
-        logits, actions = [state.logits], [state.logits.argmax(dim=-1)]  # (B, A), (B,)
-        for _ in range(1, horizon):
-            state = self.dynamics.step(self.prediction, state, actions[-1])
-            logits.append(state.logits)
-            actions.append(state.logits.argmax(dim=-1))
-        return torch.stack(logits, dim=1), torch.stack(actions, dim=1)
+        return self._greedy(self.dynamics.start(self.prediction, latents, latent_mask, slot, horizon), horizon)
 
     def forward(self, context_embeds: torch.Tensor, context_mask: torch.Tensor,
                 target_actions: torch.Tensor) -> torch.Tensor:
@@ -272,6 +266,10 @@ class Planner(nn.Module):
     @torch.no_grad()
     def decode(self, state, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The greedy path from a start state (one row per boundary) -> logits (B, T, A), actions (B, T)."""
+        return self._greedy(state, horizon)
+
+    def _greedy(self, state, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed g its own argmax action for ``horizon`` steps from ``state`` -> logits (B, T, A), actions (B, T)."""
         logits, actions = [state.logits], [state.logits.argmax(dim=-1)]  # (B, A), (B,)
         for _ in range(1, horizon):
             state = self.dynamics.step(self.prediction, state, actions[-1])

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import report_target
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--train_articles", "12", "--validation_articles", "4", "--test_articles", "6", "--seeds", "0",
         "--base_epochs", "1", "--epochs", "1", "--planner_epochs", "1", "--n_embd", "16", "--planner_d_model", "16",
@@ -58,14 +60,6 @@ def test_two_rows_end_to_end_then_resumed(tmp_path, capsys):
     assert {path: path.stat().st_mtime for path in finished} == finished  # no LM retrained
 
 
-def target(report: str, name: str) -> bool:
-    """Whether the report's target line that starts with ``name`` says PASS (fails when it is missing)."""
-    lines = [line for line in report.splitlines() if line.startswith(("- PASS: ", "- FAIL: ")) and
-             line[8:].startswith(name)]
-    assert len(lines) == 1, report
-    return lines[0].startswith("- PASS")
-
-
 def pooled_ppl(report: str, label: str) -> float:
     """The pooled perplexity of a Table 1 row (one seed: the column after the seed's)."""
     row = next(line for line in report.splitlines() if line.startswith(f"| {label} |"))
@@ -81,12 +75,12 @@ def test_the_quick_setting_plans_further_ahead_better(tmp_path):
                            "1", "--out_dir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     report = done.stdout
-    assert target(report, "ideal gain from T=1 to T=3")
-    assert target(report, "ours-T3-K10 < ours-T1-K10 (T), every seed's interval below 0")  # the paper's T3 < T1
+    assert report_target(report, "ideal gain from T=1 to T=3")
+    assert report_target(report, "ours-T3-K10 < ours-T1-K10 (T), every seed's interval below 0")  # the paper's T3 < T1
     assert pooled_ppl(report, "ours, T=3, K=10") < pooled_ppl(report, "ours, T=1, K=10")
     assert pooled_ppl(report, "Cornille et al. (argmax, Project and Avg, horizon-1 planner)") < \
         pooled_ppl(report, "Fixed")  # a plan of the next action helps
-    assert target(report, "T=3: the K sweep never significantly worse")
+    assert report_target(report, "T=3: the K sweep never significantly worse")
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import report_target
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -18,14 +20,6 @@ def bench(out_dir: Path, *extra: str) -> str:
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
-
-
-def target(report: str, name: str) -> bool:
-    """Whether the report's target line that starts with ``name`` says PASS (fails when it is missing)."""
-    lines = [line for line in report.splitlines() if line.startswith(("- PASS: ", "- FAIL: ")) and
-             line[8:].startswith(name)]
-    assert len(lines) == 1, report
-    return lines[0].startswith("- PASS")
 
 
 def pooled_ppl(report: str, condition: str) -> float:
@@ -47,7 +41,7 @@ def test_seeds_in_worker_processes_give_the_tables_of_one_process(tmp_path):
     # reads oracle plans, below what any LM without a plan can reach (when written: 2.45 < 2.91 < 3.70)
     assert pooled_ppl(parallel, "oracle") < pooled_ppl(parallel, "ideal LM, no plan (known)") < \
         pooled_ppl(parallel, "none")
-    assert target(parallel, "K sweep never significantly worse")
+    assert report_target(parallel, "K sweep never significantly worse")
 
 
 @pytest.mark.slow
@@ -62,8 +56,8 @@ def test_the_benchmarks_own_size_orders_the_plan_channel(tmp_path):
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     report = done.stdout
-    assert target(report, "planner step-1 NLL within 10% of the optimum")
-    assert target(report, "oracle < sampled < argmax < none, every pooled interval below 0")
+    assert report_target(report, "planner step-1 NLL within 10% of the optimum")
+    assert report_target(report, "oracle < sampled < argmax < none, every pooled interval below 0")
     ppl = {name: pooled_ppl(report, name) for name in ("oracle", "sampled", "argmax", "none")}
     assert ppl["oracle"] < ppl["sampled"] < ppl["argmax"] < ppl["none"]
     assert pooled_ppl(report, "ideal LM, oracle plans (known)") < ppl["oracle"]  # no LM beats the known optimum
