@@ -1,14 +1,14 @@
 """The planner's information against the text it reads, and its recipe measured on the larger set (issue 36).
 
 One prepared folder whose planner split holds more documents than the LM's (``prepare.planner_corpus``, e.g.
-``configs/demo.yaml``'s ``runs/demo/prepared``): its ``planner_train`` split starts with the
+``configs/demo-bigplanner.yaml``'s ``runs/demo-bigplanner/prepared``): its ``planner_train`` split starts with the
 LM's training articles, then the rest. A planner is trained on the first N articles of it
 (``train-planner --train.max_train_articles``) for every size and seed, always with the same codebook and the same
 validation split, with the demo's planner recipe (``configs/demo.yaml``'s planner section) or a variant of it.
 What is compared is the validation information per horizon step (unigram NLL - planner NLL, teacher-forced and
 free-running: ``planlm.train.planner_metrics.planner_information``).
 
-    python experiments/planner_scaling.py --prepared runs/demo/prepared \\
+    python experiments/planner_scaling.py --prepared runs/demo-bigplanner/prepared \\
         --out_dir runs/planner_scaling --sizes 260 500 1000 0 --seeds 0 1 --seeds_at_ends_only
     python experiments/planner_scaling.py --prepared ... --sizes 0 --variant encoder=article \\
         --variant max_epochs=12 --variant d_model=256,dim_feedforward=512

@@ -25,7 +25,7 @@ def test_run_with_a_planner_corpus_overlay(tmp_path):
     config["lm"]["train"]["max_steps"] = 2
     base, overlay = tmp_path / "base.yaml", tmp_path / "bigplanner.yaml"
     base.write_text(yaml.safe_dump(config))
-    # a second --config replaces whole sections: the overlay repeats prepare (as configs/demo-lm-text-planner.yaml does)
+    # a second --config replaces whole sections: the overlay repeats prepare (as configs/demo-bigplanner.yaml does)
     planner_corpus = {"rest_of_train": True, "max_articles": 30}
     overlay.write_text(yaml.safe_dump({"prepare": {**config["prepare"], "planner_corpus": planner_corpus}}))
     cli_main(["run", "--config", str(base), "--config", str(overlay)])
@@ -43,10 +43,10 @@ def test_run_with_a_planner_corpus_overlay(tmp_path):
     assert read_manifest(out / "lm" / "ours")["global_step"] == 2
 
 
-def test_the_lm_text_overlay_is_the_demo_without_the_planner_corpus():
+def test_the_demo_overlay_is_the_demo_plus_the_planner_corpus():
     configs = Path(__file__).resolve().parents[2] / "configs"
     demo = yaml.safe_load((configs / "demo.yaml").read_text())
-    overlay = yaml.safe_load((configs / "demo-lm-text-planner.yaml").read_text())
-    prepare = dict(demo["prepare"])
+    overlay = yaml.safe_load((configs / "demo-bigplanner.yaml").read_text())
+    prepare = dict(overlay["prepare"])
     assert prepare.pop("planner_corpus") == {"rest_of_train": True}
-    assert prepare == overlay["prepare"] and set(overlay) == {"out_dir", "prepare"}
+    assert prepare == demo["prepare"] and set(overlay) == {"out_dir", "prepare"}
