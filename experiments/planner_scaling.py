@@ -16,8 +16,8 @@ free-running: ``planlm.train.planner_metrics.planner_information``).
 ``--sizes 0`` is every article of the planner split. A ``--variant`` overrides model (``PlannerShape``) or train
 (``PlannerTrainArgs``) fields of the recipe, by name; each variant is trained at every size and seed. Writes
 ``scaling.json``, ``scaling.md`` (one row per variant and size: information per step, mean and each seed) and
-``scaling.png`` (information at step 1 and step T against training articles) in ``--out_dir``; finished planners
-are reused.
+``scaling.png`` (information at step 1 and step T against training articles) in ``--out_dir``, with the rows of
+earlier invocations into the same folder (other sizes or seeds); finished planners are reused.
 """
 
 from __future__ import annotations
@@ -121,6 +121,14 @@ def figure(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def merged(path: Path, results: list[dict]) -> list[dict]:
+    """The rows of an earlier invocation's ``scaling.json`` in ``path`` with this one's, a (variant, size) row of
+    this invocation replacing the earlier one: a table grown over several invocations (other sizes or seeds)."""
+    earlier = json.loads(path.read_text()) if path.is_file() else []
+    rows = {(r["variant"], r["articles"]): r for r in earlier + results}
+    return sorted(rows.values(), key=lambda r: (r["variant"], r["articles"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prepared", required=True, help="a folder written by `planlm prepare` (with planner_corpus)")
@@ -145,6 +153,7 @@ def main() -> None:
             results.append({"variant": text, "articles": size, "seeds": seeds, "runs": runs})
             print(table(results)[-1], flush=True)
     out.mkdir(parents=True, exist_ok=True)
+    results = merged(out / "scaling.json", results)
     (out / "scaling.json").write_text(json.dumps(results, indent=2))
     (out / "scaling.md").write_text("\n".join([f"# Planner information against training articles ({prepared})", "",
                                                *table(results), "", "![scaling](scaling.png)", ""]))
