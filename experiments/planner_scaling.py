@@ -92,8 +92,13 @@ def table(results: list[dict]) -> list[str]:
         seeds = ", ".join(f"{v:+.3f}" for v in step1)
         lines.append(f"| {row['variant']} | {row['articles']} | {len(runs)} | "
                      f"{runs[0]['information']['unigram_nll'][0]:.3f} | {np.mean(step1):+.3f} ({seeds}) | "
-                     + " | ".join(f"{v:+.3f}" for v in free[1:]) + f" | {np.mean([r['wall_time_s'] for r in runs]):.0f} |")
+                     + " | ".join(f"{v:+.3f}" for v in free[1:]) + f" | {_mean_time(runs)} |")
     return lines
+
+
+def _mean_time(runs: list[dict]) -> str:
+    times = [r["wall_time_s"] for r in runs if r.get("wall_time_s") is not None]
+    return f"{np.mean(times):.0f}" if times else "n/a"
 
 
 def figure(results: list[dict], path: Path) -> None:
@@ -139,6 +144,9 @@ def main() -> None:
     parser.add_argument("--seeds_at_ends_only", action="store_true",
                         help="every seed at the smallest and the largest size, the first seed between")
     parser.add_argument("--variant", action="append", default=None, help="key=value[,key=value] or 'recipe'")
+    parser.add_argument("--add", action="append", default=[], metavar="DIR",
+                        help="a planner trained elsewhere on this prepared folder with the recipe (e.g. a run's "
+                             "planner/), added as a 'recipe' row at the size of its training split")
     args = parser.parse_args()
     prepared, out = Path(args.prepared), Path(args.out_dir)
     total = PreparedDataset(prepared).split(PreparedDataset(prepared).planner_split).num_articles
@@ -152,6 +160,12 @@ def main() -> None:
             runs = [train_one(prepared, out / name / f"n{size}-seed{seed}", shape, train, size, seed) for seed in seeds]
             results.append({"variant": text, "articles": size, "seeds": seeds, "runs": runs})
             print(table(results)[-1], flush=True)
+    for folder in args.add:
+        summary = json.loads((Path(folder) / "summary.json").read_text())
+        size = PreparedDataset(prepared).split(summary["train_split"]).num_articles
+        run = {"information": summary["information"], "wall_time_s": None, "from": str(folder),
+               "planner_nll": summary["metrics"]["planner_teacher_forced"]["nll"]}
+        results.append({"variant": "recipe", "articles": size, "seeds": [0], "runs": [run]})
     out.mkdir(parents=True, exist_ok=True)
     results = merged(out / "scaling.json", results)
     (out / "scaling.json").write_text(json.dumps(results, indent=2))
