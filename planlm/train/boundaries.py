@@ -62,6 +62,13 @@ class LengthGroupedSampler(torch.utils.data.Sampler):
             yield from batches[index].tolist()
 
 
+def reopen_split(path: str | Path, num_articles: int | None) -> PreparedSplit:
+    """The split at ``path`` (a collate holds only its path, to pickle cheaply into DataLoader workers), cut to its
+    first ``num_articles`` articles when given (a planner fitted on a head of its split)."""
+    split = PreparedSplit(path)
+    return split if num_articles is None or num_articles == split.num_articles else split.head(num_articles)
+
+
 class BoundaryCollate:
     """Boundary indices -> {context_embeds (B, S, E), context_mask (B, S), target_actions (B, T), sentences (B,)}.
 
@@ -70,14 +77,16 @@ class BoundaryCollate:
     pickles cheaply into DataLoader workers.
     """
 
-    def __init__(self, split_path: str | Path, horizon: int, max_sentences: int, with_texts: bool = False):
+    def __init__(self, split_path: str | Path, horizon: int, max_sentences: int, with_texts: bool = False,
+                 num_articles: int | None = None):
         self.split_path, self.horizon, self.max_sentences, self.with_texts = Path(split_path), horizon, max_sentences, with_texts
+        self.num_articles = num_articles  # the first articles only (``PreparedSplit.head``); None: all
         self._split: PreparedSplit | None = None
 
     @property
     def split(self) -> PreparedSplit:
         if self._split is None:
-            self._split = PreparedSplit(self.split_path)
+            self._split = reopen_split(self.split_path, self.num_articles)
         return self._split
 
     def __getstate__(self):
@@ -107,15 +116,16 @@ class ArticleCollate:
     sentences (R, S+1)}: a row's sentences and the targets of each of its boundaries (IGNORE_INDEX past the
     row's boundaries and before its first supervised one; ``sentences`` -1 there), for ``Planner.article_forward``."""
 
-    def __init__(self, split_path: str | Path, horizon: int, max_sentences: int):
+    def __init__(self, split_path: str | Path, horizon: int, max_sentences: int, num_articles: int | None = None):
         self.split_path, self.horizon, self.max_sentences = Path(split_path), horizon, max_sentences
+        self.num_articles = num_articles  # the first articles only (``PreparedSplit.head``); None: all
         self._split: PreparedSplit | None = None
         self._rows: np.ndarray | None = None
 
     @property
     def split(self) -> PreparedSplit:
         if self._split is None:
-            self._split = PreparedSplit(self.split_path)
+            self._split = reopen_split(self.split_path, self.num_articles)
         return self._split
 
     @property

@@ -219,7 +219,8 @@ def _loader(split: PreparedSplit, config: PlannerConfig, train: PlannerTrainArgs
     for the article-level encoder, article rows (``_article_loader``)."""
     if config.encoder == "article":
         return _article_loader(split, config, train, shuffle)
-    collate = BoundaryCollate(split.path, config.horizon, config.max_sentences, with_texts=config.finetune_encoder)
+    collate = BoundaryCollate(split.path, config.horizon, config.max_sentences, with_texts=config.finetune_encoder,
+                              num_articles=split.num_articles)
     sentences = np.arange(split.num_sentences)
     context_lengths = np.minimum(sentences - split.sentence_offsets[split.sentence_article], config.max_sentences)
     sampler = (LengthGroupedSampler(context_lengths, train.batch_size, train.seed) if shuffle
@@ -232,7 +233,7 @@ def _article_loader(split: PreparedSplit, config: PlannerConfig, train: PlannerT
                     shuffle: bool) -> DataLoader:
     """Article rows of ``split`` (``article_rows``), as many per batch as hold about ``batch_size`` boundaries
     (so an epoch takes about as many optimiser steps as with boundary batches); shuffled per epoch."""
-    collate = ArticleCollate(split.path, config.horizon, config.max_sentences)
+    collate = ArticleCollate(split.path, config.horizon, config.max_sentences, num_articles=split.num_articles)
     rows = collate.rows
     per_batch = max(1, round(train.batch_size / max(float(rows[:, 1].mean()), 1.0)))
     dataset = BoundaryDataset(len(rows))  # item = row index

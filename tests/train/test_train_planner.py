@@ -265,6 +265,12 @@ def test_head_of_a_split_and_a_planner_fitted_on_its_first_articles(synthetic_cy
     assert head.articles == split.articles[:3] and head.sentence_text(ends[0] - 1) == split.sentence_text(ends[0] - 1)
     with pytest.raises(PlanlmError, match=f"ask for 1 to {split.num_articles}"):
         split.head(split.num_articles + 1)
+    # the collates reopen the split by path (DataLoader workers): they keep the head, not the whole split
+    from planlm.train.boundaries import ArticleCollate, BoundaryCollate
+
+    assert ArticleCollate(split.path, 4, 32, num_articles=3).split.num_articles == 3
+    assert len(ArticleCollate(split.path, 4, 32, num_articles=3).rows) == 3  # short articles: one row each
+    assert BoundaryCollate(split.path, 4, 32, num_articles=3).split.num_sentences == ends[0]
     out = train_planner(str(synthetic_cycle), str(tmp_path / "head"), TINY_MODEL,
                         tiny_train(max_epochs=1, max_train_articles=3))
     summary = json.loads((out / "summary.json").read_text())
