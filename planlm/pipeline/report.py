@@ -125,10 +125,21 @@ def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict]
     return rows
 
 
+def _paired(layout: RunLayout, a: str, b: str) -> dict:
+    """ppl(b) - ppl(a) of two conditions as ``planlm compare`` gives it (seed by seed, with the seed-noise interval
+    when the run has seeds): diff, ci_low, ci_high, interval, note, seed_diffs, ppl_a. Raises PlanlmError when they
+    cannot be paired (e.g. evaluated on other articles)."""
+    from planlm.evaluate.bootstrap import compare_evaluations
+
+    result = compare_evaluations(layout.evaluation(a), layout.evaluation(b))
+    return {"diff": result.get("diff_mean", result["diff"]), "ci_low": result["ci_low"], "ci_high": result["ci_high"],
+            "interval": result.get("interval", "articles"), "note": result.get("note"), "ppl_a": result["ppl_a"],
+            "seed_diffs": {s: one["diff"] for s, one in result["seeds"].items()} if "seeds" in result else None}
+
+
 def _add_paired_differences(layout: RunLayout, rows: list[dict]) -> None:
     """ppl(condition) - ppl(reference) over the same articles (and seed by seed), the reference being the
     `none` condition when there is one, else the first."""
-    from planlm.evaluate.bootstrap import compare_evaluations
     from planlm.utils import PlanlmError
 
     done = [r for r in rows if r["ppl"] is not None]
@@ -139,14 +150,12 @@ def _add_paired_differences(layout: RunLayout, rows: list[dict]) -> None:
         if reference is None or row is reference or row["ppl"] is None:
             continue
         try:
-            result = compare_evaluations(layout.evaluation(reference["name"]), layout.evaluation(row["name"]))
+            paired = _paired(layout, reference["name"], row["name"])
         except PlanlmError:  # e.g. evaluated on other articles: no paired difference to show
             continue
-        row.update(paired_reference=reference["name"], paired_diff=result.get("diff_mean", result["diff"]),
-                   paired_ci_low=result["ci_low"], paired_ci_high=result["ci_high"],
-                   paired_interval=result.get("interval", "articles"), paired_note=result.get("note"),
-                   paired_seed_diffs={s: one["diff"] for s, one in result["seeds"].items()} if "seeds" in result
-                   else None)
+        row.update(paired_reference=reference["name"], paired_diff=paired["diff"], paired_ci_low=paired["ci_low"],
+                   paired_ci_high=paired["ci_high"], paired_interval=paired["interval"], paired_note=paired["note"],
+                   paired_seed_diffs=paired["seed_diffs"])
 
 
 def check_contrasts(contrasts: list, names: list[str], where: str) -> None:
@@ -162,7 +171,6 @@ def check_contrasts(contrasts: list, names: list[str], where: str) -> None:
 def contrast_rows(layout: RunLayout, rows: list[dict], contrasts: list[list[str]]) -> list[dict]:
     """ppl(b) - ppl(a) for each configured pair [b, a] of conditions, paired over the same articles and, with
     seeds, seed by seed with the seed-noise interval of ``planlm compare``; beside each side's ReZero scalars."""
-    from planlm.evaluate.bootstrap import compare_evaluations
     from planlm.utils import PlanlmError
 
     by_name = {r["name"]: r for r in rows}
@@ -173,15 +181,12 @@ def contrast_rows(layout: RunLayout, rows: list[dict], contrasts: list[list[str]
                "relative": None, "alphas_b": by_name[b].get("rezero_alphas"), "alphas_a": by_name[a].get("rezero_alphas")}
         if by_name[a]["ppl"] is not None and by_name[b]["ppl"] is not None:
             try:
-                result = compare_evaluations(layout.evaluation(a), layout.evaluation(b))
+                paired = _paired(layout, a, b)
             except PlanlmError as e:
                 row["error"] = str(e)
             else:
-                row.update(diff=result.get("diff_mean", result["diff"]), ci_low=result["ci_low"],
-                           ci_high=result["ci_high"], interval=result.get("interval", "articles"),
-                           relative=result["diff"] / result["ppl_a"],
-                           seed_diffs={s: one["diff"] for s, one in result["seeds"].items()} if "seeds" in result
-                           else None)
+                row.update({k: paired[k] for k in ("diff", "ci_low", "ci_high", "interval", "seed_diffs")},
+                           relative=paired["diff"] / paired["ppl_a"])
         out.append(row)
     return out
 
@@ -350,8 +355,8 @@ def _information_section(summaries: dict[str, dict]) -> list[str]:
     return lines
 
 
-def _planner_section(layout: RunLayout) -> list[str]:
-    summaries = planner_summaries(layout)
+def _planner_section(layout: RunLayout, summaries: dict[str, dict]) -> list[str]:
+    """The planners' information per step and the shared planner's accuracy (``summaries``: planner_summaries)."""
     info = _information_section(summaries) if summaries else []
     summary = summaries.get("shared")
     if not summary:
@@ -521,8 +526,9 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
     layout.figures.mkdir(parents=True, exist_ok=True)
     rows = collect_results(layout.root, conditions, state, seeds)
     paired = contrast_rows(layout, rows, contrasts or [])
+    summaries = planner_summaries(layout)
     planners = {name: {"horizon": summary["horizon"], "information": summary["information"]}
-                for name, summary in planner_summaries(layout).items()}
+                for name, summary in summaries.items()}
     layout.results_json.write_text(json.dumps({"conditions": rows, "contrasts": paired, "planners": planners, "paper": PAPER_TABLE,
                                                "stages": (state or {}).get("stages", {})}, indent=2))
     with open(layout.results_csv, "w", newline="") as f:
@@ -552,7 +558,7 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
         lines += [f"- {r['name']}: {r['error']}" for r in failed]
     lines.append("")
     lines += _contrasts_section(paired)
-    lines += _planner_section(layout)
+    lines += _planner_section(layout, summaries)
     lines += _sweeps_section(layout)
     lines += _actions_section(layout, actions_shown)
     stage_info = (state or {}).get("stages", {})
