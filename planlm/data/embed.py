@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from planlm.data.resources import DEFAULT_ENCODER, load_sentence_encoder
-from planlm.utils import PlanlmError, check_bf16, fingerprint, native_precision, write_json
+from planlm.utils import PlanlmError, check_bf16, fingerprint, native_precision, resolve_device, write_json
 
 
 _BATCHES_PER_CALL = 4  # encode() calls carry a small fixed cost; the bar still moves often
@@ -108,7 +108,7 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
     names where they come from, in the resume key.
     """
     config = config or EmbedConfig()
-    device_type = torch.device(config.device).type if config.device else ("cuda" if torch.cuda.is_available() else "cpu")
+    device_type = resolve_device(config.device or "auto").type  # the encoder's device (load_sentence_encoder's rule)
     config = replace(config, precision=native_precision(config.precision, device_type, "bf16", "fp32"))
     out_path = Path(out_path)
     progress_path = _progress_path(out_path)
