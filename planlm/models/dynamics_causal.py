@@ -15,7 +15,8 @@ and appending an action is one new token whose keys and values join a cache (as 
                       path and step: the work that grows with K no longer depends on the context length
 
 f is the same prefix-causal stack over g's outputs, then the paper's mean pool (a running mean over
-the context and the steps so far) and the linear classifier. Layers mirror nn.TransformerEncoderLayer
+the context and the steps so far) and the linear classifier; with ``pool = "mean_last"`` a second linear map
+of the newest latent's output (the latest sentence, or the latest step) is added to the logits. Layers mirror nn.TransformerEncoderLayer
 (post-norm, ReLU), so g and f have the same parameter counts as the recurrent ones.
 
 The article-level encoder (``PlannerShape.encoder = "article"``) makes the context causal too: context
@@ -168,6 +169,15 @@ class CausalPrediction(nn.Module):
         self.transformer = CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
                                        config.num_layers, causal_context=config.encoder == "article")
         self.classifier = nn.Linear(config.d_model, config.num_actions)
+        # pool "mean_last": a second linear read of the newest latent (the latest sentence or step), zero at init
+        self.last = nn.Linear(config.d_model, config.num_actions, bias=False) if config.pool == "mean_last" else None
+        if self.last is not None:
+            nn.init.zeros_(self.last.weight)
+
+    def logits(self, sums: torch.Tensor, counts: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """The running mean sums / counts (..., D) and the newest latent's output last (..., D) -> (..., A)."""
+        logits = self.classifier(sums / counts)
+        return logits if self.last is None else logits + self.last(last)
 
 
 @dataclass
@@ -231,7 +241,9 @@ class CausalDynamics(Dynamics):
         step_sums = torch.cumsum(hidden[:, num_context:], dim=1)  # (B, T-1, D)
         sums = torch.cat([context_sum, context_sum + step_sums], dim=1)  # (B, T, D)
         counts = weights.sum(dim=1, keepdim=True) + torch.arange(horizon, device=latents.device)[None, :, None]
-        return prediction.classifier(sums / counts)  # (B, T, A)
+        newest = hidden[torch.arange(len(hidden), device=hidden.device), latent_mask.sum(dim=1) - 1]  # (B, D)
+        last = torch.cat([newest[:, None], hidden[:, num_context:]], dim=1)  # (B, T, D)
+        return prediction.logits(sums, counts, last)  # (B, T, A)
 
     def article_teacher_forcing(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
                                 actions: torch.Tensor) -> torch.Tensor:
@@ -253,7 +265,9 @@ class CausalDynamics(Dynamics):
         step_sums = torch.cumsum(hidden[:, num_bounds:].view(rows, num_bounds, num_steps, -1), dim=2)  # (R, J, T-1, D)
         sums = torch.cat([context_sums.unsqueeze(2), context_sums.unsqueeze(2) + step_sums], dim=2)  # (R, J, T, D)
         counts = torch.cumsum(weights, dim=1).unsqueeze(2) + torch.arange(horizon, device=device)[:, None]  # (R, J, T, 1)
-        return prediction.classifier(sums / counts)  # (R, J, T, A)
+        last = torch.cat([hidden[:, :num_bounds].unsqueeze(2),
+                          hidden[:, num_bounds:].view(rows, num_bounds, num_steps, -1)], dim=2)  # (R, J, T, D)
+        return prediction.logits(sums, counts, last)  # (R, J, T, A)
 
     @torch.no_grad()
     def article_start(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
@@ -273,7 +287,7 @@ class CausalDynamics(Dynamics):
         g_context = [(keys[row], values[row]) for keys, values in g_cache]  # (B, H, J, Dh)
         f_context = [(keys[row], values[row]) for keys, values in f_cache]
         return CausalState(g_context, f_context, context_mask, sums, counts, bound + 1,
-                           prediction.classifier(sums / counts), horizon)
+                           prediction.logits(sums, counts, hidden[row, bound]), horizon)
 
     @torch.no_grad()
     def start(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
@@ -284,7 +298,8 @@ class CausalDynamics(Dynamics):
         weights = latent_mask.unsqueeze(-1).to(hidden.dtype)
         sums = (hidden * weights).sum(dim=1)  # (B, D)
         counts = weights.sum(dim=1)  # (B, 1)
-        logits = prediction.classifier(sums / counts)  # (B, A)
+        newest = hidden[torch.arange(len(hidden), device=hidden.device), latent_mask.sum(dim=1) - 1]  # (B, D)
+        logits = prediction.logits(sums, counts, newest)  # (B, A)
         return CausalState(g_context, f_context, latent_mask, sums, counts, slot, logits, horizon)
 
     @torch.no_grad()
@@ -298,7 +313,7 @@ class CausalDynamics(Dynamics):
         new = self.transformer.step(new, state.g_context, state.context_mask, g_own, state.steps)
         new = prediction.transformer.step(new, state.f_context, state.context_mask, f_own, state.steps)
         sums, counts = state.sums + new[:, 0], state.counts + 1
-        logits = prediction.classifier(sums / counts)  # (N, A)
+        logits = prediction.logits(sums, counts, new[:, 0])  # (N, A)
         return replace(state, sums=sums, counts=counts, slot=state.slot + 1, logits=logits, steps=state.steps + 1,
                        g_own=g_own, f_own=f_own)
 

@@ -70,6 +70,10 @@ class PlannerShape:
     latent seeing the whole context); "article" reads it causally (latent j sees latents <= j), so one pass
     over an article computes every boundary of it: about 1/15 of the encoder work on 30-sentence pieces.
     Needs dynamics "causal" (the paper's g re-encodes every latent at each step: nothing to share)."""
+    pool: Literal["mean", "mean_last"] = "mean"
+    """How f reads its latents: "mean" is the paper's mean pool; "mean_last" (causal dynamics only) adds a linear
+    read of the newest latent (the latest sentence, or the latest planned step) to the mean's logits. Under the
+    article encoder only the newest latent has read the whole context, which the mean dilutes."""
     dynamics_grad_scale: float = 0.5
     """Scale of the gradient that flows back through g into earlier states (MuZero: 0.5; recurrent only)."""
     finetune_encoder: bool = False
@@ -94,6 +98,9 @@ class PlannerShape:
         if self.encoder == "article" and self.dynamics != "causal":
             raise PlanlmError(f"planner config: encoder=article needs dynamics=causal (got {self.dynamics!r}: the "
                               f"paper's g re-encodes every latent); set --model.dynamics causal")
+        if self.pool not in ("mean", "mean_last") or (self.pool == "mean_last" and self.dynamics != "causal"):
+            raise PlanlmError(f"planner config: pool={self.pool!r} with dynamics={self.dynamics!r}; choose mean, or "
+                              f"mean_last with --model.dynamics causal")
         if self.encoder == "article" and self.finetune_encoder:
             raise PlanlmError("planner config: encoder=article reads the prepared embeddings; it does not finetune "
                               "the sentence encoder (set --model.finetune_encoder false or --model.encoder boundary)")

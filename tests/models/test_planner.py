@@ -16,7 +16,10 @@ TINY = dict(num_actions=8, embedding_dim=16, d_model=32, num_heads=2, dim_feedfo
 def tiny_planner(seed: int = 0, **overrides) -> Planner:
     torch.manual_seed(seed)
     codebook = torch.randn(8, 16)
-    return Planner(PlannerConfig(**{**TINY, **overrides}), codebook=codebook).eval()
+    planner = Planner(PlannerConfig(**{**TINY, **overrides}), codebook=codebook).eval()
+    if getattr(planner.prediction, "last", None) is not None:  # pool mean_last: its zero-initialised read made live
+        torch.nn.init.normal_(planner.prediction.last.weight, std=0.5)
+    return planner
 
 
 def contexts(batch_size: int = 3, num_sentences: int = 5, seed: int = 1):
@@ -207,8 +210,9 @@ def test_step_by_step_decoding_equals_teacher_forcing(dynamics):
                                    rtol=1e-4, atol=1e-5)
 
 
-def test_causal_decoding_with_the_cache_equals_the_one_pass_teacher_forcing():
-    planner = tiny_planner(seed=2, dynamics="causal", num_layers=2)
+@pytest.mark.parametrize("pool", ["mean", "mean_last"])
+def test_causal_decoding_with_the_cache_equals_the_one_pass_teacher_forcing(pool):
+    planner = tiny_planner(seed=2, dynamics="causal", num_layers=2, pool=pool)
     embeds, mask = contexts(batch_size=4, num_sentences=5, seed=3)
     num_paths, horizon = 3, 6
     given = torch.randint(0, 8, (4 * num_paths, horizon), generator=torch.Generator().manual_seed(4))  # (B*K, T)
@@ -234,10 +238,11 @@ def test_config_rejects_unknown_dynamics():
         PlannerConfig(dynamics="lstm")
 
 
-def test_article_encoder_equals_its_per_boundary_causal_computation():
+@pytest.mark.parametrize("pool", ["mean", "mean_last"])
+def test_article_encoder_equals_its_per_boundary_causal_computation(pool):
     """encoder="article": one pass per article row gives every boundary's prediction; boundary j equals the
     same planner run on that boundary alone (its first j sentences, the causal context), to 1e-5 in fp32."""
-    planner = tiny_planner(seed=2, dynamics="causal", encoder="article", num_layers=2)
+    planner = tiny_planner(seed=2, dynamics="causal", encoder="article", num_layers=2, pool=pool)
     embeds, _ = contexts(batch_size=3, num_sentences=5, seed=3)
     lengths = torch.tensor([5, 2, 0])  # rows of 5, 2 and 0 sentences (right-padded)
     mask = torch.arange(5)[None, :] < lengths[:, None]
@@ -272,3 +277,16 @@ def test_article_context_is_causal_and_the_boundary_encoder_is_not():
 def test_article_encoder_needs_the_causal_dynamics():
     with pytest.raises(PlanlmError, match="encoder=article needs dynamics=causal"):
         PlannerConfig(**TINY, encoder="article")
+
+
+def test_pool_mean_last_reads_the_newest_latent_and_needs_the_causal_dynamics():
+    with pytest.raises(PlanlmError, match="pool='mean_last' with dynamics='recurrent'"):
+        PlannerConfig(**TINY, pool="mean_last")
+    embeds, mask = contexts(batch_size=3, num_sentences=5)
+    given = torch.randint(0, 8, (3, 6), generator=torch.Generator().manual_seed(4))
+    planner = tiny_planner(dynamics="causal", pool="mean_last")
+    with torch.no_grad():
+        live = planner(embeds, mask, given)
+        planner.prediction.last.weight.zero_()  # its initial value: exactly the mean pool's logits
+        assert not torch.allclose(live, planner(embeds, mask, given))
+        torch.testing.assert_close(planner(embeds, mask, given), tiny_planner(dynamics="causal")(embeds, mask, given))
