@@ -128,6 +128,41 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def process_umask() -> int:
+    """The process's umask (read from /proc on Linux: setting it to read it would race with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def honour_umask(path: str | Path) -> None:
+    """Give ``path`` (a folder: with everything in it) the mode a plain open() or mkdir() gives under the umask.
+
+    Writers that go through a private temporary file or folder leave 0600 / 0700 behind (safetensors' ``save_file``
+    and ``save_model``, ``tempfile.mkdtemp``), which a teammate in the group cannot read; call this after them."""
+    path, mask = Path(path), process_umask()
+    if path.is_dir() and not path.is_symlink():
+        for child in path.iterdir():
+            honour_umask(child)
+        os.chmod(path, 0o777 & ~mask)
+    elif path.is_file() and not path.is_symlink():
+        os.chmod(path, 0o666 & ~mask)
+
+
+def save_safetensors(tensors: dict, path: str | Path) -> None:
+    """``safetensors.torch.save_file``, with the umask's mode (it writes 0600)."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path))
+    honour_umask(path)
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     """Write JSON atomically (tmp file + rename), so a reader never sees half a file."""
     path = Path(path)

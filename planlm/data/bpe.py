@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
-from planlm.utils import PlanlmError
+from planlm.utils import PlanlmError, honour_umask
 
 PREFIX = "bpe:"
 END_OF_TEXT = "<|endoftext|>"  # GPT-2's, the only special token
@@ -55,4 +55,5 @@ def train_bpe(texts: Iterable[str], vocab_size: int, folder: Path) -> Path:
     fast.save_pretrained(str(tmp))
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
+    honour_umask(folder)  # mkdtemp made it 0700
     return folder

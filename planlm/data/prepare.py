@@ -40,7 +40,7 @@ from planlm.data.resources import (DEFAULT_TOKENIZER, load_tokenizer, offline_co
                                    split_sentences)
 from planlm.data.tokens import tokenize_articles
 from planlm.data.windows import beyond_window_share
-from planlm.utils import PlanlmError, file_sha256, prepare_stage_dir, write_manifest
+from planlm.utils import PlanlmError, file_sha256, prepare_stage_dir, save_safetensors, write_manifest
 
 # Fields that change how fast the result is made, not what it is.
 _RUNTIME_FIELDS = {"embedding": ("batch_size", "device", "chunk_size", "multi_gpu", "pool_devices"), "actions": ("use_gpu",)}
@@ -405,9 +405,7 @@ def _write_planner_split(out: Path, articles: list, spans: list, sentence_offset
 def _save_codebook_and_hash(out: Path, codebook: np.ndarray, splits: list[str]) -> dict[str, str]:
     """Write codebook.safetensors; the sha256 of it and of every split file."""
     import torch
-    from safetensors.torch import save_file
-
-    save_file({"centroids": torch.from_numpy(codebook)}, str(out / "codebook.safetensors"))
+    save_safetensors({"centroids": torch.from_numpy(codebook)}, out / "codebook.safetensors")
     hashes = {"codebook.safetensors": file_sha256(out / "codebook.safetensors")}
     if (out / "tokenizer" / "tokenizer.json").is_file():
         hashes["tokenizer/tokenizer.json"] = file_sha256(out / "tokenizer" / "tokenizer.json")

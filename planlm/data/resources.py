@@ -23,7 +23,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from planlm.utils import PlanlmError, cache_root
+from planlm.utils import PlanlmError, cache_root, honour_umask
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 DEFAULT_TOKENIZER = "gpt2"
@@ -71,6 +71,7 @@ def _offline_gpt2_dir() -> Path:
         shutil.copyfile(data / "encoder.json", tmp / "vocab.json")
         shutil.copyfile(data / "vocab.bpe", tmp / "merges.txt")
         cache.parent.mkdir(parents=True, exist_ok=True)
+        honour_umask(tmp)  # mkdtemp made it 0700
         try:
             os.replace(tmp, cache)
         except OSError:  # another process won the race

@@ -19,12 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from planlm.data.artifacts import SPLITS, write_split
 from planlm.data.resources import load_tokenizer
 from planlm.data.tokens import tokenize_articles
-from planlm.utils import file_sha256, write_manifest
+from planlm.utils import file_sha256, save_safetensors, write_manifest
 
 # Common English words that are single GPT-2 tokens with a leading space.
 _WORDS = ("red blue green black white gold silver stone water fire river mountain city village king "
@@ -118,7 +117,7 @@ def write_synthetic_prepared(out_dir: str | Path, splits: dict[str, tuple[list[d
                                if ids else np.zeros(0, np.int64)),
         })
         counts[split] = {"articles": len(records), "sentences": int(len(actions)), "tokens": int(token_offsets[-1])}
-    save_file({"centroids": torch.from_numpy(centroids)}, str(out_dir / "codebook.safetensors"))
+    save_safetensors({"centroids": torch.from_numpy(centroids)}, out_dir / "codebook.safetensors")
     write_manifest(out_dir, config, num_actions=num_actions, embedding_dim=embedding_dim, tokenizer=tokenizer,
                    encoder="synthetic", splits=list(SPLITS), counts=counts,
                    hashes={"codebook.safetensors": file_sha256(out_dir / "codebook.safetensors")})

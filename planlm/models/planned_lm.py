@@ -27,14 +27,13 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import Tensor, nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
 from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
 from planlm.plans.spec import PlanKind, PlanSpec
-from planlm.utils import PlanlmError, to_jsonable, write_json
+from planlm.utils import PlanlmError, honour_umask, save_safetensors, to_jsonable, write_json
 
 Finetune = Literal["full", "frozen", "lora"]
 LEGACY_PLAN_FIELDS = ("conditioning", "num_paths", "horizon", "temperature", "fixed_action", "seed", "planner_dir",
@@ -254,11 +253,12 @@ class PlannedLM(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.base_lm().save_pretrained(folder / "lm", safe_serialization=True)
+        honour_umask(folder / "lm")  # transformers writes model.safetensors 0600
         if self.adapter is not None:
             state = {name: t.detach().contiguous().cpu() for name, t in self.adapter.state_dict().items()}
-            save_file(state, str(folder / "adapter.safetensors"))
+            save_safetensors(state, folder / "adapter.safetensors")
         if self.codebook is not None:
-            save_file({"centroids": self.codebook.detach().cpu().contiguous()}, str(folder / "codebook.safetensors"))
+            save_safetensors({"centroids": self.codebook.detach().cpu().contiguous()}, folder / "codebook.safetensors")
         if tokenizer is not None:
             tokenizer.save_pretrained(str(folder / "tokenizer"))
         write_json(folder / "planned_lm.json", to_jsonable(self.config))

@@ -31,7 +31,7 @@ from torch import nn
 
 from planlm.models.dynamics import Dynamics, RecurrentDynamics, top_distribution
 from planlm.models.dynamics_causal import CausalDynamics
-from planlm.utils import PlanlmError, file_sha256, write_json
+from planlm.utils import PlanlmError, file_sha256, honour_umask, write_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -389,6 +389,7 @@ class Planner(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         save_model(self, str(folder / WEIGHTS_FILE))
+        honour_umask(folder / WEIGHTS_FILE)  # safetensors writes 0600
         write_json(folder / CONFIG_FILE, asdict(self.config))
         write_json(folder / PREPARED_FILE, self.prepared_info)
         write_card(folder, planner_card(self.config, self.prepared_info))  # last: a folder with a card is complete

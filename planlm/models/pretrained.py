@@ -22,7 +22,7 @@ import tempfile
 from importlib import util as importlib_util
 from pathlib import Path
 
-from planlm.utils import PlanlmError, cache_root, file_sha256
+from planlm.utils import PlanlmError, cache_root, file_sha256, honour_umask
 
 SMOLLM2 = "smollm2-135m"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -87,6 +87,7 @@ def export_gguf(path: Path, folder: Path) -> Path:
     plain.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / "planlm_export.json").write_text(json.dumps({"gguf": str(path), "sha256": file_sha256(path)}) + "\n")
+    honour_umask(tmp)  # mkdtemp and safetensors leave 0700 / 0600
     try:
         os.replace(tmp, folder)
     except OSError:  # another process exported it first
