@@ -107,5 +107,5 @@ def test_a_misspelled_option_fails_the_parse(cli_parser):
     good = ["planlm", "evaluate", "--model_dir", "m", "--prepared_dir", "p", "--out_dir", "o", "--plans.num_paths", "5"]
     assert parse_error(cli_parser, good) is None
     assert "--plans.num_pathz" in parse_error(cli_parser, [w.replace("num_paths", "num_pathz") for w in good])
-    assert parse_error(cli_parser, ["planlm", "sample-plans", PLACEHOLDER, "--num_paths", "5"]) is None
-    assert parse_error(cli_parser, ["planlm", "sample-plans", PLACEHOLDER, "--num_pathz", "5"])
+    assert parse_error(cli_parser, ["planlm", "sample-plans", PLACEHOLDER, "--plans.num_paths", "5"]) is None
+    assert parse_error(cli_parser, ["planlm", "sample-plans", PLACEHOLDER, "--plans.num_pathz", "5"])

@@ -11,7 +11,9 @@ import torch
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.perplexity import evaluate, evaluate_split
 from planlm.plans.cache import load_plans
-from planlm.plans.sampling import compute_plans, sample_plans
+from planlm.plans.kinds import draw_plans
+from planlm.plans.sampling import sample_plans
+from planlm.plans.spec import PlanSpec
 
 from helpers import linear_output_dtypes, sampled_multipath, tiny_planner, use_planner
 from planlm.plans.spec import PlanSpec
@@ -25,19 +27,20 @@ def test_planner_samples_on_cuda_in_bf16_by_default(synthetic_cycle, tmp_path, d
     prepared = PreparedDataset(synthetic_cycle)
     folder = tiny_planner(prepared, dynamics=dynamics, max_sentences=4).save_pretrained(tmp_path / "planner")
     with linear_output_dtypes() as seen:
-        out = sample_plans(str(folder), str(synthetic_cycle), splits=["validation"], num_paths=4, horizon=3,
-                           device="cuda", out_dir=str(tmp_path / "plans"))  # precision auto: bf16 on CUDA
+        out = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(folder), num_paths=4, horizon=3),
+                           splits=["validation"], device="cuda", out_dir=str(tmp_path / "plans"))  # auto: bf16 on CUDA
     assert seen and set().union(*seen.values()) == {torch.bfloat16}
     plans = load_plans(out, "validation", prepared=prepared)
     assert plans.shape == (prepared["validation"].num_sentences, 4, 3) and 0 <= plans.min() and plans.max() < 8
     # reproducible on the GPU, and greedy paths mostly agree with fp32 on the CPU (bf16 rounding aside)
     planner = tiny_planner(prepared, dynamics=dynamics, max_sentences=4)
     split = prepared["validation"]
-    again = compute_plans(planner, split, 4, 3, 1.0, seed=0, device="cuda", precision="auto")
-    np.testing.assert_array_equal(again, compute_plans(planner, split, 4, 3, 1.0, seed=0, device="cuda",
-                                                       precision="auto"))
-    greedy_gpu = compute_plans(planner, split, 1, 3, 0.0, seed=0, device="cuda", precision="bf16")
-    greedy_cpu = compute_plans(planner.cpu(), split, 1, 3, 0.0, seed=0, device="cpu", precision="fp32")
+    sampled = PlanSpec(kind="planner_sampled", num_paths=4, horizon=3).resolve()
+    greedy = PlanSpec(kind="planner_sampled", num_paths=1, horizon=3, temperature=0.0).resolve()
+    again = draw_plans(planner, split, sampled, device="cuda", precision="auto").paths
+    np.testing.assert_array_equal(again, draw_plans(planner, split, sampled, device="cuda", precision="auto").paths)
+    greedy_gpu = draw_plans(planner, split, greedy, device="cuda", precision="bf16").paths
+    greedy_cpu = draw_plans(planner.cpu(), split, greedy, device="cpu", precision="fp32").paths
     assert np.mean(greedy_gpu == greedy_cpu) > 0.8
 
 
@@ -93,12 +96,11 @@ def test_adaptive_path_policies_sample_on_cuda(synthetic_cycle, dynamics):
     split = prepared["validation"]
     planner = tiny_planner(prepared, dynamics=dynamics, max_sentences=4)
     for policy in (PathPolicy("entropy", min_paths=1, max_paths=8), PathPolicy("converge", min_paths=2, tolerance=0.1)):
-        counts = np.zeros(split.num_sentences, np.int64)
-        paths = compute_plans(planner, split, 8, 3, 1.0, seed=0, device="cuda", precision="auto", policy=policy,
-                              num_paths_out=counts)
+        spec = PlanSpec(kind="planner_sampled", num_paths=8, horizon=3, path_policy=policy).resolve()
+        drawn = draw_plans(planner, split, spec, device="cuda", precision="auto")
+        paths, counts = drawn.paths, drawn.counts
         assert paths.shape == (split.num_sentences, 8, 3) and 0 <= paths.min() and paths.max() < 8
         assert counts.min() >= policy.min_paths and counts.max() <= 8
-        again = np.zeros_like(counts)
-        np.testing.assert_array_equal(paths, compute_plans(planner, split, 8, 3, 1.0, seed=0, device="cuda",
-                                                           precision="auto", policy=policy, num_paths_out=again))
-        np.testing.assert_array_equal(counts, again)  # reproducible on the GPU
+        again = draw_plans(planner, split, spec, device="cuda", precision="auto")
+        np.testing.assert_array_equal(paths, again.paths)
+        np.testing.assert_array_equal(counts, again.counts)  # reproducible on the GPU

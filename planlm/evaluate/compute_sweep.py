@@ -131,7 +131,7 @@ def where_paths_went(eval_dir: Path, planner_dir: Optional[str], prepared_dir: s
     from planlm.data.artifacts import PreparedDataset
     from planlm.integrity import fix_for, load_npy
     from planlm.models.planner import Planner
-    from planlm.plans.sampling import boundary_contexts
+    from planlm.plans.contexts import boundary_contexts
     from planlm.utils import resolve_device
 
     counts = load_npy(eval_dir / "num_paths.npy", fix_for(eval_dir), mmap_mode=None)  # (N_sent evaluated,)

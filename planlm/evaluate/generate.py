@@ -15,7 +15,7 @@ from planlm.data.resources import load_tokenizer
 from planlm.evaluate.generator import EmbedFn, GenerationResult, PlannedGenerator, Prompt, SamplingConfig
 from planlm.evaluate.loading import load_checked
 from planlm.models.planner import Planner
-from planlm.plans.spec import PlanKind, PlanSpec, evaluation_spec
+from planlm.plans.spec import PlanSpec, evaluation_spec
 from planlm.utils import PlanlmError, resolve_device, write_json
 
 
@@ -101,7 +101,7 @@ def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSp
         tokenizer = model.load_tokenizer(model_dir)
     else:
         tokenizer = load_tokenizer(prepared.tokenizer_name)
-    embed_fn = embed_fn or (encoder_embed_fn(prepared) if spec.kind.uses_planner else None)
+    embed_fn = embed_fn or (encoder_embed_fn(prepared) if planner is not None else None)
     splitter = prepared.manifest.get("config", {}).get("sentences", {}).get("splitter", "sentencizer")
     generator = PlannedGenerator(model, tokenizer, spec, planner=planner, embed_fn=embed_fn, split=split_view,
                                  sentence_splitter=splitter, device=torch_device, seed=seed, precision=precision)
@@ -159,8 +159,8 @@ def _start(generator: PlannedGenerator, split_view, prompt: Optional[str], artic
         if not 0 <= article < split_view.num_articles:
             raise PlanlmError(f"--article {article}: {split_view.path} has articles 0..{split_view.num_articles - 1}")
         return generator.prompt_from_article(split_view, article, boundary, context_length)
-    if generator.spec.kind == PlanKind.oracle:
-        raise PlanlmError("--plans.kind oracle needs --article (the true future of a test article)")
+    if generator.spec.strategy.reads_future:
+        raise PlanlmError(f"--plans.kind {generator.spec.kind} needs --article (the true future of a test article)")
     return generator.prompt_from_text(prompt)
 
 

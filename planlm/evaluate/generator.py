@@ -41,9 +41,9 @@ import torch
 
 from planlm.data.artifacts import PreparedSplit
 from planlm.data.resources import split_sentences
-from planlm.plans.sources import FixedPlans, OraclePlans, Plans, step_probs
-from planlm.plans.spec import PlanKind, PlanSpec
-from planlm.plans.policy import path_mask_from_counts, sample_with_policy
+from planlm.plans.contexts import Boundaries
+from planlm.plans.kinds import plan
+from planlm.plans.spec import PlanSpec
 from planlm.utils import PlanlmError, autocast
 
 EmbedFn = Callable[[list[str]], np.ndarray]
@@ -200,16 +200,17 @@ class PlannedGenerator:
         self.precision = precision  # autocast of the LM, the adapter and the planner (auto: bf16 on CUDA)
         self.tokenizer = tokenizer
         self.spec = plans.resolve()  # a hand-built spec: its unset fields get the defaults
-        self.planner = planner.to(device).eval() if planner is not None else None
+        kind = self.spec.strategy
+        self.planner = planner.to(device).eval() if planner is not None and kind.uses_planner else None
         self.embed_fn = embed_fn
         self.split = split
         self.sentence_splitter = sentence_splitter
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        if self.spec.kind.uses_planner and planner is None:
+        if kind.uses_planner and planner is None:
             raise PlanlmError(f"plans kind {self.spec.kind} needs a planner (set --plans.planner_dir)")
-        if self.spec.kind == PlanKind.oracle and split is None:
-            raise PlanlmError("oracle plans in generation need a test article's prefix (set --article)")
+        if kind.reads_future and split is None:
+            raise PlanlmError(f"{self.spec.kind} plans in generation need a test article's prefix (set --article)")
         config = model.lm.config
         self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 1024)
         self.planner_calls = 0
@@ -269,7 +270,7 @@ class PlannedGenerator:
         return 1
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        if not self.spec.kind.uses_planner and self.embed_fn is None:
+        if self.planner is None and self.embed_fn is None:
             return np.zeros((len(texts), self.context_width()), np.float32)  # the planner is not used
         if self.embed_fn is None:
             raise PlanlmError("generation needs an embed_fn for the generated sentences (the corpus's encoder)")
@@ -280,67 +281,34 @@ class PlannedGenerator:
     def plan(self, contexts: list[np.ndarray], sentences: list[int], oracle: list[int] | None = None):
         """One planner call for several boundaries -> action_paths (B, K, T), path_mask (B, K, T), vectors (B, D)
         (plans in expectation: the most likely action of each step as action_paths)."""
-        kind, num_paths, horizon = self.spec.kind, self.spec.num_paths, self.spec.horizon
-        if kind == PlanKind.none:
+        if not self.spec.has_plans:
             return None, None, None
-        if kind == PlanKind.fixed:
-            plans = FixedPlans(self.spec.fixed_action, num_paths, horizon)(np.zeros(len(contexts), np.int64))
-        elif kind == PlanKind.oracle:
-            if oracle is None:
-                raise PlanlmError("oracle plans need a test article's prefix (prompt_from_article / --article)")
-            inside = [s < len(oracle) for s in sentences]
-            global_sentences = np.asarray([oracle[s] if ok else oracle[-1] for s, ok in zip(sentences, inside)])
-            paths, mask, _ = OraclePlans(self.split, num_paths, horizon)(global_sentences)
-            plans = Plans(paths, mask & torch.tensor(inside)[:, None, None])  # past the article's end: no information
-        else:
-            plans = self._planner_paths(contexts)
-        plans = plans.to(self.device)
+        boundaries = self._boundaries(contexts, sentences, oracle)
         with autocast(self.device, self.precision):
+            plans = plan(boundaries, self.spec, self.generator, self.planner).to(self.device)
             vectors = self.model.plan_vectors(*plans).float()  # (B, D)
+        if self.planner is not None:
+            self.planner_calls += 1
+        if self.spec.strategy.samples_paths:
+            self.paths_sampled += plans.path_mask[:, :, 0].sum(1).tolist()  # the path policy's counts
         paths = plans.action_paths if plans.action_probs is None else plans.action_paths[..., 0]  # (B, K, T)
         return paths, plans.path_mask, vectors
 
-    def _planner_paths(self, contexts: list[np.ndarray]) -> Plans:
-        """The planner's plans from the sentence embeddings before each boundary: the argmax path repeated K times,
-        or K sampled paths under the path policy; in expectation, each step's distribution along them."""
-        width, max_sentences = self.planner.config.embedding_dim, self.planner.config.max_sentences
-        contexts = [c[-max_sentences:] if len(c) else np.zeros((0, width), np.float32) for c in contexts]
-        longest = max(len(c) for c in contexts)
-        context_embeds = torch.zeros(len(contexts), longest, width)  # (B, S, E)
-        context_mask = torch.zeros(len(contexts), longest, dtype=torch.bool)  # (B, S)
-        for i, c in enumerate(contexts):
-            context_embeds[i, :len(c)] = torch.from_numpy(np.array(c, np.float32))
-            context_mask[i, :len(c)] = True
-        context_embeds, context_mask = context_embeds.to(self.device), context_mask.to(self.device)
-        self.planner_calls += 1
-        horizon = self.spec.horizon
-        with autocast(self.device, self.precision):
-            if self.spec.expectation:
-                return self._expected_plans(context_embeds, context_mask)
-            if self.spec.kind == PlanKind.planner_argmax:
-                paths = self.planner.argmax_path(context_embeds, context_mask, horizon)
-                paths = paths[:, None].expand(-1, self.spec.num_paths, -1)
-                return Plans(paths, torch.ones_like(paths, dtype=torch.bool))
-            paths, counts = sample_with_policy(self.planner, context_embeds, context_mask, self.spec.path_policy,
-                                               horizon, self.spec.temperature, self.generator)  # (B, K, T), (B,)
-        self.paths_sampled += counts.tolist()
-        return Plans(paths, path_mask_from_counts(counts, paths.shape[1], horizon))
-
-    def _expected_plans(self, context_embeds: torch.Tensor, context_mask: torch.Tensor) -> Plans:
-        """Plans in expectation: the top actions of each step of the greedy path or of K sampled paths, their
-        probabilities renormalised (as the plan sources give them)."""
-        spec = self.spec
-        if spec.kind == PlanKind.planner_argmax:
-            _, actions, probs = self.planner.expected_argmax_path(context_embeds, context_mask, spec.horizon,
-                                                                  spec.top_actions)  # (B, T, M)
-            actions, probs = (x[:, None].expand(-1, spec.num_paths, -1, -1) for x in (actions, probs))
-        else:
-            _, actions, probs = self.planner.sample_expected_paths(context_embeds, context_mask, spec.num_paths,
-                                                                   spec.horizon, spec.temperature, spec.top_actions,
-                                                                   self.generator)  # (B, K, T, M)
-            self.paths_sampled += [spec.num_paths] * len(context_embeds)
-        mask = torch.ones(actions.shape[:-1], dtype=torch.bool, device=actions.device)
-        return Plans(actions, mask, step_probs(probs))
+    def _boundaries(self, contexts: list[np.ndarray], sentences: list[int], oracle: list[int] | None) -> Boundaries:
+        """The boundaries of one planner call: the planner's contexts; for an article prefix (``oracle``: the
+        split-global sentence of each document sentence) their place in the split, the true future known only
+        inside the article."""
+        num_actions = self.model.config.num_actions
+        if self.planner is not None:
+            return Boundaries.of_contexts(contexts, num_actions, self.planner)
+        if oracle is None:
+            if self.spec.strategy.reads_future:
+                raise PlanlmError(f"{self.spec.kind} plans need a test article's prefix (prompt_from_article / "
+                                  f"--article)")
+            return Boundaries(len(contexts), num_actions)
+        known = np.asarray([s < len(oracle) for s in sentences])
+        global_sentences = np.asarray([oracle[s] if ok else oracle[-1] for s, ok in zip(sentences, known)])
+        return Boundaries(len(contexts), num_actions, split=self.split, sentences=global_sentences, known=known)
 
     # ------------------------------------------------------------------------------ decoding
     def _sample(self, logits: torch.Tensor, sampling: SamplingConfig) -> int:

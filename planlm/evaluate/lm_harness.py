@@ -9,7 +9,7 @@ The three request types, with the plans of ``planlm evaluate`` and ``planlm gene
 
 - ``loglikelihood_rolling`` (perplexity tasks): each text is a document of the model's corpus
   (``planlm.data.texts``: the corpus's sentence splitter, encoder and codebook); every sentence boundary is planned
-  from the true sentences before it by the plan source of the model's plans (``planlm.plans.sources``), one plan
+  from the true sentences before it by the plan source of the model's plans (``planlm.plans.kinds``), one plan
   vector per sentence (``planlm.evaluate.perplexity.plan_vector_table``), with the alignment of training (the last
   token of a sentence carries the next sentence's plan). The windows are lm-eval's own (``max_length`` tokens,
   disjoint, the first one after the end-of-text token), so a ``none`` model scores exactly like ``--model hf``.
@@ -49,7 +49,6 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from planlm.data.artifacts import PreparedDataset, token_plan_sentence
 from planlm.data.tokens import assign_tokens_to_sentences
-from planlm.plans.spec import PlanKind
 from planlm.utils import PlanlmError, autocast, resolve_device
 
 NAMES = ("model_dir", "prepared_dir", "kind", "planner_dir", "path_policy", "device", "precision")  # never parsed
@@ -124,7 +123,7 @@ class PlannedLMEval(TemplateLM):
 
     @property
     def plans(self) -> bool:
-        return self.spec.kind != PlanKind.none
+        return self.spec.has_plans
 
     @property
     def eot_token_id(self) -> int:
@@ -230,7 +229,7 @@ class PlannedLMEval(TemplateLM):
         from planlm.data.texts import prepare_texts
         from planlm.evaluate.generate import encoder_embed_fn
         from planlm.evaluate.perplexity import plan_vector_table
-        from planlm.plans.sources import plan_source
+        from planlm.plans.kinds import plan_source
 
         embed_fn = encoder_embed_fn(self.prepared) if self._reads_sentences else None
         with tempfile.TemporaryDirectory(prefix="planlm-lm-eval-") as tmp:
@@ -245,7 +244,8 @@ class PlannedLMEval(TemplateLM):
 
     @property
     def _reads_sentences(self) -> bool:
-        return self.spec.kind == PlanKind.oracle or self.spec.kind.uses_planner
+        kind = self.spec.strategy
+        return kind.reads_future or kind.uses_planner
 
     def _context_plan_rows(self, requests) -> tuple[list[list[int]], torch.Tensor]:
         """The plan-table row of every input token of each loglikelihood request (plans from the context only) and
@@ -269,11 +269,11 @@ class PlannedLMEval(TemplateLM):
         from planlm.evaluate.generator import PlannedGenerator
         from planlm.models.planner import Planner
 
-        if self.spec.kind == PlanKind.oracle:
-            raise PlanlmError("model_args kind=oracle: generate_until has no true future to read; use kind "
-                              "planner_sampled, planner_argmax, fixed or none")
-        uses_planner = self.spec.kind.uses_planner
-        planner = Planner.for_corpus(self.spec.planner_dir, self.prepared, self.device) if uses_planner else None
+        if self.spec.strategy.reads_future:
+            raise PlanlmError(f"model_args kind={self.spec.kind}: generate_until has no true future to read; use "
+                              f"kind planner_sampled, planner_argmax, fixed or none")
+        planner = Planner.for_corpus(self.spec.planner_dir, self.prepared, self.device) if self.spec.planner_dir \
+            else None
         embed_fn = encoder_embed_fn(self.prepared) if planner is not None else None
         splitter = self.prepared.sentence_splitter if self.prepared else "sentencizer"
         return PlannedGenerator(self.model, self.tokenizer, self.spec, planner=planner, embed_fn=embed_fn,

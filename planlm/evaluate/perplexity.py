@@ -18,7 +18,7 @@ How the windows are computed (exact, batched):
   attention mask, no position ids to fix) and many windows share one forward pass.
 - A plan vector per sentence is computed *once* for the whole evaluation (planner paths -> adapter),
   then gathered onto tokens (``plan_embeds``): the LM runs once per window whatever K is.
-- At each boundary the planner sees only the true sentences before it (``planlm.plans.sampling.compute_plans``).
+- At each boundary the planner sees only the true sentences before it (``planlm.plans.kinds``).
 
 Letters: B windows in a batch, L input tokens, P scored positions, K paths, T horizon, D LM width,
 N sentences, V vocabulary.
@@ -41,8 +41,8 @@ from planlm.integrity import fix_for, load_json
 from planlm.models.card import add_evaluation
 from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, write_json, write_manifest
 from planlm.plans.policy import paths_summary
-from planlm.plans.sources import plan_source
-from planlm.plans.spec import PlanKind, PlanSpec, evaluation_spec
+from planlm.plans.kinds import PlanKind, plan_source
+from planlm.plans.spec import PlanSpec, evaluation_spec
 from planlm.models.planner import planner_hash
 from planlm.speed import Speed, speed_up_lm
 from planlm.utils import autocast, resolve_device
@@ -154,7 +154,7 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
     sentences = np.arange(num_sentences)
     plan_table, path_counts = None, None
     planner_done = began
-    if spec.kind != PlanKind.none:
+    if spec.has_plans:
         source = plan_source(spec, prepared, split, sentences=sentences, device=device, precision=precision)
         planner_done = time.perf_counter()
         path_counts = getattr(source, "path_counts", None)
@@ -178,7 +178,7 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
         from planlm.evaluate.plan_usage import check_has_plans, plan_permutation
         from planlm.plans.sources import ShuffledPlans
 
-        check_has_plans(spec.kind, "evaluate")
+        check_has_plans(spec, "evaluate")
         shuffled = ShuffledPlans(source, plan_permutation(num_sentences))
         shuffled_table = plan_vector_table(model, shuffled, sentences, split.num_sentences, device=device,
                                            precision=precision)
@@ -233,8 +233,8 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     if plan_usage:
         from planlm.evaluate.plan_usage import check_has_plans
 
-        check_has_plans(spec.kind, f"evaluate {model_dir}")
-    plan_usage = spec.kind != PlanKind.none if plan_usage is None else plan_usage
+        check_has_plans(spec, f"evaluate {model_dir}")
+    plan_usage = spec.has_plans if plan_usage is None else plan_usage
     torch_device = resolve_device(device)
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
     plans_manifest = read_manifest(spec.plans_dir) if spec.plans_dir else None
@@ -294,7 +294,7 @@ def _metrics(result: dict, spec: PlanSpec, split_view: PreparedSplit, num_articl
         "plans_from_cache": bool(spec.plans_dir), "path_policy": asdict(spec.path_policy),
         # with a plan cache the planner ran before: its time for the whole split, as sample-plans measured it
         "cache_planner_time_s": (plans_manifest.get("planner_time_s") or {}).get(split) if spec.plans_dir else None,
-        **paths_summary(result["num_paths"], spec.num_paths if spec.kind == PlanKind.planner_sampled else None),
+        **paths_summary(result["num_paths"], spec.num_paths if spec.strategy.samples_paths else None),
         "tokens_per_s": total_tokens / max(result["wall_time_s"], 1e-9),
         "conditioning": str(spec.kind), "K": spec.num_paths, "T": spec.horizon, "tau": spec.temperature,
         "expectation": bool(spec.expectation), "top_actions": spec.top_actions if spec.expectation else None,

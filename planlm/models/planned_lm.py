@@ -32,7 +32,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
 from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
-from planlm.plans.spec import PlanKind, PlanSpec
+from planlm.plans.spec import PlanSpec
 from planlm.utils import PlanlmError, honour_umask, save_safetensors, to_jsonable, write_json
 
 Finetune = Literal["full", "frozen", "lora"]
@@ -67,7 +67,7 @@ class PlannedLMConfig:
         if isinstance(self.plans, dict):
             self.plans = PlanSpec(**self.plans)
         self.plans = self.plans.resolve()
-        if self.plans.kind != PlanKind.none and self.adapter is None:
+        if self.plans.has_plans and self.adapter is None:
             raise PlanlmError(f"plans kind {self.plans.kind} needs an adapter config")
 
     @classmethod
@@ -143,7 +143,7 @@ class PlannedLM(nn.Module):
             self.register_buffer("codebook", codebook.detach().float().clone(), persistent=False)  # (A, E)
         else:
             self.codebook = None
-        self.adapter = build_adapter(config.adapter, codebook) if config.plans.kind != PlanKind.none else None
+        self.adapter = build_adapter(config.adapter, codebook) if config.plans.has_plans else None
         self.loss_chunk_size = 0
         """With labels, compute the loss this many tokens at a time without the logits (``planlm.models.lm_loss``;
         0: the LM's own loss on all the logits). A run setting (``Speed``), not part of the saved config."""

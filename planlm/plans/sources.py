@@ -9,24 +9,25 @@ step's M most likely actions and ``action_probs (N, K, T, M)`` their probabiliti
 - ``FixedPlans``: one constant action everywhere (the Fixed baseline);
 - ``OraclePlans``: the true actions of the same article, masked past its end;
 - ``CachedPlans``: rows of a plan cache (``planlm sample-plans``), or of plans a planner has just
-  computed for the boundaries a command needs (``planner_plans``).
+  computed for the boundaries a command needs (in the cache's layout);
+- ``TablePlans``: plans a kind made once for the boundaries a command needs (a registered kind's default);
+- ``ShuffledPlans``: another source's plans, shuffled across sentences (plan usage).
 
-``plan_source(spec, ...)`` builds the source of a resolved ``PlanSpec``. It checks K and T against
-the cache or the planner once; the sources themselves trust their arrays.
+``planlm.plans.kinds.plan_source(spec, ...)`` builds the source of a resolved ``PlanSpec`` (its kind's
+``source``). It checks K and T against the cache or the planner once; the sources themselves trust their arrays.
 
 Letters: N sentences asked for, N_sent sentences of the split, K paths, T horizon.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import NamedTuple, Optional, Protocol
 
 import numpy as np
 import torch
 
-from planlm.data.artifacts import PreparedDataset, PreparedSplit
-from planlm.plans.spec import PlanKind, PlanSpec
+from planlm.data.artifacts import PreparedSplit
+from planlm.plans.policy import path_mask_from_counts
 from planlm.utils import PlanlmError
 
 
@@ -98,154 +99,61 @@ class CachedPlans:
     expectation (``action_probs``) each step's top actions (N_sent, K or -, T, M) and their probabilities.
 
     A planner does not know where the article ends, so every step of a path is valid; with ``path_counts``
-    (N_sent,) (an adaptive path policy) only the first path_counts[s] paths of row s are, the others are
-    masked out (boundaries with different K in one batch)."""
+    (N_sent,) (an adaptive path policy) only the first path_counts[s] paths of sentence s are, the others are
+    masked out (boundaries with different K in one batch). ``rows`` (N_sent,) gives the array row of each sentence
+    (arrays of some boundaries only; -1: not computed); None: row s is sentence s."""
 
     def __init__(self, plans: np.ndarray, num_paths: int, horizon: int, path_counts: Optional[np.ndarray] = None,
-                 action_probs: Optional[np.ndarray] = None):
+                 action_probs: Optional[np.ndarray] = None, rows: Optional[np.ndarray] = None):
         step_dims = 0 if action_probs is None else 1  # the M axis of plans in expectation
         one_path = plans.ndim == 2 + step_dims  # an argmax path per row, repeated K times
         self.repeat = num_paths if one_path else 1
-        self.plans = plans[:, None] if one_path else plans  # (N_sent, K or 1, T[, M])
+        self.plans = plans[:, None] if one_path else plans  # (N_rows, K or 1, T[, M])
         self.action_probs = action_probs[:, None] if action_probs is not None and one_path else action_probs
-        self.num_paths, self.horizon = num_paths, horizon
+        self.num_paths, self.horizon, self.rows = num_paths, horizon, rows
         self.path_counts = None if path_counts is None or one_path else np.asarray(path_counts, dtype=np.int64)
 
     def __call__(self, sentences: np.ndarray) -> Plans:
         sentences = np.asarray(sentences, dtype=np.int64)
-        paths = self._rows(self.plans, sentences, np.int64)  # (N, K, T[, M])
+        rows = sentences if self.rows is None else self._known_rows(sentences)
+        paths = self._rows(self.plans, rows, np.int64)  # (N, K, T[, M])
         probs = None
         if self.action_probs is not None:
-            probs = step_probs(self._rows(self.action_probs, sentences, np.float32))  # (N, K, T, M)
+            probs = step_probs(self._rows(self.action_probs, rows, np.float32))  # (N, K, T, M)
         shape = (len(sentences), self.num_paths, self.horizon)
         if self.path_counts is None:
             return Plans(paths, torch.ones(shape, dtype=torch.bool), probs)
-        from planlm.plans.policy import path_mask_from_counts
-
         return Plans(paths, path_mask_from_counts(torch.from_numpy(self.path_counts[sentences]), self.num_paths,
                                                   self.horizon), probs)
 
-    def _rows(self, array: np.ndarray, sentences: np.ndarray, dtype) -> torch.Tensor:
-        rows = torch.from_numpy(np.asarray(array[sentences], dtype=dtype))  # (N, K or 1, T[, M])
+    def _known_rows(self, sentences: np.ndarray) -> np.ndarray:
+        rows = self.rows[sentences]
+        if (rows < 0).any():
+            raise PlanlmError(f"plans asked for sentence {int(sentences[rows < 0][0])}, which this source did not "
+                              f"plan; give every boundary to plan_source(sentences=...)")
+        return rows
+
+    def _rows(self, array: np.ndarray, rows: np.ndarray, dtype) -> torch.Tensor:
+        rows = torch.from_numpy(np.asarray(array[rows], dtype=dtype))  # (N, K or 1, T[, M])
         return rows.expand(-1, self.repeat, *rows.shape[2:]).contiguous() if self.repeat > 1 else rows
 
 
-def plan_source(spec: PlanSpec, prepared: PreparedDataset, split: PreparedSplit, *,
-                sentences: Optional[np.ndarray] = None, device: str | torch.device = "cpu", precision: str = "fp32",
-                batch_size: int = 256) -> Optional[PlanSource]:
-    """The source of a resolved spec (None for kind none). Planner plans come from ``spec.plans_dir`` when set,
-    else the planner of ``spec.planner_dir`` runs now on ``sentences`` (default: every boundary of the split)."""
-    if spec.kind == PlanKind.none:
-        return None
-    spec.check_source()
-    if spec.kind == PlanKind.fixed:
-        return FixedPlans(spec.fixed_action, spec.num_paths, spec.horizon)
-    if spec.kind == PlanKind.oracle:
-        return OraclePlans(split, spec.num_paths, spec.horizon)
-    if spec.plans_dir:
-        return cached_plans(spec, prepared, split)
-    sentences = np.arange(split.num_sentences) if sentences is None else np.asarray(sentences, dtype=np.int64)
-    return planner_plans(spec, prepared, split, sentences, torch.device(device), precision, batch_size)
+class TablePlans:
+    """Plans made once for ``sentences`` (N,) of a split, read back by sentence (``PlanStrategy.source``)."""
 
+    def __init__(self, plans: Plans, sentences: np.ndarray, num_sentences: int):
+        self.plans = plans  # (N, K, T[, M]) each
+        self.num_paths, self.horizon = plans.path_mask.shape[1:]
+        self.rows = np.full(num_sentences, -1, dtype=np.int64)
+        self.rows[np.asarray(sentences, dtype=np.int64)] = np.arange(len(sentences))
 
-def cached_plans(spec: PlanSpec, prepared: PreparedDataset, split: PreparedSplit) -> CachedPlans:
-    """The plans of ``split`` in the cache ``spec.plans_dir``, after checking that the cache fits the spec and
-    the prepared corpus (codebook, K, T, rows)."""
-    from planlm.plans.cache import load_path_counts, load_plans
-
-    check_cache(spec)
-    argmax = spec.kind == PlanKind.planner_argmax
-    plans = load_plans(spec.plans_dir, split.name, prepared=prepared, argmax=argmax)
-    counts = None if argmax else load_path_counts(spec.plans_dir, split.name)  # None: a cache made before policies
-    if spec.expectation:
-        from planlm.plans.cache import load_expected
-
-        actions, probs = load_expected(spec.plans_dir, split.name, argmax=argmax)
-        return CachedPlans(actions, spec.num_paths, spec.horizon, counts, probs)
-    return CachedPlans(plans, spec.num_paths, spec.horizon, counts)
-
-
-def check_cache(spec: PlanSpec, prepared: PreparedDataset | None = None) -> dict:
-    """The manifest of the plan cache ``spec.plans_dir``, after checking its horizon and K (and, with
-    ``prepared``, its codebook)."""
-    from planlm.plans.cache import cache_manifest
-
-    where = Path(spec.plans_dir) / "manifest.json"
-    manifest = cache_manifest(spec.plans_dir, prepared)
-    if int(manifest["horizon"]) != spec.horizon:
-        raise PlanlmError(f"{where}: cached horizon T={manifest['horizon']} but --plans.horizon {spec.horizon}; set "
-                          f"horizon: {manifest['horizon']} or sample plans with T={spec.horizon}")
-    if spec.kind == PlanKind.planner_sampled and int(manifest["num_paths"]) != spec.num_paths:
-        raise PlanlmError(f"{where}: cached K={manifest['num_paths']} paths but --plans.num_paths {spec.num_paths}; "
-                          f"set num_paths: {manifest['num_paths']} or sample plans with K={spec.num_paths}")
-    _check_cached_expectation(spec, manifest, where)
-    return manifest
-
-
-def _check_cached_expectation(spec: PlanSpec, manifest: dict, where: Path) -> None:
-    """A cache of plans in expectation is read only in expectation, with its top_actions, and vice versa."""
-    from planlm.plans.cache import cached_top_actions
-
-    cached = cached_top_actions(manifest)
-    if spec.expectation and not cached:
-        raise PlanlmError(f"{where}: the plan cache holds only sampled actions, not the step distributions "
-                          f"--plans.expectation true reads; sample one with `planlm sample-plans --expectation true` "
-                          f"(or set --plans.expectation false)")
-    if cached and not spec.expectation:
-        raise PlanlmError(f"{where}: the plan cache holds plans in expectation (top {cached} actions per step); set "
-                          f"--plans.expectation true, or give a cache sampled without --expectation")
-    if cached and cached != spec.top_actions:
-        raise PlanlmError(f"{where}: the cached plans in expectation keep the top {cached} actions per step, not "
-                          f"--plans.top_actions {spec.top_actions}; set top_actions: {cached} or resample with it")
-
-
-def planner_plans(spec: PlanSpec, prepared: PreparedDataset, split: PreparedSplit, sentences: np.ndarray,
-                  device: torch.device, precision: str = "fp32", batch_size: int = 256) -> CachedPlans:
-    """Plans the planner of ``spec.planner_dir`` computes now for ``sentences`` (the other rows of the full-size
-    arrays stay zero and are never read): the argmax path, or K sampled paths under the spec's path policy."""
-    from planlm.models.planner import Planner
-    from planlm.plans.sampling import compute_plans
-
-    planner = Planner.for_corpus(spec.planner_dir, prepared, device)
-    if spec.expectation:
-        return _expected_planner_plans(spec, planner, split, sentences, device, precision, batch_size)
-    if spec.kind == PlanKind.planner_argmax:
-        argmax = np.zeros((split.num_sentences, spec.horizon), dtype=np.int64)
-        greedy = compute_plans(planner, split, 1, spec.horizon, 0.0, spec.seed, batch_size=batch_size,
-                               device=str(device), sentences=sentences, precision=precision)  # (N, 1, T)
-        argmax[sentences] = greedy[:, 0]
-        return CachedPlans(argmax, spec.num_paths, spec.horizon)
-    plans = np.zeros((split.num_sentences, spec.num_paths, spec.horizon), dtype=np.int64)
-    counts = np.zeros(len(sentences), dtype=np.int64)
-    plans[sentences] = compute_plans(planner, split, spec.num_paths, spec.horizon, spec.temperature, spec.seed,
-                                     batch_size=batch_size, device=str(device), sentences=sentences,
-                                     precision=precision, policy=spec.path_policy, num_paths_out=counts)
-    path_counts = np.zeros(split.num_sentences, dtype=np.int64)
-    path_counts[sentences] = counts
-    return CachedPlans(plans, spec.num_paths, spec.horizon, path_counts)
-
-
-def _expected_planner_plans(spec: PlanSpec, planner, split: PreparedSplit, sentences: np.ndarray,
-                            device: torch.device, precision: str, batch_size: int) -> CachedPlans:
-    """Plans in expectation the planner computes now, in the arrays and types of a plan cache (the same vectors as
-    from ``sample-plans --expectation true``): the steps of K sampled paths, or of the greedy path."""
-    from planlm.plans.cache import expected_action_dtype
-    from planlm.plans.sampling import compute_plans
-
-    argmax = spec.kind == PlanKind.planner_argmax
-    kept = min(spec.top_actions, planner.config.num_actions)
-    shape = (split.num_sentences, *(() if argmax else (spec.num_paths,)), spec.horizon, kept)
-    steps = (np.zeros(shape, expected_action_dtype(planner.config.num_actions)), np.zeros(shape, np.float16))
-    chosen = tuple(np.zeros((len(sentences), *shape[1:]), x.dtype) for x in steps)
-    paths = np.zeros((len(sentences), 1 if argmax else spec.num_paths, spec.horizon), dtype=np.int64)
-    greedy = np.zeros((len(sentences), spec.horizon), dtype=np.int64) if argmax else None
-    compute_plans(planner, split, 1 if argmax else spec.num_paths, spec.horizon, spec.temperature, spec.seed,
-                  batch_size=batch_size, device=str(device), sentences=sentences, out=paths, argmax_out=greedy,
-                  precision=precision, top_actions=spec.top_actions, expected_out=None if argmax else chosen,
-                  argmax_expected_out=chosen if argmax else None)
-    for full, rows in zip(steps, chosen):
-        full[sentences] = rows
-    return CachedPlans(steps[0], spec.num_paths, spec.horizon, action_probs=steps[1])
+    def __call__(self, sentences: np.ndarray) -> Plans:
+        rows = self.rows[np.asarray(sentences, dtype=np.int64)]
+        if (rows < 0).any():
+            raise PlanlmError("plans asked for a sentence this source did not plan; give every boundary to "
+                              "plan_source(sentences=...)")
+        index = torch.from_numpy(rows)
+        return Plans(*(None if x is None else x[index] for x in self.plans))
 
 
 class ShuffledPlans:
@@ -259,5 +167,5 @@ class ShuffledPlans:
         return self.source(self.permutation[np.asarray(sentences, dtype=np.int64)])
 
 
-__all__ = ["Plans", "PlanSource", "FixedPlans", "OraclePlans", "CachedPlans", "ShuffledPlans", "plan_source",
-           "cached_plans", "check_cache", "planner_plans"]
+__all__ = ["Plans", "PlanSource", "FixedPlans", "OraclePlans", "CachedPlans", "TablePlans", "ShuffledPlans",
+           "step_probs"]

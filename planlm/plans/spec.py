@@ -6,14 +6,10 @@ the defaults below, at evaluation from the spec the model was trained with (``pl
 ``planlm evaluate --plans.num_paths 20`` changes K and keeps everything else of the model's plans.
 ``resolve`` fills the unset fields and validates the whole value once; every later stage trusts it.
 
-The kinds (``PlanKind``):
-
-- ``none``: no plans (the plain LM, no adapter);
-- ``fixed``: every step of every path is one constant action (the Fixed baseline: no information);
-- ``oracle``: the true actions of the next T sentences (an upper bound);
-- ``planner_argmax``: the planner's greedy path, repeated K times (Cornille et al. at T = K = 1);
-- ``planner_sampled``: K paths sampled at temperature tau (ours), as many per boundary as the path
-  policy gives (``planlm.plans.policy``).
+The kinds (``PlanKind``: none, fixed, oracle, planner_argmax, planner_sampled, and any registered with
+``planlm.plans.kinds.register_plan_kind``) are strategies in ``planlm.plans.kinds``: each decides and checks the
+fields of its own (``resolve`` asks it) and makes the plans. K is the spec's ``num_paths`` alone: ``resolve``
+gives the path policy its ``max_paths`` from it, and nothing downstream sets K again.
 
 ``expectation`` (planner kinds only; beyond the paper, ``planlm.plans.expectation``): each step of a path
 is the planner's whole next-action distribution (its ``top_actions`` most likely actions, renormalised)
@@ -21,39 +17,19 @@ instead of the one action drawn, and the adapter reads the expected action embed
 
 Planner plans come from a plan cache (``plans_dir``, ``planlm sample-plans``) or from a planner
 (``planner_dir``): training samples (or reuses) the planner's cache, evaluation and generation run the
-planner on the boundaries they need. ``planlm.plans.sources`` turns a resolved spec into a ``PlanSource``.
+planner on the boundaries they need. ``planlm.plans.kinds.plan_source`` turns a resolved spec into a ``PlanSource``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
-from enum import Enum
 from typing import Optional
 
 import numpy as np
 
+from planlm.plans.kinds import PlanKind, PlanStrategy, plan_kind
 from planlm.plans.policy import PathPolicy, policy_keyed
 from planlm.utils import PlanlmError
-
-
-class PlanKind(str, Enum):
-    """Where the actions of a plan come from."""
-
-    none = "none"
-    fixed = "fixed"
-    oracle = "oracle"
-    planner_argmax = "planner_argmax"
-    planner_sampled = "planner_sampled"
-
-    @property
-    def uses_planner(self) -> bool:
-        return self in (PlanKind.planner_argmax, PlanKind.planner_sampled)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-KINDS = ", ".join(kind.value for kind in PlanKind)
 
 
 @dataclass
@@ -61,8 +37,9 @@ class PlanSpec:
     """Where the plans come from and how many: kind, K, T, tau, seed, fixed action, planner and plan cache.
     Unset fields (None) are inherited (training: the defaults; evaluation: the model's own)."""
 
-    kind: Optional[PlanKind] = None
-    """none (plain LM), fixed (one constant action), oracle (true actions), planner_argmax or planner_sampled."""
+    kind: Optional[str] = None
+    """none (plain LM), fixed (one constant action), oracle (true actions), planner_argmax, planner_sampled, or a
+    registered kind (planlm.plans.kinds)."""
     num_paths: Optional[int] = None
     """K paths per plan (default 1); under an adaptive path policy the most a boundary gets."""
     horizon: Optional[int] = None
@@ -88,10 +65,8 @@ class PlanSpec:
 
     def __post_init__(self):
         if self.kind is not None and not isinstance(self.kind, PlanKind):
-            try:
-                self.kind = PlanKind(str(self.kind))
-            except ValueError:
-                raise PlanlmError(f"--plans.kind {self.kind!r}: choose one of {KINDS}") from None
+            name = str(plan_kind(self.kind).name)  # one-line error naming the kinds
+            self.kind = PlanKind(name) if name in PlanKind.__members__ else name
         if isinstance(self.path_policy, dict):
             self.path_policy = PathPolicy(**self.path_policy)
 
@@ -108,7 +83,7 @@ class PlanSpec:
             values[f.name] = value
         if self.plans_dir:  # an explicit plan cache replaces the base's planner
             values["planner_dir"] = self.planner_dir
-        kind = PlanKind(str(values["kind"])) if values["kind"] is not None else DEFAULTS["kind"]
+        kind = plan_kind(values["kind"] if values["kind"] is not None else DEFAULTS["kind"])
         if self.expectation is None and not kind.uses_planner:  # a model's expectation goes with its planner
             values["expectation"] = False
         policy = values["path_policy"] or PathPolicy()
@@ -119,14 +94,19 @@ class PlanSpec:
         spec._normalise()
         return spec
 
+    @property
+    def strategy(self) -> PlanStrategy:
+        """The kind's strategy (``planlm.plans.kinds``)."""
+        return plan_kind(self.kind)
+
+    @property
+    def has_plans(self) -> bool:
+        """Whether the LM reads plans (an adapter): every kind but none."""
+        return self.strategy.conditions
+
     def _normalise(self) -> None:
-        if not self.kind.uses_planner:
-            self.planner_dir = self.plans_dir = None
-        if self.kind == PlanKind.planner_argmax:
-            self.temperature = 0.0
-        if self.kind != PlanKind.planner_sampled:  # only sampled plans have a policy: the others are K copies
-            self.path_policy = PathPolicy()
-        self.path_policy = self.path_policy.resolve(self.num_paths)
+        self.strategy.normalise(self)  # e.g. no planner folders without a planner, tau 0 for the argmax path
+        self.path_policy = self.path_policy.resolve(self.num_paths)  # the one place K reaches the policy
         if not self.expectation:
             self.top_actions = DEFAULTS["top_actions"]
 
@@ -140,25 +120,13 @@ class PlanSpec:
         if self.path_policy.max_paths not in (None, self.num_paths):
             raise PlanlmError(f"--plans.path_policy.max_paths {self.path_policy.max_paths} differs from "
                               f"--plans.num_paths {self.num_paths}; leave max_paths unset (K = num_paths)")
-        if self.expectation:
-            self._check_expectation()
-
-    def _check_expectation(self) -> None:
-        if not self.kind.uses_planner:
-            raise PlanlmError(f"--plans.expectation true with --plans.kind {self.kind}: {self.kind} plans have no "
-                              f"planner distribution to average over; set --plans.expectation false or --plans.kind "
-                              f"planner_sampled / planner_argmax")
-        if self.kind == PlanKind.planner_sampled and self.path_policy.adaptive:
-            raise PlanlmError(f"--plans.expectation true with --plans.path_policy.kind {self.path_policy.kind}: an "
-                              f"expected plan needs no adaptive paths; drop --plans.path_policy or the expectation")
-        if self.top_actions < 1:
+        if self.expectation and self.top_actions < 1:
             raise PlanlmError(f"--plans.top_actions {self.top_actions} must be >= 1 (actions kept per step)")
+        self.strategy.check(self)
 
     def check_source(self) -> None:
         """Planner plans need a plan cache or a planner to come from (checked where plans are read)."""
-        if self.kind.uses_planner and not (self.plans_dir or self.planner_dir):
-            raise PlanlmError(f"--plans.kind {self.kind} needs --plans.plans_dir (a plan cache) or "
-                              f"--plans.planner_dir (a planner); set one of them")
+        self.strategy.check_source(self)
 
     def cache_key(self) -> dict:
         """The settings reuse keys hold: a fixed path policy and sampled actions add nothing (older folders stay
@@ -169,13 +137,12 @@ class PlanSpec:
         return key
 
     def sampled_paths(self, path_counts: Optional[np.ndarray], sentences: np.ndarray) -> np.ndarray:
-        """(N,) paths the planner sampled for each of ``sentences``: the policy's counts for sampled plans, 1
-        for the argmax path, 0 without a planner."""
-        if self.kind == PlanKind.planner_sampled:
-            if path_counts is not None:
-                return np.asarray(path_counts, dtype=np.int64)[sentences]
-            return np.full(len(sentences), self.num_paths, dtype=np.int64)
-        return np.full(len(sentences), int(self.kind == PlanKind.planner_argmax), dtype=np.int64)
+        """(N,) paths the planner computed for each of ``sentences``: the policy's counts (``path_counts``
+        (N_sent,), from a source of sampled plans) or the kind's paths per boundary (K sampled, 1 for the argmax
+        path, 0 without a planner)."""
+        if path_counts is not None:
+            return np.asarray(path_counts, dtype=np.int64)[sentences]
+        return np.full(len(sentences), self.strategy.paths_drawn(self), dtype=np.int64)
 
     def label(self) -> str:
         """A short description, e.g. ``planner_sampled, K=5, T=5, tau=1``."""
@@ -190,42 +157,47 @@ DEFAULTS = {"kind": PlanKind.none, "num_paths": 1, "horizon": 1, "temperature": 
 
 
 def evaluation_spec(overrides: PlanSpec, model, model_dir: str) -> PlanSpec:
-    """The plans of an evaluation: the model's training spec with ``overrides``, checked against the model
-    (its adapter, its actions) and the folders it names."""
+    """The plans of an evaluation: the model's training spec with ``overrides`` (and, with a plan cache, the cache's
+    K and path policy), resolved once and checked against the model (its adapter, its actions) and the folders it
+    names."""
     from pathlib import Path
 
-    from planlm.plans.cache import cache_manifest
-
-    spec = overrides.resolve(model.config.plans)
-    if spec.kind != PlanKind.none and model.adapter is None:
+    trained = model.config.plans
+    if overrides.plans_dir:
+        overrides = _cache_overrides(overrides, plan_kind(overrides.kind or trained.kind))
+    spec = overrides.resolve(trained)
+    if spec.has_plans and model.adapter is None:
         raise PlanlmError(f"{model_dir}: the model was trained with plans kind none (no adapter); evaluate it with "
                           f"--plans.kind none")
     if model.adapter is not None and spec.horizon > model.adapter.config.horizon:
         raise PlanlmError(f"--plans.horizon {spec.horizon} exceeds the horizon the adapter of {model_dir} accepts "
                           f"({model.adapter.config.horizon}); choose --plans.horizon <= {model.adapter.config.horizon}")
-    if spec.kind == PlanKind.fixed and not 0 <= spec.fixed_action < max(model.config.num_actions, 1):
-        raise PlanlmError(f"--plans.fixed_action {spec.fixed_action} must be in [0, {model.config.num_actions})")
+    spec.strategy.check_actions(spec, model.config.num_actions, model_dir)
     if spec.planner_dir and not spec.plans_dir and not (Path(spec.planner_dir) / "model.safetensors").is_file():
         raise PlanlmError(f"{spec.planner_dir}: no trained planner here (model.safetensors missing); set "
                           f"--plans.planner_dir to a `planlm train-planner` folder or --plans.plans_dir to a plan cache")
-    if spec.plans_dir:
-        manifest = cache_manifest(spec.plans_dir)
-        policy = _cached_policy(spec, overrides, manifest)  # K of an adaptive cache: the most paths it holds
-        spec = replace(spec, planner_dir=None, path_policy=policy, num_paths=policy.max_paths)
     return spec
 
 
-def _cached_policy(spec: PlanSpec, overrides: PlanSpec, manifest: dict) -> PathPolicy:
-    """A plan cache brings the path policy it was sampled under; asking for another one is an error."""
-    if spec.kind != PlanKind.planner_sampled:
-        return spec.path_policy
-    cached = manifest.get("path_policy")
-    cached = PathPolicy(**cached) if cached else PathPolicy().resolve(spec.num_paths)
+def _cache_overrides(overrides: PlanSpec, kind: PlanStrategy) -> PlanSpec:
+    """Overrides that read the plan cache ``overrides.plans_dir`` (not a planner): a cache of sampled plans brings
+    its K and the path policy it was sampled under; asking for another K or policy is an error."""
+    from planlm.plans.cache import cache_manifest
+
+    manifest = cache_manifest(overrides.plans_dir)
+    if not kind.samples_paths:  # the argmax path: K copies, whatever the cache's K
+        return replace(overrides, planner_dir=None)
+    num_paths = int(manifest["num_paths"])
+    if overrides.num_paths not in (None, num_paths):
+        raise PlanlmError(f"{overrides.plans_dir}: the plan cache holds K={num_paths} paths, not --plans.num_paths "
+                          f"{overrides.num_paths}; drop --plans.num_paths or sample a cache with it")
+    cached = PathPolicy(**manifest["path_policy"]) if manifest.get("path_policy") else PathPolicy()
     asked = overrides.path_policy
-    if asked is not None and asked.adaptive and asked.resolve(spec.num_paths) != cached:
-        raise PlanlmError(f"{spec.plans_dir}: the plan cache was sampled under path policy {cached.label()}, not "
-                          f"{asked.resolve(spec.num_paths).label()}; drop --plans.path_policy or sample a cache with it")
-    return cached
+    if asked is not None and asked.adaptive and asked.resolve(num_paths) != cached.resolve(num_paths):
+        raise PlanlmError(f"{overrides.plans_dir}: the plan cache was sampled under path policy "
+                          f"{cached.resolve(num_paths).label()}, not {asked.resolve(num_paths).label()}; drop "
+                          f"--plans.path_policy or sample a cache with it")
+    return replace(overrides, planner_dir=None, num_paths=num_paths, path_policy=cached)
 
 
 # Settings that moved into the ``plans`` group (or were renamed): the one-line error names the new key.
@@ -235,7 +207,8 @@ RENAMED = {
     "num_paths": "plans.num_paths", "horizon": "plans.horizon", "temperature": "plans.temperature",
     "plan_temperature": "plans.temperature", "fixed_num_paths": "plans.num_paths", "seed": "plans.seed",
     "plan_seed": "plans.seed", "fixed_action": "plans.fixed_action", "planner_dir": "plans.planner_dir",
-    "plans_dir": "plans.plans_dir", "path_policy": "plans.path_policy",
+    "plans_dir": "plans.plans_dir", "path_policy": "plans.path_policy", "expectation": "plans.expectation",
+    "top_actions": "plans.top_actions",
 }
 
 

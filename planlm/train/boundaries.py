@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Dataset
 
 from planlm.data.artifacts import PreparedSplit
-from planlm.plans.sampling import IGNORE_INDEX, article_contexts, article_rows, boundary_contexts, boundary_targets
+from planlm.plans.contexts import IGNORE_INDEX, article_contexts, article_rows, boundary_contexts, boundary_targets
 
 
 class BoundaryDataset(Dataset):

@@ -24,8 +24,8 @@ from planlm.models.adapter import AdapterConfig, AdapterSettings
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.windows import WindowCollator, article_windows
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
-from planlm.plans.sources import check_cache, plan_source
-from planlm.plans.spec import PlanKind, PlanSpec
+from planlm.plans.kinds import check_cache, plan_source
+from planlm.plans.spec import PlanSpec
 from planlm.speed import Speed, speed_up_lm
 from planlm.train.harness import (DEFAULT_LOGGERS, TrainerKnobs, build_trainer, check_loggers, fit, load_best,
                                   resume_checkpoint)
@@ -186,15 +186,12 @@ def _check_tokenizer(prepared: PreparedDataset, model: LMModelConfig, init_confi
 def _training_plans(spec: PlanSpec, prepared: PreparedDataset, splits: list[str]) -> tuple[PlanSpec, dict | None]:
     """The spec with its plan cache (sampled now, or reused, from the planner when none is given) and the cache's
     manifest, after checking that the cache fits the spec and the corpus; other kinds need no cache."""
-    if not spec.kind.uses_planner:
+    if not spec.strategy.uses_planner:
         return spec, None
     if spec.plans_dir is None:
         from planlm.plans.sampling import sample_plans
 
-        cache = sample_plans(planner_dir=spec.planner_dir, prepared_dir=str(prepared.path), splits=splits,
-                             num_paths=spec.num_paths, horizon=spec.horizon, temperature=spec.temperature,
-                             seed=spec.seed, path_policy=spec.path_policy, expectation=spec.expectation,
-                             top_actions=spec.top_actions)
+        cache = sample_plans(prepared_dir=str(prepared.path), plans=spec, splits=splits)
         spec = replace(spec, plans_dir=str(cache))
     manifest = check_cache(spec, prepared)
     return replace(spec, planner_dir=manifest.get("planner_dir") or spec.planner_dir), manifest
@@ -215,7 +212,7 @@ def _loaders(prepared: PreparedDataset, spec: PlanSpec, train: LMTrainConfig,
     if not len(loaders[train.val_split]):
         return loaders[train.train_split], None
     val_loaders = [loaders[train.val_split]]
-    if spec.kind != PlanKind.none:  # plan usage: the same windows, the plans shuffled
+    if spec.has_plans:  # plan usage: the same windows, the plans shuffled
         val_loaders.append(_shuffled_plans_loader(loaders[train.val_split]))
     return loaders[train.train_split], val_loaders
 
@@ -252,15 +249,14 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec
     from a stream of its own so that it shifts nothing else."""
     L.seed_everything(seed, verbose=False)
     init = PlannedLM.from_pretrained(model.init_from) if model.init_from else None
-    if init is not None and init.config.codebook_hash not in (None, prepared.codebook_hash) \
-            and spec.kind != PlanKind.none:
+    if init is not None and init.config.codebook_hash not in (None, prepared.codebook_hash) and spec.has_plans:
         raise PlanlmError(f"{Path(model.init_from) / 'planned_lm.json'}: trained on another codebook than "
                           f"{prepared.path}; start from a model of this corpus or from a plain LM")
     lm = init.lm if init is not None else load_causal_lm(model.name_or_path, model.model_config, len(tokenizer),
                                                              tokenizer.eos_token_id)
     _check_fits(lm, prepared, prepared[train_split_name], spec)
     adapter_config = None
-    if spec.kind != PlanKind.none:
+    if spec.has_plans:
         adapter_config = AdapterConfig.of(adapter, num_actions=prepared.num_actions,
                                           codebook_width=prepared.embedding_dim,
                                           hidden_size=lm.get_input_embeddings().embedding_dim, horizon=spec.horizon)
@@ -291,9 +287,7 @@ def _check_fits(lm, prepared: PreparedDataset, train_split: PreparedSplit, spec:
         raise PlanlmError(f"{prepared.path}: token id {max_id} does not fit the LM's "
                           f"{lm.get_input_embeddings().num_embeddings} embeddings; use an LM of tokenizer "
                           f"{prepared.tokenizer_name!r}")
-    if spec.kind == PlanKind.fixed and not 0 <= spec.fixed_action < prepared.num_actions:
-        raise PlanlmError(f"--plans.fixed_action {spec.fixed_action}: {prepared.path} has actions "
-                          f"0..{prepared.num_actions - 1}")
+    spec.strategy.check_actions(spec, prepared.num_actions, str(prepared.path))
 
 
 def lm_is_pretrained(model: LMModelConfig) -> bool:
@@ -309,9 +303,9 @@ def _input_hashes(model: LMModelConfig, spec: PlanSpec) -> dict:
     from planlm.models.planner import planner_hash
 
     hashes = {"init_from": model_fingerprint(model.init_from) if model.init_from else None}
-    if spec.kind.uses_planner and spec.plans_dir:
+    if spec.plans_dir:  # a resolved spec names a plan cache or a planner only for a planner kind
         hashes["plans"] = (read_manifest(spec.plans_dir) or {}).get("config_fingerprint")
-    elif spec.kind.uses_planner:
+    elif spec.planner_dir:
         hashes["planner"] = planner_hash(spec.planner_dir)  # missing weights: an error follows
     return hashes
 
@@ -370,7 +364,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         results = _run_results(trainer, best, start)
         planned.cpu().save_pretrained(out, tokenizer=tokenizer, training=_card_training(prepared, results))
         write_manifest(out, run_config, prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
-                       conditioning=str(spec.kind), adapter=adapter.kind if spec.kind != PlanKind.none else None,
+                       conditioning=str(spec.kind), adapter=adapter.kind if spec.has_plans else None,
                        plans_dir=spec.plans_dir, planner_dir=spec.planner_dir, planner_hash=planner_hash,
                        plans_manifest=plans_manifest, **results,
                        trainable_parameters=sum(p.numel() for p in planned.parameters() if p.requires_grad),

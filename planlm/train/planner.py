@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.models.planner import Planner, PlannerConfig, PlannerShape
-from planlm.plans.sampling import check_split
+from planlm.plans.contexts import check_split
 from planlm.train.boundaries import ArticleCollate, BoundaryCollate, BoundaryDataset, LengthGroupedSampler
 from planlm.train.harness import (DEFAULT_LOGGERS, TrainerKnobs, build_trainer, check_loggers, fit, load_best,
                                   resume_checkpoint)

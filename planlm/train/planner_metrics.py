@@ -15,7 +15,7 @@ import torch
 
 from planlm.data.artifacts import PreparedSplit
 from planlm.models.planner import Planner
-from planlm.plans.sampling import IGNORE_INDEX, boundary_contexts, boundary_targets, embed_split
+from planlm.plans.contexts import IGNORE_INDEX, boundary_contexts, boundary_targets, embed_split
 from planlm.utils import write_json
 
 SUMMARY_MODELS = ("planner_teacher_forced", "planner_free_running", "majority", "unigram", "bigram")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from planlm.models.planner import Planner
-from planlm.plans.sampling import IGNORE_INDEX
+from planlm.plans.contexts import IGNORE_INDEX
 
 
 def context_of(planner: Planner, batch: dict) -> torch.Tensor:

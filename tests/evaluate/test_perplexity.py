@@ -211,8 +211,8 @@ def test_a_plan_cache_gives_the_same_perplexity_as_running_the_planner(synthetic
     model = tiny_planned_lm(prepared, adapter="multipath")
     use_planner(model, str(tmp_path / "planner"))
     model.save_pretrained(tmp_path / "model")
-    plans = sample_plans(str(tmp_path / "planner"), str(synthetic_random), splits=["test"], num_paths=2, horizon=3,
-                         device="cpu")
+    plans = sample_plans(str(synthetic_random), PlanSpec(planner_dir=str(tmp_path / "planner"), num_paths=2,
+                                                         horizon=3), splits=["test"], device="cpu")
     spec = dict(num_paths=2, horizon=3, temperature=1.0, seed=0)
     common = dict(device="cpu", bootstrap_samples=20)
     live = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "live"), plans=PlanSpec(**spec),

@@ -220,7 +220,8 @@ def command_argv(command: str, run: Path, out: Path) -> list[str]:
             "train-planner": ["train-planner", *prepared, "--out_dir", str(out)],
             "train-lm": ["train-lm", *prepared, "--out_dir", str(out), "--plans.kind", "planner_sampled",
                          "--plans.num_paths", "2", "--plans.horizon", "2", "--plans.plans_dir", str(run / CACHE)],
-            "sample-plans": ["sample-plans", "--planner_dir", str(run / "planner"), *prepared, "--out_dir", str(out)],
+            "sample-plans": ["sample-plans", "--plans.planner_dir", str(run / "planner"), *prepared, "--out_dir",
+                             str(out)],
             }[command]
 
 
@@ -269,8 +270,9 @@ def test_run_rebuilds_a_damaged_stage_with_the_clean_numbers(clean, run_dir, kin
 def test_sample_plans_rebuilds_a_damaged_cache_with_the_same_plans(run_dir, clean):
     before = np.load(clean[1] / CACHE / "validation.npy")
     truncate(run_dir / CACHE / "validation.npy")
-    argv = ["sample-plans", "--planner_dir", str(run_dir / "planner"), "--prepared_dir", str(run_dir / "prepared"),
-            "--splits", "[train, validation]", "--num_paths", "2", "--horizon", "2", "--seed", "0"]
+    argv = ["sample-plans", "--plans.planner_dir", str(run_dir / "planner"), "--prepared_dir",
+            str(run_dir / "prepared"), "--splits", "[train, validation]", "--plans.num_paths", "2", "--plans.horizon",
+            "2", "--plans.seed", "0"]
     status, err = planlm(argv)
     assert status == 0 and "validation.npy" in err and "rebuilding" in err, err
     np.testing.assert_array_equal(np.load(run_dir / CACHE / "validation.npy"), before)

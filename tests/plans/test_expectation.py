@@ -13,8 +13,9 @@ from helpers import read_csv, tiny_planned_lm, tiny_planner, use_planner
 from planlm.data.artifacts import PreparedDataset
 from planlm.models.adapter import AdapterConfig, build_adapter
 from planlm.plans.cache import load_expected
-from planlm.plans.sampling import boundary_contexts, sample_plans
-from planlm.plans.sources import plan_source
+from planlm.plans.contexts import boundary_contexts
+from planlm.plans.kinds import plan_source
+from planlm.plans.sampling import sample_plans
 from planlm.plans.spec import PlanSpec
 from planlm.utils import PlanlmError
 
@@ -98,9 +99,10 @@ def test_a_one_hot_distribution_is_the_sampled_path(synthetic_cycle, kind):
 def test_caches_in_expectation_have_their_own_key_and_match_the_planner(synthetic_cycle, planner_dir, tmp_path):
     prepared = PreparedDataset(synthetic_cycle)
     split = prepared["validation"]
-    common = dict(splits=["validation"], num_paths=2, horizon=3, device="cpu")
-    sampled = sample_plans(str(planner_dir), str(synthetic_cycle), **common)
-    expected = sample_plans(str(planner_dir), str(synthetic_cycle), **common, expectation=True, top_actions=4)
+    common = dict(planner_dir=str(planner_dir), num_paths=2, horizon=3)
+    sampled = sample_plans(str(synthetic_cycle), PlanSpec(**common), splits=["validation"], device="cpu")
+    expected = sample_plans(str(synthetic_cycle), PlanSpec(**common, expectation=True, top_actions=4),
+                            splits=["validation"], device="cpu")
     assert expected != sampled and expected.name.endswith("-expected4")
     manifest = json.loads((expected / "manifest.json").read_text())
     assert manifest["config"]["expectation"] == {"top_actions": 4} and "expectation" not in \
@@ -122,7 +124,7 @@ def test_caches_in_expectation_have_their_own_key_and_match_the_planner(syntheti
                                plans_dir=str(expected)).resolve(), prepared, split)(sentences[:3])
     assert one.action_paths.shape == (3, 1, 3, 4) and one.path_mask.shape == (3, 1, 3)  # K = 1: one copy
     # a cache is never read for the other setting
-    with pytest.raises(PlanlmError, match="holds only sampled actions.*sample-plans --expectation true"):
+    with pytest.raises(PlanlmError, match="holds only sampled actions.*sample-plans --plans.expectation true"):
         plan_source(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, expectation=True, top_actions=4,
                              plans_dir=str(sampled)).resolve(), prepared, split)
     with pytest.raises(PlanlmError, match="holds plans in expectation \\(top 4 actions per step\\); set "
@@ -161,8 +163,8 @@ def test_sample_plans_cli_refuses_expectation_with_an_adaptive_policy(synthetic_
     from planlm.cli import main
 
     with pytest.raises(SystemExit):
-        main(["sample-plans", "--planner_dir", str(planner_dir), "--prepared_dir", str(synthetic_cycle),
-              "--num_paths", "4", "--expectation", "true", "--path_policy.kind", "converge"])
+        main(["sample-plans", "--plans.planner_dir", str(planner_dir), "--prepared_dir", str(synthetic_cycle),
+              "--plans.num_paths", "4", "--plans.expectation", "true", "--plans.path_policy.kind", "converge"])
     err = capsys.readouterr().err.strip()
     assert "needs no adaptive paths" in err and len(err.splitlines()) == 1
 
@@ -218,9 +220,10 @@ def test_each_stored_step_is_the_planner_distribution_given_the_sampled_prefix(s
     planner = tiny_planner(prepared, max_sentences=4, dynamics=dynamics)
     planner.save_pretrained(tmp_path / "planner")
     num_actions, horizon, temperature = prepared.num_actions, 3, 0.7
-    cache = sample_plans(str(tmp_path / "planner"), str(synthetic_cycle), splits=["validation"], num_paths=3,
-                         horizon=horizon, temperature=temperature, device="cpu", expectation=True,
-                         top_actions=num_actions)  # every action kept
+    cache = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(tmp_path / "planner"), num_paths=3,
+                                                        horizon=horizon, temperature=temperature, expectation=True,
+                                                        top_actions=num_actions),  # every action kept
+                         splits=["validation"], device="cpu")
     paths = torch.from_numpy(np.load(cache / "validation.npy"))  # (N, K, T)
     actions, probs = (torch.from_numpy(np.array(x)) for x in load_expected(cache, "validation"))  # (N, K, T, A)
     stored = torch.zeros(*paths.shape, num_actions).scatter_(-1, actions.long(), probs.float())  # (N, K, T, A)

@@ -15,7 +15,8 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.plans.policy import (PathPolicy, entropy_num_paths, path_mask_from_counts, paths_summary, plan_change,
                                 sample_with_policy, step_distribution)
 from planlm.plans.cache import load_path_counts
-from planlm.plans.sampling import compute_plans, sample_plans
+from planlm.plans.kinds import draw_plans
+from planlm.plans.sampling import sample_plans
 from planlm.utils import PlanlmError
 
 from helpers import read_csv, tiny_planned_lm, tiny_planner, use_planner
@@ -133,14 +134,18 @@ def save_planner(folder, prepared_dir):
     return tiny_planner(PreparedDataset(prepared_dir), max_sentences=4).save_pretrained(folder)
 
 
+def cache(planner_dir, prepared_dir, out_dir=None, **plans):
+    """`sample-plans` of the validation split on CPU with the plans group (planner_dir and the given fields)."""
+    return sample_plans(str(prepared_dir), PlanSpec(planner_dir=str(planner_dir), **plans), splits=["validation"],
+                        device="cpu", out_dir=out_dir)
+
+
 def test_plan_cache_stores_counts_and_is_keyed_by_the_policy(synthetic_cycle, tmp_path):
     planner_dir = save_planner(tmp_path / "planner", synthetic_cycle)
-    fixed = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=8, device="cpu")
+    fixed = cache(planner_dir, synthetic_cycle, num_paths=8)
     entropy = PathPolicy("entropy", 1, entropy_high=0.5)
-    adaptive = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=8,
-                            device="cpu", path_policy=entropy)
-    converge = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=8,
-                            device="cpu", path_policy=PathPolicy("converge", 1))
+    adaptive = cache(planner_dir, synthetic_cycle, num_paths=8, path_policy=entropy)
+    converge = cache(planner_dir, synthetic_cycle, num_paths=8, path_policy=PathPolicy("converge", 1))
     assert len({fixed, adaptive, converge}) == 3  # one default folder per policy
     assert (load_path_counts(fixed, "validation") == 8).all()
     counts = load_path_counts(adaptive, "validation")
@@ -150,19 +155,17 @@ def test_plan_cache_stores_counts_and_is_keyed_by_the_policy(synthetic_cycle, tm
     assert manifest["paths"]["validation"]["paths_mean"] == pytest.approx(counts.mean())
     # Same folder, another policy: the cache is resampled, never reused.
     shared = tmp_path / "shared"
-    sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=8, device="cpu",
-                 out_dir=str(shared))
+    cache(planner_dir, synthetic_cycle, str(shared), num_paths=8)
     before = json.loads((shared / "manifest.json").read_text())["config_fingerprint"]
-    sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=8, device="cpu",
-                 out_dir=str(shared), path_policy=entropy)
+    cache(planner_dir, synthetic_cycle, str(shared), num_paths=8, path_policy=entropy)
     after = json.loads((shared / "manifest.json").read_text())
     assert after["config_fingerprint"] != before and after["config"]["path_policy"]["entropy_high"] == 0.5
     np.testing.assert_array_equal(load_path_counts(shared, "validation"), counts)
-    # compute_plans of the same policy, seed and order gives the cached paths
+    # the planner's draws of the same policy, seed and order give the cached paths
     split = PreparedDataset(synthetic_cycle)["validation"]
-    out_counts = np.zeros(split.num_sentences, dtype=np.int64)
-    paths = compute_plans(tiny_planner(PreparedDataset(synthetic_cycle), max_sentences=4), split, 8, 3, 1.0, 0,
-                          policy=entropy, num_paths_out=out_counts)
+    spec = PlanSpec(kind="planner_sampled", num_paths=8, horizon=3, path_policy=entropy).resolve()
+    drawn = draw_plans(tiny_planner(PreparedDataset(synthetic_cycle), max_sentences=4), split, spec)
+    paths, out_counts = drawn.paths, drawn.counts
     np.testing.assert_array_equal(paths, np.load(shared / "validation.npy"))
     np.testing.assert_array_equal(out_counts, counts)
 
@@ -185,8 +188,8 @@ def test_bad_policy_through_the_cli_is_one_line(synthetic_cycle, tmp_path, capsy
 
     planner_dir = save_planner(tmp_path / "planner", synthetic_cycle)
     with pytest.raises(SystemExit):
-        main(["sample-plans", "--planner_dir", str(planner_dir), "--prepared_dir", str(synthetic_cycle),
-              "--num_paths", "4", "--path_policy.kind", "entropy", "--path_policy.min_paths", "6"])
+        main(["sample-plans", "--plans.planner_dir", str(planner_dir), "--prepared_dir", str(synthetic_cycle),
+              "--plans.num_paths", "4", "--plans.path_policy.kind", "entropy", "--plans.path_policy.min_paths", "6"])
     err = capsys.readouterr().err.strip()
     assert "min_paths 6 > K = 4" in err and len(err.splitlines()) == 1
 
@@ -214,8 +217,9 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
     assert 1 <= counts.min() and counts.max() <= 6 and metrics["path_policy"]["max_paths"] == 6
     assert metrics["planner_time_s"] > 0 and metrics["lm_time_s"] > 0
     # The same plans through a cache: the counts travel with the paths, the perplexity is the same.
-    cache = sample_plans(json.loads((planned / "planned_lm.json").read_text())["plans"]["planner_dir"], str(synthetic_cycle),
-                         splits=["test"], num_paths=6, device="cpu", path_policy=policy, batch_size=256)
+    planner_dir = json.loads((planned / "planned_lm.json").read_text())["plans"]["planner_dir"]
+    cache = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=planner_dir, num_paths=6, path_policy=policy),
+                         splits=["test"], device="cpu", batch_size=256)
     cached = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "cached"),
                       plans=PlanSpec(plans_dir=str(cache)), max_articles=5, bootstrap_samples=20, device="cpu", plan_usage=False)
     assert cached["paths_mean"] == pytest.approx(float(load_path_counts(cache, "test")[:len(counts)].mean()))

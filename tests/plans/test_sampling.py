@@ -13,10 +13,24 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.data.synthetic import make_synthetic_prepared
 from planlm.models.planner import Planner
 from planlm.plans.cache import load_plans
-from planlm.plans.sampling import IGNORE_INDEX, boundary_contexts, boundary_targets, compute_plans, sample_plans
+from planlm.plans.contexts import IGNORE_INDEX, boundary_contexts, boundary_targets
+from planlm.plans.kinds import draw_plans
+from planlm.plans.sampling import sample_plans
+from planlm.plans.spec import PlanSpec
 from planlm.utils import PlanlmError
 
 from helpers import linear_output_dtypes, tiny_planner
+
+
+def sampled(num_paths: int, horizon: int, temperature: float = 1.0, seed: int = 0) -> PlanSpec:
+    return PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=horizon, temperature=temperature,
+                    seed=seed).resolve()
+
+
+def cache(planner_dir, prepared_dir, splits, batch_size: int = 256, **plans):
+    """`sample-plans` with the plans group (planner_dir and the given fields)."""
+    return sample_plans(str(prepared_dir), PlanSpec(planner_dir=str(planner_dir), **plans), splits=splits,
+                        batch_size=batch_size)
 
 
 def save_planner(folder, prepared_dir, seed: int = 0, **overrides):
@@ -52,16 +66,16 @@ def test_boundary_targets_mask_steps_past_the_article_end(synthetic_cycle):
     assert targets[1].tolist() == [int(split.actions[last]), IGNORE_INDEX, IGNORE_INDEX]
 
 
-def test_compute_plans_is_reproducible_and_seeded(planner_dir, synthetic_cycle):
+def test_planner_draws_are_reproducible_and_seeded(planner_dir, synthetic_cycle):
     planner = Planner.from_pretrained(planner_dir)
     split = PreparedDataset(synthetic_cycle)["validation"]
-    plans = compute_plans(planner, split, num_paths=5, horizon=3, temperature=1.0, seed=0, batch_size=32)
+    plans = draw_plans(planner, split, sampled(5, 3), batch_size=32).paths
     assert plans.shape == (split.num_sentences, 5, 3) and plans.dtype == np.int64
     assert plans.min() >= 0 and plans.max() < 8
-    np.testing.assert_array_equal(plans, compute_plans(planner, split, 5, 3, 1.0, seed=0, batch_size=32))
-    assert not np.array_equal(plans, compute_plans(planner, split, 5, 3, 1.0, seed=1, batch_size=32))
+    np.testing.assert_array_equal(plans, draw_plans(planner, split, sampled(5, 3), batch_size=32).paths)
+    assert not np.array_equal(plans, draw_plans(planner, split, sampled(5, 3, seed=1), batch_size=32).paths)
     subset = np.array([3, 10, 11])
-    greedy = compute_plans(planner, split, 2, 3, temperature=0.0, seed=0, sentences=subset)
+    greedy = draw_plans(planner, split, sampled(2, 3, temperature=0.0), subset).paths
     embeds, mask = boundary_contexts(split, subset, planner.config.max_sentences)
     expected = planner.argmax_path(embeds, mask, 3).numpy()
     np.testing.assert_array_equal(greedy, np.repeat(expected[:, None], 2, axis=1))
@@ -72,14 +86,14 @@ def test_bf16_plans_are_valid_and_keyed_apart(synthetic_cycle, tmp_path, dynamic
     folder = save_planner(tmp_path / "planner", synthetic_cycle, dynamics=dynamics)
     planner = Planner.from_pretrained(folder)
     split = PreparedDataset(synthetic_cycle)["validation"]
-    plans = compute_plans(planner, split, 4, 3, 1.0, seed=0, precision="bf16")
+    plans = draw_plans(planner, split, sampled(4, 3), precision="bf16").paths
     assert plans.shape == (split.num_sentences, 4, 3) and 0 <= plans.min() and plans.max() < 8
     # bf16 is close to fp32: the greedy paths agree for most boundaries (exact ties aside)
-    greedy = {precision: compute_plans(planner, split, 1, 3, 0.0, seed=0, precision=precision)
+    greedy = {precision: draw_plans(planner, split, sampled(1, 3, temperature=0.0), precision=precision).paths
               for precision in ("fp32", "bf16")}
     assert np.mean(greedy["fp32"] == greedy["bf16"]) > 0.8
-    cached = {precision: sample_plans(str(folder), str(synthetic_cycle), splits=["validation"], num_paths=4,
-                                      horizon=3, precision=precision, out_dir=str(tmp_path / precision))
+    cached = {precision: sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(folder), num_paths=4, horizon=3),
+                                      splits=["validation"], precision=precision, out_dir=str(tmp_path / precision))
               for precision in ("fp32", "bf16")}
     manifests = {k: json.loads((v / "manifest.json").read_text()) for k, v in cached.items()}
     assert manifests["fp32"]["config_fingerprint"] != manifests["bf16"]["config_fingerprint"]
@@ -91,16 +105,16 @@ def test_bf16_plans_are_valid_and_keyed_apart(synthetic_cycle, tmp_path, dynamic
 def test_plan_sampling_runs_the_planner_at_the_precision_asked_for(planner_dir, synthetic_cycle, tmp_path, precision,
                                                                   dtype, bf16_allowed):
     with linear_output_dtypes() as seen:
-        sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=2, horizon=3,
-                     device="cpu", precision=precision, out_dir=str(tmp_path / "plans"))
+        sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=2, horizon=3),
+                     splits=["validation"], device="cpu", precision=precision, out_dir=str(tmp_path / "plans"))
     planner_layers = {type(m).__module__ for m in seen}
     assert seen and planner_layers <= {"torch.nn.modules.linear"}
     assert set().union(*seen.values()) == {dtype}  # every layer of the planner, sampled and argmax paths
 
 
 def test_sample_plans_writes_reuses_and_rekeys_the_cache(planner_dir, synthetic_cycle):
-    out = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation", "test"], num_paths=4,
-                       horizon=3, temperature=1.0, seed=0, batch_size=16)
+    out = cache(planner_dir, synthetic_cycle, ["validation", "test"], num_paths=4, horizon=3, temperature=1.0, seed=0,
+                batch_size=16)
     assert out == planner_dir / "plans" / "K4-T3-tau1-seed0"
     manifest = json.loads((out / "manifest.json").read_text())
     for key in ("num_paths", "horizon", "temperature", "seed", "planner_hash", "codebook_hash", "num_actions",
@@ -111,35 +125,36 @@ def test_sample_plans_writes_reuses_and_rekeys_the_cache(planner_dir, synthetic_
     greedy = load_plans(out, "validation", prepared=prepared, argmax=True)
     assert isinstance(plans, np.memmap)
     assert plans.shape == (prepared["validation"].num_sentences, 4, 3) and greedy.shape == (len(plans), 3)
-    expected = compute_plans(Planner.from_pretrained(planner_dir), prepared["validation"], 4, 3, 1.0, seed=0,
-                             batch_size=16)
+    expected = draw_plans(Planner.from_pretrained(planner_dir), prepared["validation"], sampled(4, 3),
+                          batch_size=16).paths
     np.testing.assert_array_equal(plans, expected)
     # Same key: reused (files untouched). Another seed: another folder with other samples.
     stamp = (out / "validation.npy").stat().st_mtime_ns
-    assert sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation", "test"], num_paths=4,
-                        horizon=3, seed=0, batch_size=16) == out
+    assert cache(planner_dir, synthetic_cycle, ["validation", "test"], num_paths=4, horizon=3, seed=0,
+                 batch_size=16) == out
     assert (out / "validation.npy").stat().st_mtime_ns == stamp
-    other = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=4, horizon=3,
-                         seed=1, batch_size=16)
+    other = cache(planner_dir, synthetic_cycle, ["validation"], num_paths=4, horizon=3, seed=1, batch_size=16)
     assert other != out and not np.array_equal(load_plans(other, "validation"), plans)
     # Same folder, changed key (K): recomputed in place.
     fixed_dir = planner_dir / "plans" / "fixed"
-    sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=2, out_dir=str(fixed_dir))
+    sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=2), splits=["validation"],
+                 out_dir=str(fixed_dir))
     assert load_plans(fixed_dir, "validation").shape[1:] == (2, 3)
-    sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=3, out_dir=str(fixed_dir))
+    sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=3), splits=["validation"],
+                 out_dir=str(fixed_dir))
     assert load_plans(fixed_dir, "validation").shape[1:] == (3, 3)
 
 
 def test_mismatched_planner_or_plans_give_one_line_errors(planner_dir, synthetic_cycle, synthetic_random,
                                                           tmp_path):
     with pytest.raises(PlanlmError, match="codebook") as error:
-        sample_plans(str(planner_dir), str(synthetic_random), splits=["validation"], num_paths=1)
+        cache(planner_dir, synthetic_random, ["validation"], num_paths=1)
     assert "\n" not in str(error.value)
     other_actions = make_synthetic_prepared(tmp_path / "six", num_actions=6, num_articles={"train": 10,
                                             "validation": 3, "test": 3})
     with pytest.raises(PlanlmError, match="num_actions"):
-        sample_plans(str(planner_dir), str(other_actions), splits=["validation"], num_paths=1)
-    out = sample_plans(str(planner_dir), str(synthetic_cycle), splits=["validation"], num_paths=1, horizon=2)
+        cache(planner_dir, other_actions, ["validation"], num_paths=1)
+    out = cache(planner_dir, synthetic_cycle, ["validation"], num_paths=1, horizon=2)
     with pytest.raises(PlanlmError, match="codebook"):
         load_plans(out, "validation", prepared=PreparedDataset(synthetic_random))
     with pytest.raises(PlanlmError, match="no plans for split 'test'"):
@@ -152,22 +167,22 @@ def test_empty_split_and_bad_arguments(planner_dir, tmp_path):
     prepared = make_synthetic_prepared(tmp_path / "no_test", num_articles={"train": 10, "validation": 3, "test": 0})
     planner = save_planner(tmp_path / "planner", prepared)
     with pytest.raises(PlanlmError, match="no sentences"):
-        sample_plans(str(planner), str(prepared), splits=["test"], num_paths=2)
-    with pytest.raises(PlanlmError, match="--num_paths"):
-        sample_plans(str(planner), str(prepared), splits=["validation"], num_paths=0)
+        cache(planner, prepared, ["test"], num_paths=2)
+    with pytest.raises(PlanlmError, match="--plans.num_paths"):
+        cache(planner, prepared, ["validation"], num_paths=0)
     assert not (planner / "plans").exists()  # nothing half-written
 
 
 def test_cli_sample_plans(planner_dir, synthetic_cycle, tmp_path, capsys):
     out = tmp_path / "cli_plans"
-    cli_main(["sample-plans", "--planner_dir", str(planner_dir), "--prepared_dir", str(synthetic_cycle),
-              "--splits", "[validation]", "--num_paths", "3", "--horizon", "2", "--temperature", "0.5",
+    cli_main(["sample-plans", "--plans.planner_dir", str(planner_dir), "--prepared_dir", str(synthetic_cycle),
+              "--splits", "[validation]", "--plans.num_paths", "3", "--plans.horizon", "2", "--plans.temperature", "0.5",
               "--out_dir", str(out)])
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["num_paths"] == 3 and manifest["temperature"] == 0.5
     assert load_plans(out, "validation").shape[1:] == (3, 2)
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["sample-plans", "--planner_dir", str(tmp_path / "missing"), "--prepared_dir",
+        cli_main(["sample-plans", "--plans.planner_dir", str(tmp_path / "missing"), "--prepared_dir",
                   str(synthetic_cycle)])
     assert exit_info.value.code == 2
     assert "no trained planner" in capsys.readouterr().err

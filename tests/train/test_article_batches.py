@@ -7,8 +7,9 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedDataset
-from planlm.plans.sampling import (IGNORE_INDEX, article_contexts, article_rows, boundary_contexts,
-                                   boundary_targets, compute_plans)
+from planlm.plans.contexts import IGNORE_INDEX, article_contexts, article_rows, boundary_contexts, boundary_targets
+from planlm.plans.kinds import draw_plans
+from planlm.plans.spec import PlanSpec
 from planlm.train.boundaries import ArticleCollate, BoundaryCollate
 from planlm.train.planner_module import LightningPlanner
 from tests.helpers import tiny_planner
@@ -50,12 +51,14 @@ def test_article_plans_are_the_per_boundary_greedy_paths(synthetic_cycle):
     split = prepared["validation"]
     planner = tiny_planner(prepared, dynamics="causal", encoder="article", horizon=3, max_sentences=4)
     sentences = np.arange(1, split.num_sentences, 2)
-    greedy = np.zeros((len(sentences), 3), dtype=np.int64)
-    paths = compute_plans(planner, split, 4, 3, 1.0, seed=0, sentences=sentences, argmax_out=greedy, batch_size=8)
+    sampled = PlanSpec(kind="planner_sampled", num_paths=4, horizon=3).resolve()
+    greedy = draw_plans(planner, split, PlanSpec(kind="planner_argmax", num_paths=4, horizon=3).resolve(), sentences,
+                        batch_size=8).paths
+    paths = draw_plans(planner, split, sampled, sentences, batch_size=8).paths
     context_embeds, context_mask = boundary_contexts(split, sentences, 4)
     assert np.array_equal(greedy, planner.argmax_path(context_embeds, context_mask, 3).numpy())
     assert paths.shape == (len(sentences), 4, 3) and paths.min() >= 0 and paths.max() < prepared.num_actions
-    again = compute_plans(planner, split, 4, 3, 1.0, seed=0, sentences=sentences, batch_size=8)
+    again = draw_plans(planner, split, sampled, sentences, batch_size=8).paths
     assert np.array_equal(paths, again)  # seeded
 
 

@@ -13,7 +13,7 @@ from helpers import read_csv, tiny_planner
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.synthetic import make_synthetic_prepared
 from planlm.models.planner import PlannerShape
-from planlm.plans.sampling import boundary_contexts, boundary_targets
+from planlm.plans.contexts import boundary_contexts, boundary_targets
 from planlm.train.planner import PlannerTrainArgs, train_planner
 from planlm.utils import read_manifest
 

@@ -58,7 +58,7 @@ def rescored_val_loss(model_dir: Path, prepared_dir: Path, num_windows: int, con
     """The mean token NLL of the saved model on the first validation windows, outside Lightning: one window
     at a time, plans gathered per token from ``token_plan_sentence``, log-softmax by hand."""
     from planlm.data.windows import article_windows
-    from planlm.plans.sources import plan_source
+    from planlm.plans.kinds import plan_source
 
     model = PlannedLM.from_pretrained(model_dir).eval()
     prepared = PreparedDataset(prepared_dir)

@@ -15,6 +15,7 @@ from planlm.data.synthetic import make_synthetic_prepared
 from planlm.models.planner import Planner
 from planlm.plans.cache import load_plans
 from planlm.plans.sampling import sample_plans
+from planlm.plans.spec import PlanSpec
 from planlm.models.planner import PlannerShape
 from planlm.train.boundaries import LengthGroupedSampler
 from planlm.train.planner import PlannerTrainArgs, train_planner
@@ -51,8 +52,8 @@ def test_planner_learns_the_cycle_rule_several_steps_ahead(cycle_planner, synthe
     for mode in ("planner_teacher_forced", "planner_free_running"):
         assert min(metrics[mode]["top1"][:3]) >= 0.95, metrics[mode]
     # The argmax plans of a trained planner follow the rule: a_{t+1} = a_t + 1 mod 8.
-    plans_dir = sample_plans(str(cycle_planner), str(synthetic_cycle), splits=["validation"], num_paths=2,
-                             temperature=0.0)
+    plans_dir = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(cycle_planner), num_paths=2,
+                                                            temperature=0.0), splits=["validation"])
     greedy = np.asarray(load_plans(plans_dir, "validation", argmax=True))[with_context(split, 1)]
     assert np.mean(greedy[:, 1:] == (greedy[:, :-1] + 1) % 8) >= 0.95
 
@@ -68,7 +69,8 @@ def test_causal_dynamics_learns_the_cycle_rule_and_samples_from_its_cache(synthe
     metrics = evaluate_planner(planner, split, horizon=4, sentences=with_context(split, 1))
     for mode in ("planner_teacher_forced", "planner_free_running"):  # chance: 1/8; 0.94-1.0 measured, the step-2
         assert min(metrics[mode]["top1"][:3]) >= 0.9, metrics[mode]  # value moves with the suite's thread order
-    plans_dir = sample_plans(str(out), str(synthetic_cycle), splits=["validation"], num_paths=3, temperature=0.25)
+    plans_dir = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(out), num_paths=3, temperature=0.25),
+                             splits=["validation"])
     paths = np.asarray(load_plans(plans_dir, "validation"))[with_context(split, 1)]  # (N, K, T)
     assert np.mean(paths[..., 1:] == (paths[..., :-1] + 1) % 8) >= 0.9
 
@@ -251,7 +253,7 @@ def test_finetuned_encoder_planner_end_to_end(tmp_path):
     changed = [not np.allclose(a.detach().numpy(), b.detach().numpy())
                for a, b in zip(planner.representation.encoder.parameters(), original.parameters())]
     assert any(changed)
-    plans_dir = sample_plans(str(out), str(prepared), splits=["validation"], num_paths=3)
+    plans_dir = sample_plans(str(prepared), PlanSpec(planner_dir=str(out), num_paths=3), splits=["validation"])
     assert load_plans(plans_dir, "validation").shape[1:] == (3, 2)
 
 

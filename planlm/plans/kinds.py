@@ -1,0 +1,477 @@
+"""The plan kinds: one strategy per kind, registered in one place, and the one way to make plans.
+
+A ``PlanStrategy`` says how one kind of plans is made and what it needs: the fields of a ``PlanSpec`` it decides
+and checks (``normalise``, ``check``), the plans of a batch of sentence boundaries (``plan``) and the source a
+split's plans are read from (``source``). ``register_plan_kind`` adds one under its name; every command finds the
+kind of a spec with ``plan_kind(spec.kind)`` and makes plans through ``plan`` (a batch: generation) and
+``plan_source`` (a split: training, evaluation, sweeps, lm-eval). Built in (``PlanKind``):
+
+- ``none``: no plans (the plain LM, no adapter);
+- ``fixed``: every step of every path is one constant action (the Fixed baseline: no information);
+- ``oracle``: the true actions of the next T sentences (an upper bound);
+- ``planner_argmax``: the planner's greedy path, repeated K times (Cornille et al. at T = K = 1);
+- ``planner_sampled``: K paths sampled at temperature tau (ours), as many per boundary as the path policy gives
+  (``planlm.plans.policy``).
+
+The planner kinds ``draw`` (``Draw``: the paths the planner computed, before the argmax path is repeated K
+times): the plan cache stores draws (``planlm.plans.sampling``), and a live source draws the boundaries a command
+asks for into arrays of the same layout (``draw_split``, one seeded walk over the split either way).
+
+A new kind subclasses ``PlanStrategy`` (``plan`` at least) and calls ``register_plan_kind``, in this file or in
+your own code; ``--plans.kind`` accepts its name from then on (tests/plans/test_kinds.py adds one from outside).
+
+Letters: B boundaries, K paths (K' drawn: 1 for the argmax path), T horizon, M top actions, N boundaries asked
+for, N_sent sentences of the split.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+import numpy as np
+import torch
+
+from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.models.dynamics import top_distribution
+from planlm.plans.cache import (cache_manifest, cached_top_actions, expected_action_dtype, load_expected,
+                                load_path_counts, load_plans)
+from planlm.plans.contexts import MAX_ROWS, Boundaries, check_split, split_batches
+from planlm.plans.policy import PathPolicy, path_mask_from_counts, sample_with_policy
+from planlm.plans.sources import CachedPlans, FixedPlans, OraclePlans, Plans, PlanSource, TablePlans, step_probs
+from planlm.utils import PlanlmError, autocast
+
+if TYPE_CHECKING:
+    from planlm.plans.spec import PlanSpec
+
+
+class PlanKind(str, Enum):
+    """The built-in plan kinds (``register_plan_kind`` adds others, named by a plain string)."""
+
+    none = "none"
+    fixed = "fixed"
+    oracle = "oracle"
+    planner_argmax = "planner_argmax"
+    planner_sampled = "planner_sampled"
+
+    @property
+    def uses_planner(self) -> bool:
+        return plan_kind(self).uses_planner
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class PlanStrategy(ABC):
+    """One kind of plans. A subclass sets ``name`` and implements ``plan``; the defaults suit a kind that reads
+    neither a planner nor the true future, whose plans of a split are made once (in order, from ``spec.seed``)."""
+
+    name: str = ""
+    conditions: bool = True
+    """The LM reads these plans through an adapter (False: kind none, the plain LM)."""
+    uses_planner: bool = False
+    """The plans come from a planner (--plans.planner_dir) or a cache of its plans (--plans.plans_dir)."""
+    reads_future: bool = False
+    """The plans read the true actions ahead (oracle): generation needs a test article's prefix, not free text."""
+    samples_paths: bool = False
+    """A planner samples K paths per boundary: K (and a path policy) is the planning compute it spends."""
+
+    def normalise(self, spec: PlanSpec) -> None:
+        """Set, in place on a freshly resolved spec, the fields this kind decides: without a planner, no planner
+        folders and no path policy (every path is the same plan)."""
+        spec.planner_dir = spec.plans_dir = None
+        spec.path_policy = PathPolicy()
+
+    def check(self, spec: PlanSpec) -> None:
+        """One-line errors for settings this kind cannot serve."""
+        if spec.expectation:
+            raise PlanlmError(f"--plans.expectation true with --plans.kind {spec.kind}: {spec.kind} plans have no "
+                              f"planner distribution to average over; set --plans.expectation false or --plans.kind "
+                              f"planner_sampled / planner_argmax")
+
+    def check_source(self, spec: PlanSpec) -> None:
+        """One-line errors for plans with nothing to come from (checked where plans are read)."""
+
+    def check_actions(self, spec: PlanSpec, num_actions: int, where: str) -> None:
+        """One-line errors for plans naming actions that the corpus of ``where`` (A = ``num_actions``) lacks."""
+
+    def paths_drawn(self, spec: PlanSpec) -> int:
+        """Paths the planner computes per boundary (the planning compute; 0 without a planner)."""
+        return 0
+
+    @abstractmethod
+    def plan(self, boundaries: Boundaries, spec: PlanSpec, rng: Optional[torch.Generator],
+             planner=None) -> Plans:
+        """The plans of B boundaries: action_paths (B, K, T), path_mask (B, K, T) (in expectation also the
+        top actions (B, K, T, M) and their renormalised probabilities)."""
+
+    def source(self, spec: PlanSpec, prepared: PreparedDataset, split: PreparedSplit, sentences: np.ndarray,
+               device: torch.device, precision: str, batch_size: int) -> Optional[PlanSource]:
+        """The plans of ``sentences`` (N,), made once in the walk's order (seeded by ``spec.seed``)."""
+        check_split(split, "the plans")
+        rng = torch.Generator().manual_seed(spec.seed)
+        batches = split_batches(split, sentences, prepared.num_actions, batch_size)
+        made = [self.plan(boundaries, spec, rng) for _, boundaries in batches]
+        plans = Plans(*(None if parts[0] is None else torch.cat(parts) for parts in zip(*made)))
+        return TablePlans(plans, sentences, split.num_sentences)
+
+
+class NoPlans(PlanStrategy):
+    name = "none"
+    conditions = False
+
+    def plan(self, boundaries, spec, rng, planner=None) -> Plans:
+        raise PlanlmError("plans kind none makes no plans (the plain LM); choose another --plans.kind")
+
+    def source(self, spec, prepared, split, *_) -> None:
+        return None
+
+
+class FixedKind(PlanStrategy):
+    name = "fixed"
+
+    def check_actions(self, spec, num_actions, where) -> None:
+        if not 0 <= spec.fixed_action < max(num_actions, 1):
+            raise PlanlmError(f"--plans.fixed_action {spec.fixed_action} must be in [0, {num_actions}): {where} has "
+                              f"actions 0..{num_actions - 1}")
+
+    def plan(self, boundaries, spec, rng, planner=None) -> Plans:
+        return FixedPlans(spec.fixed_action, spec.num_paths, spec.horizon)(np.zeros(len(boundaries), np.int64))
+
+    def source(self, spec, prepared, split, *_) -> FixedPlans:
+        return FixedPlans(spec.fixed_action, spec.num_paths, spec.horizon)
+
+
+class OracleKind(PlanStrategy):
+    name = "oracle"
+    reads_future = True
+
+    def plan(self, boundaries, spec, rng, planner=None) -> Plans:
+        """The true actions ahead of each boundary; a boundary whose future is unknown (``known`` False: past the
+        article's end in generation) gets a plan with no valid step."""
+        paths, mask, _ = OraclePlans(boundaries.split, spec.num_paths, spec.horizon)(boundaries.sentences)
+        if boundaries.known is not None:
+            mask = mask & torch.from_numpy(np.asarray(boundaries.known, dtype=bool))[:, None, None]
+        return Plans(paths, mask)
+
+    def source(self, spec, prepared, split, *_) -> OraclePlans:
+        return OraclePlans(split, spec.num_paths, spec.horizon)
+
+
+# --------------------------------------------------------------------------------------------- planner kinds
+@dataclass
+class Draw:
+    """What a planner drew for B boundaries, as a plan cache stores it: K' paths each (1: the argmax path)."""
+
+    paths: torch.Tensor
+    """(B, K', T) long: the actions drawn (padding beyond a boundary's count)."""
+    counts: torch.Tensor
+    """(B,) long: the paths of each boundary (K' everywhere but under an adaptive path policy)."""
+    steps: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    """In expectation: each step's top actions (B, K', T, M) long and their probabilities, not renormalised."""
+
+    def plans(self, num_paths: int) -> Plans:
+        """The plans the adapter reads: K paths (the argmax path repeated), probabilities renormalised."""
+        actions = self.paths if self.steps is None else self.steps[0]  # (B, K', T[, M])
+        mask = path_mask_from_counts(self.counts.to(self.paths.device), self.paths.shape[1], self.paths.shape[2])
+        probs = None if self.steps is None else step_probs(self.steps[1])
+        if self.paths.shape[1] != num_paths:  # the argmax path, repeated K times
+            actions, mask, probs = (None if x is None else x.expand(-1, num_paths, *x.shape[2:])
+                                    for x in (actions, mask, probs))
+        return Plans(actions, mask, probs)
+
+
+class PlannerKind(PlanStrategy):
+    """Plans a planner draws: from a plan cache (``plans_dir``) or the planner (``planner_dir``) run now."""
+
+    uses_planner = True
+    greedy = False
+    """The argmax path, one per boundary (the cache's ``<split>.argmax`` arrays)."""
+
+    def normalise(self, spec) -> None:
+        pass
+
+    def check(self, spec) -> None:
+        pass
+
+    def check_source(self, spec) -> None:
+        if not (spec.plans_dir or spec.planner_dir):
+            raise PlanlmError(f"--plans.kind {spec.kind} needs --plans.plans_dir (a plan cache) or "
+                              f"--plans.planner_dir (a planner); set one of them")
+
+    def article_batches(self, spec) -> bool:
+        """Whether an article-level planner can draw these plans from article rows (one pass per article)."""
+        return True
+
+    @abstractmethod
+    def draw(self, boundaries: Boundaries, spec: PlanSpec, rng: Optional[torch.Generator], planner) -> Draw:
+        """The paths the planner computes for B boundaries (``Draw``), on the planner's device."""
+
+    def plan(self, boundaries, spec, rng, planner=None) -> Plans:
+        if planner is None:
+            raise PlanlmError(f"plans kind {spec.kind} needs a planner (set --plans.planner_dir)")
+        return self.draw(boundaries, spec, rng, planner).plans(spec.num_paths)
+
+    def source(self, spec, prepared, split, sentences, device, precision, batch_size) -> CachedPlans:
+        """Rows of the plan cache ``spec.plans_dir``, or the planner of ``spec.planner_dir`` run now on ``sentences``
+        alone (arrays of their rows only, in the cache's layout)."""
+        if spec.plans_dir:
+            return self.cached(spec, prepared, split)
+        from planlm.models.planner import Planner
+
+        planner = Planner.for_corpus(spec.planner_dir, prepared, device)
+        arrays = draw_plans(planner, split, spec, sentences, device=device, precision=precision, batch_size=batch_size)
+        return arrays.source(spec, sentences, split.num_sentences)
+
+    def cached(self, spec, prepared, split) -> CachedPlans:
+        """The plans of ``split`` in the cache ``spec.plans_dir``, checked against the spec and the corpus."""
+        self.check_cache(spec)
+        plans = load_plans(spec.plans_dir, split.name, prepared=prepared, argmax=self.greedy)
+        counts = None if self.greedy else load_path_counts(spec.plans_dir, split.name)  # None: made before policies
+        if spec.expectation:
+            actions, probs = load_expected(spec.plans_dir, split.name, argmax=self.greedy)
+            return CachedPlans(actions, spec.num_paths, spec.horizon, counts, probs)
+        return CachedPlans(plans, spec.num_paths, spec.horizon, counts)
+
+    def check_cache(self, spec, prepared: PreparedDataset | None = None) -> dict:
+        """The manifest of the cache ``spec.plans_dir``, after checking its horizon, K, plans in expectation and
+        (with ``prepared``) codebook."""
+        where = Path(spec.plans_dir) / "manifest.json"
+        manifest = cache_manifest(spec.plans_dir, prepared)
+        if int(manifest["horizon"]) != spec.horizon:
+            raise PlanlmError(f"{where}: cached horizon T={manifest['horizon']} but --plans.horizon {spec.horizon}; "
+                              f"set horizon: {manifest['horizon']} or sample plans with T={spec.horizon}")
+        if not self.greedy and int(manifest["num_paths"]) != spec.num_paths:
+            raise PlanlmError(f"{where}: cached K={manifest['num_paths']} paths but --plans.num_paths "
+                              f"{spec.num_paths}; set num_paths: {manifest['num_paths']} or sample plans with "
+                              f"K={spec.num_paths}")
+        _check_cached_expectation(spec, manifest, where)
+        return manifest
+
+
+class PlannerArgmax(PlannerKind):
+    name = "planner_argmax"
+    greedy = True
+
+    def normalise(self, spec) -> None:
+        spec.temperature = 0.0
+        spec.path_policy = PathPolicy()  # K copies of one path: no policy
+
+    def paths_drawn(self, spec) -> int:
+        return 1
+
+    def draw(self, boundaries, spec, rng, planner) -> Draw:
+        """The greedy path (B, 1, T); in expectation with the planner's distribution (tau 1) at each of its steps."""
+        horizon, steps = spec.horizon, None
+        if boundaries.row is not None:  # article rows
+            logits, greedy = planner.decode(boundaries.article_state(planner, horizon), horizon)  # (B, T, A), (B, T)
+            if spec.expectation:
+                ids, probs = top_distribution(logits.flatten(0, 1), 1.0, spec.top_actions)  # (B*T, M)
+                steps = (ids.view(*greedy.shape, -1), probs.view(*greedy.shape, -1))
+        elif spec.expectation:
+            greedy, *steps = planner.expected_argmax_path(boundaries.context_embeds, boundaries.context_mask, horizon,
+                                                          spec.top_actions)  # (B, T), (B, T, M) twice
+        else:
+            greedy = planner.argmax_path(boundaries.context_embeds, boundaries.context_mask, horizon)  # (B, T)
+        steps = None if steps is None else tuple(x.unsqueeze(1) for x in steps)  # (B, 1, T, M)
+        return Draw(greedy.unsqueeze(1), torch.ones(len(greedy), dtype=torch.long), steps)
+
+
+class PlannerSampled(PlannerKind):
+    name = "planner_sampled"
+    samples_paths = True
+
+    def check(self, spec) -> None:
+        if spec.expectation and spec.path_policy.adaptive:
+            raise PlanlmError(f"--plans.expectation true with --plans.path_policy.kind {spec.path_policy.kind}: an "
+                              f"expected plan needs no adaptive paths; drop --plans.path_policy or the expectation")
+
+    def paths_drawn(self, spec) -> int:
+        return spec.num_paths
+
+    def article_batches(self, spec) -> bool:
+        return not spec.path_policy.adaptive or spec.temperature == 0
+
+    def draw(self, boundaries, spec, rng, planner) -> Draw:
+        """K sampled paths (B, K, T), as many per boundary as the path policy gives; in expectation with the
+        distribution each step was drawn from (the same draws)."""
+        if boundaries.row is not None:
+            return self._draw_article(boundaries, spec, rng, planner)
+        context = (boundaries.context_embeds, boundaries.context_mask)
+        if spec.expectation:
+            paths, *steps = planner.sample_expected_paths(*context, spec.num_paths, spec.horizon, spec.temperature,
+                                                          spec.top_actions, rng)  # (B, K, T), (B, K, T, M) twice
+            return Draw(paths, torch.full((len(paths),), spec.num_paths), tuple(steps))
+        paths, counts = sample_with_policy(planner, *context, spec.path_policy, spec.horizon, spec.temperature, rng)
+        return Draw(paths, counts)
+
+    def _draw_article(self, boundaries, spec, rng, planner) -> Draw:
+        """Article rows (fixed policy, or tau 0): the paths of every boundary from its row's one pass."""
+        state, steps = boundaries.article_state(planner, spec.horizon), None
+        if spec.temperature == 0:  # every path is the greedy one
+            paths = planner.decode(state, spec.horizon)[1][:, None].expand(-1, spec.num_paths, -1)  # (B, K, T)
+            if spec.expectation:  # the distribution at tau 0 is the greedy action itself
+                steps = (paths.unsqueeze(-1), torch.ones(*paths.shape, 1))
+        elif spec.expectation:
+            paths, *steps = planner.dynamics.sample_from(planner.prediction, state, spec.num_paths, spec.temperature,
+                                                         rng, spec.top_actions)
+        else:
+            paths = planner.dynamics.sample_from(planner.prediction, state, spec.num_paths, spec.temperature, rng)
+        return Draw(paths, torch.full((len(paths),), spec.num_paths), None if steps is None else tuple(steps))
+
+
+def _check_cached_expectation(spec, manifest: dict, where: Path) -> None:
+    """A cache of plans in expectation is read only in expectation, with its top_actions, and vice versa."""
+    cached = cached_top_actions(manifest)
+    if spec.expectation and not cached:
+        raise PlanlmError(f"{where}: the plan cache holds only sampled actions, not the step distributions "
+                          f"--plans.expectation true reads; sample one with `planlm sample-plans --plans.expectation "
+                          f"true` (or set --plans.expectation false)")
+    if cached and not spec.expectation:
+        raise PlanlmError(f"{where}: the plan cache holds plans in expectation (top {cached} actions per step); set "
+                          f"--plans.expectation true, or give a cache sampled without --plans.expectation")
+    if cached and cached != spec.top_actions:
+        raise PlanlmError(f"{where}: the cached plans in expectation keep the top {cached} actions per step, not "
+                          f"--plans.top_actions {spec.top_actions}; set top_actions: {cached} or resample with it")
+
+
+# --------------------------------------------------------------------------------------------- draws of a split
+MakeArray = Callable[[str, tuple, type], np.ndarray]
+
+
+def in_memory(name: str, shape: tuple, dtype) -> np.ndarray:
+    return np.zeros(shape, dtype=dtype)
+
+
+@dataclass
+class DrawArrays:
+    """The rows a planner kind's draws fill, in a plan cache's layout (``planlm.plans.cache``): memory-mapped
+    cache files, or arrays in memory for a live source. Row i holds the i-th boundary drawn."""
+
+    paths: np.ndarray
+    """(N, K, T) int64 sampled paths, or (N, T) the argmax path."""
+    counts: np.ndarray
+    """(N,) int64 paths per boundary (1 for the argmax path)."""
+    greedy: bool
+    steps: Optional[tuple[np.ndarray, np.ndarray]] = None
+    """In expectation: top actions (N, K or -, T, M) int16/int32 and their probabilities float16."""
+
+    @classmethod
+    def allocate(cls, kind: PlannerKind, spec: PlanSpec, num_actions: int, rows: int,
+                 make: MakeArray) -> DrawArrays:
+        """``make(name, shape, dtype)`` gives each array: name "" (paths), "expected_actions." or "expected_probs."."""
+        shape = (rows, *(() if kind.greedy else (spec.num_paths,)), spec.horizon)
+        steps = None
+        if spec.expectation:
+            top = (*shape, min(spec.top_actions, num_actions))
+            steps = (make("expected_actions.", top, expected_action_dtype(num_actions)),
+                     make("expected_probs.", top, np.float16))
+        return cls(make("", shape, np.int64), np.zeros(rows, np.int64), kind.greedy, steps)
+
+    def write(self, rows: np.ndarray, draw: Draw) -> None:
+        squeeze = (lambda x: x[:, 0]) if self.greedy else (lambda x: x)  # the argmax path: no K axis
+        self.paths[rows] = squeeze(draw.paths).cpu().numpy()
+        self.counts[rows] = draw.counts.cpu().numpy()
+        for array, value in zip(self.steps or (), draw.steps or ()):
+            array[rows] = squeeze(value).float().cpu().numpy() if value.is_floating_point() else \
+                squeeze(value).cpu().numpy()
+
+    def source(self, spec: PlanSpec, sentences: np.ndarray, num_sentences: int) -> CachedPlans:
+        """The plans of ``sentences`` (N,) (the boundaries drawn, in order) read back as from a plan cache."""
+        rows = np.full(num_sentences, -1, dtype=np.int64)
+        rows[sentences] = np.arange(len(sentences))
+        counts = None if self.greedy else np.zeros(num_sentences, np.int64)
+        if counts is not None:
+            counts[sentences] = self.counts
+        plans, probs = (self.paths, None) if self.steps is None else self.steps
+        return CachedPlans(plans, spec.num_paths, spec.horizon, counts, probs, rows=rows)
+
+
+def draw_split(planner, split: PreparedSplit, sentences: np.ndarray,
+               draws: list[tuple[PlannerKind, PlanSpec, DrawArrays]], device: torch.device, precision: str,
+               batch_size: int, max_rows: int = MAX_ROWS) -> None:
+    """Draw the plans of every (kind, spec) for ``sentences`` (N,) of ``split`` into their arrays, in one seeded
+    walk (the first spec's seed): at most ``batch_size`` boundaries and ``max_rows`` paths per forward, article rows
+    for an article-level planner when every kind allows. The draws depend on the seed, batch_size, max_rows and the
+    device type alone (a plan cache's key holds them all)."""
+    check_split(split, "the plans")
+    planner = planner.to(device).eval()
+    rng = torch.Generator(device=device).manual_seed(draws[0][1].seed)
+    most = max(max(1, kind.paths_drawn(spec)) for kind, spec, _ in draws)
+    per_forward = max(1, min(batch_size, max_rows // most))
+    article = planner.config.encoder == "article" and all(kind.article_batches(spec) for kind, spec, _ in draws)
+    batches = split_batches(split, sentences, planner.config.num_actions, per_forward, planner, article)
+    for rows, boundaries in batches:
+        with torch.no_grad(), autocast(device, precision):
+            for kind, spec, arrays in draws:
+                arrays.write(rows, kind.draw(boundaries, spec, rng, planner))
+
+
+def draw_plans(planner, split: PreparedSplit, spec: PlanSpec, sentences: Optional[np.ndarray] = None, *,
+               device: str | torch.device = "cpu", precision: str = "fp32", batch_size: int = 256,
+               max_rows: int = MAX_ROWS) -> DrawArrays:
+    """What ``planner`` draws for a planner kind's resolved spec at ``sentences`` (N,) of ``split`` (default: every
+    boundary), in memory: ``paths`` (N, K, T) sampled or (N, T) argmax, ``counts`` (N,), ``steps`` in expectation."""
+    sentences = np.arange(split.num_sentences) if sentences is None else np.asarray(sentences, dtype=np.int64)
+    kind = plan_kind(spec.kind)
+    arrays = DrawArrays.allocate(kind, spec, planner.config.num_actions, len(sentences), in_memory)
+    draw_split(planner, split, sentences, [(kind, spec, arrays)], torch.device(device), precision, batch_size,
+               max_rows)
+    return arrays
+
+
+# --------------------------------------------------------------------------------------------- the registry
+KINDS: dict[str, PlanStrategy] = {}
+
+
+def register_plan_kind(strategy: PlanStrategy) -> PlanStrategy:
+    """Add a plan kind under ``strategy.name`` (registering the same class again replaces it; another class under
+    a taken name is an error)."""
+    name = str(strategy.name)
+    if not name:
+        raise PlanlmError(f"{type(strategy).__name__}: a plan kind needs a name (set the class's name)")
+    if name in KINDS and type(KINDS[name]) is not type(strategy):
+        raise PlanlmError(f"plan kind {name!r} is already registered ({type(KINDS[name]).__name__}); choose another "
+                          f"name")
+    KINDS[name] = strategy
+    return strategy
+
+
+def plan_kind(name) -> PlanStrategy:
+    """The strategy of a kind (a ``PlanKind`` or a registered name); one-line error naming the kinds."""
+    try:
+        return KINDS[str(name)]
+    except KeyError:
+        raise PlanlmError(f"--plans.kind {str(name)!r}: choose one of {', '.join(KINDS)}") from None
+
+
+for _strategy in (NoPlans(), FixedKind(), OracleKind(), PlannerArgmax(), PlannerSampled()):
+    register_plan_kind(_strategy)
+
+
+def plan(boundaries: Boundaries, spec: PlanSpec, rng: Optional[torch.Generator] = None, planner=None) -> Plans:
+    """The plans of a batch of boundaries under a resolved spec: its kind's ``plan``."""
+    return plan_kind(spec.kind).plan(boundaries, spec, rng, planner)
+
+
+def plan_source(spec: PlanSpec, prepared: PreparedDataset, split: PreparedSplit, *,
+                sentences: Optional[np.ndarray] = None, device: str | torch.device = "cpu", precision: str = "fp32",
+                batch_size: int = 256) -> Optional[PlanSource]:
+    """The source of a resolved spec's plans for ``split`` (None for kind none): its kind's ``source``. Planner
+    plans come from ``spec.plans_dir`` when set, else the planner of ``spec.planner_dir`` runs now on ``sentences``
+    (default: every boundary of the split)."""
+    spec.check_source()
+    sentences = np.arange(split.num_sentences) if sentences is None else np.asarray(sentences, dtype=np.int64)
+    return plan_kind(spec.kind).source(spec, prepared, split, sentences, torch.device(device), precision, batch_size)
+
+
+def check_cache(spec: PlanSpec, prepared: PreparedDataset | None = None) -> dict:
+    """The manifest of a planner kind's plan cache ``spec.plans_dir``, checked against the spec (and corpus)."""
+    return plan_kind(spec.kind).check_cache(spec, prepared)
+
+
+__all__ = ["PlanKind", "PlanStrategy", "register_plan_kind", "plan_kind", "plan", "plan_source", "check_cache",
+           "Draw", "DrawArrays", "draw_split", "draw_plans", "PlannerKind", "KINDS"]
