@@ -33,7 +33,9 @@ import torch
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.synthetic import make_synthetic_prepared
 from planlm.models.planner import Planner, PlannerConfig
-from planlm.plans.sampling import boundary_contexts, compute_plans
+from planlm.plans.contexts import boundary_contexts
+from planlm.plans.kinds import DrawArrays, draw_plans, draw_split, in_memory
+from planlm.plans.spec import PlanSpec
 from planlm.utils import autocast
 from planlm.train.boundaries import BoundaryCollate
 from planlm.train.planner_module import LightningPlanner
@@ -139,15 +141,16 @@ def time_planner(planner: Planner, trained: Planner | None, split, args) -> list
     train_time = timed(train_step, args.repeats)
     rows = [("train step (teacher forcing, fwd+bwd+AdamW)", batch_size, train_time, None)]
 
-    # Sampling: K paths of T steps for the same boundaries, through compute_plans (contexts included).
+    # Sampling: K paths of T steps for the same boundaries, through draw_plans (contexts included).
     planner = (trained or planner).eval()
     sentences = rng.choice(split.num_sentences, min(args.boundaries, split.num_sentences), replace=False)
     sentences.sort()
 
     def sample(num_paths: int, temperature: float = 1.0):
-        return lambda: compute_plans(planner, split, num_paths, args.horizon, temperature, seed=0,
-                                     batch_size=args.sample_batch_size, sentences=sentences,
-                                     precision=args.precision, device=args.device)
+        spec = PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=args.horizon,
+                        temperature=temperature).resolve()
+        return lambda: draw_plans(planner, split, spec, sentences, batch_size=args.sample_batch_size,
+                                  precision=args.precision, device=args.device)
 
     base = timed(sample(1), args.repeats)
     rows.append(("argmax path (T=%d)" % args.horizon, len(sentences), timed(sample(1, 0.0), args.repeats), base))
@@ -217,11 +220,15 @@ def time_encoders(args) -> None:
                     loss.backward()
                     optimizer.step()
 
-            def plans():
+            def plans():  # the greedy and the sampled paths in one walk, as sample-plans draws them
                 planner.eval()
-                greedy = np.zeros((split.num_sentences, 5), dtype=np.int64)
-                compute_plans(planner, split, 5, 5, 1.0, seed=0, argmax_out=greedy, device=args.device,
-                              precision=args.precision)
+                draws = []
+                for kind in ("planner_argmax", "planner_sampled"):
+                    spec = PlanSpec(kind=kind, num_paths=5, horizon=5).resolve()
+                    draws.append((spec.strategy, spec, DrawArrays.allocate(spec.strategy, spec, prepared.num_actions,
+                                                                           split.num_sentences, in_memory)))
+                draw_split(planner, split, np.arange(split.num_sentences), draws, torch.device(args.device),
+                           args.precision, 256)
 
             rows.append((label, timed(epoch, 1), timed(plans, 1)))
     print(f"{args.epoch_articles} articles of {args.article_sentences} sentences ({split.num_sentences} boundaries), "

@@ -96,8 +96,8 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
                  "boundaries"))
 
     began = time.perf_counter()
-    plans = sample_plans(str(planner), str(prepared_dir), num_paths=10, horizon=10, device=args.device,
-                         out_dir=str(root / "plans"))
+    plans = sample_plans(str(prepared_dir), PlanSpec(planner_dir=str(planner), num_paths=10, horizon=10),
+                         device=args.device, out_dir=str(root / "plans"))
     all_boundaries = sum(prepared[s].num_sentences for s in ("train", "validation", "test"))
     rows.append(("sample_plans K=10 T=10 (all splits)", time.perf_counter() - began, all_boundaries, "boundaries"))
 

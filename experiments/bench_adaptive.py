@@ -12,7 +12,7 @@ It reads finished runs (their prepared data, planner and trained LMs) and runs o
      K = 5, multipath, seed 0), the issue's target setting;
    - the mechanism corpus (``--mechanism_dir``: ``experiments/bench_mechanism.py``, ``--lag 6``), where the
      LM reads what only the planner can know (``--model``, default the sampled T = 1, K = 10 LM of seed 0).
-2. **Where the paths go**: the same policies through ``planlm.plans.sampling.compute_plans`` on the test boundaries
+2. **Where the paths go**: the same policies through ``planlm.plans.kinds.draw_plans`` on the test boundaries
    of the known-answer corpora (each sentence's type is read back from its first word), beside the
    planner's mean first-step entropy per class:
    - ``--control_dir`` (``--lag 0``, a Markov chain over 8 types): after a type with one successor the
@@ -100,12 +100,12 @@ def compute_vs_perplexity(args, label: str, folder: str, model_dir: Path, run_di
 def paths_by_class(folder: Path, planner_dir: Path, policy, classes: dict[str, np.ndarray], split, seed: int = 0):
     """Mean paths per boundary of each class of test boundaries under ``policy``."""
     from planlm.models.planner import Planner
-    from planlm.plans.sampling import compute_plans
+    from planlm.plans.kinds import draw_plans
 
     planner = Planner.from_pretrained(planner_dir)
-    counts = np.zeros(split.num_sentences, dtype=np.int64)
-    compute_plans(planner, split, policy.max_paths or 50, planner.config.horizon, 1.0, seed, policy=policy,
-                  num_paths_out=counts)
+    spec = PlanSpec(kind="planner_sampled", num_paths=policy.max_paths or 50, horizon=planner.config.horizon,
+                    temperature=1.0, seed=seed, path_policy=policy).resolve()
+    counts = draw_plans(planner, split, spec).counts
     return {name: float(counts[mask].mean()) for name, mask in classes.items()}
 
 
@@ -115,7 +115,7 @@ def first_step_entropy(planner_dir: Path, split, batch_size: int = 512) -> np.nd
     import torch
 
     from planlm.models.planner import Planner
-    from planlm.plans.sampling import boundary_contexts
+    from planlm.plans.contexts import boundary_contexts
 
     planner = Planner.from_pretrained(planner_dir).eval()
     out = np.zeros(split.num_sentences)
@@ -200,9 +200,10 @@ def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
 
     mech, out = Path(args.mechanism_dir), Path(args.out_dir)
     config = json.loads((mech / "lm" / args.model / "planned_lm.json").read_text())
-    cache = sample_plans(str(mech / "planner"), str(mech / "prepared"), splits=["test"], num_paths=args.max_paths,
-                         horizon=config["horizon"], temperature=config["temperature"], seed=config["seed"],
-                         out_dir=str(out / "cache-K50"), device="cpu")
+    cache = sample_plans(str(mech / "prepared"), PlanSpec(planner_dir=str(mech / "planner"), num_paths=args.max_paths,
+                                                         horizon=config["horizon"], temperature=config["temperature"],
+                                                         seed=config["seed"]),
+                         splits=["test"], out_dir=str(out / "cache-K50"), device="cpu")
     classes = lag_classes(PreparedDataset(mech / "prepared").split("test"), args.mechanism_successors)
     allotments = ([{"1 candidate": 1, "2 candidates": k, "8 candidates": k} for k in (10, 20)]
                   + [{"1 candidate": 1, "2 candidates": 20, "8 candidates": 10}]

@@ -158,7 +158,7 @@ def diagnosis(bench_args, seed: int, prepared_dir: str, top_actions: int, condit
 
     from planlm.data.artifacts import PreparedDataset
     from planlm.models.planned_lm import PlannedLM
-    from planlm.plans.sources import plan_source
+    from planlm.plans.kinds import plan_source
     from planlm.plans.spec import PlanSpec, evaluation_spec
 
     folder = model_dir(bench_args, condition, seed)
