@@ -289,15 +289,15 @@ def test_run_retrains_from_the_start_past_a_damaged_checkpoint(clean, run_dir):
 def test_a_full_disk_while_saving_the_lm_leaves_no_manifest_and_the_next_run_rebuilds(clean, run_dir, monkeypatch):
     import planlm.models.planned_lm as planned_lm
 
-    real_save = planned_lm.save_file
+    real_save = planned_lm.save_safetensors
 
-    def disk_full(tensors, filename, *args, **kwargs):  # half the file reaches the disk, then ENOSPC
-        real_save(tensors, filename, *args, **kwargs)
+    def disk_full(tensors, filename):  # half the file reaches the disk, then ENOSPC
+        real_save(tensors, filename)
         truncate(Path(filename))
-        raise OSError(errno.ENOSPC, "No space left on device", filename)
+        raise OSError(errno.ENOSPC, "No space left on device", str(filename))
 
     shutil.rmtree(run_dir / "lm" / "ours")
-    monkeypatch.setattr(planned_lm, "save_file", disk_full)
+    monkeypatch.setattr(planned_lm, "save_safetensors", disk_full)
     status, err = planlm(["run", "--config", str(clean[2])])
     assert status == 1 and "Traceback" not in err, err
     assert not (run_dir / "lm" / "ours" / "manifest.json").exists()
@@ -306,7 +306,7 @@ def test_a_full_disk_while_saving_the_lm_leaves_no_manifest_and_the_next_run_reb
     assert any(line.startswith("evaluate ours: skipped") for line in err.splitlines())
     assert err.strip().splitlines()[-1].startswith("planlm: error: 2 of 4 stages did not finish")
 
-    monkeypatch.setattr(planned_lm, "save_file", real_save)
+    monkeypatch.setattr(planned_lm, "save_safetensors", real_save)
     status, err = planlm(["run", "--config", str(clean[2])])
     assert status == 0, err
     assert metrics(run_dir / "eval" / "ours")["ppl"] == clean[3]["test"]
