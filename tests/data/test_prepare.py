@@ -47,7 +47,7 @@ def tiny_config(source, **actions) -> dict:
 def wiki_slice(tmp_path_factory):
     """30 articles of the embedded Wikipedia corpus, 4 actions, chunked embedding."""
     out = tmp_path_factory.mktemp("wiki") / "prepared"
-    return prepare(str(out), corpus=CorpusConfig(num_train=24, num_validation=3, num_test=3),
+    return prepare(str(out), corpus=CorpusConfig(source="wiki-offline", num_train=24, num_validation=3, num_test=3),
                    embedding=EmbedConfig(chunk_size=32), actions=ActionsConfig(num_actions=4), progress=False)
 
 
@@ -75,7 +75,8 @@ def test_manifest_counts_and_codebook(wiki_slice):
     from planlm.data.corpus import Skips, read_articles
 
     short_ones, usable = 0, 0
-    for article in read_articles(CorpusConfig(num_train=24, num_validation=3, num_test=3), Skips()):
+    wiki = CorpusConfig(source="wiki-offline", num_train=24, num_validation=3, num_test=3)
+    for article in read_articles(wiki, Skips()):
         if len(split_sentences([article["text"]])[0]) < 2:
             short_ones += 1
         else:
@@ -328,7 +329,7 @@ def test_cli_help_print_config_and_run(tmp_path, capsys):
     assert e.value.code == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["actions"]["num_actions"] == ActionsConfig().num_actions
-    assert printed["corpus"]["source"] == "wiki-offline"
+    assert printed["corpus"]["source"] == "sotu" and printed["corpus"]["piece_sentences"] == 30
 
     source = tiny_jsonl(tmp_path / "c.jsonl")
     printed.update(out_dir=str(tmp_path / "cli"), progress=False)
@@ -432,8 +433,7 @@ def test_the_summary_states_the_share_beyond_the_window_and_warns_without_long_d
     printed = capsys.readouterr()
     share = PreparedDataset(out).manifest["counts"]["train"]["beyond_window_share"]
     assert share == 0.0 and "0.0% beyond the 128-token window" in printed.out
-    assert "warning: a long-document corpus, but only 0.0% of the training tokens have context beyond the " \
-           "128-token LM window" in printed.err
+    assert "warning: only 0.0% of the training tokens have context beyond the 128-token LM window" in printed.err
     # the same documents through an 8-token window: most tokens lie beyond it, no warning
     prepare(str(tmp_path / "window8"), **{**tiny_config(source), "corpus": long_documents}, lm_window=8)
     printed = capsys.readouterr()

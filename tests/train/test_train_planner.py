@@ -240,7 +240,8 @@ def test_finetuned_encoder_planner_end_to_end(tmp_path):
     from planlm.data.corpus import CorpusConfig
     from planlm.data.prepare import prepare
 
-    prepared = prepare(str(tmp_path / "prepared"), corpus=CorpusConfig(num_train=12, num_validation=3, num_test=3),
+    prepared = prepare(str(tmp_path / "prepared"),
+                       corpus=CorpusConfig(source="wiki-offline", num_train=12, num_validation=3, num_test=3),
                        actions=ActionsConfig(num_actions=4, backend="sklearn"), progress=False)
     model = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2, finetune_encoder=True)
     out = train_planner(str(prepared), str(tmp_path / "planner"), model, tiny_train(max_epochs=1, batch_size=16))
