@@ -28,7 +28,7 @@ import torch
 
 from planlm.data.windows import article_windows
 from planlm.evaluate.loading import load_checked
-from planlm.plans.sources import plan_source
+from planlm.plans.kinds import plan_source
 from planlm.plans.spec import PlanSpec, evaluation_spec
 
 GATES = ("alpha_path", "alpha_sample")
