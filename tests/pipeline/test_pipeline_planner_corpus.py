@@ -49,4 +49,6 @@ def test_the_demo_overlay_is_the_demo_plus_the_planner_corpus():
     overlay = yaml.safe_load((configs / "demo-bigplanner.yaml").read_text())
     prepare = dict(overlay["prepare"])
     assert prepare.pop("planner_corpus") == {"rest_of_train": True}
-    assert prepare == demo["prepare"] and set(overlay) == {"out_dir", "prepare"}
+    assert prepare == demo["prepare"] and set(overlay) == {"out_dir", "prepare", "planner"}
+    planner = overlay["planner"]  # the demo's planner recipe with the causal g (chosen by validation information)
+    assert planner["model"].pop("dynamics") == "causal" and planner == demo["planner"]
