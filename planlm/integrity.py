@@ -25,6 +25,7 @@ wrong and the fix, also in folders without a record (made before it, or by hand)
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import struct
 from dataclasses import dataclass
@@ -33,7 +34,18 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from planlm.utils import MANIFEST, STAGE_LOCK, PlanlmError, file_sha256
+from planlm.errors import PlanlmError
+
+MANIFEST = "manifest.json"
+STAGE_LOCK = ".lock"
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 QUICK_HASH_BYTES = 128 << 20
 """Bytes of a stage's smallest files whose sha256 the cheap check recomputes (about 0.1 s at 1 GB/s)."""

@@ -9,12 +9,11 @@ CPUs with AVX512-BF16 or AMX) is each command's own precision setting (``--train
 
 from __future__ import annotations
 
-import functools
-import warnings
 from dataclasses import dataclass
 
 from torch import nn
 
+from planlm.models.lm_loss import compile_or_eager, split_lm_head  # compile_or_eager re-exported
 from planlm.utils import PlanlmError
 
 
@@ -46,8 +45,6 @@ class Speed:
 def speed_up_lm(model, speed: Speed, command: str) -> None:
     """Apply ``speed`` to a PlannedLM in place: the chunked loss, and torch.compile of its LM's transformer
     (the model without its output projection, where the LM has a plain one) and of its adapter."""
-    from planlm.models.lm_loss import split_lm_head
-
     if speed.keep_freed_memory:
         keep_freed_memory()
     model.loss_chunk_size = speed.loss_chunk_size
@@ -82,31 +79,3 @@ def compile_module(module: nn.Module, what: str) -> nn.Module:
     ``compile_or_eager``'s fallback."""
     module.forward = compile_or_eager(module.forward, what)
     return module
-
-
-def compile_or_eager(fn, what: str, **options):
-    """``torch.compile(fn, **options)``, compiled at its first call; when that fails (or torch.compile is missing),
-    one warning line names the error (``what``: whose compile) and ``fn`` runs eager from then on."""
-    import torch
-
-    if not hasattr(torch, "compile"):
-        warnings.warn(f"{what}: torch.compile is not available in torch {torch.__version__}; running eager",
-                      stacklevel=3)
-        return fn
-    current = torch.compile(fn, **options)
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        nonlocal current
-        if current is fn:
-            return fn(*args, **kwargs)
-        try:
-            return current(*args, **kwargs)
-        except Exception as error:  # noqa: BLE001 - any compiler failure: eager gives the same result or its error
-            message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-            warnings.warn(f"{what}: torch.compile failed ({type(error).__name__}: {message}); running eager",
-                          stacklevel=2)
-            current = fn
-            return fn(*args, **kwargs)
-
-    return run

@@ -26,21 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+# Re-exported: planlm.utils stays the import path of these names; integrity sits below utils, so no circle.
+from planlm.errors import PlanlmError
+from planlm.integrity import MANIFEST, STAGE_LOCK, check_files, file_sha256, record_files
+
 if TYPE_CHECKING:
     import torch
-
-MANIFEST = "manifest.json"
-STAGE_LOCK = ".lock"
-
-
-class PlanlmError(Exception):
-    """An error caused by the user's input or configuration.
-
-    The CLI prints it as one line (no traceback) and exits with ``exit_status``. The message names the file,
-    the record and the fix.
-    """
-
-    exit_status = 2
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -107,14 +98,6 @@ def derive_seed(seed: int, stream: str) -> int:
     seeded with ``seed``: streams drawn from one global generator would shift whenever another stream
     draws more numbers (an adapter with more parameters), and conditions would stop being paired."""
     return int(hashlib.sha256(f"{seed}:{stream}".encode()).hexdigest()[:8], 16) % (2**31)
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def library_versions() -> dict[str, str]:
@@ -185,8 +168,6 @@ def read_manifest(stage_dir: str | Path) -> dict | None:
 def write_manifest(stage_dir: str | Path, config: Any, **extra: Any) -> dict:
     """Mark a stage folder complete. Call this after every other artifact is written: the manifest records the
     size, the sha256 and the header of each (``planlm.integrity``), which every later reader checks."""
-    from planlm.integrity import record_files
-
     manifest = {
         "config": to_jsonable(config),
         "config_fingerprint": fingerprint(config),
@@ -239,8 +220,6 @@ def _damaged_files(stage_dir: Path, config: Any, note: bool = True) -> list[Path
     """None when ``stage_dir`` is complete for ``config`` and passes the cheap check; else the files to drop
     before rebuilding it (with a one-line note on stderr when ``note`` and the folder was finished but damaged)."""
     import sys
-
-    from planlm.integrity import check_files
 
     path = stage_dir / MANIFEST
     manifest = read_manifest(stage_dir)

@@ -22,12 +22,41 @@ Letters: N tokens, D width, V vocabulary, C tokens per chunk.
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 from torch import Tensor, nn
 
-from planlm.speed import compile_or_eager
-
 IGNORE_INDEX = -100
+
+
+def compile_or_eager(fn, what: str, **options):
+    """``torch.compile(fn, **options)``, compiled at its first call; when that fails (or torch.compile is missing),
+    one warning line names the error (``what``: whose compile) and ``fn`` runs eager from then on."""
+    if not hasattr(torch, "compile"):
+        warnings.warn(f"{what}: torch.compile is not available in torch {torch.__version__}; running eager",
+                      stacklevel=3)
+        return fn
+    current = torch.compile(fn, **options)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        nonlocal current
+        if current is fn:
+            return fn(*args, **kwargs)
+        try:
+            return current(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - any compiler failure: eager gives the same result or its error
+            message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            warnings.warn(f"{what}: torch.compile failed ({type(error).__name__}: {message}); running eager",
+                          stacklevel=2)
+            current = fn
+            return fn(*args, **kwargs)
+
+    return run
+
+
 PLAIN_HEAD_MODELS = {"gpt2", "llama", "mistral", "qwen2", "gpt_neox", "opt"}
 """Model types whose logits are ``last_hidden_state @ lm_head.weight.T`` (no bias, no scale, no soft-capping)."""
 
@@ -85,7 +114,7 @@ def softmax_grad(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
 
 _KERNEL: dict = {}
 """``"softmax_grad"``: ``softmax_grad`` compiled once per process (any chunk length, so no recompiles), through
-``planlm.speed.compile_or_eager``: where compilation fails, one warning, then ``softmax_grad`` eager."""
+``compile_or_eager``: where compilation fails, one warning, then ``softmax_grad`` eager."""
 
 
 def _fused_step(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
