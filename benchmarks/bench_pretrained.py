@@ -22,7 +22,7 @@ import torch
 from planlm.models.adapter import AdapterConfig
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
 from planlm.plans.spec import PlanSpec
-from planlm.models.pretrained import SMOLLM2
+from planlm.pretrained import SMOLLM2
 
 FINETUNES = ("frozen", "lora", "full")
 PRECISIONS = ("fp32", "bf16")

@@ -9,21 +9,36 @@ last by ``save_pretrained``, is the sign of a complete folder; training logs and
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Optional
 
-from planlm.models.card import CARD_FILE
 from planlm.utils import STAGE_LOCK, PlanlmError
+
+CARD_FILE = "README.md"
+"""The model card of a saved folder (planlm.models.card writes it last, so it marks a complete folder)."""
 
 # Training by-products a model repo does not need (resume checkpoints, logs, locks, temporary files).
 NOT_UPLOADED = ["checkpoints/*", "logs/*", "tb/*", STAGE_LOCK, "*.tmp", "*.lock"]
 
 
+@functools.lru_cache(maxsize=1)
+def hub_available() -> bool:
+    """Whether the Hugging Face hub can be reached (answered at once where DNS fails, as offline here)."""
+    import socket
+
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
 def hub_offline() -> bool:
     """Whether the Hub must not be contacted: HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE set now, or no connection."""
-    from planlm.data.resources import hub_available
-
     flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("TRANSFORMERS_OFFLINE", ""))
     return any(flag.strip().lower() in ("1", "true", "yes", "on") for flag in flags) or not hub_available()
 
@@ -90,4 +105,4 @@ def push_to_hub(folder: str | Path, repo_id: str, *, private: Optional[bool] = N
     return str(getattr(commit, "commit_url", commit))
 
 
-__all__ = ["local_folder", "push_to_hub", "hub_offline", "is_repo_id", "check_uploadable", "CARD_FILE"]
+__all__ = ["local_folder", "push_to_hub", "hub_offline", "hub_available", "is_repo_id", "check_uploadable", "CARD_FILE"]

@@ -53,7 +53,7 @@ UNRECORDED = ("checkpoints", "logs", "tb", "plans")
 """Folders of a stage that its record leaves out: resume state, logger output (logs/, tb/), nested plan caches."""
 UNRECORDED_FILES = (MANIFEST, STAGE_LOCK, "README.md")
 """Files a record leaves out: itself, the lock, and the model card (README.md), which `planlm evaluate` rewrites
-with every evaluation of the model (``planlm.models.card.add_evaluation``)."""
+with every evaluation of the model (``planlm.models.planned_lm.add_evaluation``)."""
 
 # Which command writes a stage folder, told by a file only that kind holds (first match wins).
 _KINDS = (("planned_lm.json", "train-lm"), ("per_boundary.csv", "edit-distance"), ("sweep_", "sweep"),

@@ -23,6 +23,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from planlm.hub import hub_available  # re-exported: its home was here
 from planlm.utils import PlanlmError, cache_root, honour_umask
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
@@ -80,20 +81,6 @@ def _offline_gpt2_dir() -> Path:
     return cache
 
 
-@functools.lru_cache(maxsize=1)
-def hub_available() -> bool:
-    """Whether the Hugging Face hub can be reached (answered at once where DNS fails, as offline here)."""
-    import socket
-
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
-        return False
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=3).close()
-        return True
-    except OSError:
-        return False
-
-
 def use_offline_mode_if_no_hub() -> None:
     """Set HF_HUB_OFFLINE when the hub cannot be reached, so libraries do not retry for a minute.
 
@@ -104,7 +91,7 @@ def use_offline_mode_if_no_hub() -> None:
 
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str = DEFAULT_TOKENIZER):
-    """Any HF tokenizer by hub name, local folder or GGUF file (``planlm.models.pretrained``). ``gpt2`` falls back
+    """Any HF tokenizer by hub name, local folder or GGUF file (``planlm.pretrained``). ``gpt2`` falls back
     to the offline BPE files."""
     from transformers import AutoTokenizer, GPT2TokenizerFast
 
@@ -114,7 +101,7 @@ def load_tokenizer(name_or_path: str = DEFAULT_TOKENIZER):
         except Exception:
             tok = GPT2TokenizerFast.from_pretrained(str(_offline_gpt2_dir()))
     else:
-        from planlm.models.pretrained import resolve_pretrained
+        from planlm.pretrained import resolve_pretrained
 
         path = resolve_pretrained(name_or_path)  # a GGUF file: the tokenizer of its exported folder
         try:

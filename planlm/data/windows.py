@@ -18,12 +18,16 @@ T horizon.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedSplit
-from planlm.plans.sources import PlanSource
 from planlm.utils import PlanlmError
+
+if TYPE_CHECKING:  # the protocol only names the argument's type: data sits below plans and never calls into it
+    from planlm.plans.sources import PlanSource
 
 IGNORE_INDEX = -100
 

@@ -38,7 +38,7 @@ from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.evaluate.loading import load_checked, model_fingerprint
 from planlm.integrity import fix_for, load_json
-from planlm.models.card import add_evaluation
+from planlm.models.planned_lm import add_evaluation
 from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, write_json, write_manifest
 from planlm.plans.policy import paths_summary
 from planlm.plans.kinds import PlanKind, plan_source

@@ -8,7 +8,7 @@ plan spec, the adapter, the corpus and codebook hashes, the planner hash, traini
 Who writes it: ``save_pretrained`` writes the card as its last file (atomically: a temporary file renamed),
 so a folder with a card holds all its weights, and a stage's manifest, written after it, never marks a folder
 complete whose card is missing or half-written. ``planlm evaluate`` adds its result to the model's card
-(``add_evaluation``): one entry per (corpus, split, protocol, plans), the newest replacing an older one.
+(``planlm.models.planned_lm.add_evaluation``): one entry per (corpus, split, protocol, plans), the newest replacing an older one.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
+from planlm.hub import CARD_FILE  # re-exported: defined in the hub, which sits below the models
 from planlm.utils import to_jsonable
-
-CARD_FILE = "README.md"
 
 
 def planned_lm_card(config, training: Optional[dict] = None, evaluations: Optional[list[dict]] = None):
@@ -84,33 +83,10 @@ def evaluation_entry(metrics: dict) -> dict:
     return {key: metrics.get(key) for key in keys}
 
 
-def add_evaluation(model_dir: str | Path, metrics: dict) -> bool:
-    """Record an evaluation in the card of a planned-LM folder (replacing the entry of the same corpus, split,
-    protocol and plans) -> whether the card changed. A folder without planned_lm.json (a bare HF LM) or one that
-    cannot be written (a Hub cache snapshot, a read-only copy) keeps its card."""
-    import json
-
-    from planlm.models.planned_lm import PlannedLMConfig
-
-    folder = Path(model_dir)
-    if not (folder / "planned_lm.json").is_file() or not os.access(folder, os.W_OK):
-        return False
-    block = read_planlm_block(folder) or {}
-    entry = evaluation_entry(metrics)
-    same = ("prepared_dir", "split", "protocol", "conditioning", "K", "T", "tau")
-    kept = [e for e in block.get("evaluations", []) if any(e.get(k) != entry.get(k) for k in same)]
-    config = PlannedLMConfig.from_dict(json.loads((folder / "planned_lm.json").read_text()))
-    try:
-        write_card(folder, planned_lm_card(config, block.get("training"), kept + [entry]))
-    except OSError:
-        return False
-    return True
-
-
 def _hub_base_model(name: Optional[str]) -> Optional[str]:
     """The base model as the Hub links it: a repo id only (not a local folder, a GGUF file or an offline alias)."""
     from planlm.hub import is_repo_id
-    from planlm.models.pretrained import SMOLLM2
+    from planlm.pretrained import SMOLLM2
 
     if not name or name == SMOLLM2 or Path(name).exists() or not is_repo_id(name):
         return None
@@ -153,5 +129,5 @@ def _planned_lm_body(name: str, block: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["planned_lm_card", "planner_card", "write_card", "add_evaluation", "evaluation_entry",
+__all__ = ["planned_lm_card", "planner_card", "write_card", "evaluation_entry",
            "read_planlm_block", "CARD_FILE"]

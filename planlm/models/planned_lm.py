@@ -21,6 +21,8 @@ A saved folder::
 from __future__ import annotations
 
 import copy
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -31,6 +33,7 @@ from torch import Tensor, nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
+from planlm.models.card import evaluation_entry, planned_lm_card, read_planlm_block, write_card
 from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
 from planlm.plans.spec import PlanSpec
 from planlm.utils import PlanlmError, honour_umask, save_safetensors, to_jsonable, write_json
@@ -88,7 +91,7 @@ class PlannedLMConfig:
 def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None,
                    eos_token_id: int | None = None):
     """An HF ``AutoModelForCausalLM``: pretrained (hub name, local folder, ``*.gguf`` file or the offline
-    ``smollm2-135m``; see ``planlm.models.pretrained``) or randomly initialised.
+    ``smollm2-135m``; see ``planlm.pretrained``) or randomly initialised.
 
     ``model_config`` (used when ``name_or_path`` is None) is an ``AutoConfig.for_model`` dict such as
     ``{"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}``; its
@@ -96,9 +99,8 @@ def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, v
     ``vocab_size`` is refused (its embedding table cannot hold the corpus' token ids)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from planlm.data.resources import hub_available
-
-    from planlm.models.pretrained import resolve_pretrained
+    from planlm.hub import hub_available
+    from planlm.pretrained import resolve_pretrained
 
     if name_or_path:
         path = resolve_pretrained(name_or_path)  # a GGUF file: its exported safetensors folder
@@ -248,8 +250,6 @@ class PlannedLM(nn.Module):
     def save_pretrained(self, folder: str | Path, tokenizer=None, training: dict | None = None) -> Path:
         """Weights, config and tokenizer, then, last, the model card (README.md; ``training``: corpus and run facts
         for it). A folder with a card is complete (``planlm.models.card``)."""
-        from planlm.models.card import planned_lm_card, write_card
-
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.base_lm().save_pretrained(folder / "lm", safe_serialization=True)
@@ -311,4 +311,23 @@ class PlannedLM(nn.Module):
         return load_tokenizer(str(path) if path.is_dir() else self.config.tokenizer)
 
 
-__all__ = ["PlannedLM", "PlannedLMConfig", "load_causal_lm"]
+def add_evaluation(model_dir: str | Path, metrics: dict) -> bool:
+    """Record an evaluation in the card of a planned-LM folder (replacing the entry of the same corpus, split,
+    protocol and plans) -> whether the card changed. A folder without planned_lm.json (a bare HF LM) or one that
+    cannot be written (a Hub cache snapshot, a read-only copy) keeps its card."""
+    folder = Path(model_dir)
+    if not (folder / "planned_lm.json").is_file() or not os.access(folder, os.W_OK):
+        return False
+    block = read_planlm_block(folder) or {}
+    entry = evaluation_entry(metrics)
+    same = ("prepared_dir", "split", "protocol", "conditioning", "K", "T", "tau")
+    kept = [e for e in block.get("evaluations", []) if any(e.get(k) != entry.get(k) for k in same)]
+    config = PlannedLMConfig.from_dict(json.loads((folder / "planned_lm.json").read_text()))
+    try:
+        write_card(folder, planned_lm_card(config, block.get("training"), kept + [entry]))
+    except OSError:
+        return False
+    return True
+
+
+__all__ = ["PlannedLM", "PlannedLMConfig", "load_causal_lm", "add_evaluation"]

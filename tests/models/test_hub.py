@@ -11,7 +11,7 @@ from huggingface_hub import ModelCard
 
 from helpers import tiny_planned_lm, tiny_planner
 from planlm.data.artifacts import PreparedDataset
-from planlm.models.card import add_evaluation
+from planlm.models.planned_lm import add_evaluation
 from planlm.models.planned_lm import PlannedLM
 from planlm.models.planner import Planner
 from planlm.utils import PlanlmError

@@ -39,7 +39,7 @@ def quick(**overrides) -> LMTrainConfig:
 
 
 def test_a_gguf_file_loads_as_the_model_it_holds_and_is_exported_once(tiny_gguf, monkeypatch):
-    from planlm.models import pretrained
+    from planlm import pretrained
 
     path, written = tiny_gguf
     lm = load_causal_lm(str(path))
@@ -102,7 +102,7 @@ def test_a_corpus_of_another_tokenizer_is_refused_before_training(tiny_gguf, syn
 
 
 def test_a_folder_with_a_gguf_quantization_config_is_refused_before_training(tiny_gguf, synthetic_random, tmp_path):
-    from planlm.models.pretrained import resolve_pretrained
+    from planlm.pretrained import resolve_pretrained
 
     folder = tmp_path / "quantised"
     shutil.copytree(resolve_pretrained(str(tiny_gguf[0])), folder)
