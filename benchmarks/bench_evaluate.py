@@ -39,7 +39,7 @@ def build(root: Path, lm_size: str, num_articles: int, planner_size: str, dynami
 
     from planlm.models.adapter import AdapterConfig
     from planlm.data.artifacts import PreparedDataset
-    from planlm.data.synthetic import make_synthetic_prepared
+    from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
     from planlm.plans.spec import PlanSpec
     from planlm.models.planner import Planner, PlannerConfig

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedDataset
-from planlm.data.synthetic import make_synthetic_prepared
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.models.planner import Planner, PlannerConfig
 from planlm.plans.contexts import boundary_contexts
 from planlm.plans.kinds import DrawArrays, draw_plans, draw_split, in_memory

@@ -44,7 +44,7 @@ def main() -> None:
 
 
 def run(root: Path, args) -> list[tuple[str, int, float, float]]:
-    from planlm.data.synthetic import make_synthetic_prepared
+    from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.evaluate.perplexity import evaluate
     from planlm.models.adapter import AdapterSettings
     from planlm.plans.spec import PlanSpec

@@ -69,7 +69,7 @@ def main() -> None:
 def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     """Rows (stage, seconds, units processed, unit)."""
     from planlm.data.artifacts import PreparedDataset
-    from planlm.data.synthetic import make_synthetic_prepared
+    from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.evaluate.perplexity import evaluate
     from planlm.models.planner import PlannerShape
     from planlm.plans.sampling import sample_plans
@@ -120,7 +120,7 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
 
 def stage_vs_loop(root: Path, args) -> None:
     """Tokens/s of one train_lm epoch, timed whole, against a bare loop over the same batches."""
-    from planlm.data.synthetic import make_synthetic_prepared
+    from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.models.adapter import AdapterSettings
     from planlm.speed import Speed
     from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm

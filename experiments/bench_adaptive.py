@@ -43,8 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_mechanism import SUCCESSORS, TYPE_NAMES, TYPES  # noqa: E402  the corpus's known answer
+try:  # imported as the package `experiments` (the tests, python -m experiments.bench_adaptive)
+    from experiments.bench_mechanism import SUCCESSORS, TYPE_NAMES, TYPES
+except ImportError:  # run as a script (python experiments/bench_adaptive.py): its folder is sys.path[0]
+    from bench_mechanism import SUCCESSORS, TYPE_NAMES, TYPES  # the corpus's known answer
+
 from planlm.plans.spec import PlanSpec
 
 OPENER_TYPE = {opener: index for index, name in enumerate(TYPE_NAMES) for opener in TYPES[name][0]}

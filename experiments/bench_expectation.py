@@ -46,8 +46,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-import bench_mechanism as bench  # noqa: E402
+try:  # imported as the package `experiments` (the tests, python -m experiments.bench_expectation)
+    from experiments import bench_mechanism as bench
+except ImportError:  # run as a script (python experiments/bench_expectation.py): its folder is sys.path[0]
+    import bench_mechanism as bench
 
 SAMPLED_K = (1, 10, 50)
 

@@ -38,8 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-import bench_mechanism as bench  # noqa: E402
+try:  # imported as the package `experiments` (the tests, python -m experiments.bench_lookahead)
+    from experiments import bench_mechanism as bench
+    from experiments.lookahead_report import report, swept_horizons
+except ImportError:  # run as a script (python experiments/bench_lookahead.py): its folder is sys.path[0]
+    import bench_mechanism as bench
+    from lookahead_report import report, swept_horizons
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -228,11 +232,6 @@ def sweep_k(args, seed: int, prepared_dir: str, horizon: int) -> dict:
     return clock.stages
 
 
-def swept_horizons(args, rows: dict) -> list[int]:
-    """The T whose ours at the largest K is in the table: their K sweeps."""
-    return [t for t in args.horizons if f"ours-T{t}-K{max(args.num_paths)}" in rows]
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import torch
@@ -264,9 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     for job_stages in stages:
         for stage, seconds in job_stages.items():
             clock.stages[stage] = clock.stages.get(stage, 0.0) + seconds
-    from lookahead_report import report
-
-    report(args, prepared, types, rows, clock)
+    report(args, prepared, types, rows, clock, planner_horizons(args))
 
 
 if __name__ == "__main__":

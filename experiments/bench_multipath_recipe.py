@@ -28,8 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-import bench_mechanism as bench  # noqa: E402
+try:  # imported as the package `experiments` (the tests, python -m experiments.bench_multipath_recipe)
+    from experiments import bench_mechanism as bench
+except ImportError:  # run as a script (python experiments/bench_multipath_recipe.py): its folder is sys.path[0]
+    import bench_mechanism as bench
 
 
 def parse_args() -> tuple[argparse.Namespace, argparse.Namespace]:

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-import bench_mechanism as bench
+try:  # imported as the package `experiments` (the tests, python -m experiments.bench_lookahead)
+    from experiments import bench_mechanism as bench
+except ImportError:  # imported by bench_lookahead.py run as a script: its folder is sys.path[0]
+    import bench_mechanism as bench
 
 
 def _pooled(dirs: list[Path]) -> float:
@@ -26,13 +29,11 @@ def optimum_of(name: str, row: dict, optima: dict) -> str:
     return f"{np.exp(optima[key]):.4f}" if key in optima else ""
 
 
-def planner_lines(args, prepared, say) -> None:
+def planner_lines(args, prepared, say, horizons: list[int]) -> None:
     """Each planner's teacher-forced NLL per step beside the Bayes optimum (actions are the true types)."""
     split = prepared.split("test")
     types = np.asarray(split.actions)
-    from bench_lookahead import planner_horizons
-
-    for horizon in planner_horizons(args):
+    for horizon in horizons:
         summary = json.loads((Path(args.out_dir) / f"planner-h{horizon}" / "summary.json").read_text())["metrics"]
         planner = summary["planner_teacher_forced"]
         optimum = bench.bayes_optimum(split, types, np.eye(8), horizon, args.lag)
@@ -45,7 +46,7 @@ def planner_lines(args, prepared, say) -> None:
                 f"{planner['nll'][step] / optimum['nll'][step]:.3f} |")
 
 
-def report(args, prepared, types: dict, rows: dict, clock) -> None:
+def report(args, prepared, types: dict, rows: dict, clock, planner_horizons: list[int]) -> None:
     from planlm.data.lookahead import ideal_split_nll
 
     out, seeds, lines, targets = Path(args.out_dir), args.seeds, [], []
@@ -57,7 +58,7 @@ def report(args, prepared, types: dict, rows: dict, clock) -> None:
         f"{n['train']['tokens']} train tokens; LM window {args.context_length} tokens; GPT-2 {args.n_layer} x "
         f"{args.n_embd}; {args.base_epochs} base epochs, then {args.epochs} per condition, lr {args.lr:g}, "
         f"multipath_lr_scale {args.multipath_lr_scale:g}")
-    planner_lines(args, prepared, say)
+    planner_lines(args, prepared, say, planner_horizons)
     optima = ideal_split_nll(prepared.split("test"), types, args.context_length, args.lag)
     say("\n## Ideal LM on the test split (exact; perplexity, NLL per token)\n")
     say("| plan | perplexity | NLL |")
@@ -111,6 +112,11 @@ def report(args, prepared, types: dict, rows: dict, clock) -> None:
     bench.close_report(targets, lines, say, clock, args.workers, 40, out / "report.md")
 
 
+def swept_horizons(args, rows: dict) -> list[int]:
+    """The T whose ours at the largest K is in the table: their K sweeps."""
+    return [t for t in args.horizons if f"ours-T{t}-K{max(args.num_paths)}" in rows]
+
+
 def sweep_lines(args, say, targets, rows: dict) -> None:
     """K at inference for ours at K = max, per T: pooled perplexity, paired steps, and the figure."""
     import matplotlib
@@ -123,8 +129,6 @@ def sweep_lines(args, say, targets, rows: dict) -> None:
     say("| T | K | pooled ppl | - K=1 | - previous K |")
     say("|---|---|---|---|---|")
     figure, axis = plt.subplots(figsize=(5, 3.5))
-    from bench_lookahead import swept_horizons
-
     for horizon in swept_horizons(args, rows):
         dirs = {k: [out / "sweeps" / f"ours-T{horizon}-K{k_max}-seed{s}" / f"num_paths-{k:g}" for s in args.seeds]
                 for k in args.k_sweep}

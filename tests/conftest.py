@@ -11,7 +11,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
-from planlm.data.synthetic import make_synthetic_prepared
+from planlm.testing.synthetic import make_synthetic_prepared
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

@@ -24,7 +24,7 @@ from helpers import tiny_gpt2_config, tiny_planned_lm, tiny_planner
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.bpe import train_bpe
 from planlm.data.resources import load_tokenizer
-from planlm.data.synthetic import make_synthetic_prepared
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
 out = Path(sys.argv[1])

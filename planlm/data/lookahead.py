@@ -131,13 +131,13 @@ def word_level_tokenizer(folder: str | Path, words: list[str]) -> str:
 
 def make_lookahead_prepared(out_dir: str | Path, num_articles: dict[str, int], sentences: tuple[int, int] = (12, 20),
                             lag: int = 6, embedding_dim: int = 16, noise: float = 0.05, seed: int = 0) -> Path:
-    """Write the corpus as a prepared folder (``planlm.data.synthetic``): actions = the true types, embeddings =
+    """Write the corpus as a prepared folder (``planlm.testing.synthetic``): actions = the true types, embeddings =
     the type's centroid + noise, a word-level tokenizer in ``<out_dir>/tokenizer``. The true types, virtual
     ones included, go to ``<out_dir>/<split>/types.json`` (the known answer)."""
     import json
 
     from planlm.data.artifacts import SPLITS
-    from planlm.data.synthetic import noisy_centroids, write_synthetic_prepared
+    from planlm.testing.synthetic import noisy_centroids, write_synthetic_prepared
 
     out_dir = Path(out_dir)
     tokenizer = word_level_tokenizer(out_dir / "tokenizer", vocabulary())

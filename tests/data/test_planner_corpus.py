@@ -13,7 +13,7 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.data.corpus import CorpusConfig
 from planlm.data.planner_corpus import PLANNER_SPLIT, PlannerCorpusConfig
 from planlm.data.prepare import prepare
-from planlm.data.synthetic import make_synthetic_prepared
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.models.planner import PlannerShape
 from planlm.train.planner import PlannerTrainArgs, train_planner
 from planlm.utils import PlanlmError, read_manifest

@@ -9,7 +9,7 @@ import torch
 
 from helpers import read_csv, tiny_planned_lm
 from planlm.data.artifacts import PreparedDataset
-from planlm.data.synthetic import make_synthetic_prepared
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.plans.sources import OraclePlans
 from planlm.evaluate.perplexity import evaluate, plan_vector_table
 from planlm.plans.spec import PlanSpec

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import write_tiny_llama_gguf
 
-from planlm.data.synthetic import make_synthetic_prepared
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.models.planned_lm import PlannedLM, load_causal_lm
 from planlm.plans.spec import PlanSpec
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm

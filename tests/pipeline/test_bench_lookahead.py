@@ -29,8 +29,7 @@ def bench(out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     (["--rows", "ours-T9-K2"], "--rows ['ours-T9-K2']: no such row in this grid"),
 ])
 def test_a_bad_grid_is_refused_in_one_line_before_any_training(tmp_path, capsys, extra, message):
-    sys.path.insert(0, str(ROOT / "experiments"))
-    import bench_lookahead
+    from experiments import bench_lookahead
 
     with pytest.raises(SystemExit) as exit_info:
         bench_lookahead.parse_args(["--out_dir", str(tmp_path / "out"), *TINY, *extra])
@@ -43,8 +42,7 @@ def test_two_rows_end_to_end_then_resumed(tmp_path, capsys):
     """In one process (the imports are the slow part of a subprocess): corpus, both planners, a base LM, Fixed and
     ours (T=2, K=2) through train-lm, evaluate and a K sweep, then the report; a second invocation (an interrupted
     run started again) finds every stage finished and prints the same tables."""
-    sys.path.insert(0, str(ROOT / "experiments"))
-    import bench_lookahead
+    from experiments import bench_lookahead
 
     argv = ["--out_dir", str(tmp_path), *TINY, "--rows", "fixed", "ours-T2-K2"]
     bench_lookahead.main(argv)

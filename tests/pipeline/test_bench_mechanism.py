@@ -83,8 +83,7 @@ def test_a_pooled_difference_over_seeds_carries_seed_noise(monkeypatch):
 
     from planlm.evaluate import bootstrap
 
-    monkeypatch.syspath_prepend(str(ROOT / "experiments"))
-    import bench_mechanism as mechanism
+    from experiments import bench_mechanism as mechanism
 
     rng = np.random.default_rng(0)
     tokens = rng.integers(50, 100, 40)

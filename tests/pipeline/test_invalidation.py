@@ -11,7 +11,7 @@ import pytest
 
 from helpers import read_csv, tiny_gpt2_config, tiny_planned_lm, tiny_planner, tiny_run_config, use_planner
 from planlm.data.artifacts import PreparedDataset
-from planlm.data.synthetic import make_synthetic_prepared
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.evaluate.edit_distance import edit_distance
 from planlm.evaluate.perplexity import evaluate
 from planlm.evaluate.sweeps import sweep

@@ -10,7 +10,7 @@ import torch
 
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
-from planlm.data.synthetic import make_synthetic_prepared
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.models.planner import Planner
 from planlm.plans.cache import load_plans
 from planlm.plans.contexts import IGNORE_INDEX, boundary_contexts, boundary_targets

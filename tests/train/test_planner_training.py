@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from helpers import read_csv, tiny_planner
 from planlm.data.artifacts import PreparedDataset
-from planlm.data.synthetic import make_synthetic_prepared
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.models.planner import PlannerShape
 from planlm.plans.contexts import boundary_contexts, boundary_targets
 from planlm.train.planner import PlannerTrainArgs, train_planner

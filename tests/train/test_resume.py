@@ -18,7 +18,7 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import read_csv, tiny_gpt2_config, tiny_run_config
-from planlm.data.synthetic import make_synthetic_prepared
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.models.planner import PlannerShape
 from planlm.models.adapter import AdapterSettings
 from planlm.plans.spec import PlanSpec

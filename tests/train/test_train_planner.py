@@ -11,7 +11,7 @@ import pytest
 
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset, PreparedSplit, write_split
-from planlm.data.synthetic import make_synthetic_prepared
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.models.planner import Planner
 from planlm.plans.cache import load_plans
 from planlm.plans.sampling import sample_plans
