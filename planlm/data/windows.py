@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # the protocol only names the argument's type: data sits belo
     from planlm.plans.sources import PlanSource
 
 IGNORE_INDEX = -100
+"""The target every loss leaves out (PyTorch's and Hugging Face's convention): padding of an LM window, a planner's
+step beyond its article's end. Defined here alone; the losses and the planner's targets import it."""
 
 
 def article_windows(split: PreparedSplit, context_length: int = 128, stride: int = 127) -> list[tuple[int, int, int]]:

@@ -28,7 +28,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-IGNORE_INDEX = -100
+from planlm.data.windows import IGNORE_INDEX
 
 
 def compile_or_eager(fn, what: str, **options):

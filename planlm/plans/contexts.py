@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedSplit
+from planlm.data.windows import IGNORE_INDEX  # the target of a step beyond the article's end
 from planlm.utils import PlanlmError
 
-IGNORE_INDEX = -100  # target of a step beyond the article's end (ignored by the loss)
 MAX_ROWS = 4096  # most paths (B*K) per planner forward in a walk: bounds activation memory, keeps caches warm
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 
+from planlm.data.windows import IGNORE_INDEX
 from planlm.models.planned_lm import PlannedLM
 
 
@@ -39,7 +40,7 @@ class LightningLM(L.LightningModule):
     def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean NLL over the batch's predicted tokens, their number)."""
         out = self.model(**batch)
-        num_tokens = (batch["labels"][:, 1:] != -100).sum()
+        num_tokens = (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
         return out.loss, num_tokens
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
