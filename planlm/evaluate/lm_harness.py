@@ -100,6 +100,7 @@ class PlannedLMEval(TemplateLM):
         """``key=value,...`` with lm-eval's value parsing, except for the names (``kind=none`` stays "none")."""
         from lm_eval.utils import handle_arg_string
 
+        one_line_errors()
         pairs = [item.split("=", 1) for item in (arg_string or "").split(",") if item.strip()]
         for pair in pairs:
             if len(pair) != 2:
@@ -111,6 +112,7 @@ class PlannedLMEval(TemplateLM):
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: Optional[dict] = None):
         """As lm-eval's, after checking every model_args key (one line naming an unknown one and the keys)."""
+        one_line_errors()
         known = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
         for key in arg_dict:
             if key not in known:
@@ -390,19 +392,23 @@ def _batch_size(value) -> int:
     return size
 
 
-def _one_line_errors(previous_hook):
-    """lm-eval's command line has no place for a backend's input errors: print PlanlmError as the planlm CLI does."""
+def one_line_errors() -> None:
+    """Print an uncaught PlanlmError as one line, as the planlm CLI does: lm-eval's command line has no place for a
+    backend's input errors. Installed (once) when lm-eval makes the model, and by ``main``; never at import, so that
+    importing planlm leaves the process's hook alone."""
+    if not getattr(sys.excepthook, "planlm_one_line", False):
+        sys.excepthook = _one_line_errors(sys.excepthook)
 
+
+def _one_line_errors(previous_hook):
     def hook(kind, error, traceback):
         if issubclass(kind, PlanlmError):
             print(f"planlm: error: {error}", file=sys.stderr)
             return
         previous_hook(kind, error, traceback)
 
+    hook.planlm_one_line = True
     return hook
-
-
-sys.excepthook = _one_line_errors(sys.excepthook)
 
 
 def main() -> None:
@@ -410,6 +416,7 @@ def main() -> None:
     (for lm-eval releases without entry-point plugins)."""
     from lm_eval.__main__ import cli_evaluate
 
+    one_line_errors()
     cli_evaluate()
 
 

@@ -178,7 +178,17 @@ def test_bad_model_args_are_one_line(folders, synthetic_random, tmp_path):
         assert named in str(error.value) and "\n" not in str(error.value), str(error.value)
 
 
-def test_uncaught_planlm_errors_print_one_line(capsys):
+def test_importing_the_harness_leaves_the_exception_hook_alone():
+    code = "import sys; hook = sys.excepthook; import planlm.evaluate.lm_harness; assert sys.excepthook is hook"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr
+
+
+def test_uncaught_planlm_errors_print_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)  # importing planlm leaves the hook alone ...
+    assert not getattr(sys.excepthook, "planlm_one_line", False)
+    with pytest.raises(PlanlmError):
+        PlannedLMEval.create_from_arg_string("model_dir")  # ... lm-eval making the model installs it
     sys.excepthook(PlanlmError, PlanlmError("model_args model_dir=x: no model here"), None)
     assert capsys.readouterr().err == "planlm: error: model_args model_dir=x: no model here\n"
 
