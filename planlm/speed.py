@@ -24,7 +24,7 @@ class Speed:
     compile: bool = False
     """torch.compile the LM's transformer and the adapter (train-lm, evaluate) or the planner (train-planner). When
     compilation is unavailable or fails for a model: one warning line, then eager. On the 2-core CPU at the demo's
-    shape it did not pay for itself (0.94x in the issue's probe; bench_lm.py --speed measures it)."""
+    shape it did not pay for itself (docs/benchmarks.md; bench_lm.py --speed measures it)."""
     loss_chunk_size: int = 1024
     """Tokens per chunk of the LM's output projection + cross-entropy (planlm.models.lm_loss): the B x L x V logits
     are never held at once, in training, validation and evaluation. 0: the LM's own loss on all the logits."""

@@ -44,8 +44,8 @@ class EmbedConfig:
     batch_size: int = 64
     """Sentences per forward pass (the paper: 256 on GPU)."""
     precision: Literal["fp32", "bf16", "native"] = "fp32"
-    """bf16: bf16 autocast (CUDA, or a CPU with AVX512-BF16 / AMX); all-MiniLM-L6-v2 on 1,500 sentences: 1.89x on
-    the idle 2-core CPU, cosine to the fp32 embedding >= 0.99997 (bench_prepare.py). The actions can change.
+    """bf16: bf16 autocast (CUDA, or a CPU with AVX512-BF16 / AMX): faster, and close to the fp32 embedding (measured
+    in docs/benchmarks.md by bench_prepare.py); the actions can change.
     native: bf16 where it is native (CUDA, or such a CPU), fp32 elsewhere."""
     device: str | None = None
     """``cpu``, ``cuda``, ``cuda:1`` ...; None picks CUDA when present."""

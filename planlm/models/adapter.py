@@ -44,7 +44,7 @@ Design decisions the paper leaves open, made here:
   ``alphas()`` returns their values (written to the model's manifest and the report).
 - While the scalars are near zero, PT and ST receive a near-zero, mostly noisy gradient that Adam turns
   into full-size random steps; ``gated_parameters()`` names them so that training can give them a smaller
-  learning rate (``train.multipath_lr_scale``, measured on the mechanism benchmark).
+  learning rate (``train.multipath_lr_scale``; its effect is measured in docs/results.md).
 - ``rezero=False`` (the paper's "no ReZero" ablation) drops both scalars *and* both skip connections
   to the Project-and-Avg solution: c^j = PT(U Emb(a)_{1:T}^j + p_{1:T}), c = ST(c^1, ..., c^K): a
   plain stack of two transformers on the action embeddings, which does not start as a no-op.
@@ -55,13 +55,12 @@ Design decisions the paper leaves open, made here:
 - ``center`` (opt-in) subtracts the mean (the batch's sentences in training, a running mean in evaluation,
   as batch norm does). A constant plan (Fixed) is then no plan. Without it, c's shared part is a shift of
   every token embedding that Adam moves ||Emb(a)||_1 times faster than the rate (W's gradient is rank one),
-  which cost Fixed 0.40 nats on the tests' corpus (docs/results.md, issue 21).
+  which costs Fixed perplexity (measured in docs/results.md, issue 21).
   Project and Avg centers the mean action embedding *before* W and drops b: c = W (e - mean e). A constant
   plan then gives W an exactly zero gradient, so W stays at its no-op zero. Centering c after W (as
   multipath still does, ``plan_mean``) leaves W a rounding-level gradient that Adam scales up to full-size
   steps: W drifts at random, training never sees it (the batch mean cancels it) but evaluation does, since
-  the running mean lags the drift (experiments/probe_center.py: |c - plan_mean| 0.24 in fp32, 0.65 in bf16
-  after 300 steps, the size of a token embedding; 0 when centered before W).
+  the running mean lags the drift (experiments/probe_center.py; its numbers in docs/results.md).
 """
 
 from __future__ import annotations
@@ -284,8 +283,7 @@ class MultiPath(ProjectAvg):
         # PT and ST attend over T steps and K paths (short sequences): flash attention where the head
         # width allows it, else the plain math kernel. The memory-efficient kernel, chosen otherwise for
         # heads over 256 wide (GPT-2 small with 2 heads: 384), spent half the adapter's GPU time in its
-        # backward pass; without it a GPT-2-small training step at K = T = 10 went from 0.778x to 0.800x
-        # of no conditioning (H100, median of 50 interleaved steps).
+        # backward pass (measured in docs/benchmarks.md).
         with sdpa_kernel(ADAPTER_ATTENTION):
             return self._forward(action_paths, path_mask, action_probs)
 

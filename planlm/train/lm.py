@@ -127,8 +127,7 @@ class LMTrainConfig:
     """Lightning nodes."""
     precision: str | None = None
     """Lightning precision (None: bf16-mixed on CUDA, 32-true on CPU). bf16-mixed on CPU is bf16 autocast (refused on
-    CPUs without AVX512-BF16 / AMX): with the chunked loss 1.1-1.3x the fp32 step at the demo's shape, measured
-    under load (docs/benchmarks.md)."""
+    CPUs without AVX512-BF16 / AMX); its speed against fp32 is measured in docs/benchmarks.md."""
     num_workers: int = 0
     """DataLoader worker processes."""
     log_every_n_steps: int = 50
