@@ -25,16 +25,28 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Literal, Protocol
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from planlm.models.planner import PlannerConfig
+
+class PlannerFields(Protocol):
+    """The fields of ``planlm.models.planner.PlannerConfig`` that the dynamics read: named here, so that the
+    dynamics (which the planner builds) do not import the planner."""
+
+    num_actions: int
+    d_model: int
+    num_heads: int
+    num_layers: int
+    dim_feedforward: int
+    dropout: float
+    encoder: Literal["boundary", "article"]
+    pool: Literal["mean", "mean_last"]
+    dynamics_grad_scale: float
 
 
-def transformer(config: PlannerConfig) -> nn.TransformerEncoder:
+def transformer(config: PlannerFields) -> nn.TransformerEncoder:
     layer = nn.TransformerEncoderLayer(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
                                        batch_first=True)
     return nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
@@ -92,7 +104,7 @@ def top_distribution(logits: torch.Tensor, temperature: float, top_actions: int)
 class RecurrentPrediction(nn.Module):
     """f: transformer over the latents, mean pool over the valid ones, linear classifier over actions."""
 
-    def __init__(self, config: PlannerConfig):
+    def __init__(self, config: PlannerFields):
         super().__init__()
         self.transformer = transformer(config)
         self.classifier = nn.Linear(config.d_model, config.num_actions)
@@ -129,7 +141,7 @@ class RecurrentDynamics(Dynamics):
     prediction_class = RecurrentPrediction
     mixed_path_counts = True
 
-    def __init__(self, config: PlannerConfig, positions: nn.Module):
+    def __init__(self, config: PlannerFields, positions: nn.Module):
         super().__init__()
         self.action_embedding = nn.Embedding(config.num_actions, config.d_model)
         self.transformer = transformer(config)

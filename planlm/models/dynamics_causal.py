@@ -37,16 +37,11 @@ A actions, D width, H heads, Dh head width, N rows (B or B*K), R article rows, J
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planlm.models.dynamics import Dynamics, top_distribution
-
-if TYPE_CHECKING:
-    from planlm.models.planner import PlannerConfig
+from planlm.models.dynamics import Dynamics, PlannerFields, top_distribution
 
 Cache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, H, length, Dh)
 
@@ -164,7 +159,7 @@ class CausalStack(nn.Module):
 class CausalPrediction(nn.Module):
     """f: the prefix-causal stack over g's outputs, a running mean over context and steps, linear classifier."""
 
-    def __init__(self, config: PlannerConfig):
+    def __init__(self, config: PlannerFields):
         super().__init__()
         self.transformer = CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
                                        config.num_layers, causal_context=config.encoder == "article")
@@ -215,7 +210,7 @@ class CausalDynamics(Dynamics):
     prediction_class = CausalPrediction
     mixed_path_counts = False  # the caches hold K adjacent rows per boundary
 
-    def __init__(self, config: PlannerConfig, positions: nn.Module):
+    def __init__(self, config: PlannerFields, positions: nn.Module):
         super().__init__()
         self.action_embedding = nn.Embedding(config.num_actions, config.d_model)
         self.transformer = CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
