@@ -2,11 +2,18 @@
 
 Every command accepts ``--config FILE.yaml`` and ``--print_config``; ``--help`` comes from the
 function's docstring and signature, so the CLI, the Python API and the YAML presets never drift.
+
+Every command also takes ``--verbose true``: the libraries' banners, bars and notices stay on the console. By
+default a command that writes a folder (``--out_dir``) shows one live bar, planlm's own lines and an end line, and
+sends the libraries' output to ``logs/<folder name>.txt`` beside that folder (`planlm run`: a start and an end line
+per stage, one log per stage in the run's ``logs/``; see ``planlm.console``).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+import time
 from pathlib import Path
 
 from planlm.commands import COMMANDS, load_command
@@ -46,6 +53,45 @@ def _check_renamed_flags(argv: list[str], command) -> None:
             check_renamed(config if isinstance(config, dict) else {}, accepted, value)
 
 
+def _pop_verbose(argv: list[str]) -> tuple[list[str], bool]:
+    """``--verbose true|false`` (or ``--verbose=...``) taken out of ``argv``, for every command."""
+    rest, verbose, args = [], False, iter(argv)
+    for arg in args:
+        if arg == "--verbose" or arg.startswith("--verbose="):
+            value = arg.partition("=")[2] or next(args, "true")
+            verbose = value.lower() in ("true", "1", "yes", "on")
+        else:
+            rest.append(arg)
+    return rest, verbose
+
+
+def _with_console(name: str, command):
+    """``command`` run inside its console: one live bar, an end line, the libraries' output in
+    ``logs/<out_dir name>.txt`` beside its output folder (a command without one, `generate`: in planlm's cache
+    folder). `planlm run` gives each stage its own; `compare` and `verify` load no models and run as they are."""
+    import inspect
+
+    if name == "run" or not {"out_dir", "model_dir"} & set(inspect.signature(command).parameters):
+        return command
+
+    @functools.wraps(command)
+    def run_in_console(**kwargs):
+        from planlm.console import fmt_seconds, stage_console
+        from planlm.utils import cache_root
+
+        out_dir = kwargs.get("out_dir")
+        log = (Path(out_dir).resolve().parent / "logs" / f"{Path(out_dir).resolve().name}.txt" if out_dir
+               else cache_root() / "logs" / f"{name}.txt")
+        with stage_console(log) as console:  # no start line: an error stays the one line on stderr
+            started = time.time()
+            result = command(**kwargs)
+            console.line(f"planlm {name}: done in {fmt_seconds(time.time() - started)}"
+                         + (f" (library output: {log})" if console.log else ""))
+        return result
+
+    return run_in_console
+
+
 def main(argv: list[str] | None = None) -> None:
     from planlm.data.resources import use_offline_mode_if_no_hub
 
@@ -58,15 +104,21 @@ def main(argv: list[str] | None = None) -> None:
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     from planlm.utils import PlanlmError, releasing_stage_locks
 
-    argv = sys.argv[1:] if argv is None else argv
+    from planlm.console import set_verbose
+
+    argv, verbose = _pop_verbose(sys.argv[1:] if argv is None else argv)
+    set_verbose(verbose)
     # Build the parser only for the command asked for: importing every stage costs seconds.
     names = [argv[0]] if argv and argv[0] in COMMANDS else list(COMMANDS)
-    components = {name: load_command(name) for name in names}
+    components = {name: _with_console(name, load_command(name)) for name in names}
     try:
         if len(names) == 1:
             _check_renamed_flags(argv, components[names[0]])
         with releasing_stage_locks():  # a command that raised leaves no folder held
-            CLI(components, args=argv, as_positional=False, fail_untyped=True)
+            CLI(components, args=argv, as_positional=False, fail_untyped=True,
+                description="planlm: Learning to Plan Long-Term for Language Modeling. Every command also takes "
+                            "--verbose true: the libraries' output (banners, bars, notices) stays on the console "
+                            "instead of going to logs/.")
     except PlanlmError as e:
         print(f"planlm: error: {e}", file=sys.stderr)
         sys.exit(e.exit_status)

@@ -1,4 +1,5 @@
-"""The user-facing error every layer raises: the lowest module of the package, importing nothing of planlm."""
+"""The user-facing error every layer raises, and the warning that reaches the console: the lowest module of the
+package, importing nothing of planlm."""
 
 from __future__ import annotations
 
@@ -13,4 +14,9 @@ class PlanlmError(Exception):
     exit_status = 2
 
 
-__all__ = ["PlanlmError"]
+class PlanlmWarning(UserWarning):
+    """A warning that matters to the user (a fallback, a setting that cannot work well): in a stage it reaches the
+    console once, while library warnings go to the stage's log (``planlm.console``)."""
+
+
+__all__ = ["PlanlmError", "PlanlmWarning"]

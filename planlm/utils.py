@@ -218,14 +218,15 @@ def prepare_stage_dir(stage_dir: str | Path, config: Any, *, keep_partial: bool 
 
 def _damaged_files(stage_dir: Path, config: Any, note: bool = True) -> list[Path] | None:
     """None when ``stage_dir`` is complete for ``config`` and passes the cheap check; else the files to drop
-    before rebuilding it (with a one-line note on stderr when ``note`` and the folder was finished but damaged)."""
-    import sys
+    before rebuilding it (with a one-line note, ``planlm.console.note``, when ``note`` and the folder was finished but
+    damaged)."""
+    from planlm import console
 
     path = stage_dir / MANIFEST
     manifest = read_manifest(stage_dir)
     if manifest is None:
         if path.is_file() and note:
-            print(f"planlm: {path}: not a readable manifest (damaged); rebuilding {stage_dir}", file=sys.stderr)
+            console.note(f"planlm: {path}: not a readable manifest (damaged); rebuilding {stage_dir}")
         return []
     if manifest.get("config_fingerprint") != fingerprint(config):
         return []
@@ -234,7 +235,7 @@ def _damaged_files(stage_dir: Path, config: Any, note: bool = True) -> list[Path
         return None
     if note:
         more = f" (and {len(damage) - 1} more file(s))" if len(damage) > 1 else ""
-        print(f"planlm: {damage[0]}{more}; rebuilding {stage_dir}", file=sys.stderr)
+        console.note(f"planlm: {damage[0]}{more}; rebuilding {stage_dir}")
     return [d.path for d in damage]
 
 

@@ -55,9 +55,11 @@ def test_every_relative_link_and_image_resolves(page):
 
 def command_lines(path: Path) -> list[str]:
     """Each ``planlm ...`` command of the page's fenced blocks: continuations joined, comments and chains
-    (``pip install ... && planlm run ...``) stripped."""
+    (``pip install ... && planlm run ...``) stripped. A ``text`` block is output (a console), not commands."""
     commands = []
     for block in FENCE.findall(path.read_text()):
+        if block.startswith("```text"):
+            continue
         for line in block.replace("\\\n", " ").splitlines()[1:-1]:
             for part in line.split("&&"):
                 if part.strip().startswith("planlm "):

@@ -53,7 +53,6 @@ import csv
 import glob
 import json
 import re
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +60,7 @@ from typing import Iterator, Literal
 
 import numpy as np
 
+from planlm.console import note
 from planlm.data.resources import DEFAULT_CORPUS, SOTU_CORPUS, WIKI_CORPUS, offline_corpus_path, sotu_speeches_dir
 from planlm.utils import PlanlmError
 
@@ -155,7 +155,7 @@ class Skips(Counter):
         self[reason] += 1
         if self[reason] <= self.max_echo:
             more = " (further ones counted silently)" if self[reason] == self.max_echo else ""
-            print(f"planlm prepare: skipping {where}: {reason.replace('_', ' ')}{more}", file=sys.stderr)
+            note(f"planlm prepare: skipping {where}: {reason.replace('_', ' ')}{more}")
 
 
 def resolve_kind(config: CorpusConfig) -> str:

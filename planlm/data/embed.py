@@ -25,8 +25,8 @@ from typing import Literal, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from planlm.console import open_bar
 from planlm.data.resources import DEFAULT_ENCODER, load_sentence_encoder
 from planlm.utils import PlanlmError, check_bf16, fingerprint, native_precision, resolve_device, write_json
 
@@ -145,8 +145,8 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
         model = copy.deepcopy(model).to(torch.bfloat16)  # a bf16 copy (the encoder is cached, shared in-process)
     pool = model.start_multi_process_pool(devices) if devices and done < num_chunks else None
     autocast = torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
-    bar = tqdm(total=num_sentences, initial=min(num_known + done * config.chunk_size, num_sentences), desc=desc,
-               unit="sent", dynamic_ncols=True, disable=not progress)
+    bar = open_bar(desc, num_sentences, "sentences", progress, completed=min(num_known + done * config.chunk_size,
+                                                                              num_sentences))
     try:
         with autocast:
             _encode_chunks(model, texts, out, record, range(done, num_chunks), config, pool, bar, progress_path,
@@ -184,7 +184,7 @@ def _encode_chunks(model, texts: Sequence[str], out: np.ndarray, record: dict, c
         if pool is not None:
             out[start:stop] = model.encode(chunk_texts, pool=pool, batch_size=config.batch_size,
                                            normalize_embeddings=config.normalize, convert_to_numpy=True)
-            bar.update(stop - start)
+            bar.advance(stop - start)
         else:
             # longest first, like SentenceTransformer.encode, a few batches per call for the bar
             order = np.argsort([-len(t) for t in chunk_texts], kind="stable")
@@ -194,7 +194,7 @@ def _encode_chunks(model, texts: Sequence[str], out: np.ndarray, record: dict, c
                 out[start + rows] = model.encode([chunk_texts[i] for i in rows], batch_size=config.batch_size,
                                                  show_progress_bar=False, normalize_embeddings=config.normalize,
                                                  convert_to_numpy=True)
-                bar.update(len(rows))
+                bar.advance(len(rows))
         out.flush()
         record["done"] = chunk + 1
         write_json(progress_path, record)

@@ -27,9 +27,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from tqdm.auto import tqdm
-
+from planlm.console import note, open_bar
 from planlm.utils import PlanlmError
+
+MIN_SENTENCES_PER_ACTION = 39
+"""Below this many training sentences per action a codebook is fitted on too little (faiss's own threshold,
+``min_points_per_centroid``, under which it warns)."""
 
 
 @dataclass
@@ -120,12 +123,11 @@ def _fit_faiss(x: np.ndarray, config: ActionsConfig, progress: bool) -> tuple[np
     params.verbose = False
     centroids = initial_centroids(x, config)
     index = _flat_index(x.shape[1], num_gpus)
-    bar = tqdm(total=config.num_iterations, desc=f"k-means (faiss{', gpu' if num_gpus else ''})",
-               disable=not progress, dynamic_ncols=True)
+    bar = open_bar(f"k-means (faiss{', gpu' if num_gpus else ''})", config.num_iterations, "iterations", progress)
     inertia = float("nan")
     done = 0
     while done < config.num_iterations:
-        # a few Lloyd steps per call: the bar advances and shows the inertia, at a small fixed cost per call
+        # a few Lloyd steps per call: the bar advances, at a small fixed cost per call
         params.niter = min(_ITERATIONS_PER_CALL, config.num_iterations - done)
         clustering = faiss.Clustering(x.shape[1], config.num_actions, params)
         faiss.copy_array_to_vector(centroids.ravel(), clustering.centroids)
@@ -134,8 +136,7 @@ def _fit_faiss(x: np.ndarray, config: ActionsConfig, progress: bool) -> tuple[np
         stats = clustering.iteration_stats
         inertia = float(stats.at(stats.size() - 1).obj)  # of the last assignment step
         done += params.niter
-        bar.update(params.niter)
-        bar.set_postfix(inertia=f"{inertia:.4g}", refresh=False)
+        bar.advance(params.niter)
     bar.close()
     return np.ascontiguousarray(centroids, dtype=np.float32), inertia
 
@@ -143,11 +144,9 @@ def _fit_faiss(x: np.ndarray, config: ActionsConfig, progress: bool) -> tuple[np
 def _fit_sklearn(x: np.ndarray, config: ActionsConfig, progress: bool) -> tuple[np.ndarray, float]:
     from sklearn.cluster import KMeans
 
-    bar = tqdm(total=1, desc="k-means (scikit-learn)", disable=not progress, dynamic_ncols=True)
-    km = KMeans(n_clusters=config.num_actions, init=config.init, n_init=1, max_iter=config.num_iterations,
-                random_state=config.seed).fit(x)
-    bar.update(1)
-    bar.close()
+    with open_bar("k-means (scikit-learn)", enabled=progress):
+        km = KMeans(n_clusters=config.num_actions, init=config.init, n_init=1, max_iter=config.num_iterations,
+                    random_state=config.seed).fit(x)
     return np.ascontiguousarray(km.cluster_centers_, dtype=np.float32), float(km.inertia_)
 
 
@@ -160,6 +159,10 @@ def fit_codebook(embeddings: np.ndarray, config: ActionsConfig, *, progress: boo
     rows = _fit_rows(num_rows, config)
     # the one in-RAM copy of the fit data (faiss and scikit-learn need a contiguous float32 array)
     x = np.ascontiguousarray(embeddings if rows is None else embeddings[rows], dtype=np.float32)  # (N, E)
+    if len(x) < MIN_SENTENCES_PER_ACTION * config.num_actions:
+        note(f"planlm: k-means: {len(x):,} training sentences for {config.num_actions:,} actions "
+             f"({len(x) / config.num_actions:.1f} per action, fewer than {MIN_SENTENCES_PER_ACTION}): a thin codebook; "
+             f"use at most {max(1, len(x) // MIN_SENTENCES_PER_ACTION):,} actions or more articles")
     fit = _fit_faiss if config.backend == "faiss" else _fit_sklearn
     centroids, _ = fit(x, config, progress)
     return centroids
@@ -174,11 +177,12 @@ def assign_actions(embeddings: np.ndarray, codebook: np.ndarray, *, chunk_size: 
     index = _flat_index(codebook.shape[1], num_gpus)
     index.add(np.ascontiguousarray(codebook, dtype=np.float32))
     actions = np.empty(len(embeddings), dtype=np.int64)  # (N,)
-    for start in tqdm(range(0, len(embeddings), chunk_size), desc=desc, disable=not progress or len(embeddings) == 0,
-                      dynamic_ncols=True):
-        chunk = np.ascontiguousarray(embeddings[start:start + chunk_size], dtype=np.float32)
-        _, nearest = index.search(chunk, 1)  # (chunk, 1)
-        actions[start:start + len(chunk)] = nearest[:, 0]
+    with open_bar(desc, len(embeddings), "sentences", progress and len(embeddings) > 0) as bar:
+        for start in range(0, len(embeddings), chunk_size):
+            chunk = np.ascontiguousarray(embeddings[start:start + chunk_size], dtype=np.float32)
+            _, nearest = index.search(chunk, 1)  # (chunk, 1)
+            actions[start:start + len(chunk)] = nearest[:, 0]
+            bar.advance(len(chunk))
     return actions
 
 

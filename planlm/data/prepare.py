@@ -20,15 +20,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from planlm.console import note, open_bar
 from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.data.artifacts import ARRAYS, SPLITS, PreparedDataset, write_split
 from planlm.data.bpe import train_bpe, trained_vocab_size
@@ -40,7 +39,7 @@ from planlm.data.resources import (DEFAULT_TOKENIZER, load_tokenizer, offline_co
                                    split_sentences)
 from planlm.data.tokens import tokenize_articles
 from planlm.data.windows import beyond_window_share
-from planlm.utils import PlanlmError, file_sha256, prepare_stage_dir, save_safetensors, write_manifest
+from planlm.utils import PlanlmError, file_sha256, prepare_stage_dir, read_manifest, save_safetensors, write_manifest
 
 # Fields that change how fast the result is made, not what it is.
 _RUNTIME_FIELDS = {"embedding": ("batch_size", "device", "chunk_size", "multi_gpu", "pool_devices"), "actions": ("use_gpu",)}
@@ -108,7 +107,7 @@ def usable_documents(corpus: CorpusConfig, sentences: SentencesConfig, skips: Sk
     sentence spans, and the usable pieces that ``pieces_per_source`` leaves out; pieces with fewer than
     ``min_sentences`` sentences are counted skips."""
     articles = read_articles(corpus, skips)
-    with tqdm(total=corpus.wanted, desc=desc, unit="art", disable=not progress, dynamic_ncols=True) as bar:
+    with open_bar(desc, corpus.wanted, "articles", progress) as bar:
         while batch := list(itertools.islice(articles, sentences.batch_size)):
             spans_per_article = split_sentences([a["text"] for a in batch], sentences.splitter, sentences.batch_size)
             for art, spans in zip(batch, spans_per_article):
@@ -119,7 +118,7 @@ def usable_documents(corpus: CorpusConfig, sentences: SentencesConfig, skips: Sk
                 if len(usable) < len(pieces):
                     skips["too_few_sentences"] += len(pieces) - len(usable)
                 if usable:
-                    bar.update(len(usable))
+                    bar.advance(len(usable))
                     yield usable, [(piece, s) for piece, s in left_out if len(s) >= corpus.min_sentences]
 
 
@@ -169,12 +168,13 @@ def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips
 def _tokenize(tokenizer, articles: list[dict], spans: list[np.ndarray], sentence_offsets: np.ndarray,
               desc: str, progress: bool, batch: int = 512) -> dict[str, np.ndarray]:
     ids_all, sent_all = [], []
-    for start in tqdm(range(0, len(articles), batch), desc=desc, disable=not progress or not articles,
-                      dynamic_ncols=True):
-        ids, token_sentence = tokenize_articles(tokenizer, [a["text"] for a in articles[start:start + batch]],
-                                                spans[start:start + batch])
-        ids_all += ids
-        sent_all += [s + sentence_offsets[start + j] for j, s in enumerate(token_sentence)]  # split-global
+    with open_bar(desc, len(articles), "articles", progress and bool(articles)) as bar:
+        for start in range(0, len(articles), batch):
+            ids, token_sentence = tokenize_articles(tokenizer, [a["text"] for a in articles[start:start + batch]],
+                                                    spans[start:start + batch])
+            ids_all += ids
+            sent_all += [s + sentence_offsets[start + j] for j, s in enumerate(token_sentence)]  # split-global
+            bar.advance(len(ids))
     token_offsets = np.concatenate([[0], np.cumsum([len(i) for i in ids_all], dtype=np.int64)]).astype(np.int64)
     empty = np.zeros(0, np.int64)
     return {"token_offsets": token_offsets,
@@ -263,7 +263,7 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
                    tokenizer=tokenizer_name, encoder=embedding.encoder, splits=list(SPLITS), counts=counts,
                    skipped=dict(skips), short=short, kmeans=kmeans, hashes=hashes, lm_window=lm_window,
                    wall_time_s=round(wall_time, 1), **planner)
-    _summary(out, counts, skips, short, kmeans, wall_time, lm_window, planner.get("planner_origin"))
+    print(summary(out))
     _warn_if_short(counts["train"]["beyond_window_share"], lm_window)
     return out
 
@@ -274,9 +274,9 @@ _LONG_DOCUMENT_SHARE = 0.25
 
 def _warn_if_short(share: float, lm_window: int) -> None:
     if share < _LONG_DOCUMENT_SHARE:
-        print(f"planlm prepare: warning: only {share:.1%} of the training tokens have context beyond the "
-              f"{lm_window}-token LM window, so plans can add little that the LM does not see; use longer documents "
-              f"or a larger --corpus.piece_sentences", file=sys.stderr)
+        note(f"planlm prepare: warning: only {share:.1%} of the training tokens have context beyond the "
+             f"{lm_window}-token LM window, so plans can add little that the LM does not see; use longer documents "
+             f"or a larger --corpus.piece_sentences")
 
 
 def _drop_stale(out: Path, keep_planner_split: bool = False) -> None:
@@ -375,10 +375,10 @@ def _planner_set(drawn: dict, rest: Pieces | None, planner_corpus: PlannerCorpus
     extra_sentences = sum(len(s) for s in copied_spans) + sum(len(s) for _, s in encoded)
     train_sentences = sum(len(s) for s in train_spans)
     if extra_sentences < train_sentences:
-        print(f"planlm prepare: note: the planner's extra documents hold {extra_sentences:,} sentences "
-              f"({origin['rest_of_train'] + origin['source']:,} articles), fewer than the LM's {train_sentences:,} "
-              f"training sentences, so the planner reads less than twice the LM's text; add documents with "
-              f"--planner_corpus.source or raise --planner_corpus.max_articles", file=sys.stderr)
+        note(f"planlm prepare: note: the planner's extra documents hold {extra_sentences:,} sentences "
+             f"({origin['rest_of_train'] + origin['source']:,} articles), fewer than the LM's {train_sentences:,} "
+             f"training sentences, so the planner reads less than twice the LM's text; add documents with "
+             f"--planner_corpus.source or raise --planner_corpus.max_articles")
     return {"articles": [*train_articles, *copied, *(p for p, _ in encoded)],
             "spans": [*train_spans, *copied_spans, *(s for _, s in encoded)],
             "known": known, "known_id": known_id, "origin": origin, "skipped": dict(skipped)}
@@ -414,9 +414,13 @@ def _save_codebook_and_hash(out: Path, codebook: np.ndarray, splits: list[str]) 
     return hashes
 
 
-def _summary(out: Path, counts: dict, skips: Skips, short: dict, kmeans: dict, wall_time: float,
-             lm_window: int, planner_origin: dict | None = None) -> None:
-    lines = [f"planlm prepare: wrote {out} in {wall_time:.0f} s"]
+def summary(out: Path) -> str:
+    """What a prepared folder holds, from its manifest: the splits, the skips, the k-means fit (printed by
+    `planlm prepare` and `planlm run`)."""
+    manifest = read_manifest(out)
+    counts, skips, short, kmeans = manifest["counts"], manifest["skipped"], manifest["short"], manifest["kmeans"]
+    lm_window, planner_origin = manifest["lm_window"], manifest.get("planner_origin")
+    lines = [f"planlm prepare: wrote {out} in {manifest['wall_time_s']:.0f} s"]
     for split, c in counts.items():
         pieces = f" of {c['sources']:,} documents" if c["sources"] != c["articles"] else ""
         if split == PLANNER_SPLIT:
@@ -433,4 +437,4 @@ def _summary(out: Path, counts: dict, skips: Skips, short: dict, kmeans: dict, w
                      f"than --corpus.num_train")
     lines.append(f"  k-means    {kmeans['backend']}, inertia per sentence {kmeans['inertia_per_sentence']:.4g}, "
                  f"{kmeans['empty_clusters']} empty clusters")
-    print("\n".join(lines), file=sys.stdout)
+    return "\n".join(lines)

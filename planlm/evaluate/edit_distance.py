@@ -20,6 +20,7 @@ from typing import Callable, Literal, Optional, Sequence
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
+from planlm.console import open_bar
 from planlm.data.resources import split_sentences
 from planlm.evaluate.bootstrap import bootstrap_mean
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
@@ -170,6 +171,7 @@ def _continue_boundaries(generator, split_view, boundaries: list[tuple[int, int]
     """Generate at every boundary, in order (one sampling generator walks them) -> (rows of per_boundary.csv,
     generated tokens, wall time)."""
     rows, began, generated_tokens = [], time.perf_counter(), 0
+    bar = open_bar("continuing boundaries", len(boundaries), "boundaries")
     for article, boundary in boundaries:
         prompt = generator.prompt_from_article(split_view, article, boundary, context_length)
         result = generator.generate(prompt, sampling)
@@ -183,6 +185,8 @@ def _continue_boundaries(generator, split_view, boundaries: list[tuple[int, int]
                      "generated_actions": " ".join(map(str, generated_actions)),
                      "reference_actions": " ".join(map(str, reference_actions)),
                      "generated_text": result.text, "reference_text": reference})
+        bar.advance()
+    bar.close()
     return rows, generated_tokens, time.perf_counter() - began
 
 

@@ -34,6 +34,7 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
+from planlm.console import open_bar
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.evaluate.loading import load_checked, model_fingerprint
@@ -93,8 +94,9 @@ def window_batches(windows: np.ndarray, batch_size: int) -> list[np.ndarray]:
 
 @torch.no_grad()
 def score_windows(model, split: PreparedSplit, windows: np.ndarray, plan_table: torch.Tensor | None = None,
-                  batch_size: int = 32, device: str | torch.device = "cpu", precision: str = "auto") -> np.ndarray:
-    """Summed NLL of the scored targets of every window -> (W,) float64.
+                  batch_size: int = 32, device: str | torch.device = "cpu", precision: str = "auto",
+                  description: str = "scoring") -> np.ndarray:
+    """Summed NLL of the scored targets of every window -> (W,) float64, on the stage's bar as ``description``.
 
     ``model`` is a PlannedLM (or any callable with its forward signature); ``plan_table`` (N_sent, D)
     holds the plan vector of every sentence (None: no conditioning)."""
@@ -106,6 +108,7 @@ def score_windows(model, split: PreparedSplit, windows: np.ndarray, plan_table: 
         plan_table = plan_table.to(device)
     batches = window_batches(windows, batch_size)
     sums = []
+    bar = open_bar(description, len(windows), "windows")
     for rows in batches:
         start, first, end = windows[rows[0], 1], windows[rows[0], 2], windows[rows[0], 3]
         length, num_scored = int(end - 1 - start), int(end - first)
@@ -119,6 +122,8 @@ def score_windows(model, split: PreparedSplit, windows: np.ndarray, plan_table: 
         with autocast(device, precision):
             token_nll = model.token_nll(input_ids, targets, **kwargs)  # (B, P)
         sums.append(token_nll.double().sum(1))  # (B,)
+        bar.advance(len(rows))
+    bar.close()
     nll = np.zeros(len(windows), dtype=np.float64)
     if batches:
         nll[np.concatenate(batches)] = torch.cat(sums).cpu().numpy()
@@ -162,7 +167,8 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
                                        precision=precision)
     plans_done = time.perf_counter()
     windows = scoring_windows(split.token_offsets, range(num_articles), context_length, stride)
-    window_nll = score_windows(model, split, windows, plan_table, batch_size, device, precision)
+    window_nll = score_windows(model, split, windows, plan_table, batch_size, device, precision,
+                               f"scoring {split.path.name}")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     finished = time.perf_counter()
@@ -183,7 +189,7 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
         shuffled_table = plan_vector_table(model, shuffled, sentences, split.num_sentences, device=device,
                                            precision=precision)
         result["nll_sums_shuffled"] = per_article(score_windows(model, split, windows, shuffled_table, batch_size,
-                                                                device, precision))
+                                                                device, precision, "scoring, plans shuffled"))
     return result
 
 
@@ -333,8 +339,11 @@ def _print_summary(metrics: dict, spec: PlanSpec, plan_usage: bool) -> None:
           f"ppl {metrics['ppl']:.3f} [{metrics['ci_low']:.3f}, {metrics['ci_high']:.3f}] "
           f"in {metrics['wall_time_s']:.1f}s ({metrics['tokens_per_s']:.0f} tokens/s; "
           f"{metrics['paths_mean']:.2f} paths per boundary, planner {metrics['planner_time_s']:.1f}s, "
-          f"LM {metrics['lm_time_s']:.1f}s)")
-    if plan_usage:
-        print(f"plan usage: ppl with shuffled plans {metrics['ppl_shuffled_plans']:.3f}, "
-              f"{metrics['plan_usage_ppl']:+.3f} [{metrics['plan_usage_ci_low']:+.3f}, "
-              f"{metrics['plan_usage_ci_high']:+.3f}] ({metrics['plan_usage_nats']:+.4f} nats/token)")
+          f"LM {metrics['lm_time_s']:.1f}s){plan_usage_text(metrics) if plan_usage else ''}")
+
+
+def plan_usage_text(metrics: dict) -> str:
+    """'; plans shuffled: ppl 46.120, +0.910 [+0.310, +1.520] (+0.0197 nats/token)': one line per evaluation."""
+    return (f"; plans shuffled: ppl {metrics['ppl_shuffled_plans']:.3f}, {metrics['plan_usage_ppl']:+.3f} "
+            f"[{metrics['plan_usage_ci_low']:+.3f}, {metrics['plan_usage_ci_high']:+.3f}] "
+            f"({metrics['plan_usage_nats']:+.4f} nats/token)")

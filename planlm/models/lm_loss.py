@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from planlm.data.windows import IGNORE_INDEX
+from planlm.errors import PlanlmWarning
 
 
 def compile_or_eager(fn, what: str, **options):
@@ -36,7 +37,7 @@ def compile_or_eager(fn, what: str, **options):
     one warning line names the error (``what``: whose compile) and ``fn`` runs eager from then on."""
     if not hasattr(torch, "compile"):
         warnings.warn(f"{what}: torch.compile is not available in torch {torch.__version__}; running eager",
-                      stacklevel=3)
+                      PlanlmWarning, stacklevel=3)
         return fn
     current = torch.compile(fn, **options)
 
@@ -50,7 +51,7 @@ def compile_or_eager(fn, what: str, **options):
         except Exception as error:  # noqa: BLE001 - any compiler failure: eager gives the same result or its error
             message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
             warnings.warn(f"{what}: torch.compile failed ({type(error).__name__}: {message}); running eager",
-                          stacklevel=2)
+                          PlanlmWarning, stacklevel=2)
             current = fn
             return fn(*args, **kwargs)
 

@@ -10,7 +10,7 @@ that reads them::
     edit/<condition>/          planlm edit-distance (optional)
     sweeps/<condition>-<kind>/ planlm sweep (optional)
     actions/                   planlm actions, for the report
-    logs/                      the traceback of each failed stage
+    logs/                      each stage's library output (and a failed stage's traceback): planlm.console
     run_state.json, report.md, results.json, results.csv, figures/
 
 With ``seeds``, the folders of the base LM and of each condition's LM, evaluation and edit distance hold

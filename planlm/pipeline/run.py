@@ -26,13 +26,18 @@ can be checked offline.
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from rich.console import Console
+
 from planlm.commands import load_command
+from planlm.console import fmt_seconds, stage_console
 from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.plans.spec import check_renamed
 from planlm.pipeline.sections import bind_section, deep_merge
@@ -64,49 +69,48 @@ class Stage:
     needs: list[str] = field(default_factory=list)
 
 
-class Progress:
-    """Prints which stage runs, how far the run is, elapsed and estimated remaining time."""
+class RunProgress:
+    """The run's own lines: which stage starts (how far the run is, the time elapsed and left) and how it ended."""
 
-    def __init__(self, total: int, state: dict):
-        from rich.console import Console
+    def __init__(self, stages: list[Stage], state: dict):
+        self.stages, self.state, self.start = stages, state, time.time()
 
-        self.console = Console(stderr=True, highlight=False)
-        self.total = total
-        self.start = time.time()
-        self.state = state
-        self.done = 0
+    def start_line(self, index: int) -> str:
+        elapsed = f"elapsed {fmt_seconds(time.time() - self.start)}{self._eta(self.stages[index:])}" if index else ""
+        return f"{self._tag(index)} {self.stages[index].name}" + (f" ({elapsed})" if elapsed else "")
 
-    def begin(self, index: int, stages: list[Stage]) -> None:
-        elapsed = time.time() - self.start
-        self.console.rule(f"[bold]planlm run[/] stage {index + 1}/{self.total}: {stages[index].name}  "
-                          f"(elapsed {_fmt(elapsed)}{self._eta(stages[index:])})")
+    def end_lines(self, index: int, outcome: str) -> tuple[str, str]:
+        """(the end line on its own, its tail after the start line)."""
+        return f"{self._tag(index)} {self.stages[index].name}: {outcome}", outcome
+
+    def _tag(self, index: int) -> str:
+        width = len(str(len(self.stages)))
+        return f"[{index + 1:>{width}}/{len(self.stages)}]"
 
     def _eta(self, remaining: list[Stage]) -> str:
-        """Remaining time from the stages measured so far in this process, by command."""
-        measured: dict[str, list[float]] = {}
+        """Time left from the stages of each kind that ran in this run (their mean time). A remaining stage whose
+        folder is finished costs nothing once a stage of its kind was reused, its kind's time once one was rebuilt;
+        without such evidence, or a measured stage of its kind, the estimate is a lower bound ("at least"), and
+        nothing is said rather than a number without a basis."""
+        times, reused, rebuilt = {}, set(), set()
         for info in self.state["stages"].values():
+            kind = (info.get("command"), info.get("condition") is None)
             if info.get("status") == "done" and info.get("ran_now"):
-                measured.setdefault(info["command"], []).append(info["wall_time_s"])
-        if not any(cmd != "prepare" for cmd in measured):
-            return ""
-        fallback = [t for cmd, times in measured.items() if cmd != "prepare" for t in times]
-        left = sum(_mean(measured.get(stage.command, fallback)) for stage in remaining)
-        return f", about {_fmt(left)} left"
-
-    def end(self, stage: Stage, status: str, seconds: float, reused: bool) -> None:
-        self.done += 1
-        how = "reused" if reused else f"{_fmt(seconds)}"
-        color = "green" if status == "done" else "red"
-        self.console.print(f"[{color}]{stage.name}: {status}[/] ({how})")
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def _fmt(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+                times.setdefault(kind, []).append(info["wall_time_s"])
+                rebuilt.update([kind] if info.get("had_manifest") else [])
+            elif info.get("status") == "done":
+                reused.add(kind)
+        left, bound = 0.0, False
+        for stage in remaining:
+            kind = (stage.command, stage.condition is None)
+            finished = read_manifest(stage.kwargs["out_dir"]) is not None
+            if finished and kind in reused and kind not in rebuilt:
+                continue
+            if kind in times and (not finished or kind in rebuilt):
+                left += sum(times[kind]) / len(times[kind])
+            else:
+                bound = True
+        return f", {'at least' if bound else 'about'} {fmt_seconds(left)} left" if left else ""
 
 
 def _is_distributed(stage: Stage) -> bool:
@@ -310,9 +314,10 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
     return stages + _sweep_stages(layout, sweeps, names, run_seeds[0], where)
 
 
-def _run_stage(stage: Stage, state: dict, layout: RunLayout) -> tuple[str, float, bool]:
-    """Run one stage and record it in ``state``: (status, seconds, reused). A stage of one condition that
-    fails is recorded with its traceback under logs/; a failing stage that all conditions need raises."""
+def _run_stage(stage: Stage, state: dict, layout: RunLayout) -> tuple[str, str]:
+    """Run one stage and record it in ``state``: (status, how it ended: done, reused, rebuilt or failed, with its
+    time and cause). A failing stage's traceback goes to its log under logs/; a stage of one condition that fails
+    is recorded and the run goes on, a failing stage that all conditions need raises."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException  # here: `planlm run --help` stays fast
 
     out_path = Path(stage.kwargs["out_dir"])
@@ -326,19 +331,48 @@ def _run_stage(stage: Stage, state: dict, layout: RunLayout) -> tuple[str, float
         _record_stop(stage, state, layout, "interrupted", "SIGTERM")
         raise SystemExit(TERMINATED) from None
     except (Exception, SystemExit) as e:  # one failed condition must not lose the others
+        _append_traceback(layout.stage_log(stage.name))
         if stage.condition is None:
             _record_stop(stage, state, layout, "failed", _cause(e))
             raise
         status, error = "failed", _cause(e)
-        log = layout.stage_log(stage.name)
-        log.parent.mkdir(exist_ok=True)
-        log.write_text(traceback.format_exc())
-    seconds = time.time() - started
-    reused = status == "done" and manifest_before is not None and manifest_before == read_manifest(out_path)
+    seconds, manifest_after = time.time() - started, read_manifest(out_path)
+    reused = status == "done" and manifest_before is not None and manifest_before == manifest_after
     state["stages"][stage.name] = {"status": status, "error": error, "wall_time_s": round(seconds, 2),
-                                   "ran_now": not reused, "command": stage.command, "out_dir": str(out_path),
+                                   "ran_now": not reused, "had_manifest": manifest_before is not None,
+                                   "command": stage.command, "out_dir": str(out_path),
                                    "condition": stage.condition, "seed": stage.seed}
-    return status, seconds, reused
+    return status, _outcome(status, error, fmt_seconds(seconds), manifest_before, manifest_after)
+
+
+def _outcome(status: str, error: Optional[str], took: str, before: Optional[dict], after: Optional[dict]) -> str:
+    if status == "failed":
+        return f"failed after {took}: {error}"
+    if before is None:
+        return f"done in {took}"
+    if before == after:
+        return "reused"
+    changed = before.get("config_fingerprint") != (after or {}).get("config_fingerprint")
+    return f"rebuilt in {took} ({'its inputs or settings changed' if changed else 'damaged files'})"
+
+
+def _result(stage: Stage) -> str:
+    """What an evaluation measured, for its end line: perplexity (and the plans' use) or edit distance."""
+    path = Path(stage.kwargs["out_dir"]) / "metrics.json"
+    if stage.command not in ("evaluate", "edit_distance") or not path.is_file():
+        return ""
+    m = json.loads(path.read_text())
+    if stage.command == "edit_distance":
+        return f"; edit distance {m['edit_distance']:.3f} [{m['ci_low']:.3f}, {m['ci_high']:.3f}]"
+    shuffled = (f", plans shuffled {m['plan_usage_ppl']:+.3f} [{m['plan_usage_ci_low']:+.3f}, "
+                f"{m['plan_usage_ci_high']:+.3f}]" if m.get("plan_usage_ppl") is not None else "")
+    return f"; ppl {m['ppl']:.3f} [{m['ci_low']:.3f}, {m['ci_high']:.3f}]{shuffled}"
+
+
+def _append_traceback(log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(traceback.format_exc())
 
 
 def _cause(error: BaseException) -> str:
@@ -353,20 +387,34 @@ def _record_stop(stage: Stage, state: dict, layout: RunLayout, status: str, erro
     write_json(layout.state, state)
 
 
-def _run_stages(stages: list[Stage], state: dict, layout: RunLayout) -> Progress:
-    """Every stage in order; one whose needs failed is skipped."""
-    progress = Progress(len(stages), state)
+def _run_stages(stages: list[Stage], state: dict, layout: RunLayout) -> None:
+    """Every stage in order, each with its start and end line and its library output in logs/; one whose needs
+    failed is skipped."""
+    progress = RunProgress(stages, state)
     for index, stage in enumerate(stages):
         failed_needs = [n for n in stage.needs if state["stages"].get(n, {}).get("status") != "done"]
-        progress.begin(index, stages)
-        if failed_needs:
-            state["stages"][stage.name] = {"status": "skipped", "error": f"needs {failed_needs}",
-                                           "command": stage.command, "condition": stage.condition, "seed": stage.seed}
-            progress.end(stage, "skipped (an earlier stage failed)", 0, False)
-        else:
-            progress.end(stage, *_run_stage(stage, state, layout))
+        log = None if failed_needs else layout.stage_log(stage.name)
+        with stage_console(log, capture_stdout=True, join_lines=True) as out:
+            out.begin(progress.start_line(index))
+            if failed_needs:
+                state["stages"][stage.name] = {"status": "skipped", "error": f"needs {failed_needs}",
+                                               "command": stage.command, "condition": stage.condition,
+                                               "seed": stage.seed}
+                status, outcome = "skipped", f"skipped: needs {', '.join(failed_needs)}"
+            else:
+                try:
+                    status, outcome = _run_stage(stage, state, layout)
+                except BaseException as e:  # the run stops here: end the stage's line first
+                    info = state["stages"].get(stage.name, {})
+                    out.end(*progress.end_lines(index, f"{info.get('status', 'stopped')}: "
+                                                       f"{info.get('error') or type(e).__name__}"), style="red")
+                    raise
+            out.end(*progress.end_lines(index, outcome + _result(stage)), style=None if status == "done" else "red")
+            if stage.command == "prepare" and status == "done" and outcome != "reused":
+                from planlm.data.prepare import summary
+
+                out.line(summary(Path(stage.kwargs["out_dir"])))
         write_json(layout.state, state)
-    return progress
 
 
 def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Optional[dict] = None,
@@ -420,20 +468,21 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
                                       "sweeps": sweeps, "seeds": seeds, "report": report}}
     with releasing_stage_locks():
         lock_stage_dir(layout.root)  # a second `planlm run` on this folder is refused with our pid
-        progress = _run_stages(stages, state, layout)
+        _run_stages(stages, state, layout)
         report_path = write_report(layout.root, state=state, conditions=conditions, seeds=seeds, **(report or {}))
-    progress.console.print(f"[bold]report:[/] {report_path}")
-    _fail_if_not_done(state, layout, progress)
+    console = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+    console.print(f"report: {report_path}", markup=False)
+    _fail_if_not_done(state, layout, console)
     return layout.root
 
 
-def _fail_if_not_done(state: dict, layout: RunLayout, progress: Progress) -> None:
+def _fail_if_not_done(state: dict, layout: RunLayout, console: Console) -> None:
     """Print each stage that did not finish with its cause, and raise StagesFailed (exit status 1) if any."""
     failed = {name: info for name, info in state["stages"].items() if info["status"] != "done"}
     for name, info in failed.items():
         log = layout.stage_log(name)
         where = f" (traceback: {log})" if info["status"] == "failed" and log.is_file() else ""
-        progress.console.print(f"[red]{name}: {info['status']}[/]: {info['error']}{where}", soft_wrap=True)
+        console.print(f"{name}: {info['status']}: {info['error']}{where}", style="red", markup=False)
     if failed:
         raise StagesFailed(f"{len(failed)} of {len(state['stages'])} stages did not finish ({', '.join(failed)}; "
                            f"causes above); fix them and rerun `planlm run` (finished stages are reused)")

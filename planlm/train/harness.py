@@ -18,7 +18,6 @@ import importlib.util
 import inspect
 import json
 import shutil
-import sys
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, NamedTuple
 import lightning as L
 import torch
 
+from planlm.console import Bar, is_verbose, note, open_bar
 from planlm.train.resume import RestoreRNG, ResumeMidEpoch, last_checkpoint
 from planlm.utils import PlanlmError, fingerprint, native_precision, write_json
 
@@ -141,6 +141,43 @@ def make_loggers(names: list[str], out: Path, folders: dict[str, str], flag: str
 
 
 # ---- trainer, resume, best checkpoint -----------------------------------------------------------------
+class StageProgressBar(L.pytorch.callbacks.ProgressBar):
+    """Training on the stage's one live bar (``planlm.console``): the epoch and its batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enabled, self.bar = True, None
+
+    def disable(self) -> None:
+        self.enabled = False
+
+    def enable(self) -> None:
+        self.enabled = True
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close()
+        epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
+        total = self.total_train_batches if self.total_train_batches != float("inf") else None
+        self.bar = open_bar(f"epoch {trainer.current_epoch + 1}{epochs}", total, "batches", self.enabled)
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if self.bar is not None:
+            self.bar.advance()
+
+    def on_train_epoch_end(self, *args: Any) -> None:
+        self._close()
+
+    def teardown(self, *args: Any, **kwargs: Any) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        bar: Bar | None = self.bar
+        self.bar = None
+        if bar is not None:
+            bar.close()
+
+
+
 def build_trainer(knobs: TrainerKnobs, out: Path, *, best_filename: str, log_folders: dict[str, str],
                   has_val: bool = True) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint]:
     """(Trainer, its best-checkpoint callback) for a run writing into the stage folder ``out``.
@@ -154,6 +191,8 @@ def build_trainer(knobs: TrainerKnobs, out: Path, *, best_filename: str, log_fol
         monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=not has_val)
     callbacks = [best, last_checkpoint(out / "checkpoints")] if has_val else [best]
     callbacks.append(RestoreRNG())
+    if knobs.progress_bar and not is_verbose():  # verbose: Lightning's own bar
+        callbacks.append(StageProgressBar())
     if knobs.early_stopping_patience is not None:
         callbacks.append(L.pytorch.callbacks.EarlyStopping(monitor="val/loss", mode="min",
                                                            patience=knobs.early_stopping_patience))
@@ -196,7 +235,7 @@ def resume_checkpoint(out: Path, stamp_name: str, run_config: dict, resume: bool
 
     damage = checkpoint_is_readable(last)
     if damage:  # cut short by a full disk or a kill mid-save: start again rather than fail in Lightning's loader
-        print(f"planlm: {last}: damaged checkpoint ({damage}); training {out} from the start", file=sys.stderr)
+        note(f"planlm: {last}: damaged checkpoint ({damage}); training {out} from the start")
         shutil.rmtree(checkpoints, ignore_errors=True)
         return None
     return str(last)
