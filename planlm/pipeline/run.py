@@ -37,7 +37,7 @@ from typing import Any, Optional
 from rich.console import Console
 
 from planlm.commands import load_command
-from planlm.console import fmt_seconds, stage_console
+from planlm.console import fmt_seconds, is_verbose, stage_console
 from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.plans.spec import check_renamed
 from planlm.pipeline.sections import bind_section, deep_merge
@@ -144,7 +144,6 @@ def _run_distributed(stage: Stage) -> None:
     of its own confines the extra ranks to that stage, and they exit with it.
     """
     import subprocess
-    import sys
     import tempfile
 
     import yaml
@@ -152,7 +151,8 @@ def _run_distributed(stage: Stage) -> None:
     config = to_jsonable(stage.kwargs)  # dataclasses and enums (PlanSpec's kind) as plain YAML values
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(config, f)
-    command = [sys.executable, "-m", "planlm.cli", stage.command.replace("_", "-"), "--config", f.name]
+    command = [sys.executable, "-m", "planlm.cli", stage.command.replace("_", "-"), "--config", f.name,
+               "--verbose", str(is_verbose()).lower()]  # the child routes its library output as this run does
     try:
         result = subprocess.run(command)
     finally:

@@ -49,11 +49,12 @@ def test_a_distributed_stage_reaches_its_child_process_as_plain_yaml(tmp_path, m
     seen = {}
 
     def child(command, **kwargs):
-        seen["command"], seen["config"] = command, yaml.safe_load(open(command[-1]))
+        seen["command"], seen["config"] = command, yaml.safe_load(open(command[command.index("--config") + 1]))
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(subprocess, "run", child)
     assert pipeline._is_distributed(stage)
     _run_distributed(stage)
     assert seen["command"][3:5] == ["train-lm", "--config"]
+    assert seen["command"][-2:] == ["--verbose", "false"]  # the child routes its library output as the run does
     assert seen["config"]["plans"]["kind"] == "planner_sampled" and seen["config"]["train"]["devices"] == 2
