@@ -169,10 +169,11 @@ class CausalPrediction(nn.Module):
         if self.last is not None:
             nn.init.zeros_(self.last.weight)
 
-    def logits(self, sums: torch.Tensor, counts: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        """The running mean sums / counts (..., D) and the newest latent's output last (..., D) -> (..., A)."""
+    def logits(self, sums: torch.Tensor, counts: torch.Tensor, last=None) -> torch.Tensor:
+        """The running mean sums / counts (..., D) -> (..., A); with pool mean_last, plus the read of the newest
+        latent's output, ``last()`` -> (..., D) (a callable: the mean pool never gathers it)."""
         logits = self.classifier(sums / counts)
-        return logits if self.last is None else logits + self.last(last)
+        return logits if self.last is None else logits + self.last(last())
 
 
 @dataclass
@@ -236,8 +237,8 @@ class CausalDynamics(Dynamics):
         step_sums = torch.cumsum(hidden[:, num_context:], dim=1)  # (B, T-1, D)
         sums = torch.cat([context_sum, context_sum + step_sums], dim=1)  # (B, T, D)
         counts = weights.sum(dim=1, keepdim=True) + torch.arange(horizon, device=latents.device)[None, :, None]
-        newest = hidden[torch.arange(len(hidden), device=hidden.device), latent_mask.sum(dim=1) - 1]  # (B, D)
-        last = torch.cat([newest[:, None], hidden[:, num_context:]], dim=1)  # (B, T, D)
+        def last():  # the newest latent of each step: the last context latent, then the steps (B, T, D)
+            return torch.cat([newest_latent(hidden, latent_mask)[:, None], hidden[:, num_context:]], dim=1)
         return prediction.logits(sums, counts, last)  # (B, T, A)
 
     def article_teacher_forcing(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
@@ -260,8 +261,9 @@ class CausalDynamics(Dynamics):
         step_sums = torch.cumsum(hidden[:, num_bounds:].view(rows, num_bounds, num_steps, -1), dim=2)  # (R, J, T-1, D)
         sums = torch.cat([context_sums.unsqueeze(2), context_sums.unsqueeze(2) + step_sums], dim=2)  # (R, J, T, D)
         counts = torch.cumsum(weights, dim=1).unsqueeze(2) + torch.arange(horizon, device=device)[:, None]  # (R, J, T, 1)
-        last = torch.cat([hidden[:, :num_bounds].unsqueeze(2),
-                          hidden[:, num_bounds:].view(rows, num_bounds, num_steps, -1)], dim=2)  # (R, J, T, D)
+        def last():  # boundary j's newest latents: latent j, then its steps (R, J, T, D)
+            return torch.cat([hidden[:, :num_bounds].unsqueeze(2),
+                              hidden[:, num_bounds:].view(rows, num_bounds, num_steps, -1)], dim=2)
         return prediction.logits(sums, counts, last)  # (R, J, T, A)
 
     @torch.no_grad()
@@ -282,7 +284,7 @@ class CausalDynamics(Dynamics):
         g_context = [(keys[row], values[row]) for keys, values in g_cache]  # (B, H, J, Dh)
         f_context = [(keys[row], values[row]) for keys, values in f_cache]
         return CausalState(g_context, f_context, context_mask, sums, counts, bound + 1,
-                           prediction.logits(sums, counts, hidden[row, bound]), horizon)
+                           prediction.logits(sums, counts, lambda: hidden[row, bound]), horizon)
 
     @torch.no_grad()
     def start(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
@@ -293,8 +295,7 @@ class CausalDynamics(Dynamics):
         weights = latent_mask.unsqueeze(-1).to(hidden.dtype)
         sums = (hidden * weights).sum(dim=1)  # (B, D)
         counts = weights.sum(dim=1)  # (B, 1)
-        newest = hidden[torch.arange(len(hidden), device=hidden.device), latent_mask.sum(dim=1) - 1]  # (B, D)
-        logits = prediction.logits(sums, counts, newest)  # (B, A)
+        logits = prediction.logits(sums, counts, lambda: newest_latent(hidden, latent_mask))  # (B, A)
         return CausalState(g_context, f_context, latent_mask, sums, counts, slot, logits, horizon)
 
     @torch.no_grad()
@@ -308,7 +309,7 @@ class CausalDynamics(Dynamics):
         new = self.transformer.step(new, state.g_context, state.context_mask, g_own, state.steps)
         new = prediction.transformer.step(new, state.f_context, state.context_mask, f_own, state.steps)
         sums, counts = state.sums + new[:, 0], state.counts + 1
-        logits = prediction.logits(sums, counts, new[:, 0])  # (N, A)
+        logits = prediction.logits(sums, counts, lambda: new[:, 0])  # (N, A)
         return replace(state, sums=sums, counts=counts, slot=state.slot + 1, logits=logits, steps=state.steps + 1,
                        g_own=g_own, f_own=f_own)
 
@@ -347,6 +348,11 @@ class CausalDynamics(Dynamics):
         if not top_actions:
             return paths
         return (paths, *(torch.stack(x, dim=1).view(*paths.shape, -1) for x in steps))  # + (B, K, T, M) twice
+
+
+def newest_latent(hidden: torch.Tensor, latent_mask: torch.Tensor) -> torch.Tensor:
+    """hidden (B, n, D) of right-padded latents -> (B, D) the output of each row's last valid latent."""
+    return hidden[torch.arange(len(hidden), device=hidden.device), latent_mask.sum(dim=1) - 1]
 
 
 def article_mask(latent_mask: torch.Tensor, num_steps: int) -> torch.Tensor:
