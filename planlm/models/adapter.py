@@ -51,6 +51,9 @@ Design decisions the paper leaves open, made here:
 - ``init_no_op`` (default True) initialises W and b to zero, so a fresh adapter with ReZero returns
   c = 0 and the conditioned LM starts exactly as the base LM (the gradient with respect to W is not
   zero, so it learns from the first step). Set it False for the usual random init of W.
+- ``branch_init="zero"`` starts the output projections of PT's and ST's residual branches at zero (as Fixup and
+  SkipInit do), so each pre-norm transformer starts as the identity: at alpha = 1, ST's term is then the path
+  vectors' mean, the plan's own scale, where PyTorch's init gives an O(sqrt(D)) random vector (issue 33).
 - ``init_from_codebook`` copies the k-means centroids (A, E) into the action embedding table Emb.
 - ``center`` (opt-in) subtracts the mean (the batch's sentences in training, a running mean in evaluation,
   as batch norm does). A constant plan (Fixed) is then no plan. Without it, c's shared part is a shift of
@@ -75,6 +78,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from planlm.utils import PlanlmError
 
 AdapterKind = Literal["project_avg", "multipath"]
+BranchInit = Literal["default", "zero"]
 ADAPTER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
@@ -100,6 +104,10 @@ class AdapterSettings:
     """Initialise Emb from the codebook centroids (needs action_dim == codebook width)."""
     init_no_op: bool = True
     """Initialise the projection W, b to zero so that a fresh adapter leaves the LM unchanged."""
+    branch_init: BranchInit = "default"
+    """multipath: zero starts the output projections of PT's and ST's residual branches (attention and feed-forward)
+    at zero, so that each transformer starts as the identity and alpha_2 x ST starts at the scale of the plan it is
+    added to, not as a random vector ~100x larger (docs/results.md, issue 33); default: PyTorch's init."""
     center: bool = False
     """Subtract the mean plan vector (of the batch's sentences in training, a running mean in evaluation, as batch
     norm does): the plan channel carries only how a sentence's plan differs from the others, never a shift of
@@ -136,6 +144,8 @@ class AdapterConfig(AdapterSettings):
                 raise PlanlmError(f"adapter {name} must be >= 1 (got {getattr(self, name)})")
         if self.kind == "multipath" and self.hidden_size % self.num_heads:
             raise PlanlmError(f"--adapter.num_heads {self.num_heads} must divide the LM width {self.hidden_size}")
+        if self.branch_init not in ("default", "zero"):
+            raise PlanlmError(f"--adapter.branch_init {self.branch_init!r}: choose default or zero")
         if not 0.0 <= self.dropout < 1.0:
             raise PlanlmError(f"--adapter.dropout must be in [0, 1) (got {self.dropout})")
 
@@ -259,6 +269,11 @@ class MultiPath(ProjectAvg):
         with torch.no_grad():
             scale = self.path_input(self.action_embedding.weight).std().clamp(min=1e-3)
         nn.init.normal_(self.step_position.weight, std=float(scale))
+        if self.config.branch_init == "zero":  # each transformer starts as the identity (pre-norm residuals)
+            for layer in [*self.path_transformer.layers, *self.sample_transformer.layers]:
+                for branch_out in (layer.self_attn.out_proj, layer.linear2):
+                    nn.init.zeros_(branch_out.weight)
+                    nn.init.zeros_(branch_out.bias)
 
     def alphas(self) -> dict[str, float] | None:
         """The ReZero scalars {alpha_1, alpha_2} (None for the no-ReZero ablation)."""

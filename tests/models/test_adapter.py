@@ -180,6 +180,8 @@ def test_config_errors_name_the_flag():
         config(horizon=0)
     with pytest.raises(PlanlmError, match="--adapter.kind 'mean'"):
         config(kind="mean")
+    with pytest.raises(PlanlmError, match="--adapter.branch_init 'small'"):
+        config(kind="multipath", branch_init="small")
     with pytest.raises(PlanlmError, match="horizon"):
         MultiPath(config(kind="multipath"))(torch.zeros(1, 1, HORIZON + 1, dtype=torch.long))
 
@@ -281,3 +283,28 @@ def test_a_centered_constant_plan_stays_no_plan_under_adam_in_evaluation():
         optimizer.step()
     assert adapter.projection.weight.abs().max() == 0
     assert adapter.eval()(constant[:1]).abs().max() == 0
+
+
+def test_zero_branches_start_each_transformer_as_the_identity():
+    """branch_init zero: with the gates open, the SampleTransformer's term is the mean of the path vectors (the plan's
+    own scale, so c = (1 + alpha_2) c^ at alpha_1 = 0), and the PathTransformer's is the mean of its inputs; the default
+    init adds a random vector instead. Both still learn: their branch outputs get a gradient at once."""
+    torch.manual_seed(0)
+    adapter = MultiPath(config(kind="multipath", branch_init="zero"))
+    action_paths, path_mask = paths_and_mask()
+    shut = adapter(action_paths, path_mask)  # c^ (N, D)
+    torch.testing.assert_close(set_alphas(adapter, 0.0, 1.0)(action_paths, path_mask), 2 * shut, atol=1e-5, rtol=1e-5)
+    tokens = adapter.path_input(adapter.action_embedding(action_paths)) + adapter.step_position.weight[:HORIZON]
+    valid = path_mask.any(-1)  # (N, K)
+    path_in = (tokens * path_mask.unsqueeze(-1)).sum(-2) / path_mask.sum(-1, keepdim=True).clamp(min=1)  # (N, K, D)
+    path_in = (path_in * valid.unsqueeze(-1)).sum(1) / valid.sum(1, keepdim=True)  # mean over valid paths (N, D)
+    torch.testing.assert_close(set_alphas(adapter, 1.0, 1.0)(action_paths, path_mask), path_in + 2 * shut,
+                               atol=1e-5, rtol=1e-5)
+    adapter(action_paths, path_mask).pow(2).sum().backward()
+    for layer in [*adapter.path_transformer.layers, *adapter.sample_transformer.layers]:
+        assert layer.linear2.weight.grad.abs().sum() > 0 and layer.self_attn.out_proj.weight.grad.abs().sum() > 0
+    default = set_alphas(MultiPath(config(kind="multipath")), 0.0, 1.0)
+    with torch.no_grad():
+        default.projection.load_state_dict(adapter.projection.state_dict())
+        default.action_embedding.load_state_dict(adapter.action_embedding.state_dict())
+    assert not torch.allclose(default(action_paths, path_mask), 2 * shut, atol=1e-3)
