@@ -42,7 +42,7 @@ def evaluate_args(run: Path, condition: str, seed: int) -> list[str]:
             "--context_length", str(config["context_length"]), "--precision", config["precision"]]
 
 
-def run_variant(run: Path, condition: str, name: str, seed: int, changes: list[str]) -> Path:
+def run_variant(run: Path, condition: str, name: str, seed: int, changes: list[str], speed: list[str]) -> Path:
     """Train and evaluate ``name`` for one seed; returns its evaluation folder."""
     out = run / "variants" / name
     lm_dir, eval_dir = out / "lm" / f"seed{seed}", out / "eval" / f"seed{seed}"
@@ -51,7 +51,7 @@ def run_variant(run: Path, condition: str, name: str, seed: int, changes: list[s
     config_path.write_text(yaml.safe_dump(variant_config(run, condition, seed, changes), sort_keys=False))
     prepared = str(run / "prepared")
     subprocess.run(["planlm", "train-lm", "--config", str(config_path), "--prepared_dir", prepared,
-                    "--out_dir", str(lm_dir)], check=True)
+                    "--out_dir", str(lm_dir), *speed], check=True)
     subprocess.run(["planlm", "evaluate", "--model_dir", str(lm_dir), "--prepared_dir", prepared,
                     "--out_dir", str(eval_dir), *evaluate_args(run, condition, seed)], check=True)
     alphas = json.loads((lm_dir / "manifest.json").read_text()).get("rezero_alphas")
@@ -66,9 +66,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", required=True, help="the variant's folder under <run>/variants")
     parser.add_argument("--set", nargs="+", default=[], dest="changes", help="section.key=value (YAML values)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--speed", nargs="*", default=["--speed.compile_loss", "true"],
+                        help="train-lm speed options as the run set them (not in the LM's manifest; the demo's default)")
     args = parser.parse_args(argv)
     for seed in args.seeds:
-        run_variant(args.run, args.condition, args.name, seed, args.changes)
+        run_variant(args.run, args.condition, args.name, seed, args.changes, args.speed)
 
 
 if __name__ == "__main__":
