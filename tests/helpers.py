@@ -83,10 +83,16 @@ def sampled_multipath(prepared: PreparedDataset, planner_dir: Path):
     return model, PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, planner_dir=str(planner_dir)).resolve()
 
 
-def chatty_planned_lm(prepared: PreparedDataset, period_bias: float = 0.66, seed: int = 0) -> PlannedLM:
+def chatty_planned_lm(prepared: PreparedDataset, period_bias: float = 0.66, seed: int = 0,
+                      adapter: str = "project_avg") -> PlannedLM:
     """A tiny planned LM that mostly writes " red", " water" and "." (so sentences end), still
-    depending (weakly) on its input and its plans: the final layer norm keeps 30% of its gain."""
-    model = tiny_planned_lm(prepared, seed=seed)
+    depending (weakly) on its input and its plans: the final layer norm keeps 30% of its gain. A multipath
+    adapter has both ReZero scalars at 1."""
+    model = tiny_planned_lm(prepared, adapter=adapter, seed=seed)
+    if adapter == "multipath":
+        with torch.no_grad():
+            model.adapter.alpha_path.fill_(1.0)
+            model.adapter.alpha_sample.fill_(1.0)
     tok = load_tokenizer("gpt2")
     ids = [tok.encode(w)[0] for w in CHATTY_WORDS]
     direction = torch.zeros(32)

@@ -31,6 +31,24 @@ def nearest_members(embeddings: np.ndarray, actions: np.ndarray, codebook: np.nd
             for a, (lo, hi) in enumerate(zip(starts, stops))}
 
 
+def action_distances(embeddings: np.ndarray, codebook: np.ndarray) -> np.ndarray:
+    """(N, E) embeddings, codebook (A, E) -> (N, A) squared L2 distances to every centroid (as k-means assigns)."""
+    embeddings = np.asarray(embeddings, dtype=np.float32).reshape(-1, codebook.shape[1])
+    codebook = np.asarray(codebook, dtype=np.float32)
+    return (embeddings ** 2).sum(1)[:, None] - 2 * embeddings @ codebook.T + (codebook ** 2).sum(1)[None]
+
+
+def nearest_actions(embeddings: np.ndarray, codebook: np.ndarray) -> np.ndarray:
+    """(N, E) embeddings -> (N,) index of the nearest centroid of codebook (A, E) (squared L2, as k-means)."""
+    return action_distances(embeddings, codebook).argmin(1).astype(np.int64)
+
+
+def ranked_actions(embeddings: np.ndarray, codebook: np.ndarray, top: int) -> np.ndarray:
+    """(N, E) embeddings -> (N, min(top, A)) the ``top`` nearest centroids of each, nearest first."""
+    distances = action_distances(embeddings, codebook)
+    return np.argsort(distances, axis=1, kind="stable")[:, :top].astype(np.int64)
+
+
 def _plot_sizes(sizes: np.ndarray, path: Path, title: str) -> None:
     import matplotlib
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import csv
 import re
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -273,6 +273,31 @@ def _p_value(diff: float, seed_var: float, num_seeds: int, document_var: float, 
         else:
             high = middle
     return float(1 - high)
+
+
+def seeded_interval(statistic: Callable[[np.ndarray, int], np.ndarray], num_seeds: int, num_articles: int,
+                    num_samples: int = 1000, confidence: float = 0.95, seed: int = 0,
+                    clusters: Optional[Sequence] = None) -> dict:
+    """Any statistic of per-article results, averaged over training seeds, with the interval of
+    ``seeded_paired_interval``: t_{S-1} times its spread over seeds, in quadrature with t_{G-1} times its standard
+    deviation over document resamples (one draw shared by every seed).
+
+    ``statistic(weights, s)``: the statistic of seed s with the articles weighted by ``weights`` (R, N_art) (a
+    resample's counts; a row of ones is the observed value) -> (R,). Resamples where some seed's statistic is not
+    finite (no sentence drawn) are dropped. With one seed the interval is over documents alone."""
+    _check(num_samples, confidence)
+    counts = _resample_counts(num_articles, num_samples, seed, clusters)  # (R, N_art)
+    observed = np.array([float(statistic(np.ones((1, num_articles)), s)[0]) for s in range(num_seeds)])  # (S,)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        resampled = np.stack([statistic(counts, s) for s in range(num_seeds)], 1)  # (R, S)
+    resampled = resampled[np.isfinite(resampled).all(1)]
+    documents = num_articles if clusters is None else int(cluster_index(clusters).max()) + 1
+    seed_cov, document_cov = _seed_and_document_covariance(observed[:, None], resampled[..., None], documents)
+    mean = float(observed.mean())
+    half = _half_width(confidence, float(seed_cov[0, 0]), num_seeds, float(document_cov[0, 0]), documents)
+    return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "seeds": observed.tolist(),
+            "seed_se": float(np.sqrt(seed_cov[0, 0])), "document_se": float(np.sqrt(document_cov[0, 0])),
+            "documents": documents, "confidence": confidence, "bootstrap_samples": num_samples}
 
 
 def oracle_gain_share(nll_fixed: np.ndarray, nll_condition: np.ndarray, nll_oracle: np.ndarray,

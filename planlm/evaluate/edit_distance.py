@@ -21,6 +21,7 @@ import numpy as np
 from rapidfuzz.distance import Levenshtein
 
 from planlm.console import open_bar
+from planlm.data.actions import nearest_actions
 from planlm.data.resources import split_sentences
 from planlm.evaluate.bootstrap import bootstrap_mean
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
@@ -37,13 +38,6 @@ def action_edit_distance(generated: Sequence[int], reference: Sequence[int]) -> 
     """Levenshtein distance of two action sequences, raw and divided by the reference length."""
     distance = Levenshtein.distance(list(generated), list(reference))
     return distance, distance / max(len(reference), 1)
-
-
-def nearest_actions(embeddings: np.ndarray, codebook: np.ndarray) -> np.ndarray:
-    """(N, E) embeddings -> (N,) index of the nearest centroid of codebook (A, E) (squared L2, as k-means)."""
-    embeddings = np.asarray(embeddings, dtype=np.float32).reshape(-1, codebook.shape[1])
-    distances = (embeddings ** 2).sum(1)[:, None] - 2 * embeddings @ codebook.T + (codebook ** 2).sum(1)[None]
-    return distances.argmin(1).astype(np.int64)
 
 
 def text_actions(texts: list[str], embed_fn: Callable[[list[str]], np.ndarray], codebook: np.ndarray,

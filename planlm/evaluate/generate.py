@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Literal, Optional
+from typing import Callable, Literal, Optional, Union
 
 import numpy as np
 
+from planlm.data.actions import nearest_actions
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
 from planlm.evaluate.generator import EmbedFn, GenerationResult, PlannedGenerator, Prompt, SamplingConfig
 from planlm.evaluate.loading import load_checked
+from planlm.evaluate.outline import AfterOutline, Outline
 from planlm.models.planner import Planner
 from planlm.plans.spec import PlanSpec, evaluation_spec
 from planlm.utils import PlanlmError, resolve_device, write_json
@@ -78,11 +80,18 @@ def action_examples(prepared: PreparedDataset, split: str = "train") -> Callable
 
 def generate_text(model, tokenizer, prompt: str, *, plans: PlanSpec | None = None, planner=None,
                   embed_fn: EmbedFn | None = None, sampling: SamplingConfig | None = None, seed: int = 0,
-                  device: str = "cpu", precision: str = "auto") -> GenerationResult:
-    """Python API: continue ``prompt`` with a PlannedLM (plans from ``planner`` when ``plans`` asks; default none)."""
+                  device: str = "cpu", precision: str = "auto", outline: Outline | list | None = None,
+                  after_outline: AfterOutline = "planner") -> GenerationResult:
+    """Python API: continue ``prompt`` with a PlannedLM (plans from ``planner`` when ``plans`` asks; default none).
+
+    ``outline``: the action ids or plain-word sentences the generated sentences should follow (an ``Outline``,
+    or its items with ``after_outline``); sentences need ``embed_fn`` (the corpus's encoder) and the model's
+    codebook. Each generated sentence then records its ``requested`` action."""
     generator = PlannedGenerator(model, tokenizer, plans or PlanSpec(), planner=planner, embed_fn=embed_fn,
                                  device=device, seed=seed, precision=precision)
-    return generator.generate(generator.prompt_from_text(prompt), sampling)
+    if outline is not None and not isinstance(outline, Outline):
+        outline = Outline(list(outline), after_outline)
+    return generator.generate(generator.prompt_from_text(prompt), sampling, outline=outline)
 
 
 def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSpec, device: str, seed: int,
@@ -111,11 +120,14 @@ def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSp
 def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, article: Optional[int] = None,
              boundary: int = 1, split: str = "test", sampling: SamplingConfig = SamplingConfig(),
              plans: PlanSpec = PlanSpec(), context_length: int = 128, seed: int = 0, device: str = "auto",
-             precision: Literal["auto", "fp32", "bf16"] = "auto", out_file: Optional[str] = None) -> dict:
+             precision: Literal["auto", "fp32", "bf16"] = "auto", out_file: Optional[str] = None,
+             outline: Optional[list[Union[int, str]]] = None, after_outline: AfterOutline = "planner") -> dict:
     """Generate text with a planned LM, re-planning at every generated sentence end, and show the plans.
 
     For each generated sentence it prints the sampled action paths and, for each action, the train
-    sentence nearest its centroid.
+    sentence nearest its centroid. With --outline the plans are yours: each generated sentence's plan is the
+    outline's next action (every path the outline, its steps past the outline masked), and it prints each
+    sentence's requested and realised action (the nearest codebook entry of its embedding).
 
     Args:
         model_dir: Folder of a finished ``planlm train-lm``.
@@ -133,17 +145,26 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
         precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16; for the LM, the adapter and the
             planner.
         out_file: Also write the result as JSON here.
+        outline: The plan, one item per generated sentence: action ids ("[12, 40, 3]") or sentences in plain words
+            ('["We ask Congress for money.", "The army is ready."]'), each mapped to its nearest action with the
+            corpus's encoder and codebook.
+        after_outline: When the outline runs out: planner (the model's own plans take over) or stop.
 
     Returns:
         The result: prompt, text, sentences with their plans, planner_calls, rollbacks.
     """
     if (prompt is None) == (article is None):
         raise PlanlmError("give exactly one of --prompt TEXT or --article N (a test article's prefix)")
+    plan = None if outline is None else Outline(list(outline), after_outline)  # one-line errors before loading
     generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, plans, device, seed,
                                                       precision=precision)
-    start = _start(generator, split_view, prompt, article, boundary, context_length)
-    result = generator.generate(start, sampling)
+    if plan is not None and generator.embed_fn is None:  # outline sentences and the realised actions need it
+        generator.embed_fn = encoder_embed_fn(prepared)
+    start = _start(generator, split_view, prompt, article, boundary, context_length, plan is not None)
+    result = generator.generate(start, sampling, outline=plan)
     _add_action_examples(result, prepared)
+    if plan is not None:
+        _add_realised_actions(result, generator.embed_fn, prepared)
     print(result.format())
     out = asdict(result)
     if out_file:
@@ -153,13 +174,14 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
 
 
 def _start(generator: PlannedGenerator, split_view, prompt: Optional[str], article: Optional[int], boundary: int,
-           context_length: int) -> Prompt:
-    """The prompt of the command: a test article's prefix or free text."""
+           context_length: int, outlined: bool = False) -> Prompt:
+    """The prompt of the command: a test article's prefix or free text (under an outline even for a kind that reads
+    the future: it reads the outline)."""
     if article is not None:
         if not 0 <= article < split_view.num_articles:
             raise PlanlmError(f"--article {article}: {split_view.path} has articles 0..{split_view.num_articles - 1}")
         return generator.prompt_from_article(split_view, article, boundary, context_length)
-    if generator.spec.strategy.reads_future:
+    if generator.spec.strategy.reads_future and not outlined:
         raise PlanlmError(f"--plans.kind {generator.spec.kind} needs --article (the true future of a test article)")
     return generator.prompt_from_text(prompt)
 
@@ -172,6 +194,26 @@ def _add_action_examples(result: GenerationResult, prepared: PreparedDataset) ->
             used = sorted({a for path, valid in zip(sentence["plan"]["action_paths"], sentence["plan"]["path_mask"])
                            for a, ok in zip(path, valid) if ok})
             sentence["plan"]["actions"] = {int(a): examples(a) for a in used}
+
+
+def _add_realised_actions(result: GenerationResult, embed_fn: EmbedFn, prepared: PreparedDataset) -> None:
+    """Each outlined sentence's realised action (its embedding's nearest codebook entry) and, for it and the
+    requested one, a few words of the train sentence nearest that action's centroid."""
+    outlined = [s for s in result.sentences if s.get("requested") is not None]
+    if not outlined:
+        return
+    realised = nearest_actions(embed_fn([s["text"].strip() for s in outlined]), prepared.codebook.numpy())
+    examples = action_examples(prepared)
+    for sentence, action in zip(outlined, realised):
+        sentence["realised"] = int(action)
+        for which in ("requested", "realised"):
+            sentence[f"{which}_example"] = few_words(examples(sentence[which]))
+
+
+def few_words(text: str, words: int = 8) -> str:
+    """The first ``words`` words of ``text`` (with "..." when there are more)."""
+    parts = text.split()
+    return " ".join(parts[:words]) + (" ..." if len(parts) > words else "")
 
 
 __all__ = ["generate", "generate_text", "build_generator", "encoder_embed_fn", "synthetic_embed_fn", "action_examples"]

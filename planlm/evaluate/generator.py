@@ -22,6 +22,12 @@ following tokens), so generation always progresses. The splitter can also take a
 plan, and the positions already fed with the later plan keep it and are listed in
 ``GenerationResult.unaligned_positions`` (``token_plan_sentence`` records every position's plan).
 
+An outline (``planlm.evaluate.outline``) replaces the plans of the sentences it covers: each is the oracle
+kind's plan over the document the outline describes (the actions before it, then the outline's), every path the
+outline; the other boundaries keep the generator's own plans (a kind that reads the future, oracle, reads it from
+that document everywhere). With ``max_sentences`` (or an outline that ends in ``stop``) generation ends once that
+many sentences are written: the tokens of the next one are dropped.
+
 With ``use_cache`` the KV cache (``past_key_values``) is extended token by token; without it, every
 step re-runs the whole window (the reference the cache is tested against). When the sequence
 outgrows the LM's position limit, the window slides by one token per step, so that every token is predicted
@@ -40,7 +46,9 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedSplit
+from planlm.data.actions import nearest_actions
 from planlm.data.resources import split_sentences
+from planlm.evaluate.outline import Outline, OutlineDocument
 from planlm.plans.contexts import Boundaries
 from planlm.plans.kinds import plan
 from planlm.plans.spec import PlanSpec
@@ -136,7 +144,10 @@ class GenerationResult:
         for i, sentence in enumerate(self.sentences):
             lines.append(f"[{i + 1}] {sentence['text'].strip()}")
             plan = sentence.get("plan")
-            if plan:
+            if sentence.get("requested") is not None:  # an outlined sentence: its plan is the outline
+                lines.append(f"      requested {_action_text(sentence, 'requested')}; "
+                             f"realised {_action_text(sentence, 'realised')}")
+            elif plan:
                 for k, path in enumerate(plan["action_paths"]):
                     lines.append(f"      path {k + 1}: " + " -> ".join(str(a) for a in path))
                 for action, example in plan.get("actions", {}).items():
@@ -183,6 +194,10 @@ class GenerationState:
     """Positions fed with a later sentence's plan before the splitter merged that sentence end away."""
     embed_cache: dict[str, np.ndarray] = field(default_factory=dict)
     """(E,) embedding of each generated sentence, by its text."""
+    max_sentences: Optional[int] = None
+    """Stop once this many sentences of the open text are complete (None: at max_new_tokens)."""
+    stopped: bool = False
+    """Generation ended at ``max_sentences``: the last sentence kept is complete."""
 
     @property
     def generated(self) -> list[int]:
@@ -209,13 +224,12 @@ class PlannedGenerator:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         if kind.uses_planner and planner is None:
             raise PlanlmError(f"plans kind {self.spec.kind} needs a planner (set --plans.planner_dir)")
-        if kind.reads_future and split is None:
-            raise PlanlmError(f"{self.spec.kind} plans in generation need a test article's prefix (set --article)")
         config = model.lm.config
         self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 1024)
         self.planner_calls = 0
         self.lm_calls = 0
         self.paths_sampled: list[int] = []  # paths per planned boundary (the path policy's counts)
+        self.document: Optional[OutlineDocument] = None  # the outline of the generation under way
 
     # ------------------------------------------------------------------------------ prompts
     def prompt_from_text(self, text: str, history_embeds: np.ndarray | None = None) -> Prompt:
@@ -280,19 +294,57 @@ class PlannedGenerator:
     @torch.no_grad()
     def plan(self, contexts: list[np.ndarray], sentences: list[int], oracle: list[int] | None = None):
         """One planner call for several boundaries -> action_paths (B, K, T), path_mask (B, K, T), vectors (B, D)
-        (plans in expectation: the most likely action of each step as action_paths)."""
+        (plans in expectation: the most likely action of each step as action_paths). Under an outline its
+        sentences get the oracle kind's plans over the outline's document, the others the generator's own."""
         if not self.spec.has_plans:
             return None, None, None
-        boundaries = self._boundaries(contexts, sentences, oracle)
+        document = self.document
+        if document is None:
+            return self._plan_with(self.spec, self._boundaries(contexts, sentences, oracle))
+        outlined = document.outlined(sentences) | self.spec.strategy.reads_future  # (B,)
+        parts = [(np.flatnonzero(outlined), self._outline_spec, lambda rows: document.boundaries(
+                     [sentences[i] for i in rows])),
+                 (np.flatnonzero(~outlined), self.spec, lambda rows: self._boundaries(
+                     [contexts[i] for i in rows], [sentences[i] for i in rows], oracle))]
+        planned = [(rows, self._plan_with(spec, boundaries(rows))) for rows, spec, boundaries in parts if len(rows)]
+        return _merge_rows(planned, len(sentences))
+
+    def _plan_with(self, spec: PlanSpec, boundaries: Boundaries):
+        """The plans of ``boundaries`` under ``spec`` -> action_paths (B, K, T), path_mask (B, K, T), vectors (B, D)."""
         with autocast(self.device, self.precision):
-            plans = plan(boundaries, self.spec, self.generator, self.planner).to(self.device)
+            plans = plan(boundaries, spec, self.generator, self.planner).to(self.device)
             vectors = self.model.plan_vectors(*plans).float()  # (B, D)
-        if self.planner is not None:
+        if self.planner is not None and spec.strategy.uses_planner:
             self.planner_calls += 1
-        if self.spec.strategy.samples_paths:
+        if spec.strategy.samples_paths:
             self.paths_sampled += plans.path_mask[:, :, 0].sum(1).tolist()  # the path policy's counts
         paths = plans.action_paths if plans.action_probs is None else plans.action_paths[..., 0]  # (B, K, T)
         return paths, plans.path_mask, vectors
+
+    @property
+    def _outline_spec(self) -> PlanSpec:
+        """The plans of outlined sentences: the oracle path of the outline's document, with the generator's K and T."""
+        return PlanSpec(kind="oracle", num_paths=self.spec.num_paths, horizon=self.spec.horizon).resolve()
+
+    def outline_document(self, prompt: Prompt, outline: Outline) -> OutlineDocument:
+        """The document ``outline`` describes after ``prompt``: the actions of the prompt's complete sentences (the
+        prepared ones of an article prefix, else their embeddings' nearest actions), then the outline's."""
+        if not self.spec.has_plans or self.model.adapter is None:
+            raise PlanlmError("this model reads no plans (plans kind none, no adapter): an outline cannot steer it; "
+                              "use a model trained with plans")
+        num_actions = self.model.config.num_actions
+        codebook = None if self.model.codebook is None else self.model.codebook.cpu().numpy()
+        actions = outline.actions(num_actions, self.embed_fn, codebook)
+        before = len(prompt.context_embeds)
+        if prompt.oracle_sentences is not None and self.split is not None:
+            prefix = np.asarray(self.split.actions[prompt.oracle_sentences[:before]], dtype=np.int64)
+        else:  # free text; a prompt whose last sentence looks finished: the outline starts after it
+            embeds = [prompt.context_embeds] + ([self._embed([prompt.open_text.strip()])]
+                                                if _finished(prompt.open_text) else [])
+            embeds = np.concatenate(embeds)
+            prefix = (nearest_actions(embeds, codebook) if len(embeds) and self.embed_fn is not None
+                      and codebook is not None else np.zeros(len(embeds), np.int64))  # read only by oracle models
+        return OutlineDocument.of(prefix, actions, outline.then, num_actions)
 
     def _boundaries(self, contexts: list[np.ndarray], sentences: list[int], oracle: list[int] | None) -> Boundaries:
         """The boundaries of one planner call: the planner's contexts; for an article prefix (``oracle``: the
@@ -360,12 +412,33 @@ class PlannedGenerator:
         return ids
 
     @torch.no_grad()
-    def generate(self, prompt: Prompt, sampling: SamplingConfig | None = None) -> GenerationResult:
+    def generate(self, prompt: Prompt, sampling: SamplingConfig | None = None, outline: Outline | None = None,
+                 max_sentences: int | None = None) -> GenerationResult:
+        """Continue ``prompt``; ``outline``: the actions its sentences should take (``planlm.evaluate.outline``);
+        ``max_sentences``: stop once that many sentences are written (an outline that ends in stop: its length)."""
         sampling = sampling or SamplingConfig()
         self.planner_calls = self.lm_calls = 0
+        if self.spec.strategy.reads_future and outline is None and (self.split is None or
+                                                                    prompt.oracle_sentences is None):
+            raise PlanlmError(f"{self.spec.kind} plans in generation need a test article's prefix (set --article) "
+                              f"or an outline (--outline)")
+        self.document = None if outline is None else self.outline_document(prompt, outline)
+        if outline is not None and outline.then == "stop":  # the sentences before the outline count too
+            stop = self.document.first - len(prompt.context_embeds) + len(outline)
+            max_sentences = stop if max_sentences is None else min(max_sentences, stop)
+        if max_sentences is not None and max_sentences < 1:
+            raise PlanlmError(f"max_sentences {max_sentences} must be >= 1")
+        try:
+            return self._generate(prompt, sampling, max_sentences)
+        finally:
+            self.document = None
+
+    def _generate(self, prompt: Prompt, sampling: SamplingConfig, max_sentences: int | None) -> GenerationResult:
         state = self._start(prompt)
+        state.max_sentences = max_sentences
         steps = 0
-        while len(state.generated) < sampling.max_new_tokens and steps < 4 * sampling.max_new_tokens:
+        while (len(state.generated) < sampling.max_new_tokens and steps < 4 * sampling.max_new_tokens
+               and not state.stopped):
             steps += 1
             self._step(state, prompt, sampling)
             if sampling.stop and any(stop in self.tokenizer.decode(state.generated) for stop in sampling.stop):
@@ -417,8 +490,13 @@ class PlannedGenerator:
                                if state.records[fed[p]].sentence > state.first_open + num_complete)
 
     def _replan(self, state: GenerationState, prompt: Prompt, open_text: str, complete: list) -> None:
-        """One more complete sentence: re-plan the new open sentence from every complete one."""
+        """One more complete sentence: re-plan the new open sentence from every complete one (or, with
+        ``max_sentences`` complete, drop the new sentence's tokens and stop)."""
         state.num_complete = len(complete)
+        if state.max_sentences is not None and len(complete) >= state.max_sentences:
+            boundary_char = complete[state.max_sentences - 1][1] - len(prompt.open_text)
+            return self._stop(state, state.prompt_len + _first_token_after(self.tokenizer, state.generated,
+                                                                            boundary_char))
         complete_texts = [open_text[a:b] for a, b in complete]
         new = [t for t in complete_texts if t not in state.embed_cache]
         if new:
@@ -436,6 +514,12 @@ class PlannedGenerator:
             self._roll_back(state, first_new)
         else:
             state.position_plan[-1] = state.current_plan  # not fed yet: it gets the new plan
+
+    def _stop(self, state: GenerationState, first_new: int) -> None:
+        """The last sentence asked for is complete: keep the tokens before ``first_new`` (the next sentence's first)."""
+        first_new = max(first_new, state.prompt_len + 1)  # a token that holds both the end and the next start stays
+        del state.ids[first_new:], state.position_plan[first_new:], state.logprobs[first_new - state.prompt_len:]
+        state.stopped = True
 
     def _roll_back(self, state: GenerationState, first_new: int) -> None:
         """Drop the new sentence's tokens and re-feed the previous sentence's last token with the new plan."""
@@ -459,16 +543,44 @@ class PlannedGenerator:
         sentences = []
         for j, (a, b) in enumerate(spans):
             record = state.records[state.plan_of_sentence.get(state.first_open + j, state.current_plan)]
-            sentences.append({"text": open_text[a:b], "complete": j < len(spans) - 1,
+            sentences.append({"text": open_text[a:b], "complete": j < len(spans) - 1 or state.stopped,
                               "plan": {"action_paths": record.action_paths, "path_mask": record.path_mask,
                                        "context_sentences": record.context_sentences}
                               if record.action_paths else None})
+            if self.document is not None:
+                sentences[-1]["requested"] = self.document.requested(state.first_open + j)
         return GenerationResult(prompt=prompt.text_before_open + prompt.open_text,
                                 text=self.tokenizer.decode(generated), sentences=sentences,
                                 planner_calls=self.planner_calls, rollbacks=state.rollbacks, lm_calls=self.lm_calls,
                                 token_ids=generated, token_logprobs=state.logprobs,
                                 token_plan_sentence=[state.records[p].sentence for p in state.position_plan],
                                 unaligned_positions=sorted(p for p in state.unaligned if p < len(state.ids)))
+
+
+def _finished(open_text: str) -> bool:
+    """Whether a prompt's last sentence looks finished (ends in . ! or ?, maybe closing quotes or brackets)."""
+    import re
+
+    return bool(re.search(r"[.!?][\"')\]]*\s*$", open_text))
+
+
+def _action_text(sentence: dict, which: str) -> str:
+    """``12 ("a few words of its example")`` for a sentence's requested or realised action."""
+    action = sentence.get(which)
+    example = sentence.get(f"{which}_example")
+    return "?" if action is None else f"{action}" + (f' ("{example}")' if example else "")
+
+
+def _merge_rows(parts: list[tuple[np.ndarray, tuple]], size: int):
+    """Plans of disjoint row sets, [(rows (B_i,), (paths, mask, vectors))], as one batch of ``size`` rows."""
+    merged = []
+    for field_index in range(3):
+        first = parts[0][1][field_index]
+        out = first.new_zeros((size, *first.shape[1:]))
+        for rows, planned in parts:
+            out[torch.from_numpy(rows).to(out.device)] = planned[field_index].to(out.dtype)
+        merged.append(out)
+    return tuple(merged)
 
 
 def _plan_alignment(local_sentence: np.ndarray) -> np.ndarray:

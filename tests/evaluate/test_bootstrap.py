@@ -299,3 +299,21 @@ def test_an_evaluation_writes_each_piece_s_source_document(tmp_path):
     _write_evaluation(tmp_path, {"split": "test"}, {"ppl": 1.0}, result, split, 4)
     table = read_per_article(tmp_path)  # through the manifest's cheap check
     assert list(table["source"]) == ["speech", "speech", "letters", "solo"]  # the split's, not guessed from ids
+
+
+def test_seeded_interval_of_any_statistic_is_the_seeded_paired_interval_for_perplexity():
+    """``seeded_interval`` (adherence's intervals) reuses the document bootstrap and the seed t quantile: given the
+    perplexity difference as its statistic, it gives exactly ``seeded_paired_interval``."""
+    from planlm.evaluate.bootstrap import seeded_interval, seeded_paired_interval
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(50, 200, size=12).astype(float)
+    nll_a = tokens * rng.normal(4.0, 0.2, size=(3, 12))
+    nll_b = nll_a - tokens * rng.normal(0.05, 0.05, size=(3, 12))
+    clusters = [f"doc{i // 3}" for i in range(12)]
+    paired = seeded_paired_interval(nll_a, nll_b, tokens, 300, 0.9, seed=4, clusters=clusters)
+    general = seeded_interval(lambda w, s: np.exp(w @ nll_b[s] / (w @ tokens)) - np.exp(w @ nll_a[s] / (w @ tokens)),
+                              3, 12, 300, 0.9, seed=4, clusters=clusters)
+    assert general["mean"] == pytest.approx(paired["diff"])
+    assert (general["ci_low"], general["ci_high"]) == pytest.approx((paired["ci_low"], paired["ci_high"]))
+    assert general["documents"] == 4 and len(general["seeds"]) == 3

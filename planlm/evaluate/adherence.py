@@ -1,0 +1,320 @@
+"""``planlm adherence``: how often a planned LM writes the sentence its plan asks for.
+
+Outlines come from the true action sequences of a split's articles: at a sentence start b of an article (at most
+``outlines_per_article`` drawn, each with ``outline_length`` true sentences after it), the prefix before b is the
+prompt and the actions of sentences b .. b+L-1 are the requested ones. Each condition writes L sentences from
+the same prompts:
+
+- ``outline``: the plans are the outline (``planlm.evaluate.outline``), and generation stops after its L sentences;
+- ``own``: the model's own plans (its planner; ``--own`` overrides them, e.g. a planner for an oracle model);
+- ``fixed``: the model's plans replaced by the Fixed baseline's constant action;
+- ``shuffled``: the outline of another boundary (a control: an LM that ignored its plans would score the same).
+
+Every generated sentence that is complete is embedded with the corpus's encoder and assigned its nearest codebook
+entry (as ``planlm prepare`` assigned the training sentences): **adherence** is the fraction whose action is the
+requested one, **top-5** the fraction whose 5 nearest entries hold it. **Chance** is matched to the action
+frequencies: the agreement of requested and realised actions paired at random (sum_a p_req(a) p_real(a), the
+expected agreement of Cohen's kappa; top-5 likewise), from the same condition's sentences.
+
+Intervals resample source documents (``planlm.evaluate.bootstrap``: a document's pieces go together) and, with
+several seeds (``--model_dir`` holding ``seed<N>/`` model folders), add the spread over seeds with a t quantile
+(``seeded_interval``).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+
+from planlm.console import open_bar
+from planlm.data.actions import ranked_actions
+from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.evaluate.bootstrap import seeded_interval
+from planlm.evaluate.generate import build_generator, encoder_embed_fn
+from planlm.evaluate.generator import GENERATION_VERSION, SamplingConfig
+from planlm.evaluate.loading import model_fingerprint
+from planlm.evaluate.outline import Outline
+from planlm.integrity import fix_for, load_json
+from planlm.plans.spec import PlanSpec
+from planlm.utils import PlanlmError, prepare_stage_dir, write_json, write_manifest
+
+Condition = Literal["outline", "own", "fixed", "shuffled"]
+TOP = 5
+FIELDS = ("seed", "condition", "article", "id", "source", "boundary", "position", "requested", "realised",
+          f"top{TOP}", "text")
+
+
+@dataclass
+class OutlineTask:
+    """One outline: the prefix of ``article`` before its sentence ``boundary`` and the L true actions after it."""
+
+    article: int
+    boundary: int
+    actions: list[int]
+
+
+def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test", max_articles: Optional[int] = 20,
+              outlines_per_article: int = 2, outline_length: int = 3,
+              conditions: list[Condition] = ["outline", "own", "fixed"], plans: PlanSpec = PlanSpec(),
+              own: PlanSpec = PlanSpec(), fixed_action: int = 0, seed: int = 0, context_length: int = 128,
+              tokens_per_sentence: int = 64, temperature: float = 1.0, top_k: Optional[int] = None,
+              top_p: Optional[float] = None, device: str = "auto",
+              precision: Literal["auto", "fp32", "bf16"] = "auto", bootstrap_samples: int = 1000,
+              confidence: float = 0.95) -> dict:
+    """How often a planned LM writes the action its plan asks for, against chance, its own plans and Fixed.
+
+    Writes ``per_sentence.csv`` (every generated sentence: requested and realised action, top-5 hit, text),
+    ``metrics.json`` (per condition: adherence, top-5, frequency-matched chance and adherence / chance, each with
+    an interval over source documents and seeds), ``adherence.md`` (the table) and, last, ``manifest.json``; a
+    complete folder is reused.
+
+    Args:
+        model_dir: A ``planlm train-lm`` folder, or a folder of ``seed<N>/`` ones (intervals over seeds too).
+        prepared_dir: Prepared corpus (encoder, splitter, codebook, the articles).
+        out_dir: Output folder.
+        split: Split whose articles give the prompts and the outlines.
+        max_articles: Use the first N articles (None: all).
+        outlines_per_article: Outlines (sentence starts) drawn per article.
+        outline_length: L, the sentences of each outline (and of every condition's continuation).
+        conditions: Of outline, own, fixed, shuffled.
+        plans: Overrides of the model's plans for every condition (e.g. --plans.planner_dir where its planner moved).
+        own: Further overrides for the own condition (e.g. an oracle model's: --own.kind planner_sampled
+            --own.planner_dir DIR); unset: the model's own plans.
+        fixed_action: The action of the fixed condition.
+        seed: Seed of the outlines drawn, the shuffle, generation and the bootstrap.
+        context_length: Prefix tokens at most.
+        tokens_per_sentence: Tokens generated at most per outlined sentence (L times this in all).
+        temperature: LM sampling temperature.
+        top_k: Top-k sampling (None: off).
+        top_p: Nucleus sampling (None: off).
+        device: auto, cpu, cuda ...
+        precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
+        bootstrap_samples: Bootstrap resamples of the intervals.
+        confidence: Confidence level.
+
+    Returns:
+        The metrics: {condition: {adherence, top5, chance, chance_top5, over_chance, ...}}.
+    """
+    _check_args(outline_length, outlines_per_article, max_articles, tokens_per_sentence, conditions)
+    sampling = SamplingConfig(max_new_tokens=outline_length * tokens_per_sentence, temperature=temperature,
+                              top_k=top_k, top_p=top_p)
+    models = model_seeds(model_dir)
+    prepared = PreparedDataset(prepared_dir)
+    split_view = prepared.split(split)
+    tasks = select_outlines(split_view, max_articles, outlines_per_article, outline_length, seed)
+    specs = condition_specs(plans, own, fixed_action)
+    config = {"models": {s: model_fingerprint(folder) for s, folder in models.items()},
+              "prepared": prepared.manifest.get("config_fingerprint"), "split": split, "tasks": tasks,
+              "conditions": list(conditions), "specs": {c: _spec_key(specs[c]) for c in conditions}, "seed": seed,
+              "context_length": context_length, "sampling": sampling, "bootstrap_samples": bootstrap_samples,
+              "confidence": confidence, "generation_version": GENERATION_VERSION}
+    out = Path(out_dir)
+    if prepare_stage_dir(out, config):
+        return load_json(out / "metrics.json", fix_for(out))
+    embed_fn = encoder_embed_fn(prepared)
+    run = _Run(prepared_dir, split, split_view, tasks, sampling, context_length, seed, device, precision, embed_fn,
+               prepared.codebook.numpy())
+    bar = open_bar("writing to outlines", len(models) * len(conditions) * len(tasks), "outlines")
+    rows = [row for model_seed, folder in models.items() for condition in conditions
+            for row in run.measure(folder, model_seed, condition, specs[condition], bar)]
+    bar.close()
+    metrics = summarise(rows, tasks, split_view, list(models), list(conditions), prepared.num_actions,
+                        bootstrap_samples, confidence, seed)
+    _write_outputs(out, config, rows, metrics)
+    print(f"{model_dir} on {split} ({len(tasks)} outlines of {outline_length} sentences, seeds {list(models)}):")
+    print(table(metrics))
+    return metrics
+
+
+def _check_args(outline_length: int, outlines_per_article: int, max_articles: Optional[int], tokens_per_sentence: int,
+                conditions: list) -> None:
+    for name, value in (("outline_length", outline_length), ("outlines_per_article", outlines_per_article),
+                        ("tokens_per_sentence", tokens_per_sentence), ("max_articles", max_articles or 1)):
+        if value < 1:
+            raise PlanlmError(f"--{name} {value} must be >= 1")
+    unknown = [c for c in conditions if c not in Condition.__args__]
+    if unknown or not conditions:
+        raise PlanlmError(f"--conditions {conditions}: choose among {', '.join(Condition.__args__)}")
+
+
+def model_seeds(model_dir: str) -> dict[int, Path]:
+    """{seed: model folder}: ``model_dir`` itself (seed from a ``seed<N>`` name, else 0), or its ``seed<N>/``."""
+    folder = Path(model_dir)
+    if (folder / "planned_lm.json").is_file():
+        return {int(folder.name[4:]) if folder.name[4:].isdigit() and folder.name.startswith("seed") else 0: folder}
+    seeds = {int(p.parent.name[4:]): p.parent for p in folder.glob("seed*/planned_lm.json") if p.parent.name[4:].isdigit()}
+    if not seeds:
+        raise PlanlmError(f"{model_dir}: no planned LM here (planned_lm.json) nor in seed<N>/ folders; give a "
+                          f"`planlm train-lm` folder")
+    return dict(sorted(seeds.items()))
+
+
+def condition_specs(plans: PlanSpec, own: PlanSpec, fixed_action: int) -> dict[str, PlanSpec]:
+    """The plan overrides of each condition: ``plans`` for all, ``own`` on top for own, the Fixed action for fixed."""
+    return {"outline": plans, "shuffled": plans, "own": _overridden(plans, own),
+            "fixed": _overridden(plans, PlanSpec(kind="fixed", fixed_action=fixed_action))}
+
+
+def _overridden(base: PlanSpec, overrides: PlanSpec) -> PlanSpec:
+    return replace(base, **{f.name: getattr(overrides, f.name) for f in fields(PlanSpec)
+                            if getattr(overrides, f.name) is not None})
+
+
+def _spec_key(spec: PlanSpec) -> dict:
+    return {f.name: str(getattr(spec, f.name)) for f in fields(PlanSpec) if getattr(spec, f.name) is not None}
+
+
+def select_outlines(split: PreparedSplit, max_articles: Optional[int], per_article: int, length: int,
+                    seed: int) -> list[OutlineTask]:
+    """Up to ``per_article`` sentence starts b >= 1 of each of the first ``max_articles`` articles with ``length``
+    true sentences from b, drawn with ``seed``, each with those sentences' actions."""
+    rng = np.random.default_rng(seed)
+    offsets, actions = np.asarray(split.sentence_offsets), np.asarray(split.actions)
+    tasks = []
+    for article in range(split.num_articles if max_articles is None else min(max_articles, split.num_articles)):
+        starts = np.arange(1, int(offsets[article + 1] - offsets[article]) - length + 1)
+        if len(starts) > per_article:
+            starts = np.sort(rng.choice(starts, size=per_article, replace=False))
+        tasks += [OutlineTask(article, int(b), [int(a) for a in actions[offsets[article] + b:
+                                                                          offsets[article] + b + length]])
+                  for b in starts]
+    if not tasks:
+        raise PlanlmError(f"{split.path}: no article of the first {max_articles} has {length + 1} sentences; lower "
+                          f"--outline_length or raise --max_articles")
+    return tasks
+
+
+@dataclass
+class _Run:
+    """What every (seed, condition) of one measurement shares."""
+
+    prepared_dir: str
+    split: str
+    split_view: PreparedSplit
+    tasks: list[OutlineTask]
+    sampling: SamplingConfig
+    context_length: int
+    seed: int
+    device: str
+    precision: str
+    embed_fn: object
+    codebook: np.ndarray
+
+    def measure(self, model_dir: Path, model_seed: int, condition: str, spec: PlanSpec, bar) -> list[dict]:
+        """Every task's continuation under ``condition``, one row per complete sentence of the L asked for."""
+        generator, _, _ = build_generator(str(model_dir), self.prepared_dir, self.split, spec, self.device, self.seed,
+                                          embed_fn=self.embed_fn, precision=self.precision)
+        plans = shuffled_outlines(self.tasks, self.seed) if condition == "shuffled" else [t.actions for t in self.tasks]
+        rows = []
+        for task, plan in zip(self.tasks, plans):
+            prompt = generator.prompt_from_article(self.split_view, task.article, task.boundary, self.context_length)
+            outline = Outline(plan, then="stop") if condition in ("outline", "shuffled") else None
+            result = generator.generate(prompt, self.sampling, outline=outline, max_sentences=len(task.actions))
+            article = self.split_view.articles[task.article]
+            rows += [{"seed": model_seed, "condition": condition, "article": task.article, "id": article["id"],
+                      "source": article.get("source", article["id"]), "boundary": task.boundary, "position": j,
+                      "requested": task.actions[j], "text": s["text"].strip()}
+                     for j, s in enumerate(result.sentences[:len(task.actions)]) if s["complete"]]
+            bar.advance()
+        return self._realised(rows)
+
+    def _realised(self, rows: list[dict]) -> list[dict]:
+        if rows:
+            ranked = ranked_actions(self.embed_fn([r["text"] for r in rows]), self.codebook, TOP)  # (N, TOP)
+            for row, top in zip(rows, ranked):
+                row["realised"], row[f"top{TOP}"], row["ranked"] = int(top[0]), int(row["requested"] in top), top
+        return rows
+
+
+def shuffled_outlines(tasks: list[OutlineTask], seed: int) -> list[list[int]]:
+    """Each task's outline replaced by another task's (a random cycle: none keeps its own), cut to its length."""
+    order = np.random.default_rng(seed + 1).permutation(len(tasks))
+    out: list[list[int]] = [[] for _ in tasks]
+    for k, task in enumerate(order):
+        other = tasks[order[(k + 1) % len(tasks)]].actions if len(tasks) > 1 else tasks[task].actions
+        out[task] = list(other[:len(tasks[task].actions)])
+    return out
+
+
+def summarise(rows: list[dict], tasks: list[OutlineTask], split: PreparedSplit, seeds: list[int],
+              conditions: list[str], num_actions: int, num_samples: int, confidence: float, seed: int) -> dict:
+    """Per condition: adherence, top-5, chance, chance top-5 and adherence / chance, over documents and seeds."""
+    articles = sorted({t.article for t in tasks})
+    clusters = [split.articles[a].get("source", split.articles[a]["id"]) for a in articles]
+    asked = len(tasks) * len(tasks[0].actions)
+    metrics = {}
+    for condition in conditions:
+        tables = [_article_tables([r for r in rows if r["condition"] == condition and r["seed"] == s], articles,
+                                  num_actions) for s in seeds]
+        stats = _statistics(tables)
+        metrics[condition] = {name: seeded_interval(fn, len(seeds), len(articles), num_samples, confidence, seed,
+                                                    clusters) for name, fn in stats.items()}
+        metrics[condition]["sentences"] = [int(t["counts"].sum()) for t in tables]
+        metrics[condition]["sentences_asked"] = asked
+    return metrics
+
+
+def _article_tables(rows: list[dict], articles: list[int], num_actions: int) -> dict[str, np.ndarray]:
+    """Per article (N_art,): sentences, hits, top-5 hits; and the chance matrices (N_art, N_art): how many pairs
+    (requested of a sentence of article i, realised of a sentence of article j) agree, top-1 and top-5."""
+    index = {a: i for i, a in enumerate(articles)}
+    size = len(articles)
+    counts, hits, hits_top = np.zeros(size), np.zeros(size), np.zeros(size)
+    requested, realised, realised_top = (np.zeros((size, num_actions)) for _ in range(3))
+    for row in rows:
+        i = index[row["article"]]
+        counts[i] += 1
+        hits[i] += row["requested"] == row["realised"]
+        hits_top[i] += row[f"top{TOP}"]
+        requested[i, row["requested"]] += 1
+        realised[i, row["realised"]] += 1
+        realised_top[i, row["ranked"]] += 1  # the sentence's TOP nearest actions
+    return {"counts": counts, "hits": hits, "hits_top": hits_top, "chance": requested @ realised.T,
+            "chance_top": requested @ realised_top.T}
+
+
+def _statistics(tables: list[dict]) -> dict:
+    """statistic(weights (R, N_art), seed index) -> (R,) for each reported number."""
+    def ratio(key):
+        return lambda w, s: (w @ tables[s][key]) / (w @ tables[s]["counts"])
+
+    def chance(key):
+        return lambda w, s: ((w @ tables[s][key]) * w).sum(1) / (w @ tables[s]["counts"]) ** 2
+
+    return {"adherence": ratio("hits"), "top5": ratio("hits_top"), "chance": chance("chance"),
+            "chance_top5": chance("chance_top"),
+            "over_chance": lambda w, s: ratio("hits")(w, s) / chance("chance")(w, s)}
+
+
+def table(metrics: dict) -> str:
+    """A Markdown table of the metrics, one row per condition."""
+    def cell(value: dict, percent: bool = True) -> str:
+        scale, unit = (100, "%") if percent else (1, "x")
+        return (f"{value['mean'] * scale:.1f}{unit} [{value['ci_low'] * scale:.1f}, {value['ci_high'] * scale:.1f}]")
+
+    lines = ["| condition | adherence [95% CI] | top-5 | chance | adherence / chance | sentences (per seed) |",
+             "|---|---|---|---|---|---|"]
+    for condition, m in metrics.items():
+        lines.append(f"| {condition} | {cell(m['adherence'])} | {cell(m['top5'])} | {cell(m['chance'])} | "
+                     f"{cell(m['over_chance'], False)} | {' / '.join(map(str, m['sentences']))} of "
+                     f"{m['sentences_asked']} |")
+    return "\n".join(lines)
+
+
+def _write_outputs(out: Path, config: dict, rows: list[dict], metrics: dict) -> None:
+    """per_sentence.csv, metrics.json, adherence.md and, last, the manifest."""
+    with open(out / "per_sentence.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    write_json(out / "metrics.json", metrics)
+    (out / "adherence.md").write_text(table(metrics) + "\n")
+    write_manifest(out, config, metrics={c: {k: v["mean"] for k, v in m.items() if isinstance(v, dict)}
+                                         for c, m in metrics.items()})
+
+
+__all__ = ["adherence", "select_outlines", "shuffled_outlines", "summarise", "model_seeds", "table"]

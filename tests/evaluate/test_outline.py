@@ -1,0 +1,134 @@
+"""Write to a plan (issue 32): an outline is the plan of the sentences it covers (every path, for both adapters),
+the model's own plans or a stop follow it, outline sentences map to their nearest action, bad outlines are one
+line, and a tiny LM trained on oracle plans follows an outline far more often than a shuffled one
+(``planlm adherence``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from planlm.cli import main
+from planlm.data.artifacts import PreparedDataset
+from planlm.data.resources import load_tokenizer
+from planlm.evaluate.adherence import adherence, shuffled_outlines, OutlineTask
+from planlm.evaluate.generate import generate, generate_text, synthetic_embed_fn
+from planlm.evaluate.generator import PlannedGenerator, SamplingConfig
+from planlm.evaluate.outline import Outline
+from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
+from planlm.plans.spec import PlanSpec
+from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
+from planlm.utils import PlanlmError
+
+from helpers import chatty_planned_lm, tiny_gpt2, tiny_gpt2_config, tiny_planner
+
+OUTLINE = [5, 1, 7]
+
+
+@pytest.mark.parametrize("adapter", ["project_avg", "multipath"])
+def test_outlined_sentences_plan_the_outline_then_the_planner_or_a_stop(synthetic_cycle, tmp_path, adapter):
+    prepared = PreparedDataset(synthetic_cycle)
+    model = chatty_planned_lm(prepared, adapter=adapter)
+    spec = PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, planner_dir="unused").resolve()
+    generator = PlannedGenerator(model, load_tokenizer("gpt2"), spec, planner=tiny_planner(prepared),
+                                 embed_fn=synthetic_embed_fn(prepared), seed=2)
+    prompt = generator.prompt_from_article(prepared["test"], article=0, boundary=2)
+    ours = generator.generate(prompt, SamplingConfig(max_new_tokens=40), outline=Outline(OUTLINE, "planner"))
+    assert [s["requested"] for s in ours.sentences[:3]] == OUTLINE and len(ours.sentences) > 3
+    for j, sentence in enumerate(ours.sentences[:3]):  # every path is the outline, masked past its end
+        paths, mask = np.asarray(sentence["plan"]["action_paths"]), np.asarray(sentence["plan"]["path_mask"])
+        assert (paths[mask].reshape(2, -1) == OUTLINE[j:j + 3]).all() and mask.sum(1).tolist() == [min(3, 3 - j)] * 2
+    after = ours.sentences[3]
+    assert after["requested"] is None and np.asarray(after["plan"]["path_mask"]).all()  # the planner's again
+    assert ours.planner_calls >= 2  # the prompt, then the sentences past the outline
+    stopped = generator.generate(prompt, SamplingConfig(max_new_tokens=40), outline=Outline(OUTLINE, "stop"))
+    assert len(stopped.sentences) == 3 and all(s["complete"] for s in stopped.sentences)
+    assert stopped.text.rstrip().endswith(".")
+
+
+def test_outline_sentences_take_their_nearest_action_and_oracle_models_read_the_outline(synthetic_random):
+    prepared = PreparedDataset(synthetic_random)
+    test = prepared["test"]
+    words = [test.sentence_text(s) for s in range(3)]
+    embed = synthetic_embed_fn(prepared)
+    actions = Outline(words).actions(prepared.num_actions, embed, prepared.codebook.numpy())
+    assert actions.tolist() == [int(a) for a in test.actions[:3]]
+    assert Outline([2, "4", words[0]]).actions(8, embed, prepared.codebook.numpy()).tolist() == [2, 4, actions[0]]
+    # an oracle model from free text: no article, the outline is the future it reads
+    result = generate_text(chatty_planned_lm(prepared), load_tokenizer("gpt2"), "Red water red.",
+                           plans=PlanSpec(kind="oracle", num_paths=2, horizon=3), embed_fn=embed,
+                           sampling=SamplingConfig(max_new_tokens=40), outline=words, after_outline="stop")
+    outlined = [s for s in result.sentences if s.get("requested") is not None]
+    assert [s["requested"] for s in outlined] == actions.tolist()
+    assert [s["plan"]["action_paths"][0][0] for s in outlined] == actions.tolist()
+
+
+def test_bad_outlines_are_one_line_errors(synthetic_random, tmp_path, capsys):
+    prepared = PreparedDataset(synthetic_random)
+    tok, embed = load_tokenizer("gpt2"), synthetic_embed_fn(prepared)
+    model = chatty_planned_lm(prepared)
+    with pytest.raises(PlanlmError, match=r"action 8 is not in the codebook: its actions are 0\.\.7"):
+        generate_text(model, tok, "Red.", plans=PlanSpec(kind="fixed"), embed_fn=embed, outline=[1, 8])
+    with pytest.raises(PlanlmError, match="--outline is empty"):
+        generate_text(model, tok, "Red.", plans=PlanSpec(kind="fixed"), outline=[])
+    plain = PlannedLM(PlannedLMConfig(tokenizer="gpt2"), tiny_gpt2())
+    with pytest.raises(PlanlmError, match="this model reads no plans"):
+        generate_text(plain, tok, "Red.", embed_fn=embed, outline=[1])
+    model.save_pretrained(tmp_path / "planned")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["generate", "--model_dir", str(tmp_path / "planned"), "--prepared_dir", str(synthetic_random),
+              "--prompt", "Red.", "--outline", "[3, 99]", "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert "action 99 is not in the codebook: its actions are 0..7" in err and len(err.splitlines()) == 1
+
+
+def test_shuffled_outlines_are_other_boundaries_outlines():
+    tasks = [OutlineTask(a, 1, [a, a, a]) for a in range(6)]
+    shuffled = shuffled_outlines(tasks, seed=0)
+    assert sorted(map(tuple, shuffled)) == sorted(tuple(t.actions) for t in tasks)
+    assert all(s != t.actions for s, t in zip(shuffled, tasks))
+
+
+@pytest.fixture(scope="module")
+def oracle_model(synthetic_random, tmp_path_factory):
+    """A tiny LM trained with oracle plans on synthetic_random (only the plan tells which words come next)."""
+    return train_lm(str(synthetic_random), str(tmp_path_factory.mktemp("outline") / "oracle"),
+                    model=LMModelConfig(model_config=tiny_gpt2_config()), plans=PlanSpec(kind="oracle"),
+                    train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
+                                        limit_val_batches=1, progress_bar=False))
+
+
+@pytest.mark.slow  # about 35 s on 2 busy cores: trains the LM (40 batches), then writes to 16 outlines
+def test_a_model_trained_on_oracle_plans_follows_its_outline_not_a_shuffled_one(oracle_model, synthetic_random,
+                                                                                   tmp_path, capsys):
+    main(["adherence", "--model_dir", str(oracle_model), "--prepared_dir", str(synthetic_random), "--out_dir",
+          str(tmp_path / "adherence"), "--max_articles", "8", "--outlines_per_article", "1", "--conditions",
+          "[outline, shuffled]", "--tokens_per_sentence", "10", "--bootstrap_samples", "200", "--device", "cpu"])
+    metrics = json.loads((tmp_path / "adherence" / "metrics.json").read_text())
+    outline, shuffled = metrics["outline"], metrics["shuffled"]
+    assert outline["sentences"][0] >= 15
+    # ignoring the outline would score like the shuffled one; following it beats chance several times over
+    assert outline["adherence"]["mean"] > shuffled["adherence"]["mean"] + 0.3
+    assert outline["over_chance"]["ci_low"] > 2 and outline["top5"]["mean"] >= outline["adherence"]["mean"]
+    assert "| outline |" in capsys.readouterr().out
+    again = adherence(str(oracle_model), str(synthetic_random), str(tmp_path / "adherence"), max_articles=8,
+                      outlines_per_article=1, conditions=["outline", "shuffled"], tokens_per_sentence=10,
+                      bootstrap_samples=200, device="cpu")
+    assert again == metrics  # a finished folder is reused
+
+
+def test_generate_follows_an_outline_in_words_and_shows_requested_and_realised(synthetic_random, tmp_path, capsys):
+    prepared = PreparedDataset(synthetic_random)
+    test = prepared["test"]
+    words = [test.sentence_text(s) for s in (3, 9, 15)]
+    chatty_planned_lm(prepared).save_pretrained(tmp_path / "oracle")  # trained with oracle plans: no planner
+    out = generate(str(tmp_path / "oracle"), str(synthetic_random), prompt="Red water red.", outline=words,
+                   after_outline="stop", sampling=SamplingConfig(max_new_tokens=48), device="cpu")
+    printed = capsys.readouterr().out
+    outlined = [s for s in out["sentences"] if s.get("requested") is not None]
+    assert [s["requested"] for s in outlined] == [int(test.actions[s]) for s in (3, 9, 15)]
+    assert all("realised" in s and s["requested_example"] for s in outlined)
+    assert printed.count("requested ") == len(outlined) and "realised " in printed
