@@ -45,7 +45,7 @@ from planlm.utils import PlanlmError, prepare_stage_dir, write_json, write_manif
 Condition = Literal["outline", "own", "fixed", "shuffled"]
 TOP = 5
 FIELDS = ("seed", "condition", "article", "id", "source", "boundary", "position", "requested", "realised",
-          f"top{TOP}", "text")
+          f"top{TOP}", "ranked", "text")
 
 
 @dataclass
@@ -246,15 +246,21 @@ def summarise(rows: list[dict], tasks: list[OutlineTask], split: PreparedSplit, 
     articles = sorted({t.article for t in tasks})
     clusters = [split.articles[a].get("source", split.articles[a]["id"]) for a in articles]
     asked = len(tasks) * len(tasks[0].actions)
-    metrics = {}
+    metrics, tables = {}, {}
     for condition in conditions:
-        tables = [_article_tables([r for r in rows if r["condition"] == condition and r["seed"] == s], articles,
-                                  num_actions) for s in seeds]
-        stats = _statistics(tables)
+        tables[condition] = [_article_tables([r for r in rows if r["condition"] == condition and r["seed"] == s],
+                                             articles, num_actions) for s in seeds]
+        stats = _statistics(tables[condition])
         metrics[condition] = {name: seeded_interval(fn, len(seeds), len(articles), num_samples, confidence, seed,
                                                     clusters) for name, fn in stats.items()}
-        metrics[condition]["sentences"] = [int(t["counts"].sum()) for t in tables]
+        metrics[condition]["sentences"] = [int(t["counts"].sum()) for t in tables[condition]]
         metrics[condition]["sentences_asked"] = asked
+    for condition in conditions:  # paired: the same prompts, documents resampled together, seed by seed
+        if condition != "outline" and "outline" in conditions:
+            outline, other = (_statistics(tables[c])["adherence"] for c in ("outline", condition))
+            metrics[condition]["outline_minus"] = seeded_interval(lambda w, s: outline(w, s) - other(w, s),
+                                                                  len(seeds), len(articles), num_samples,
+                                                                  confidence, seed, clusters)
     return metrics
 
 
@@ -296,11 +302,12 @@ def table(metrics: dict) -> str:
         scale, unit = (100, "%") if percent else (1, "x")
         return (f"{value['mean'] * scale:.1f}{unit} [{value['ci_low'] * scale:.1f}, {value['ci_high'] * scale:.1f}]")
 
-    lines = ["| condition | adherence [95% CI] | top-5 | chance | adherence / chance | sentences (per seed) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| condition | adherence [95% CI] | top-5 | chance | adherence / chance | outline - this (paired) | "
+             "sentences (per seed) |", "|---|---|---|---|---|---|---|"]
     for condition, m in metrics.items():
+        minus = cell(m["outline_minus"]) if "outline_minus" in m else ""
         lines.append(f"| {condition} | {cell(m['adherence'])} | {cell(m['top5'])} | {cell(m['chance'])} | "
-                     f"{cell(m['over_chance'], False)} | {' / '.join(map(str, m['sentences']))} of "
+                     f"{cell(m['over_chance'], False)} | {minus} | {' / '.join(map(str, m['sentences']))} of "
                      f"{m['sentences_asked']} |")
     return "\n".join(lines)
 
@@ -308,9 +315,9 @@ def table(metrics: dict) -> str:
 def _write_outputs(out: Path, config: dict, rows: list[dict], metrics: dict) -> None:
     """per_sentence.csv, metrics.json, adherence.md and, last, the manifest."""
     with open(out / "per_sentence.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({**row, "ranked": " ".join(map(str, row["ranked"]))} for row in rows)
     write_json(out / "metrics.json", metrics)
     (out / "adherence.md").write_text(table(metrics) + "\n")
     write_manifest(out, config, metrics={c: {k: v["mean"] for k, v in m.items() if isinstance(v, dict)}
