@@ -35,7 +35,7 @@ from planlm.data.actions import ranked_actions
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import seeded_interval
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
-from planlm.evaluate.generator import GENERATION_VERSION, SamplingConfig
+from planlm.evaluate.generator import GENERATION_VERSION, EmbedFn, SamplingConfig
 from planlm.evaluate.loading import model_fingerprint
 from planlm.evaluate.outline import Outline
 from planlm.integrity import fix_for, load_json
@@ -201,7 +201,7 @@ class _Run:
     seed: int
     device: str
     precision: str
-    embed_fn: object
+    embed_fn: EmbedFn
     codebook: np.ndarray
 
     def measure(self, model_dir: Path, model_seed: int, condition: str, spec: PlanSpec, bar) -> list[dict]:

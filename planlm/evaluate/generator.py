@@ -302,11 +302,15 @@ class PlannedGenerator:
         if document is None:
             return self._plan_with(self.spec, self._boundaries(contexts, sentences, oracle))
         outlined = document.outlined(sentences) | self.spec.strategy.reads_future  # (B,)
-        parts = [(np.flatnonzero(outlined), self._outline_spec, lambda rows: document.boundaries(
-                     [sentences[i] for i in rows])),
-                 (np.flatnonzero(~outlined), self.spec, lambda rows: self._boundaries(
-                     [contexts[i] for i in rows], [sentences[i] for i in rows], oracle))]
-        planned = [(rows, self._plan_with(spec, boundaries(rows))) for rows, spec, boundaries in parts if len(rows)]
+        planned = []
+        rows = np.flatnonzero(outlined)  # the outline's: the oracle kind over the outline's document
+        if len(rows):
+            planned.append((rows, self._plan_with(self._outline_spec, document.boundaries(
+                [sentences[i] for i in rows]))))
+        rows = np.flatnonzero(~outlined)  # the others: the generator's own plans
+        if len(rows):
+            planned.append((rows, self._plan_with(self.spec, self._boundaries(
+                [contexts[i] for i in rows], [sentences[i] for i in rows], oracle))))
         return _merge_rows(planned, len(sentences))
 
     def _plan_with(self, spec: PlanSpec, boundaries: Boundaries):
