@@ -133,7 +133,8 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
 def _check_args(outline_length: int, outlines_per_article: int, max_articles: Optional[int], tokens_per_sentence: int,
                 conditions: list) -> None:
     for name, value in (("outline_length", outline_length), ("outlines_per_article", outlines_per_article),
-                        ("tokens_per_sentence", tokens_per_sentence), ("max_articles", max_articles or 1)):
+                        ("tokens_per_sentence", tokens_per_sentence),
+                        ("max_articles", 1 if max_articles is None else max_articles)):
         if value < 1:
             raise PlanlmError(f"--{name} {value} must be >= 1")
     unknown = [c for c in conditions if c not in Condition.__args__]
