@@ -16,7 +16,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-SETTINGS = {"fp32": ("32-true", "fp32", 0), "fast": ("bf16-mixed", "bf16", 1024)}
+SETTINGS = {"fp32": ("fp32", "fp32", 0), "fast": ("bf16", "bf16", 1024)}
 """name -> (train-lm precision, evaluate precision, loss_chunk_size)."""
 
 
@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--fast_eval_precision", choices=["bf16", "fp32"], default="bf16",
                         help="evaluate's precision in the fast setting (the training is bf16 either way)")
     args = parser.parse_args()
-    SETTINGS["fast"] = ("bf16-mixed", args.fast_eval_precision, SETTINGS["fast"][2])
+    SETTINGS["fast"] = ("bf16", args.fast_eval_precision, SETTINGS["fast"][2])
     with tempfile.TemporaryDirectory() as tmp:
         rows = run(Path(tmp), args)
     print(f"test perplexity, fp32 + plain loss vs bf16 autocast + chunked loss (evaluated in "

@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--paper_articles", type=int, default=285_310)
     parser.add_argument("--paper_sentences", type=float, default=35.0, help="sentences per article (estimate)")
     parser.add_argument("--stage_vs_loop", action="store_true", help="the train_lm stage against a bare loop")
-    parser.add_argument("--precision", default=None, help="--stage_vs_loop: Lightning precision (32-true, bf16-mixed)")
+    parser.add_argument("--precision", default=None, help="--stage_vs_loop: precision (auto, native, fp32, bf16)")
     parser.add_argument("--loss_chunk_size", type=int, default=None, help="--stage_vs_loop: speed.loss_chunk_size")
     args = parser.parse_args()
     if args.stage_vs_loop:

@@ -35,22 +35,54 @@ def _quiet_library_noise() -> None:
         logging.getLogger(name).addFilter(_NoTips())
 
 
-def _check_renamed_flags(argv: list[str], command) -> None:
-    """A flag or config key that moved into the ``plans`` group (``--num_paths``, ``--conditioning.*``, ...) is a
-    one-line error naming its new name, not jsonargparse's "unrecognized arguments"."""
+def _read_renamed_flags(argv: list[str], command) -> list[str]:
+    """``argv`` with the command's renamed flags and config keys (``RENAMED_KEYS``: ``--new_tokens`` of
+    edit-distance) under their new names, each with a note; a flag or config key that moved into the ``plans`` group
+    (``--num_paths``, ``--conditioning.*``, ...) is a one-line error naming its new name, not jsonargparse's
+    "unrecognized arguments"."""
     import inspect
 
     import yaml
 
+    from planlm.args import read_renamed, renamed_note
+    from planlm.commands import RENAMED_KEYS
     from planlm.plans.spec import check_renamed
 
-    accepted = set(inspect.signature(command).parameters)
+    renamed, argv, accepted = RENAMED_KEYS.get(argv[0], {}), list(argv), set(inspect.signature(command).parameters)
+    for i, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if flag.startswith("--") and flag[2:] in renamed:
+            argv[i] = f"--{renamed[flag[2:]]}{equals}{value}"
+            renamed_note(f"{argv[0]}: {flag} is read as {argv[i].partition('=')[0]} (update your command)")
+        elif i and argv[i - 1] == "--config" and Path(arg).is_file():
+            config = yaml.safe_load(Path(arg).read_text()) or {}
+            if isinstance(config, dict) and set(config) & set(renamed):  # jsonargparse reads a YAML string too
+                config = read_renamed(config, renamed, arg)
+                argv[i] = yaml.safe_dump(config)
+            check_renamed(config if isinstance(config, dict) else {}, accepted, arg)
     flags = [arg[2:].split("=")[0].split(".")[0] for arg in argv if arg.startswith("--")]
     check_renamed(flags, accepted, f"planlm {argv[0]}")
-    for flag, value in zip(argv, argv[1:]):
-        if flag == "--config" and Path(value).is_file():
-            config = yaml.safe_load(Path(value).read_text()) or {}
-            check_renamed(config if isinstance(config, dict) else {}, accepted, value)
+    return argv
+
+
+def _one_line_notes() -> None:
+    """planlm's notes outside a stage's console (a renamed key read while parsing) as one line each, not Python's
+    two-line warning with the source line."""
+    import warnings
+
+    from planlm.errors import PlanlmWarning
+
+    library_format = warnings.formatwarning
+    if getattr(library_format, "planlm_notes", False):
+        return
+
+    def format_note(message, category, filename, lineno, line=None) -> str:
+        if issubclass(category, PlanlmWarning):
+            return f"planlm: {message}\n"
+        return library_format(message, category, filename, lineno, line)
+
+    format_note.planlm_notes = True
+    warnings.formatwarning = format_note
 
 
 def _pop_verbose(argv: list[str]) -> tuple[list[str], bool]:
@@ -96,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     from planlm.data.resources import use_offline_mode_if_no_hub
 
     _quiet_library_noise()
+    _one_line_notes()
     use_offline_mode_if_no_hub()  # before transformers is imported: no minute of hub retries offline
 
     from jsonargparse import CLI, set_parsing_settings
@@ -113,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     components = {name: _with_console(name, load_command(name)) for name in names}
     try:
         if len(names) == 1:
-            _check_renamed_flags(argv, components[names[0]])
+            argv = _read_renamed_flags(argv, components[names[0]])
         with releasing_stage_locks():  # a command that raised leaves no folder held
             CLI(components, args=argv, as_positional=False, fail_untyped=True,
                 description="planlm: Learning to Plan Long-Term for Language Modeling. Every command also takes "

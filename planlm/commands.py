@@ -27,6 +27,13 @@ COMMANDS: dict[str, str] = {
     "verify": "planlm.integrity:verify",
 }
 
+# Keys a command reads under a new name (old -> new dotted key): the CLI and `planlm run` move them, with a note
+# (``planlm.args.read_renamed``). edit-distance took the sampling group flat before issue 31.
+RENAMED_KEYS: dict[str, dict[str, str]] = {
+    "edit-distance": {"new_tokens": "sampling.max_new_tokens", "temperature": "sampling.temperature",
+                      "top_k": "sampling.top_k", "top_p": "sampling.top_p"},
+}
+
 # Python name -> "module:attribute": every command under its function's name, and the rest of the API.
 API: dict[str, str] = {
     **{target.split(":")[1]: target for target in COMMANDS.values()},

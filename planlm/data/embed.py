@@ -21,14 +21,15 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from planlm.console import open_bar
 from planlm.data.resources import DEFAULT_ENCODER, load_sentence_encoder
-from planlm.utils import PlanlmError, check_bf16, fingerprint, native_precision, resolve_device, write_json
+from planlm.args import arithmetic, read_precision
+from planlm.utils import PlanlmError, check_bf16, fingerprint, resolve_device, write_json
 
 
 _BATCHES_PER_CALL = 4  # encode() calls carry a small fixed cost; the bar still moves often
@@ -43,10 +44,10 @@ class EmbedConfig:
     uses ``sentence-transformers/all-mpnet-base-v2``)."""
     batch_size: int = 64
     """Sentences per forward pass (the paper: 256 on GPU)."""
-    precision: Literal["fp32", "bf16", "native"] = "fp32"
-    """bf16: bf16 autocast (CUDA, or a CPU with AVX512-BF16 / AMX): faster, and close to the fp32 embedding (measured
-    in docs/benchmarks.md by bench_prepare.py); the actions can change.
-    native: bf16 where it is native (CUDA, or such a CPU), fp32 elsewhere."""
+    precision: str = "fp32"
+    """fp32, bf16 (bf16 autocast on CUDA or a CPU with AVX512-BF16 / AMX: faster, and close to the fp32 embedding,
+    measured in docs/benchmarks.md by bench_prepare.py; the actions can change), native (bf16 where it is native,
+    fp32 elsewhere) or auto (bf16 on CUDA, fp32 elsewhere)."""
     device: str | None = None
     """``cpu``, ``cuda``, ``cuda:1`` ...; None picks CUDA when present."""
     normalize: bool = False
@@ -64,8 +65,7 @@ class EmbedConfig:
             raise PlanlmError(f"--embedding.batch_size must be >= 1 (got {self.batch_size})")
         if self.chunk_size < 1:
             raise PlanlmError(f"--embedding.chunk_size must be >= 1 (got {self.chunk_size})")
-        if self.precision not in ("fp32", "bf16", "native"):
-            raise PlanlmError(f"--embedding.precision {self.precision!r}: choose fp32, bf16 or native")
+        self.precision = read_precision(self.precision, "--embedding.precision")
 
 
 def texts_hash(texts: Sequence[str]) -> str:
@@ -109,7 +109,7 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
     """
     config = config or EmbedConfig()
     device_type = resolve_device(config.device or "auto").type  # the encoder's device (load_sentence_encoder's rule)
-    config = replace(config, precision=native_precision(config.precision, device_type, "bf16", "fp32"))
+    config = replace(config, precision=arithmetic(config.precision, device_type))
     out_path = Path(out_path)
     progress_path = _progress_path(out_path)
     num_sentences = len(texts)

@@ -15,7 +15,7 @@ import csv
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Literal, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from rapidfuzz.distance import Levenshtein
@@ -74,9 +74,8 @@ FIELDS = ("article", "id", "boundary", "distance", "normalized", "generated_acti
 
 def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test",
                   max_articles: Optional[int] = 100, max_boundaries_per_article: Optional[int] = 2, seed: int = 0,
-                  context_length: int = 128, new_tokens: int = 128, temperature: float = 1.0,
-                  top_k: Optional[int] = None, top_p: Optional[float] = None, plans: PlanSpec = PlanSpec(),
-                  device: str = "auto", precision: Literal["auto", "fp32", "bf16"] = "auto",
+                  context_length: int = 128, sampling: SamplingConfig = SamplingConfig(), plans: PlanSpec = PlanSpec(),
+                  device: str = "auto", precision: str = "auto",
                   bootstrap_samples: int = 1000, confidence: float = 0.95) -> dict:
     """Edit distance between the action sequences of generated and true continuations at sentence starts.
 
@@ -92,14 +91,13 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
         max_boundaries_per_article: Sentence starts drawn per article (None: all).
         seed: Seed of the boundary subsampling and of generation.
         context_length: Context tokens before the boundary (at most).
-        new_tokens: Tokens generated, and true tokens taken as the reference.
-        temperature: LM sampling temperature (the protocol: 1.0).
-        top_k: Top-k sampling (the protocol: off).
-        top_p: Nucleus sampling (the protocol: off).
+        sampling: How tokens are drawn, as `generate` takes it; max_new_tokens is also the length of the true
+            continuation taken as the reference (the protocol: 128 tokens, temperature 1.0, no top_k nor top_p).
         plans: The plans (kind, num_paths, horizon, temperature, seed, fixed_action, planner_dir, path_policy);
             unset fields: the model's own.
         device: auto, cpu, cuda ...
-        precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16; for the LM, the adapter and the
+        precision: auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it
+            natively, fp32 elsewhere), fp32 or bf16; for the LM, the adapter and the
             planner.
         bootstrap_samples: Bootstrap resamples of the confidence intervals.
         confidence: Confidence level.
@@ -107,7 +105,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     Returns:
         The metrics dict.
     """
-    sampling = _sampling_config(new_tokens, temperature, top_k, top_p)
+    new_tokens = sampling.max_new_tokens
     _check_limits(context_length, max_articles, max_boundaries_per_article)
     generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, plans, device, seed,
                                                       precision=precision)
@@ -118,7 +116,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
               "split": split, "articles": num_articles, "max_boundaries_per_article": max_boundaries_per_article,
               "seed": seed, "context_length": context_length, "sampling": sampling, "plan_spec": spec.cache_key(),
               "planner": planner_hash(spec.planner_dir),
-              "device_type": generator.device.type, "precision": precision, "bootstrap_samples": bootstrap_samples,
+              "device_type": generator.device.type, "precision": generator.precision, "bootstrap_samples": bootstrap_samples,
               "confidence": confidence, "generation_version": GENERATION_VERSION}
     out = Path(out_dir)
     if prepare_stage_dir(out, config):
@@ -132,8 +130,8 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     metrics = {**_distance_summary(rows, bootstrap_samples, confidence, seed), "articles": num_articles,
                "generated_tokens": generated_tokens, "wall_time_s": wall_time,
                "tokens_per_s": generated_tokens / max(wall_time, 1e-9), "conditioning": str(spec.kind),
-               "K": spec.num_paths, "T": spec.horizon, "tau": spec.temperature, "temperature": temperature,
-               "top_k": top_k, "top_p": top_p, "new_tokens": new_tokens, "context_length": context_length,
+               "K": spec.num_paths, "T": spec.horizon, "tau": spec.temperature, "temperature": sampling.temperature,
+               "top_k": sampling.top_k, "top_p": sampling.top_p, "new_tokens": new_tokens, "context_length": context_length,
                "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "split": split,
                "path_policy": asdict(spec.path_policy),
                **paths_summary(np.asarray(generator.paths_sampled), spec.num_paths)}
@@ -141,13 +139,6 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     print(f"{model_dir} on {split} ({len(rows)} boundaries; plans {spec.label()}): edit distance {metrics['edit_distance']:.3f} [{metrics['ci_low']:.3f}, "
           f"{metrics['ci_high']:.3f}], normalised {metrics['normalized']:.3f} in {wall_time:.1f}s")
     return metrics
-
-
-def _sampling_config(new_tokens: int, temperature: float, top_k: Optional[int], top_p: Optional[float]) -> SamplingConfig:
-    try:
-        return SamplingConfig(max_new_tokens=new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
-    except PlanlmError as e:  # name this command's flags
-        raise PlanlmError(str(e).replace("--sampling.max_new_tokens", "--new_tokens").replace("--sampling.", "--")) from None
 
 
 def _check_limits(context_length: int, max_articles: Optional[int], max_boundaries_per_article: Optional[int]) -> None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Literal, Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 
+from planlm.args import device_precision
 from planlm.data.actions import nearest_actions
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
@@ -105,6 +106,7 @@ def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSp
     spec = evaluation_spec(plans, model, model_dir)
     spec.check_source()
     torch_device = resolve_device(device)
+    precision = device_precision(precision, "--precision", torch_device.type)
     planner = Planner.for_corpus(spec.planner_dir, prepared, torch_device) if spec.planner_dir else None
     if (Path(model_dir) / "planned_lm.json").is_file():
         tokenizer = model.load_tokenizer(model_dir)
@@ -120,7 +122,7 @@ def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSp
 def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, article: Optional[int] = None,
              boundary: int = 1, split: str = "test", sampling: SamplingConfig = SamplingConfig(),
              plans: PlanSpec = PlanSpec(), context_length: int = 128, seed: int = 0, device: str = "auto",
-             precision: Literal["auto", "fp32", "bf16"] = "auto", out_file: Optional[str] = None,
+             precision: str = "auto", out_file: Optional[str] = None,
              outline: Optional[list[Union[int, str]]] = None, after_outline: AfterOutline = "planner") -> dict:
     """Generate text with a planned LM, re-planning at every generated sentence end, and show the plans.
 
@@ -142,7 +144,8 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
         context_length: With --article: prefix tokens at most.
         seed: Seed of token and plan sampling.
         device: auto, cpu, cuda ...
-        precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16; for the LM, the adapter and the
+        precision: auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it
+            natively, fp32 elsewhere), fp32 or bf16; for the LM, the adapter and the
             planner.
         out_file: Also write the result as JSON here.
         outline: The plan, one item per generated sentence: action ids ("[12, 40, 3]") or sentences in plain words

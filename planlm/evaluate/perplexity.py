@@ -29,11 +29,12 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
+from planlm.args import device_precision
 from planlm.console import open_bar
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
@@ -195,7 +196,7 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
 
 def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test", plans: PlanSpec = PlanSpec(),
              stride: int = 1, context_length: int = 128, max_articles: Optional[int] = None, batch_size: int = 32,
-             device: str = "auto", precision: Literal["auto", "fp32", "bf16"] = "auto",
+             device: str = "auto", precision: str = "auto",
              bootstrap_samples: int = 1000, confidence: float = 0.95, plan_usage: Optional[bool] = None,
              speed: Speed = Speed()) -> dict:
     """Perplexity of a trained (planned) LM on a prepared split, with a bootstrap CI over articles.
@@ -220,7 +221,8 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         max_articles: Evaluate only the first N articles of the split.
         batch_size: Windows per LM forward pass.
         device: auto (CUDA when available), cpu, cuda, cuda:1 ...
-        precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16; for the LM, the adapter and the
+        precision: auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it
+            natively, fp32 elsewhere), fp32 or bf16; for the LM, the adapter and the
             planner's sampling.
         bootstrap_samples: Bootstrap resamples of the confidence interval.
         confidence: Confidence level of the interval.
@@ -242,6 +244,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         check_has_plans(spec, f"evaluate {model_dir}")
     plan_usage = spec.has_plans if plan_usage is None else plan_usage
     torch_device = resolve_device(device)
+    precision = device_precision(precision, "--precision", torch_device.type)
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
     plans_manifest = read_manifest(spec.plans_dir) if spec.plans_dir else None
     config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal, Optional
 
+from planlm.args import read_precision
 from planlm.evaluate.compute_sweep import DEFAULT_POLICIES, compute_points, compute_rows, write_compute_outputs
 from planlm.evaluate.loading import model_fingerprint
 from planlm.evaluate.perplexity import evaluate
@@ -77,7 +78,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
           policies: list[PathPolicy] = DEFAULT_POLICIES, plans: PlanSpec = PlanSpec(kind=PlanKind.planner_sampled),
           split: str = "test", stride: int = 1, context_length: int = 128,
           max_articles: Optional[int] = None, batch_size: int = 32, device: str = "auto",
-          precision: Literal["auto", "fp32", "bf16"] = "auto", bootstrap_samples: int = 1000,
+          precision: str = "auto", bootstrap_samples: int = 1000,
           expectation: bool = False) -> Path:
     """Sweep K (sampled paths), tau (planner temperature) or planning compute at inference: perplexity, its
     paired difference from a reference point on the same articles, and wall time per point.
@@ -104,7 +105,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
         max_articles: Evaluate only the first N articles.
         batch_size: Windows per LM forward pass.
         device: auto, cpu, cuda ...
-        precision: auto, fp32 or bf16.
+        precision: auto, native, fp32 or bf16 (see `planlm evaluate --help`).
         bootstrap_samples: Bootstrap resamples of each interval.
         expectation: compute sweep: one more point, plans in expectation at K = 1 (``expected-1``; the other
             points sample their paths whatever the model was trained with).
@@ -112,6 +113,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
     Returns:
         The sweep folder.
     """
+    precision = read_precision(precision, "--precision")
     if kind not in ("num_paths", "temperature", "compute"):
         raise PlanlmError(f"--kind {kind!r}: choose num_paths, temperature or compute")
     if kind == "compute":

@@ -30,8 +30,11 @@ def bind_section(func: Callable, section: dict | None, *, skip: set[str], where:
 
     from jsonargparse import ArgumentParser
 
+    from planlm.args import read_renamed
+    from planlm.commands import RENAMED_KEYS
     from planlm.plans.spec import check_renamed
 
+    section = read_renamed(section or {}, RENAMED_KEYS.get(func.__name__.replace("_", "-"), {}), where)
     accepted = set(inspect.signature(func).parameters) - set(skip)
     check_renamed(section or {}, accepted, where)
     unknown = sorted(set(section or {}) - accepted)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
 import numpy as np
 
+from planlm.args import device_precision
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.models.planner import WEIGHTS_FILE, Planner
 from planlm.plans.cache import default_plans_dir, expected_mass
@@ -29,7 +30,7 @@ from planlm.utils import PlanlmError, file_sha256, prepare_stage_dir, resolve_de
 
 def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Optional[list[str]] = None,
                  out_dir: Optional[str] = None, batch_size: int = 256, device: str = "auto",
-                 precision: Literal["auto", "fp32", "bf16"] = "auto") -> Path:
+                 precision: str = "auto") -> Path:
     """Sample K action paths of T steps for every sentence boundary and cache them on disk.
 
     Each boundary's paths come from the true text before it. The cache folder is keyed by the planner's
@@ -47,7 +48,8 @@ def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Option
         out_dir: Cache folder; default ``<planner_dir>/plans/K{K}-T{T}-tau{tau}-seed{seed}`` (plus the policy).
         batch_size: Boundaries per forward pass.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1`` ...
-        precision: The planner's arithmetic: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
+        precision: The planner's arithmetic: auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the
+            device computes it natively, fp32 elsewhere), fp32 or bf16.
 
     Returns:
         The plan cache folder.
@@ -68,6 +70,7 @@ def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Option
                                                           spec.temperature, spec.seed, spec.path_policy, expected)
     planner_hash = file_sha256(Path(spec.planner_dir) / WEIGHTS_FILE)
     torch_device = resolve_device(device)
+    precision = device_precision(precision, "--precision", torch_device.type)
     config = {"planner_hash": planner_hash, "prepared_dir": str(Path(prepared_dir).resolve()),
               "codebook_hash": prepared.codebook_hash, "num_paths": spec.num_paths, "horizon": spec.horizon,
               "temperature": spec.temperature, "seed": spec.seed, "splits": splits, "batch_size": batch_size,

@@ -1,5 +1,5 @@
-"""The training harness of the ``train-*`` commands: one Lightning Trainer built from the run knobs they
-share, the loggers, the checkpoints (best + last), resume and the reload of the best checkpoint.
+"""The training harness of the ``train-*`` commands: one Lightning Trainer built from the trainer group they
+share (``planlm.train.args.TrainArgs``), the loggers, the checkpoints (best + last), resume and the reload of the best checkpoint.
 
 A command keeps its data, its LightningModule and what it writes after training; what happens between
 "here is a module and its loaders" and "here are the best weights" is written once, here. In the stage
@@ -19,16 +19,17 @@ import inspect
 import json
 import shutil
 import warnings
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import lightning as L
-import torch
 
 from planlm.console import Bar, is_verbose, note, open_bar
 from planlm.train.resume import RestoreRNG, ResumeMidEpoch, last_checkpoint
-from planlm.utils import PlanlmError, fingerprint, native_precision, write_json
+from planlm.utils import PlanlmError, fingerprint, write_json
+
+if TYPE_CHECKING:
+    from planlm.train.args import TrainArgs
 
 DEFAULT_LOGGERS = ("csv", "tensorboard")
 
@@ -54,45 +55,6 @@ LOGGERS = {
     "mlflow": LoggerSpec("lightning.pytorch.loggers.MLFlowLogger", ("mlflow",), "mlflow"),
     "comet": LoggerSpec("lightning.pytorch.loggers.CometLogger", ("comet_ml",), "comet-ml"),
 }
-
-
-@dataclass
-class TrainerKnobs:
-    """The Lightning Trainer knobs of a run. A command's train config exposes those it needs under these
-    names; ``of`` takes them from it and leaves the others at Lightning's defaults."""
-
-    accelerator: str = "auto"
-    devices: int | str = "auto"
-    strategy: str = "auto"
-    num_nodes: int = 1
-    precision: str | None = None
-    """None: bf16-mixed on CUDA, 32-true otherwise; native: bf16-mixed where bf16 is native (CUDA, a CPU with
-    AVX512-BF16 / AMX), 32-true elsewhere."""
-    max_epochs: int = 1
-    max_steps: int = -1
-    val_check_interval: int | float | None = None
-    limit_train_batches: int | float | None = None
-    limit_val_batches: int | float | None = None
-    gradient_clip_val: float | None = None
-    accumulate_grad_batches: int = 1
-    early_stopping_patience: int | None = None
-    """Stop when val/loss has not improved for this many validations (None: off)."""
-    progress_bar: bool = True
-    log_every_n_steps: int = 50
-    loggers: list[str] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
-
-    @classmethod
-    def of(cls, train: Any) -> TrainerKnobs:
-        """The knobs that a command's train config names (same names); the others keep their defaults."""
-        return cls(**{knob.name: getattr(train, knob.name) for knob in fields(cls) if hasattr(train, knob.name)})
-
-    def device_type(self) -> str:
-        """cuda when the run trains on a CUDA device, cpu otherwise."""
-        return "cuda" if torch.cuda.is_available() and self.accelerator in ("auto", "gpu", "cuda") else "cpu"
-
-    def resolved_precision(self) -> str:
-        precision = native_precision(self.precision, self.device_type(), "bf16-mixed", "32-true")
-        return precision or ("bf16-mixed" if self.device_type() == "cuda" else "32-true")
 
 
 # ---- loggers ------------------------------------------------------------------------------------------
@@ -178,7 +140,7 @@ class StageProgressBar(L.pytorch.callbacks.ProgressBar):
 
 
 
-def build_trainer(knobs: TrainerKnobs, out: Path, *, best_filename: str, log_folders: dict[str, str],
+def build_trainer(train: TrainArgs, out: Path, *, best_filename: str, log_folders: dict[str, str],
                   has_val: bool = True) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint]:
     """(Trainer, its best-checkpoint callback) for a run writing into the stage folder ``out``.
 
@@ -191,19 +153,19 @@ def build_trainer(knobs: TrainerKnobs, out: Path, *, best_filename: str, log_fol
         monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=not has_val)
     callbacks = [best, last_checkpoint(out / "checkpoints")] if has_val else [best]
     callbacks.append(RestoreRNG())
-    if knobs.progress_bar and not is_verbose():  # verbose: Lightning's own bar
+    if train.progress_bar and not is_verbose():  # verbose: Lightning's own bar
         callbacks.append(StageProgressBar())
-    if knobs.early_stopping_patience is not None:
+    if train.early_stopping_patience is not None:
         callbacks.append(L.pytorch.callbacks.EarlyStopping(monitor="val/loss", mode="min",
-                                                           patience=knobs.early_stopping_patience))
+                                                           patience=train.early_stopping_patience))
     trainer = L.Trainer(
-        accelerator=knobs.accelerator, devices=knobs.devices, strategy=knobs.strategy, num_nodes=knobs.num_nodes,
-        precision=knobs.resolved_precision(), max_epochs=knobs.max_epochs, max_steps=knobs.max_steps,
-        val_check_interval=knobs.val_check_interval, limit_train_batches=knobs.limit_train_batches,
-        limit_val_batches=knobs.limit_val_batches if has_val else 0,
-        accumulate_grad_batches=knobs.accumulate_grad_batches, gradient_clip_val=knobs.gradient_clip_val,
-        callbacks=callbacks, logger=make_loggers(knobs.loggers, out, log_folders),
-        log_every_n_steps=knobs.log_every_n_steps, enable_progress_bar=knobs.progress_bar,
+        accelerator=train.accelerator, devices=train.devices, strategy=train.strategy, num_nodes=train.num_nodes,
+        precision=train.lightning_precision(), max_epochs=train.max_epochs, max_steps=train.max_steps,
+        val_check_interval=train.val_check_interval, limit_train_batches=train.limit_train_batches,
+        limit_val_batches=train.limit_val_batches if has_val else 0,
+        accumulate_grad_batches=train.accumulate_grad_batches, gradient_clip_val=train.gradient_clip_val,
+        callbacks=callbacks, logger=make_loggers(train.loggers, out, log_folders),
+        log_every_n_steps=train.log_every_n_steps, enable_progress_bar=train.progress_bar,
         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=out)
     return trainer, best
 

@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import lightning as L
 import numpy as np
@@ -27,8 +27,8 @@ from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
 from planlm.plans.kinds import check_cache, plan_source
 from planlm.plans.spec import PlanSpec
 from planlm.speed import Speed, speed_up_lm
-from planlm.train.harness import (DEFAULT_LOGGERS, TrainerKnobs, build_trainer, check_loggers, fit, load_best,
-                                  resume_checkpoint)
+from planlm.train.args import TrainArgs
+from planlm.train.harness import build_trainer, fit, load_best, resume_checkpoint
 from planlm.train.lm_module import MULTIPATH_LR_SCALE, LightningLM
 from planlm.train.resume import EpochShuffle
 from planlm.utils import (PlanlmError, check_bf16, derive_seed, file_sha256, prepare_stage_dir,
@@ -69,21 +69,14 @@ class LMModelConfig:
 
 
 @dataclass
-class LMTrainConfig:
-    """Run knobs (the paper's defaults: context 128, stride 127, batch 32, lr 1e-4)."""
+class LMTrainConfig(TrainArgs):
+    """Run knobs: the trainer and optimiser group (``TrainArgs``) plus the LM's windows and adapter (the paper's
+    defaults: context 128, stride 127, batch 32, lr 1e-4)."""
 
     context_length: int = 128
     """Tokens per window (windows never cross articles)."""
     stride: int = 127
     """Tokens between window starts (context_length - 1: every token predicted once)."""
-    batch_size: int = 32
-    """Windows per batch (per device)."""
-    accumulate_grad_batches: int = 1
-    """Gradient accumulation steps."""
-    lr: float = 1e-4
-    """AdamW learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
     adapter_lr: float | None = None
     """Learning rate of the conditioning parameters (the adapter; None: lr). The adapter starts as a no-op
     on an LM that is already trained, so a higher rate lets the plan channel open within a short finetune."""
@@ -93,68 +86,32 @@ class LMTrainConfig:
     benchmark; at 0.2 in 6 of 6 (docs/results.md, "The recipe, measured")."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps (constant afterwards)."""
-    max_epochs: int = 1
-    """Epochs over the training windows (ignored when max_steps > 0 ends training first)."""
-    max_steps: int = -1
-    """Optimiser steps (-1: no limit)."""
-    val_check_interval: int | float | None = None
-    """Validate every this many training batches (int) or fraction of an epoch (float); None: each epoch."""
-    limit_train_batches: int | float | None = None
-    """Use only this many (int) or this fraction (float) of training batches per epoch."""
-    limit_val_batches: int | float | None = None
-    """Use only this many (int) or this fraction (float) of validation batches."""
-    gradient_clip_val: float | None = 1.0
-    """Clip the gradient norm (None: no clipping)."""
     gradient_clip_scope: Literal["apart", "joint"] = "apart"
     """apart: the LM's gradient norm and the adapter's are each clipped on their own; joint: one norm over both.
     Under joint clipping the adapter's gradient (as large as the whole LM's: its plan vectors collect the gradient
     of every token) shrinks the LM's own steps, which cost a Fixed plan most of its perplexity gap to none on the
     demo (issue 21)."""
-    train_split: str = "train"
-    """Prepared split to train on."""
-    val_split: str = "validation"
-    """Held-out prepared split for validation loss / perplexity (best checkpoint)."""
-    seed: int = 0
-    """Run seed: the LM's init, the adapter's init, the order of the windows and dropout each draw from a
-    stream of their own, so every condition of a run starts from the same weights and sees the same data."""
-    accelerator: str = "auto"
-    """Lightning accelerator (auto, cpu, gpu, ...)."""
-    devices: int | str = "auto"
-    """Lightning devices."""
-    strategy: str = "auto"
-    """Lightning strategy (auto, ddp, ...)."""
-    num_nodes: int = 1
-    """Lightning nodes."""
-    precision: str | None = None
-    """Lightning precision (None: bf16-mixed on CUDA, 32-true on CPU). bf16-mixed on CPU is bf16 autocast (refused on
-    CPUs without AVX512-BF16 / AMX); its speed against fp32 is measured in docs/benchmarks.md."""
-    num_workers: int = 0
-    """DataLoader worker processes."""
-    log_every_n_steps: int = 50
-    """Logging interval in steps."""
-    loggers: list[str] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
-    """Where metrics are logged: csv and tensorboard (default), wandb, mlflow or comet (when installed), or a
-    Lightning Logger class path (module.Class)."""
-    progress_bar: bool = True
-    """Show the progress bar."""
     resume: bool = True
     """Resume from checkpoints/last.ckpt of an interrupted run with the same config."""
 
+    DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "resume", "loggers")
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("early_stopping_patience",)
+    COMMAND: ClassVar[str] = "train-lm"
+
     def __post_init__(self):
+        super().__post_init__()
         if self.context_length < 2:
             raise PlanlmError(f"--train.context_length must be >= 2 (got {self.context_length})")
         if not 1 <= self.stride <= self.context_length - 1:
             raise PlanlmError(f"--train.stride {self.stride} must be in [1, context_length - 1]")
-        for name in ("batch_size", "accumulate_grad_batches", "max_epochs", "num_nodes", "log_every_n_steps"):
-            if getattr(self, name) < 1:
-                raise PlanlmError(f"--train.{name} must be >= 1 (got {getattr(self, name)})")
-        if self.lr <= 0 or (self.adapter_lr is not None and self.adapter_lr <= 0):
+        if self.train_split is None:
+            raise PlanlmError("train-lm: --train.train_split: name the prepared split to train on (e.g. train)")
+        if self.adapter_lr is not None and self.adapter_lr <= 0:
             raise PlanlmError(f"--train.lr and --train.adapter_lr must be > 0 (got {self.lr}, {self.adapter_lr})")
         if self.multipath_lr_scale <= 0:
             raise PlanlmError(f"--train.multipath_lr_scale must be > 0 (got {self.multipath_lr_scale})")
         if self.gradient_clip_scope not in ("apart", "joint"):
             raise PlanlmError(f"--train.gradient_clip_scope {self.gradient_clip_scope!r}: choose apart or joint")
-        check_loggers(self.loggers, "--train.loggers")
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -325,7 +282,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         plans: Where the plans come from (kind: none, fixed, oracle, planner_argmax, planner_sampled), K, T, tau,
             seed, fixed action, planner or plan cache; unset fields take the defaults (K = T = 1, tau = 1).
         adapter: How the adapter folds K paths into one vector (kind: project_avg or multipath, its layers).
-        train: Run knobs (window, batch, optimiser, Lightning trainer; train.precision bf16-mixed: bf16 autocast).
+        train: Run knobs (window, batch, optimiser, Lightning trainer; train.precision bf16: bf16 autocast).
         speed: torch.compile and the chunked loss: the same model, trained faster (not part of the reuse key).
 
     Returns:
@@ -334,8 +291,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     from planlm.data.resources import use_offline_mode_if_no_hub
 
     use_offline_mode_if_no_hub()
-    knobs = TrainerKnobs.of(train)
-    check_bf16(knobs.resolved_precision(), knobs.device_type(), "--train.precision")
+    check_bf16(train.lightning_precision(), train.device_type(), "--train.precision")
     spec = plans.resolve()
     spec.check_source()
     prepared = PreparedDataset(prepared_dir)
@@ -375,11 +331,10 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
 def _run_config(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec, adapter: AdapterSettings,
                 train: LMTrainConfig) -> dict:
     """The model folder's reuse key: the corpus, the configs and the hashes of the folders the run reads."""
-    display_only = ("progress_bar", "num_workers", "resume", "loggers")  # they do not change the trained LM
     return {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
             "model": asdict(model), "plans": spec.cache_key(), "adapter": asdict(adapter),
             "inputs": _input_hashes(model, spec),
-            "train": {k: v for k, v in asdict(train).items() if k not in display_only}}
+            "train": train.reuse_key()}
 
 
 def _train(planned: PlannedLM, train: LMTrainConfig, out: Path, run_config: dict, train_loader: DataLoader,
@@ -387,7 +342,7 @@ def _train(planned: PlannedLM, train: LMTrainConfig, out: Path, run_config: dict
     """(trainer, best checkpoint, start time): train through the harness, resuming an interrupted run of the
     same config; ``planned`` ends with the best checkpoint's weights."""
     ckpt_path = resume_checkpoint(out, "checkpoints.fingerprint", run_config, resume=train.resume)
-    trainer, best = build_trainer(TrainerKnobs.of(train), out, best_filename="step{step}",
+    trainer, best = build_trainer(train, out, best_filename="step{step}",
                                   log_folders={"csv": "logs", "tensorboard": "tb"}, has_val=val_loaders is not None)
     module = LightningLM(planned, lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
                          adapter_lr=train.adapter_lr, multipath_lr_scale=train.multipath_lr_scale,

@@ -21,9 +21,9 @@ Letters: B boundaries, S context sentences, E embedding width, T horizon, A acti
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Optional, Union
+from typing import ClassVar, Optional, Union
 
 import lightning as L
 import numpy as np
@@ -34,8 +34,8 @@ from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.models.planner import Planner, PlannerConfig, PlannerShape
 from planlm.plans.contexts import check_split
 from planlm.train.boundaries import ArticleCollate, BoundaryCollate, BoundaryDataset, LengthGroupedSampler
-from planlm.train.harness import (DEFAULT_LOGGERS, TrainerKnobs, build_trainer, check_loggers, fit, load_best,
-                                  resume_checkpoint)
+from planlm.train.args import TrainArgs
+from planlm.train.harness import build_trainer, fit, load_best, resume_checkpoint
 from planlm.train.planner_metrics import baseline_metrics, evaluate_planner, write_summary
 from planlm.train.planner_module import LightningPlanner
 from planlm.train.resume import EpochShuffle
@@ -44,73 +44,41 @@ from planlm.utils import PlanlmError, check_bf16, prepare_stage_dir, write_manif
 
 
 @dataclass
-class PlannerTrainArgs:
-    """Optimisation and run knobs (paper defaults: batch 512, lr 1e-4, weight decay 1e-4)."""
+class PlannerTrainArgs(TrainArgs):
+    """Run knobs: the trainer and optimiser group (``TrainArgs``) at the paper's planner recipe (batch 512, lr 1e-4,
+    weight decay 1e-4, no gradient clipping) plus the encoder's learning rate and the final evaluation."""
 
     batch_size: int = 512
-    """Boundaries per batch (per device)."""
-    lr: float = 1e-4
-    """AdamW learning rate."""
     weight_decay: float = 1e-4
-    """AdamW weight decay."""
-    encoder_lr: float = 1e-5
-    """Learning rate of the sentence encoder when finetune_encoder is on."""
     max_epochs: int = 20
-    """Epochs over the train boundaries."""
-    max_steps: int = -1
-    """Stop after this many optimiser steps (-1: no limit)."""
-    val_check_interval: Union[int, float] = 1.0
-    """Validate every N train batches (int) or every fraction of an epoch (float)."""
-    early_stopping_patience: Optional[int] = None
-    """Stop when val/loss has not improved for this many validations (None: off)."""
-    seed: int = 0
-    """Seed of initialisation and shuffling."""
-    num_workers: int = 0
-    """DataLoader workers."""
-    accelerator: str = "auto"
-    """Lightning accelerator (auto, cpu, gpu ...)."""
-    devices: Union[int, str] = "auto"
-    """Lightning devices."""
-    strategy: str = "auto"
-    """Lightning strategy (auto, ddp ...)."""
-    num_nodes: int = 1
-    """Lightning num_nodes."""
-    precision: Optional[str] = None
-    """Lightning precision; default bf16-mixed on CUDA, 32-true otherwise."""
-    progress_bar: bool = True
-    """Show the progress bar."""
-    log_every_n_steps: int = 50
-    """Logging interval in steps."""
-    loggers: list[str] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
-    """Where metrics are logged: csv and tensorboard (default), wandb, mlflow or comet (when installed), or a
-    Lightning Logger class path (module.Class)."""
+    val_check_interval: Optional[Union[int, float]] = 1.0
+    gradient_clip_val: Optional[float] = None
     train_split: Optional[str] = None
     """Split the planner and the baselines are fitted on (None: the corpus's planner split, ``planner_train`` when
     ``prepare.planner_corpus`` gave the planner more documents than the LM, else ``train``)."""
+    encoder_lr: float = 1e-5
+    """Learning rate of the sentence encoder when finetune_encoder is on."""
     max_train_articles: Optional[int] = None
     """Fit on the first N articles of the train split only (None: all): a planner scaling study on one corpus,
     codebook and validation split."""
-    val_split: str = "validation"
-    """Split for validation during training (checkpoint selection, early stopping)."""
     eval_split: str = "validation"
     """Split the final summary (planner vs baselines) is computed on."""
     eval_batch_size: int = 512
     """Boundaries per batch in the final evaluation."""
 
+    DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "log_every_n_steps", "eval_batch_size",
+                                               "loggers")
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("accumulate_grad_batches", "limit_train_batches",
+                                                 "limit_val_batches", "gradient_clip_val")
+    COMMAND: ClassVar[str] = "train-planner"
+
     def __post_init__(self):
-        for name in ("batch_size", "eval_batch_size", "num_nodes", "log_every_n_steps", "max_epochs"):
-            if getattr(self, name) < 1:
-                raise PlanlmError(f"train-planner: --train.{name}={getattr(self, name)} must be >= 1")
-        for name in ("lr", "encoder_lr"):
-            if getattr(self, name) <= 0:
-                raise PlanlmError(f"train-planner: --train.{name}={getattr(self, name)} must be > 0")
-        if self.weight_decay < 0:
-            raise PlanlmError(f"train-planner: --train.weight_decay={self.weight_decay} must be >= 0")
+        super().__post_init__()
+        self._at_least("eval_batch_size", 1)
+        if self.encoder_lr <= 0:
+            raise PlanlmError(f"train-planner: --train.encoder_lr={self.encoder_lr} must be > 0")
         if self.max_train_articles is not None and self.max_train_articles < 1:
             raise PlanlmError(f"train-planner: --train.max_train_articles={self.max_train_articles} must be >= 1 or null")
-        if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
-            raise PlanlmError("train-planner: --train.early_stopping_patience must be >= 1 or null")
-        check_loggers(self.loggers, "train-planner: --train.loggers")
 
 
 # ---- the command --------------------------------------------------------------------------------------
@@ -125,14 +93,13 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
         prepared_dir: Prepared corpus (``planlm prepare``): sentence embeddings, actions, codebook.
         out_dir: Output folder of the planner (weights, config, summary, checkpoints, logs).
         model: Planner shape.
-        train: Optimisation and run knobs (train.precision bf16-mixed: bf16 autocast).
+        train: Optimisation and run knobs (train.precision bf16: bf16 autocast).
         speed: speed.compile: torch.compile the planner (the same planner, trained faster; not part of the reuse key).
 
     Returns:
         The planner folder (load it with ``Planner.from_pretrained``).
     """
-    knobs = TrainerKnobs.of(train)
-    check_bf16(knobs.resolved_precision(), knobs.device_type(), "train-planner: --train.precision")
+    check_bf16(train.lightning_precision(), train.device_type(), "train-planner: --train.precision")
     prepared = PreparedDataset(prepared_dir)
     train = replace(train, train_split=train.train_split or prepared.planner_split)  # the reuse key names it
     config = PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim,
@@ -153,7 +120,7 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
     if speed.compile:
         compile_module(planner, "train-planner: the planner")
     module = LightningPlanner(planner, lr=train.lr, weight_decay=train.weight_decay, encoder_lr=train.encoder_lr)
-    trainer, best = build_trainer(knobs, out, best_filename="best", log_folders={"csv": "logs", "tensorboard": "logs"})
+    trainer, best = build_trainer(train, out, best_filename="best", log_folders={"csv": "logs", "tensorboard": "logs"})
     fit(trainer, module, _loader(train_split, config, train, shuffle=True),
         _loader(val_split, config, train, shuffle=False), ckpt_path)
     if not trainer.is_global_zero:
@@ -161,7 +128,7 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
     load_best(module, best)
     planner = module.planner.float().cpu()
     planner.save_pretrained(out)
-    metrics = _final_metrics(planner, prepared, train_split, eval_split, train.eval_batch_size, knobs.device_type())
+    metrics = _final_metrics(planner, prepared, train_split, eval_split, train.eval_batch_size, train.device_type())
     write_summary(out, {
         "prepared_dir": str(Path(prepared_dir).resolve()), "train_split": train.train_split,
         "eval_split": train.eval_split, "num_boundaries": eval_split.num_sentences, "horizon": config.horizon,
@@ -196,12 +163,10 @@ def _checked_splits(prepared: PreparedDataset, config: PlannerConfig,
 
 def _stage_config(prepared_dir: str, prepared: PreparedDataset, config: PlannerConfig, train: PlannerTrainArgs) -> dict:
     """The planner folder's reuse key."""
-    # Knobs that do not change the trained planner stay out of the key (changing them keeps the run).
-    display_only = ("progress_bar", "num_workers", "log_every_n_steps", "eval_batch_size", "loggers")
     return {"prepared_dir": str(Path(prepared_dir).resolve()), "codebook_hash": prepared.codebook_hash,
             "prepared": prepared.manifest.get("config_fingerprint"),  # the corpus, not only its codebook
             "model": asdict(config),
-            "train": {key: value for key, value in asdict(train).items() if key not in display_only}}
+            "train": train.reuse_key()}
 
 
 def _new_planner(prepared: PreparedDataset, prepared_dir: str, config: PlannerConfig) -> Planner:

@@ -18,8 +18,8 @@ def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, cycle_planner
     model = chatty_planned_lm(prepared)  # writes short sentences: generation re-plans at each
     use_planner(model, str(tmp_path / "planner"))
     model.save_pretrained(tmp_path / "model")
-    kwargs = dict(max_articles=3, max_boundaries_per_article=1, new_tokens=12, seed=6, bootstrap_samples=20,
-                  device="cpu")  # seed 6: the first continuation ends two sentences
+    kwargs = dict(max_articles=3, max_boundaries_per_article=1, sampling=SamplingConfig(max_new_tokens=12), seed=6,
+                  bootstrap_samples=20, device="cpu")  # seed 6: the first continuation ends two sentences
 
     metrics = edit_distance(str(tmp_path / "model"), str(synthetic_cycle), str(tmp_path / "edit"), **kwargs)
     assert (metrics["conditioning"], metrics["K"], metrics["T"]) == ("planner_sampled", 2, 3)

@@ -13,6 +13,7 @@ from helpers import read_csv, tiny_gpt2_config, tiny_planned_lm, tiny_planner, t
 from planlm.data.artifacts import PreparedDataset
 from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.evaluate.edit_distance import edit_distance
+from planlm.evaluate.generator import SamplingConfig
 from planlm.evaluate.perplexity import evaluate
 from planlm.evaluate.sweeps import sweep
 from planlm.plans.spec import PlanSpec
@@ -69,7 +70,8 @@ def test_evaluate_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes
 
 def test_edit_distance_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes(folders, tmp_path):
     prepared, planner, model = folders
-    kwargs = dict(split="validation", max_articles=3, max_boundaries_per_article=1, new_tokens=8, context_length=32,
+    kwargs = dict(split="validation", max_articles=3, max_boundaries_per_article=1, sampling=SamplingConfig(max_new_tokens=8),
+                  context_length=32,
                   bootstrap_samples=20, device="cpu")
 
     def run(out: str) -> list[str]:
@@ -130,7 +132,8 @@ def test_run_rebuilds_every_stage_downstream_of_a_changed_setting(tmp_path):
     from planlm.pipeline.run import run
 
     out = tmp_path / "run"
-    config = tiny_run_config(out, edit_distance={"max_articles": 1, "max_boundaries_per_article": 1, "new_tokens": 6,
+    config = tiny_run_config(out, edit_distance={"max_articles": 1, "max_boundaries_per_article": 1,
+                                                 "sampling": {"max_new_tokens": 6},
                                                  "context_length": 64, "bootstrap_samples": 20},
                              sweeps=[{"condition": "ours", "kind": "num_paths", "num_paths": [1, 2], "stride": 32,
                                       "context_length": 64, "max_articles": 2, "bootstrap_samples": 20}])

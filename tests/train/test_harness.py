@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from planlm.cli import main as cli_main
 from planlm.models.planner import PlannerShape
 from planlm.train import harness
-from planlm.train.harness import LoggerSpec, TrainerKnobs, build_trainer, check_loggers, fit, load_best, resume_checkpoint
+from planlm.train.args import TrainArgs
+from planlm.train.harness import LoggerSpec, build_trainer, check_loggers, fit, load_best, resume_checkpoint
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.planner import PlannerTrainArgs, train_planner
 from planlm.utils import PlanlmError
@@ -49,8 +50,8 @@ def regression_loader() -> DataLoader:
 
 
 def run_tiny(out: Path, **knobs) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, TinyRegression]:
-    knobs = TrainerKnobs(**{"max_epochs": 2, "accelerator": "cpu", "devices": 1, "progress_bar": False,
-                            "log_every_n_steps": 1, **knobs})
+    knobs = TrainArgs(**{"max_epochs": 2, "accelerator": "cpu", "devices": 1, "progress_bar": False,
+                         "log_every_n_steps": 1, "gradient_clip_val": None, **knobs})
     trainer, best = build_trainer(knobs, out, best_filename="best", log_folders={"csv": "logs", "tensorboard": "tb"})
     module = TinyRegression()
     fit(trainer, module, regression_loader(), regression_loader(), None)

@@ -1,0 +1,131 @@
+"""The trainer and optimiser group that ``train-planner`` and ``train-lm`` share (``--train.*``), written once.
+
+``TrainArgs`` holds every knob of the Lightning Trainer and the AdamW optimiser that both trainings take, with its
+documentation and its checks; each command's train config extends it with the knobs of its own data and model
+(``LMTrainConfig``: windows, the adapter's learning rates; ``PlannerTrainArgs``: the encoder's learning rate, the
+final evaluation) and restates a default where the paper's recipe differs. The harness
+(``planlm.train.harness.build_trainer``) builds the Trainer from a ``TrainArgs``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Optional, Union
+
+import torch
+
+from planlm.args import lightning_precision, read_precision
+from planlm.errors import PlanlmError
+from planlm.train.harness import DEFAULT_LOGGERS, check_loggers
+
+# How a reuse key spells the precision: the training commands' keys predate planlm's one vocabulary (issue 31),
+# and a finished stage keeps its key.
+_KEY_PRECISION = {"auto": None, "fp32": "32-true", "bf16": "bf16-mixed", "native": "native"}
+
+
+@dataclass
+class TrainArgs:
+    """The trainer and optimiser knobs of a training command (Lightning Trainer, AdamW)."""
+
+    batch_size: int = 32
+    """Examples per batch (per device): windows (train-lm) or sentence boundaries (train-planner)."""
+    accumulate_grad_batches: int = 1
+    """Gradient accumulation steps."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_epochs: int = 1
+    """Epochs over the training data (ignored when max_steps > 0 ends training first)."""
+    max_steps: int = -1
+    """Optimiser steps (-1: no limit)."""
+    val_check_interval: Optional[Union[int, float]] = None
+    """Validate every this many training batches (int) or fraction of an epoch (float); None: each epoch."""
+    limit_train_batches: Optional[Union[int, float]] = None
+    """Use only this many (int) or this fraction (float) of training batches per epoch."""
+    limit_val_batches: Optional[Union[int, float]] = None
+    """Use only this many (int) or this fraction (float) of validation batches."""
+    gradient_clip_val: Optional[float] = 1.0
+    """Clip the gradient norm (None: no clipping)."""
+    early_stopping_patience: Optional[int] = None
+    """Stop when val/loss has not improved for this many validations (None: off)."""
+    train_split: Optional[str] = "train"
+    """Prepared split to train on."""
+    val_split: str = "validation"
+    """Held-out prepared split for the validation loss (the best checkpoint, early stopping)."""
+    seed: int = 0
+    """Run seed of the initialisation, the order of the data and dropout (train-lm draws each from a stream of its
+    own, so every condition of a run starts from the same weights and sees the same data)."""
+    accelerator: str = "auto"
+    """Lightning accelerator (auto, cpu, gpu, ...)."""
+    devices: Union[int, str] = "auto"
+    """Lightning devices."""
+    strategy: str = "auto"
+    """Lightning strategy (auto, ddp, ...)."""
+    num_nodes: int = 1
+    """Lightning nodes."""
+    precision: str = "auto"
+    """auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it natively: CUDA or a CPU
+    with AVX512-BF16 / AMX; fp32 elsewhere), fp32 or bf16 (refused on a CPU without it); Lightning's bf16-mixed and
+    32-true are read as bf16 and fp32. Its speed against fp32 is measured in docs/benchmarks.md."""
+    num_workers: int = 0
+    """DataLoader worker processes."""
+    log_every_n_steps: int = 50
+    """Logging interval in steps."""
+    loggers: list[str] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
+    """Where metrics are logged: csv and tensorboard (default), wandb, mlflow or comet (when installed), or a
+    Lightning Logger class path (module.Class)."""
+    progress_bar: bool = True
+    """Show the progress bar."""
+
+    # Knobs that do not change the trained model: left out of the reuse key (a command adds its own).
+    DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "loggers")
+    # Knobs a command gained when the group was shared (issue 31): out of the reuse key while at their default, so a
+    # stage finished before keeps its key.
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ()
+    # The command's name in its error messages.
+    COMMAND: ClassVar[str] = "train"
+
+    def __post_init__(self):
+        self.precision = read_precision(self.precision, f"{self.COMMAND}: --train.precision")
+        for name in ("batch_size", "accumulate_grad_batches", "max_epochs", "num_nodes", "log_every_n_steps"):
+            self._at_least(name, 1)
+        if self.lr <= 0:
+            raise PlanlmError(f"{self.COMMAND}: --train.lr must be > 0 (got {self.lr})")
+        if self.weight_decay < 0:
+            raise PlanlmError(f"{self.COMMAND}: --train.weight_decay must be >= 0 (got {self.weight_decay})")
+        if self.early_stopping_patience is not None:
+            self._at_least("early_stopping_patience", 1)
+        check_loggers(self.loggers, f"{self.COMMAND}: --train.loggers")
+
+    def _at_least(self, name: str, low: int) -> None:
+        if getattr(self, name) < low:
+            raise PlanlmError(f"{self.COMMAND}: --train.{name} must be >= {low} (got {getattr(self, name)})")
+
+    def device_type(self) -> str:
+        """cuda when the run trains on a CUDA device, cpu otherwise."""
+        return "cuda" if torch.cuda.is_available() and self.accelerator in ("auto", "gpu", "cuda") else "cpu"
+
+    def lightning_precision(self) -> str:
+        """The Trainer's precision on this machine: bf16-mixed or 32-true."""
+        return lightning_precision(self.precision, self.device_type())
+
+    def reuse_key(self) -> dict[str, Any]:
+        """The knobs that change the trained model, as the stage's reuse key holds them (``DISPLAY_ONLY`` and
+        ``KEYED_WHEN_SET`` at their defaults left out, the precision spelled as before issue 31)."""
+        key = {}
+        for knob in fields(self):
+            value = getattr(self, knob.name)
+            if knob.name in self.DISPLAY_ONLY or (knob.name in self.KEYED_WHEN_SET and value == _default(knob)):
+                continue
+            key[knob.name] = list(value) if isinstance(value, (list, tuple)) else value
+        if "precision" in key:
+            key["precision"] = _KEY_PRECISION[self.precision]
+        return key
+
+
+def _default(knob) -> Any:
+    return knob.default_factory() if callable(knob.default_factory) else knob.default
+
+
+__all__ = ["TrainArgs"]

@@ -1,0 +1,91 @@
+"""The settings groups that commands share (issue 31): one precision vocabulary, one trainer group, the sampling
+group of generate and edit-distance, and old keys and values still read with a one-line note."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import fields
+
+import pytest
+import yaml
+
+from planlm.args import PRECISIONS, arithmetic, lightning_precision, read_precision, read_renamed
+from planlm.errors import PlanlmError, PlanlmWarning
+from planlm.evaluate.edit_distance import edit_distance
+from planlm.evaluate.generator import SamplingConfig
+from planlm.pipeline.sections import bind_section
+from planlm.train.args import TrainArgs
+from planlm.train.lm import LMTrainConfig
+from planlm.train.planner import PlannerTrainArgs
+
+
+@pytest.mark.parametrize("old, new", [("bf16-mixed", "bf16"), ("32-true", "fp32"), (None, "auto")])
+def test_lightnings_precisions_are_read_as_planlms_with_a_note(old, new):
+    with pytest.warns(PlanlmWarning, match=f"--train.precision {old or 'null'} is read as {new}"):
+        assert LMTrainConfig(precision=old).precision == new
+    with pytest.warns(PlanlmWarning, match="is read as"):
+        assert PlannerTrainArgs(precision=old).precision == new
+
+
+def test_an_unknown_precision_is_one_line_naming_the_vocabulary():
+    with pytest.raises(PlanlmError, match="--precision 'fp16': choose auto, native, fp32, bf16") as error:
+        read_precision("fp16", "--precision")
+    assert "\n" not in str(error.value)
+    assert [read_precision(p, "--precision") for p in PRECISIONS] == list(PRECISIONS)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_every_precision_names_one_arithmetic_per_device(monkeypatch, native):
+    monkeypatch.setattr("planlm.utils.cpu_supports_bf16", lambda: native)
+    assert [arithmetic(p, "cuda") for p in PRECISIONS] == ["bf16", "bf16", "fp32", "bf16"]
+    assert [arithmetic(p, "cpu") for p in PRECISIONS] == ["fp32", "bf16" if native else "fp32", "fp32", "bf16"]
+    assert lightning_precision("fp32", "cuda") == "32-true" and lightning_precision("auto", "cuda") == "bf16-mixed"
+
+
+def test_both_trainings_share_one_trainer_group_and_keep_their_recipes():
+    shared = {knob.name for knob in fields(TrainArgs)}
+    assert shared <= {knob.name for knob in fields(LMTrainConfig)} & {knob.name for knob in fields(PlannerTrainArgs)}
+    assert (LMTrainConfig().batch_size, PlannerTrainArgs().batch_size) == (32, 512)
+    assert (LMTrainConfig().gradient_clip_val, PlannerTrainArgs().gradient_clip_val) == (1.0, None)
+
+
+def test_reuse_keys_keep_their_shape_from_before_the_shared_group():
+    """A finished stage is reused after issue 31: the precision is keyed in Lightning's spelling, and a knob a command
+    gained with the shared group stays out of its key until it is set."""
+    assert LMTrainConfig().reuse_key()["precision"] is None
+    assert LMTrainConfig(precision="bf16").reuse_key()["precision"] == "bf16-mixed"
+    assert "early_stopping_patience" not in LMTrainConfig().reuse_key()
+    assert LMTrainConfig(early_stopping_patience=2).reuse_key()["early_stopping_patience"] == 2
+    planner = PlannerTrainArgs().reuse_key()
+    assert not {"gradient_clip_val", "limit_train_batches", "accumulate_grad_batches", "eval_batch_size"} & set(planner)
+    assert PlannerTrainArgs(gradient_clip_val=0.5).reuse_key()["gradient_clip_val"] == 0.5
+
+
+def test_read_renamed_moves_an_old_key_into_its_group_with_a_note():
+    with pytest.warns(PlanlmWarning, match="run.yaml: 'new_tokens' is read as 'sampling.max_new_tokens'"):
+        assert read_renamed({"new_tokens": 12, "seed": 1}, {"new_tokens": "sampling.max_new_tokens"},
+                            "run.yaml") == {"seed": 1, "sampling": {"max_new_tokens": 12}}
+    with pytest.raises(PlanlmError, match="same setting"):
+        read_renamed({"new_tokens": 12, "sampling": {"max_new_tokens": 8}}, {"new_tokens": "sampling.max_new_tokens"},
+                     "run.yaml")
+
+
+def test_edit_distance_reads_its_old_flat_sampling_keys_in_a_run_section():
+    old = {"new_tokens": 12, "temperature": 0.5, "top_k": 3}
+    with pytest.warns(PlanlmWarning, match="'temperature' is read as 'sampling.temperature'"):
+        kwargs = bind_section(edit_distance, old, skip={"model_dir", "prepared_dir", "out_dir"}, where="run.yaml")
+    assert kwargs["sampling"] == SamplingConfig(max_new_tokens=12, temperature=0.5, top_k=3)
+
+
+def test_edit_distance_reads_its_old_flags_and_config_keys_on_the_command_line(tmp_path, monkeypatch):
+    from planlm import cli
+
+    seen = {}
+    monkeypatch.setattr("planlm.evaluate.edit_distance.edit_distance",
+                        functools.wraps(edit_distance)(lambda **kwargs: seen.update(kwargs) or {}))
+    config = tmp_path / "edit.yaml"
+    config.write_text(yaml.safe_dump({"top_p": 0.5, "split": "validation"}))
+    with pytest.warns(PlanlmWarning, match="--new_tokens is read as --sampling.max_new_tokens"):
+        cli.main(["edit-distance", "--model_dir", "m", "--prepared_dir", "p", "--out_dir", str(tmp_path / "out"),
+                  "--config", str(config), "--new_tokens", "7"])
+    assert seen["sampling"] == SamplingConfig(max_new_tokens=7, top_p=0.5) and seen["split"] == "validation"
