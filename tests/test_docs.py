@@ -111,3 +111,15 @@ def test_a_misspelled_option_fails_the_parse(cli_parser):
     assert "--plans.num_pathz" in parse_error(cli_parser, [w.replace("num_paths", "num_pathz") for w in good])
     assert parse_error(cli_parser, ["planlm", "sample-plans", PLACEHOLDER, "--plans.num_paths", "5"]) is None
     assert parse_error(cli_parser, ["planlm", "sample-plans", PLACEHOLDER, "--plans.num_pathz", "5"])
+
+
+def test_the_configuration_page_lists_every_key_of_every_command_and_is_current():
+    """docs/configuration.md is written from the signatures and dataclasses (`python -m planlm.config_docs`)."""
+    from planlm.commands import COMMANDS
+    from planlm.config_docs import PAGE, command_flags, render
+
+    page = render()
+    for name in COMMANDS:  # every flag of the CLI is a row of its command's table
+        section = page.split(f"## planlm {name}\n")[1].split("\n## ")[0]
+        assert all(f"| `{flag}` |" in section for flag in command_flags(name)), name
+    assert PAGE.read_text() == page, "docs/configuration.md is stale: run `python -m planlm.config_docs`"
