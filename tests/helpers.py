@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -64,7 +63,8 @@ def tiny_planned_lm(prepared: PreparedDataset, adapter: str = "project_avg", see
 
 def use_planner(model: PlannedLM, planner_dir) -> PlannedLM:
     """``model`` as if trained on plans sampled from the planner in ``planner_dir`` (its K and T kept)."""
-    model.config.plans = replace(model.config.plans, kind=PlanKind.planner_sampled, planner_dir=str(planner_dir))
+    model.config.plans = {**model.config.plans, "kind": PlanKind.planner_sampled.value}
+    model.plan_folders = {"planner_dir": str(planner_dir)}
     return model
 
 

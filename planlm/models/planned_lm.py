@@ -11,11 +11,13 @@ an index into the N plans, or -1 for "no conditioning" (padding, or the ``none``
 
 A saved folder::
 
-    planned_lm.json          PlannedLMConfig (the plans' PlanSpec, adapter shape, provenance of the plans)
+    planned_lm.json          PlannedLMConfig (the plans' settings, adapter shape, hashes of the plans' sources)
     lm/                      the HF model's save_pretrained (safetensors; LoRA merged in)
     adapter.safetensors      the adapter's weights (absent for plans kind "none")
     codebook.safetensors     {"centroids": (A, E)} the actions the adapter was trained on
     tokenizer/               the tokenizer of the prepared corpus
+    README.md                the model card; its training block names the folders the plans came from
+                             (``PlannedLM.plan_folders``: run paths, never in the config)
 """
 
 from __future__ import annotations
@@ -35,18 +37,20 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
 from planlm.models.card import evaluation_entry, planned_lm_card, read_planlm_block, write_card
 from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
-from planlm.plans.spec import PlanSpec
 from planlm.utils import PlanlmError, honour_umask, save_safetensors, to_jsonable, write_json
 
 Finetune = Literal["full", "frozen", "lora"]
 LEGACY_PLAN_FIELDS = ("conditioning", "num_paths", "horizon", "temperature", "fixed_action", "seed", "planner_dir",
                       "plans_dir")
+PLAN_FOLDERS = ("planner_dir", "plans_dir")  # where a run's plans came from: the run's paths, not the model's
 
 
 @dataclass
 class PlannedLMConfig:
-    plans: PlanSpec = field(default_factory=PlanSpec)
-    """The plans the model was trained with (resolved; evaluation inherits what it does not override)."""
+    plans: dict = field(default_factory=dict)
+    """The plans the model was trained with: the fields of a ``planlm.plans.spec.PlanSpec`` (kind, num_paths, horizon,
+    temperature, ...) but the folders they came from (``PlannedLM.plan_folders``); evaluation inherits what it does
+    not override (``planlm.plans.spec.trained_plans``)."""
     adapter: AdapterConfig | None = None
     """Shape of the adapter (None for plans kind "none")."""
     tokenizer: str = "gpt2"
@@ -67,11 +71,7 @@ class PlannedLMConfig:
     def __post_init__(self):
         if isinstance(self.adapter, dict):
             self.adapter = AdapterConfig(**self.adapter)
-        if isinstance(self.plans, dict):
-            self.plans = PlanSpec(**self.plans)
-        self.plans = self.plans.resolve()
-        if self.plans.has_plans and self.adapter is None:
-            raise PlanlmError(f"plans kind {self.plans.kind} needs an adapter config")
+        self.plans = {key: value for key, value in to_jsonable(self.plans).items() if key not in PLAN_FOLDERS}
 
     @classmethod
     def from_dict(cls, values: dict) -> PlannedLMConfig:
@@ -86,6 +86,12 @@ class PlannedLMConfig:
             adapter["kind"] = adapter.pop("adapter")
             values["adapter"] = adapter
         return cls(**values)
+
+    @staticmethod
+    def legacy_plan_folders(values: dict) -> dict[str, str]:
+        """The plan folders that a planned_lm.json written before issue 31 kept in its config."""
+        plans = values.get("plans") if isinstance(values.get("plans"), dict) else values
+        return {key: plans[key] for key in PLAN_FOLDERS if plans.get(key)}
 
 
 def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None,
@@ -145,7 +151,10 @@ class PlannedLM(nn.Module):
             self.register_buffer("codebook", codebook.detach().float().clone(), persistent=False)  # (A, E)
         else:
             self.codebook = None
-        self.adapter = build_adapter(config.adapter, codebook) if config.plans.has_plans else None
+        self.adapter = build_adapter(config.adapter, codebook) if config.adapter is not None else None
+        self.plan_folders: dict[str, str] = {}
+        """The folders the training plans came from (planner_dir, plans_dir): the run's paths, kept in the model card
+        (the training block), not in the config; an evaluation takes its default planner from them."""
         self.loss_chunk_size = 0
         """With labels, compute the loss this many tokens at a time without the logits (``planlm.models.lm_loss``;
         0: the LM's own loss on all the logits). A run setting (``Speed``), not part of the saved config."""
@@ -262,7 +271,7 @@ class PlannedLM(nn.Module):
         if tokenizer is not None:
             tokenizer.save_pretrained(str(folder / "tokenizer"))
         write_json(folder / "planned_lm.json", to_jsonable(self.config))
-        write_card(folder, planned_lm_card(self.config, training))
+        write_card(folder, planned_lm_card(self.config, {**self.plan_folders, **(training or {})}))
         self.folder = folder
         return folder
 
@@ -282,7 +291,8 @@ class PlannedLM(nn.Module):
         stage_manifest(folder)  # a train-lm folder: the cheap check of its files, one line per damaged file
         fix = fix_for(folder)
         with reading(config_path, fix):
-            config = PlannedLMConfig.from_dict(load_json(config_path, fix))
+            values = load_json(config_path, fix)
+            config = PlannedLMConfig.from_dict(values)
         with reading(folder / "lm", fix):
             lm = AutoModelForCausalLM.from_pretrained(str(folder / "lm"))
         codebook = None
@@ -293,6 +303,7 @@ class PlannedLM(nn.Module):
             with reading(folder / "adapter.safetensors", fix):
                 model.adapter.load_state_dict(load_safetensors(folder / "adapter.safetensors", fix))
         model.folder = folder
+        model.plan_folders = recorded_plan_folders(folder, values)
         return model.to(map_location)
 
     def push_to_hub(self, repo_id: str, **kwargs) -> str:
@@ -309,6 +320,14 @@ class PlannedLM(nn.Module):
 
         path = Path(folder or self.folder or ".") / "tokenizer"
         return load_tokenizer(str(path) if path.is_dir() else self.config.tokenizer)
+
+
+def recorded_plan_folders(folder: str | Path, config: dict) -> dict[str, str]:
+    """The folders a saved planned LM's training plans came from: its card's training block, or the config
+    (``config``: its planned_lm.json) of a folder saved before issue 31."""
+    training = (read_planlm_block(folder) or {}).get("training") or {}
+    return {**PlannedLMConfig.legacy_plan_folders(config),
+            **{key: training[key] for key in PLAN_FOLDERS if training.get(key)}}
 
 
 def add_evaluation(model_dir: str | Path, metrics: dict) -> bool:
@@ -330,4 +349,4 @@ def add_evaluation(model_dir: str | Path, metrics: dict) -> bool:
     return True
 
 
-__all__ = ["PlannedLM", "PlannedLMConfig", "load_causal_lm", "add_evaluation"]
+__all__ = ["PlannedLM", "PlannedLMConfig", "load_causal_lm", "add_evaluation", "recorded_plan_folders"]

@@ -2,7 +2,8 @@
 
 Training (``planlm train-lm --plans.kind ...``), evaluation, generation, edit distance and sweeps all
 take it as one argument group, ``plans``. A field left unset (None) is inherited: at training from
-the defaults below, at evaluation from the spec the model was trained with (``planned_lm.json``), so
+the defaults below, at evaluation from the spec the model was trained with (``trained_plans``: the settings in its
+``planned_lm.json``, the planner folder its card names), so
 ``planlm evaluate --plans.num_paths 20`` changes K and keeps everything else of the model's plans.
 ``resolve`` fills the unset fields and validates the whole value once; every later stage trusts it.
 
@@ -156,13 +157,20 @@ DEFAULTS = {"kind": PlanKind.none, "num_paths": 1, "horizon": 1, "temperature": 
             "path_policy": PathPolicy(), "expectation": False, "top_actions": 64}
 
 
+def trained_plans(model) -> PlanSpec:
+    """The plans a PlannedLM was trained with, resolved: its config's plan settings and the folders they came from
+    (``PlannedLM.plan_folders``; a model config holds no run paths)."""
+    folders = {key: value for key, value in getattr(model, "plan_folders", {}).items() if value}
+    return PlanSpec(**model.config.plans, **folders).resolve()
+
+
 def evaluation_spec(overrides: PlanSpec, model, model_dir: str) -> PlanSpec:
     """The plans of an evaluation: the model's training spec with ``overrides`` (and, with a plan cache, the cache's
     K and path policy), resolved once and checked against the model (its adapter, its actions) and the folders it
     names."""
     from pathlib import Path
 
-    trained = model.config.plans
+    trained = trained_plans(model)
     if overrides.plans_dir:
         overrides = _cache_overrides(overrides, plan_kind(overrides.kind or trained.kind))
     spec = overrides.resolve(trained)
@@ -219,4 +227,4 @@ def check_renamed(keys, command_keys: set[str], where: str) -> None:
             raise PlanlmError(f"{where}: {key!r} is now {RENAMED[key]}; rename it in your config or command line")
 
 
-__all__ = ["PlanKind", "PlanSpec", "evaluation_spec", "check_renamed", "RENAMED"]
+__all__ = ["PlanKind", "PlanSpec", "trained_plans", "evaluation_spec", "check_renamed", "RENAMED"]

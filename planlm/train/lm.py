@@ -224,6 +224,7 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "adapter"))
         planned = PlannedLM(config, lm, prepared.codebook)
+    planned.plan_folders = {"planner_dir": spec.planner_dir, "plans_dir": spec.plans_dir}
     if init is not None and init.adapter is not None and planned.adapter is not None \
             and asdict(init.config.adapter) == asdict(adapter_config):
         planned.adapter.load_state_dict(init.adapter.state_dict())

@@ -26,7 +26,7 @@ def reference_nll(model, split, article: int, context_length: int) -> float:
     """Every token but the article's first, scored after up to context_length - 1 tokens of the article, each
     input token conditioned on the oracle plan of its token_plan_sentence (the adapter runs inside the forward).
     Windows of the same length share a forward pass."""
-    source = OraclePlans(split, model.config.plans.num_paths, model.config.plans.horizon)
+    source = OraclePlans(split, model.config.plans["num_paths"], model.config.plans["horizon"])
     tokens = split.token_range(article)
     ids, plan_sentence = np.asarray(split.input_ids), np.asarray(split.token_plan_sentence)
     windows: dict[int, list[tuple[int, int]]] = {}

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from planlm.models.planned_lm import recorded_plan_folders
 from planlm.pipeline.run import StagesFailed, run
 from planlm.utils import STAGE_LOCK, PlanlmError
 
@@ -96,8 +97,9 @@ def test_condition_with_its_own_planner_trains_and_uses_it(tiny_run):
     own = json.loads((out / "planners" / "ours_causal" / "config.json").read_text())
     assert own["dynamics"] == "causal" and own["d_model"] == 32  # merged over the shared planner section
     assert json.loads((out / "planner" / "config.json").read_text())["dynamics"] == "recurrent"
-    lm_config = json.loads((out / "lm" / "ours_causal" / "planned_lm.json").read_text())
-    assert Path(lm_config["plans"]["planner_dir"]).resolve() == (out / "planners" / "ours_causal").resolve()
+    lm_folders = recorded_plan_folders(out / "lm" / "ours_causal",
+                                       json.loads((out / "lm" / "ours_causal" / "planned_lm.json").read_text()))
+    assert Path(lm_folders["planner_dir"]).resolve() == (out / "planners" / "ours_causal").resolve()
     rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["conditions"]}
     assert rows["ours_causal"]["status"] == "done" and rows["ours_causal"]["ppl"] > 0
 

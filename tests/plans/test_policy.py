@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from planlm.models.adapter import AdapterConfig, build_adapter
+from planlm.models.planned_lm import PlannedLM
 from planlm.data.artifacts import PreparedDataset
 from planlm.plans.policy import (PathPolicy, entropy_num_paths, path_mask_from_counts, paths_summary, plan_change,
                                 sample_with_policy, step_distribution)
@@ -217,7 +218,7 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
     assert 1 <= counts.min() and counts.max() <= 6 and metrics["path_policy"]["max_paths"] == 6
     assert metrics["planner_time_s"] > 0 and metrics["lm_time_s"] > 0
     # The same plans through a cache: the counts travel with the paths, the perplexity is the same.
-    planner_dir = json.loads((planned / "planned_lm.json").read_text())["plans"]["planner_dir"]
+    planner_dir = PlannedLM.from_pretrained(planned).plan_folders["planner_dir"]  # the card's, not the config's
     cache = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=planner_dir, num_paths=6, path_policy=policy),
                          splits=["test"], device="cpu", batch_size=256)
     cached = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "cached"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from planlm.models.planned_lm import PlannedLMConfig
 from planlm.plans.policy import PathPolicy
 from planlm.plans.kinds import plan_source
 from planlm.plans.sources import CachedPlans, FixedPlans, OraclePlans, ShuffledPlans
-from planlm.plans.spec import PlanKind, PlanSpec, check_renamed
+from planlm.plans.spec import PlanKind, PlanSpec, check_renamed, trained_plans
 from planlm.utils import PlanlmError, write_manifest
 
 
@@ -75,8 +76,10 @@ def test_a_model_folder_of_the_old_format_loads():
            "seed": 0, "planner_dir": "planner", "plans_dir": "cache", "tokenizer": "gpt2", "num_actions": 8,
            "adapter": {"adapter": "project_avg", "num_actions": 8, "action_dim": 4, "hidden_size": 8, "horizon": 1}}
     config = PlannedLMConfig.from_dict(old)
-    assert config.plans.kind is PlanKind.planner_argmax and config.plans.planner_dir == "planner"
-    assert config.plans.temperature == 0.0 and config.adapter.kind == "project_avg"
+    model = SimpleNamespace(config=config, plan_folders=PlannedLMConfig.legacy_plan_folders(old))
+    assert trained_plans(model).kind is PlanKind.planner_argmax and trained_plans(model).planner_dir == "planner"
+    assert trained_plans(model).temperature == 0.0 and config.adapter.kind == "project_avg"
+    assert "planner_dir" not in config.plans  # a model config holds no run paths (issue 31)
 
 
 def test_sources_of_each_kind(synthetic_random, tmp_path):

@@ -17,7 +17,7 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.integrity import record_files
 from planlm.models.planned_lm import PlannedLM
 from planlm.models.adapter import AdapterSettings
-from planlm.plans.spec import PlanKind, PlanSpec
+from planlm.plans.spec import PlanKind, PlanSpec, trained_plans
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.utils import PlanlmError, read_manifest, write_json, write_manifest
 
@@ -63,7 +63,7 @@ def rescored_val_loss(model_dir: Path, prepared_dir: Path, num_windows: int, con
     model = PlannedLM.from_pretrained(model_dir).eval()
     prepared = PreparedDataset(prepared_dir)
     split = prepared["validation"]
-    source = plan_source(model.config.plans, prepared, split)
+    source = plan_source(trained_plans(model), prepared, split)
     total, count = 0.0, 0
     for _, start, end in article_windows(split, context_length, stride)[:num_windows]:
         input_ids = torch.from_numpy(np.array(split.input_ids[start:end]))[None]  # (1, L)
@@ -138,13 +138,14 @@ def test_every_adapter_and_source_trains_end_to_end(synthetic_random, tmp_path, 
     assert (out / "checkpoints" / "last.ckpt").is_file() and list((out / "logs").rglob("metrics.csv"))
     assert list((out / "tb").rglob("events.out.tfevents*"))
     model = PlannedLM.from_pretrained(out)
-    assert model.config.plans.kind == conditioning and (model.adapter is None) == (conditioning == "none")
+    assert trained_plans(model).kind == conditioning and (model.adapter is None) == (conditioning == "none")
     if conditioning != "none":
         assert model.config.adapter.kind == adapter and model.config.adapter.rezero == rezero
         assert model.config.codebook_hash == PreparedDataset(synthetic_random).codebook_hash
     if plans_dir:  # which planner and plans produced the training plans
-        assert model.config.plans.plans_dir == plans_dir and model.config.planner_hash == "feedbeef"
-        assert model.config.plans.planner_dir == "/somewhere/planner"
+        assert trained_plans(model).plans_dir == plans_dir and model.config.planner_hash == "feedbeef"
+        assert trained_plans(model).planner_dir == "/somewhere/planner"
+        assert not {"plans_dir", "planner_dir"} & set(model.config.plans)  # the folders are the run's, in the card
     # The folder reloads with its tokenizer, and the reloaded model scores text.
     tokenizer = model.load_tokenizer(out)
     ids = torch.tensor([tokenizer("Red blue green.")["input_ids"]])
@@ -182,11 +183,12 @@ def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
                    plans=PlanSpec(kind="planner_sampled", num_paths=2, horizon=2, planner_dir=str(tmp_path / "planner")),
                    adapter=AdapterSettings(kind="multipath"), train=quick())
-    config = PlannedLM.from_pretrained(out).config
+    model = PlannedLM.from_pretrained(out)
+    config, trained = model.config, trained_plans(model)
     planner_dir = (tmp_path / "planner").resolve()
-    assert Path(config.plans.plans_dir).resolve().is_relative_to(planner_dir)  # the default cache inside the planner
-    assert Path(config.plans.planner_dir).resolve() == planner_dir
-    assert config.planner_hash == read_manifest(config.plans.plans_dir)["planner_hash"] and len(config.planner_hash) == 64
+    assert Path(trained.plans_dir).resolve().is_relative_to(planner_dir)  # the default cache inside the planner
+    assert Path(trained.planner_dir).resolve() == planner_dir
+    assert config.planner_hash == read_manifest(trained.plans_dir)["planner_hash"] and len(config.planner_hash) == 64
 
 
 def test_training_on_plans_of_an_adaptive_path_policy(synthetic_random, tmp_path):
@@ -200,9 +202,9 @@ def test_training_on_plans_of_an_adaptive_path_policy(synthetic_random, tmp_path
                    plans=PlanSpec(kind="planner_sampled", num_paths=4, horizon=2, planner_dir=str(tmp_path / "planner"),
                                   path_policy=policy),
                    adapter=AdapterSettings(kind="multipath"), train=quick(limit_train_batches=2))
-    config = PlannedLM.from_pretrained(out).config
-    assert read_manifest(config.plans.plans_dir)["config"]["path_policy"]["kind"] == "entropy"  # its own cache
-    counts = load_path_counts(config.plans.plans_dir, "train")
+    trained = trained_plans(PlannedLM.from_pretrained(out))
+    assert read_manifest(trained.plans_dir)["config"]["path_policy"]["kind"] == "entropy"  # its own cache
+    counts = load_path_counts(trained.plans_dir, "train")
     assert counts.min() >= 1 and counts.max() <= 4
     assert read_manifest(out)["config"]["plans"]["path_policy"]["kind"] == "entropy"  # in the reuse key
     with pytest.raises(PlanlmError, match="path_policy.max_paths 8 differs from --plans.num_paths 4"):
@@ -436,8 +438,8 @@ def test_cli_train_lm(synthetic_random, tmp_path, capsys):
             "--train.progress_bar", "false"]
     cli_main(args)
     model = PlannedLM.from_pretrained(out)
-    assert model.config.adapter.kind == "multipath" and model.config.plans.num_paths == 2
-    assert model.config.plans.kind == PlanKind.oracle
+    assert model.config.adapter.kind == "multipath" and trained_plans(model).num_paths == 2
+    assert trained_plans(model).kind == PlanKind.oracle
     assert read_manifest(out)["global_step"] == 1
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
