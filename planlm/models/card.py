@@ -112,7 +112,8 @@ def _planned_lm_body(name: str, block: dict) -> str:
              "Long-Term for Language Modeling\", Mai, Cornille, Moens).", "",
              "| | |", "|---|---|",
              f"| base LM | `{block['base_model'] or block['base_model_config']}` (finetune: {block['finetune']}) |",
-             f"| plans | {plans['kind']}, K={plans['num_paths']}, T={plans['horizon']}, tau={plans['temperature']} |",
+             f"| plans | {plans['kind']}, K={plans.get('num_paths')}, T={plans.get('horizon')}, "
+             f"tau={plans.get('temperature')} |",
              f"| adapter | {adapter['kind'] if adapter else 'none'} |",
              f"| actions | {block['num_actions']}, codebook `{str(block['codebook_hash'])[:12]}` |",
              f"| planner | `{str(block['planner_hash'])[:12]}` |",

@@ -72,6 +72,7 @@ class PlannedLMConfig:
         if isinstance(self.adapter, dict):
             self.adapter = AdapterConfig(**self.adapter)
         self.plans = {key: value for key, value in to_jsonable(self.plans).items() if key not in PLAN_FOLDERS}
+        self.plans["kind"] = self.plans.get("kind") or "none"  # a plain LM: no plans, the default kind
 
     @classmethod
     def from_dict(cls, values: dict) -> PlannedLMConfig:
