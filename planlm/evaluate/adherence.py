@@ -30,6 +30,7 @@ from typing import Literal, Optional
 
 import numpy as np
 
+from planlm.args import read_precision
 from planlm.console import open_bar
 from planlm.data.actions import ranked_actions
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
@@ -63,7 +64,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
               own: PlanSpec = PlanSpec(), fixed_action: int = 0, seed: int = 0, context_length: int = 128,
               tokens_per_sentence: int = 64, temperature: float = 1.0, top_k: Optional[int] = None,
               top_p: Optional[float] = None, device: str = "auto",
-              precision: Literal["auto", "fp32", "bf16"] = "auto", bootstrap_samples: int = 1000,
+              precision: str = "auto", bootstrap_samples: int = 1000,
               confidence: float = 0.95) -> dict:
     """How often a planned LM writes the action its plan asks for, against chance, its own plans and Fixed.
 
@@ -92,7 +93,8 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         top_k: Top-k sampling (None: off).
         top_p: Nucleus sampling (None: off).
         device: auto, cpu, cuda ...
-        precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
+        precision: auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it
+            natively, fp32 elsewhere), fp32 or bf16.
         bootstrap_samples: Bootstrap resamples of the intervals.
         confidence: Confidence level.
 
@@ -100,6 +102,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         The metrics: {condition: {adherence, top5, chance, chance_top5, over_chance, ...}}.
     """
     _check_args(outline_length, outlines_per_article, max_articles, tokens_per_sentence, conditions)
+    precision = read_precision(precision, "--precision")
     sampling = SamplingConfig(max_new_tokens=outline_length * tokens_per_sentence, temperature=temperature,
                               top_k=top_k, top_p=top_p)
     models = model_seeds(model_dir)
