@@ -161,7 +161,8 @@ def trained_plans(model) -> PlanSpec:
     """The plans a PlannedLM was trained with, resolved: its config's plan settings and the folders they came from
     (``PlannedLM.plan_folders``; a model config holds no run paths)."""
     folders = {key: value for key, value in getattr(model, "plan_folders", {}).items() if value}
-    return PlanSpec(**model.config.plans, **folders).resolve()
+    plans = model.config.plans  # a dict; a PlanSpec where Python code builds the model's config itself
+    return replace(plans if isinstance(plans, PlanSpec) else PlanSpec(**plans), **folders).resolve()
 
 
 def evaluation_spec(overrides: PlanSpec, model, model_dir: str) -> PlanSpec:
