@@ -37,12 +37,12 @@ NUM_ACTIONS = 16  # the synthetic vocabulary allows 16 actions of 3 words
 def build(root: Path, lm_size: str, num_articles: int, planner_size: str, dynamics_kinds: list[str]):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from planlm.models.adapter import AdapterConfig
     from planlm.data.artifacts import PreparedDataset
-    from planlm.testing.synthetic import make_synthetic_prepared
+    from planlm.models.adapter import AdapterConfig
     from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
-    from planlm.plans.spec import PlanSpec
     from planlm.models.planner import Planner, PlannerConfig
+    from planlm.plans.spec import PlanSpec
+    from planlm.testing.synthetic import make_synthetic_prepared
 
     prepared_dir = make_synthetic_prepared(root / "prepared", num_actions=NUM_ACTIONS, embedding_dim=32,
                                            rule="skip",
@@ -71,8 +71,8 @@ def sync(device: torch.device) -> None:
 @torch.no_grad()
 def bare_forward(lm, split, windows, batch_size: int, device: torch.device, precision: str, keep_scored: bool) -> float:
     """The same windows and batches through the plain HF LM; returns seconds."""
+    from planlm.device import autocast
     from planlm.evaluate.perplexity import window_batches
-    from planlm.utils import autocast
 
     input_ids_all = torch.from_numpy(np.array(split.input_ids)).to(device)
     batches = window_batches(windows, batch_size)
@@ -100,8 +100,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats; the best of each is reported")
     args = parser.parse_args()
 
+    from planlm.device import resolve_device
     from planlm.evaluate.perplexity import evaluate_split, scoring_windows
-    from planlm.utils import resolve_device
 
     device = resolve_device(args.device)
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,4 @@
-"""Cost of the file checks of ``planlm.integrity`` on a run folder the size of the demo's.
+"""Cost of the file checks of ``planlm.stage.integrity`` on a run folder the size of the demo's.
 
 Without a finished demo run at hand (``--run_dir``), it writes one of the same sizes with the library's own
 writers, no training: a prepared corpus (``--train_sentences`` sentences of 384-d MiniLM embeddings and about
@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planlm import integrity
-from planlm.utils import MANIFEST, write_manifest
+from planlm.stage import MANIFEST, integrity, write_manifest
 
 
 def write_demo_sized_run(root: Path, train_sentences: int, tokens_per_sentence: int, conditions: int) -> None:
@@ -87,8 +86,8 @@ def write_demo_sized_run(root: Path, train_sentences: int, tokens_per_sentence: 
 
 
 def time_stages(run_dir: Path, repeats: int) -> None:
-    from planlm.integrity import check_files
-    from planlm.utils import read_manifest
+    from planlm.stage import read_manifest
+    from planlm.stage.integrity import check_files
 
     print(f"{'stage folder':<34} {'files':>5} {'MB':>8} {'record s':>9} {'cheap s':>8} {'full s':>7} {'cheap MB hashed':>16}")
     for manifest_path in sorted(run_dir.rglob(MANIFEST)):

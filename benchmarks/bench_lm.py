@@ -159,7 +159,7 @@ def time_interleaved(args, device: torch.device, batches: list[dict], names, ste
 
 def speed_table(lm_config: dict, args, device: torch.device, batches: list[dict], batch_size: int) -> None:
     """Tokens/s of the bare LM's training step under each speed setting, as ratios to fp32 eager."""
-    from planlm.utils import cpu_supports_bf16
+    from planlm.device import cpu_supports_bf16
 
     chunk = args.loss_chunk_size
 

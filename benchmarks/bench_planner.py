@@ -31,12 +31,12 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedDataset
-from planlm.testing.synthetic import make_synthetic_prepared
+from planlm.device import autocast
 from planlm.models.planner import Planner, PlannerConfig
 from planlm.plans.contexts import boundary_contexts
 from planlm.plans.kinds import DrawArrays, draw_plans, draw_split, in_memory
 from planlm.plans.spec import PlanSpec
-from planlm.utils import autocast
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.boundaries import BoundaryCollate
 from planlm.train.planner_module import LightningPlanner
 

@@ -60,7 +60,7 @@ def best_of(repeats: int, runs: dict) -> dict[str, float]:
 def bench_embedding(sentences: list[str], batch_size: int, repeats: int, block_size: int) -> tuple[dict, np.ndarray]:
     from planlm.data.embed import EmbedConfig, embed_sentences
     from planlm.data.resources import load_sentence_encoder
-    from planlm.utils import cpu_supports_bf16
+    from planlm.device import cpu_supports_bf16
 
     config = EmbedConfig(batch_size=batch_size)
     # the very instance the pipeline gets from the cache: the timings compare the code around encode()

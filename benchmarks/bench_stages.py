@@ -69,11 +69,11 @@ def main() -> None:
 def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     """Rows (stage, seconds, units processed, unit)."""
     from planlm.data.artifacts import PreparedDataset
-    from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.evaluate.perplexity import evaluate
+    from planlm.models.adapter import AdapterSettings
     from planlm.models.planner import PlannerShape
     from planlm.plans.sampling import sample_plans
-    from planlm.models.adapter import AdapterSettings
+    from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
     from planlm.train.planner import PlannerTrainArgs, train_planner
 
@@ -120,11 +120,11 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
 
 def stage_vs_loop(root: Path, args) -> None:
     """Tokens/s of one train_lm epoch, timed whole, against a bare loop over the same batches."""
-    from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.models.adapter import AdapterSettings
     from planlm.speed import Speed
+    from planlm.stage import read_manifest
+    from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
-    from planlm.utils import read_manifest
 
     accelerator = {"auto": "auto", "cpu": "cpu", "cuda": "gpu"}[args.device]
     counts = {"train": args.articles, "validation": max(10, args.articles // 20), "test": 10}

@@ -50,7 +50,7 @@ def device_precision(value: Any, flag: str, device_type: str) -> str:
 def arithmetic(precision: str, device_type: str) -> Literal["fp32", "bf16"]:
     """The arithmetic ``precision`` asks for on a ``device_type`` (cuda, cpu) device: fp32 or bf16."""
     if precision == "native":
-        from planlm.utils import cpu_supports_bf16
+        from planlm.device import cpu_supports_bf16
 
         return "bf16" if device_type == "cuda" or cpu_supports_bf16() else "fp32"
     if precision == "auto":

@@ -109,7 +109,7 @@ def _with_console(name: str, command):
     @functools.wraps(command)
     def run_in_console(**kwargs):
         from planlm.console import fmt_seconds, stage_console
-        from planlm.utils import cache_root
+        from planlm.files import cache_root
 
         out_dir = kwargs.get("out_dir")
         log = (Path(out_dir).resolve().parent / "logs" / f"{Path(out_dir).resolve().name}.txt" if out_dir
@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
 
     # The config dataclasses document each field in a docstring under it: show those in --help.
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    from planlm.utils import PlanlmError, releasing_stage_locks
+    from planlm.errors import PlanlmError
+    from planlm.stage import releasing_stage_locks
 
     from planlm.console import set_verbose
 

@@ -24,7 +24,7 @@ COMMANDS: dict[str, str] = {
     "adherence": "planlm.evaluate.adherence:adherence",
     "sweep": "planlm.evaluate.sweeps:sweep",
     "run": "planlm.pipeline.run:run",
-    "verify": "planlm.integrity:verify",
+    "verify": "planlm.stage.verify:verify",
 }
 
 # Keys a command reads under a new name (old -> new dotted key): the CLI and `planlm run` move them, with a note

@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from planlm.utils import STAGE_LOCK, PlanlmError
+from planlm.errors import PlanlmError
+from planlm.stage import STAGE_LOCK
 
 CARD_FILE = "README.md"
 """The model card of a saved folder (planlm.models.card writes it last, so it marks a complete folder)."""

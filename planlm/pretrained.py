@@ -22,7 +22,8 @@ import tempfile
 from importlib import util as importlib_util
 from pathlib import Path
 
-from planlm.utils import PlanlmError, cache_root, file_sha256, honour_umask
+from planlm.errors import PlanlmError
+from planlm.files import cache_root, file_sha256, honour_umask
 
 SMOLLM2 = "smollm2-135m"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from planlm.errors import PlanlmError
 from planlm.models.lm_loss import compile_or_eager, split_lm_head  # compile_or_eager re-exported
-from planlm.utils import PlanlmError
 
 
 @dataclass

@@ -29,7 +29,7 @@ def two_threads():
 def bf16_allowed(monkeypatch):
     """bf16 autocast allowed on any CPU: on one without native bf16 it is emulated (slower, still correct), so the
     tests of the bf16 paths run on every machine; the refusal itself has tests of its own."""
-    monkeypatch.setattr("planlm.utils.cpu_supports_bf16", lambda: True)
+    monkeypatch.setattr("planlm.device.cpu_supports_bf16", lambda: True)
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ def test_an_unknown_precision_is_one_line_naming_the_vocabulary():
 
 @pytest.mark.parametrize("native", [False, True])
 def test_every_precision_names_one_arithmetic_per_device(monkeypatch, native):
-    monkeypatch.setattr("planlm.utils.cpu_supports_bf16", lambda: native)
+    monkeypatch.setattr("planlm.device.cpu_supports_bf16", lambda: native)
     assert [arithmetic(p, "cuda") for p in PRECISIONS] == ["bf16", "bf16", "fp32", "bf16"]
     assert [arithmetic(p, "cpu") for p in PRECISIONS] == ["fp32", "bf16" if native else "fp32", "fp32", "bf16"]
     assert lightning_precision("fp32", "cuda") == "32-true" and lightning_precision("auto", "cuda") == "bf16-mixed"

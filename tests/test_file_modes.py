@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from planlm.utils import process_umask
+from planlm.files import process_umask
 
 WRITERS = """
 import os, sys

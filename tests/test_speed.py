@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from planlm.data.artifacts import PreparedDataset
+from planlm.device import cpu_supports_bf16
+from planlm.errors import PlanlmError
 from planlm.evaluate.perplexity import evaluate
 from planlm.models.planned_lm import PlannedLM
 from planlm.models.planner import PlannerShape
@@ -17,7 +19,6 @@ from planlm.speed import Speed, compile_module, keep_freed_memory, speed_up_lm
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.lm_module import LightningLM
 from planlm.train.planner import PlannerTrainArgs, train_planner
-from planlm.utils import PlanlmError, cpu_supports_bf16
 
 from helpers import tiny_gpt2_config, tiny_planned_lm
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from planlm.data.artifacts import PreparedDataset
-from planlm.utils import PlanlmError, write_json
+from planlm.errors import PlanlmError
+from planlm.jsonio import write_json
 
 
 def nearest_members(embeddings: np.ndarray, actions: np.ndarray, codebook: np.ndarray, num_nearest: int,

@@ -2,7 +2,7 @@
 
 Layout of a prepared folder (all arrays are ``.npy`` files that load memory-mapped)::
 
-    manifest.json               written last: config, versions, counts, hashes (see planlm.utils)
+    manifest.json               written last: config, versions, counts, hashes (see planlm.stage)
     codebook.safetensors        {"centroids": (A, E) float32}, the abstract writing actions
     <split>/                    train, validation, test (and planner_train: the planner's training set, with
                                 prepare.planner_corpus: the train articles plus more, without tokens)
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from planlm.integrity import load_npy, load_safetensors, reading, stage_manifest
-from planlm.utils import PlanlmError
+from planlm.errors import PlanlmError
+from planlm.stage.integrity import load_npy, load_safetensors, reading, stage_manifest
 
 SPLITS = ("train", "validation", "test")
 _FIX = "rebuild the prepared corpus: rerun `planlm prepare --out_dir {path}` or the `planlm run` that made it"

@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
-from planlm.utils import PlanlmError, honour_umask
+from planlm.errors import PlanlmError
+from planlm.files import honour_umask
 
 PREFIX = "bpe:"
 END_OF_TEXT = "<|endoftext|>"  # GPT-2's, the only special token

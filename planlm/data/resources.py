@@ -23,8 +23,9 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from planlm.errors import PlanlmError
+from planlm.files import cache_root, honour_umask
 from planlm.hub import hub_available  # re-exported: its home was here
-from planlm.utils import PlanlmError, cache_root, honour_umask
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 DEFAULT_TOKENIZER = "gpt2"

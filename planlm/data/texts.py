@@ -20,7 +20,7 @@ from planlm.data.artifacts import PreparedDataset, write_split
 from planlm.data.kmeans import assign_actions
 from planlm.data.resources import split_sentences
 from planlm.data.tokens import tokenize_articles
-from planlm.utils import write_manifest
+from planlm.stage import write_manifest
 
 Spans = Sequence[tuple[int, int]]
 

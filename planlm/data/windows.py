@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedSplit
-from planlm.utils import PlanlmError
+from planlm.errors import PlanlmError
 
 if TYPE_CHECKING:  # the protocol only names the argument's type: data sits below plans and never calls into it
     from planlm.plans.sources import PlanSource

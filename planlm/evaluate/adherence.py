@@ -34,14 +34,16 @@ from planlm.args import read_precision
 from planlm.console import open_bar
 from planlm.data.actions import ranked_actions
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import seeded_interval
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
 from planlm.evaluate.generator import GENERATION_VERSION, EmbedFn, SamplingConfig
 from planlm.evaluate.loading import model_fingerprint
 from planlm.evaluate.outline import Outline
-from planlm.integrity import fix_for, load_json
+from planlm.jsonio import write_json
 from planlm.plans.spec import PlanSpec
-from planlm.utils import PlanlmError, prepare_stage_dir, write_json, write_manifest
+from planlm.stage import prepare_stage_dir, write_manifest
+from planlm.stage.integrity import fix_for, load_json
 
 Condition = Literal["outline", "own", "fixed", "shuffled"]
 TOP = 5

@@ -34,7 +34,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from planlm.utils import PlanlmError, write_json
+from planlm.errors import PlanlmError
+from planlm.jsonio import write_json
 
 PER_ARTICLE = "per_article.csv"
 PER_ARTICLE_FIELDS = ("article", "id", "source", "nll_sum", "tokens")
@@ -354,7 +355,7 @@ def read_per_article(eval_dir: str | Path) -> dict[str, np.ndarray]:
 
     ``source`` is each article's source document, the unit the bootstraps resample; files written before that
     column (their manifest hashes them as they are) get it from the id: ``source_of``."""
-    from planlm.integrity import fix_for, reading, stage_manifest
+    from planlm.stage.integrity import fix_for, reading, stage_manifest
 
     path = Path(eval_dir) / PER_ARTICLE
     stage_manifest(eval_dir)  # the cheap check of a finished evaluation folder: one line per damaged file
@@ -376,7 +377,7 @@ def read_per_article(eval_dir: str | Path) -> dict[str, np.ndarray]:
 
 
 def _metrics(eval_dir: Path) -> dict:
-    from planlm.integrity import fix_for, load_json
+    from planlm.stage.integrity import fix_for, load_json
 
     path = eval_dir / "metrics.json"
     return load_json(path, fix_for(eval_dir)) if path.is_file() else {}

@@ -21,8 +21,9 @@ from typing import Optional
 
 import numpy as np
 
+from planlm.errors import PlanlmError
+from planlm.jsonio import write_json
 from planlm.plans.policy import PathPolicy
-from planlm.utils import PlanlmError, write_json
 
 COMPUTE_COLUMNS = ("value", "policy", "K", "paths_mean", "paths_fraction", "ppl", "ci_low", "ci_high", "reference",
                    "paired_diff", "paired_ci_low", "paired_ci_high", "wall_time_s", "relative_wall_time",
@@ -129,10 +130,10 @@ def where_paths_went(eval_dir: Path, planner_dir: Optional[str], prepared_dir: s
     """How an adaptive evaluation spent its paths: histogram over boundaries and the ``examples`` boundaries
     with the most and the fewest paths, each with the planner's top first actions and the following sentence."""
     from planlm.data.artifacts import PreparedDataset
-    from planlm.integrity import fix_for, load_npy
+    from planlm.device import resolve_device
     from planlm.models.planner import Planner
     from planlm.plans.contexts import boundary_contexts
-    from planlm.utils import resolve_device
+    from planlm.stage.integrity import fix_for, load_npy
 
     counts = load_npy(eval_dir / "num_paths.npy", fix_for(eval_dir), mmap_mode=None)  # (N_sent evaluated,)
     split_view = PreparedDataset(prepared_dir).split(split)

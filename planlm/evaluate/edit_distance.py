@@ -23,15 +23,17 @@ from rapidfuzz.distance import Levenshtein
 from planlm.console import open_bar
 from planlm.data.actions import nearest_actions
 from planlm.data.resources import split_sentences
+from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import bootstrap_mean
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
 from planlm.evaluate.generator import GENERATION_VERSION, SamplingConfig
 from planlm.evaluate.loading import model_fingerprint
+from planlm.jsonio import write_json
+from planlm.models.planner import planner_hash
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec
-from planlm.models.planner import planner_hash
-from planlm.integrity import fix_for, load_json
-from planlm.utils import PlanlmError, prepare_stage_dir, write_json, write_manifest
+from planlm.stage import prepare_stage_dir, write_manifest
+from planlm.stage.integrity import fix_for, load_json
 
 
 def action_edit_distance(generated: Sequence[int], reference: Sequence[int]) -> tuple[int, float]:

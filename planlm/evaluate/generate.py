@@ -14,12 +14,14 @@ from planlm.args import device_precision
 from planlm.data.actions import nearest_actions
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
+from planlm.device import resolve_device
+from planlm.errors import PlanlmError
 from planlm.evaluate.generator import EmbedFn, GenerationResult, PlannedGenerator, Prompt, SamplingConfig
 from planlm.evaluate.loading import load_checked
 from planlm.evaluate.outline import AfterOutline, Outline
+from planlm.jsonio import write_json
 from planlm.models.planner import Planner
 from planlm.plans.spec import PlanSpec, evaluation_spec
-from planlm.utils import PlanlmError, resolve_device, write_json
 
 
 def encoder_embed_fn(prepared: PreparedDataset) -> EmbedFn:

@@ -45,14 +45,15 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from planlm.data.artifacts import PreparedSplit
 from planlm.data.actions import nearest_actions
+from planlm.data.artifacts import PreparedSplit
 from planlm.data.resources import split_sentences
+from planlm.device import autocast
+from planlm.errors import PlanlmError
 from planlm.evaluate.outline import Outline, OutlineDocument
 from planlm.plans.contexts import Boundaries
 from planlm.plans.kinds import plan
 from planlm.plans.spec import PlanSpec
-from planlm.utils import PlanlmError, autocast
 
 EmbedFn = Callable[[list[str]], np.ndarray]
 # Part of every edit-distance folder's reuse key: raised when the same inputs generate other text, so that a

@@ -49,7 +49,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from planlm.data.artifacts import PreparedDataset, token_plan_sentence
 from planlm.data.tokens import assign_tokens_to_sentences
-from planlm.utils import PlanlmError, autocast, resolve_device
+from planlm.device import autocast, resolve_device
+from planlm.errors import PlanlmError
 
 NAMES = ("model_dir", "prepared_dir", "kind", "planner_dir", "path_policy", "device", "precision")  # never parsed
 
@@ -351,7 +352,7 @@ def _plan_spec(model, model_dir: str, values: dict, policy: dict):
 def _prepared_corpus(model, model_dir: str, prepared_dir: Optional[str]) -> PreparedDataset:
     """The model's prepared corpus (its splitter, encoder and codebook), checked against the model."""
     from planlm.evaluate.loading import check_compatible
-    from planlm.utils import read_manifest
+    from planlm.stage import read_manifest
 
     recorded = (read_manifest(model_dir) or {}).get("prepared_dir")
     path = prepared_dir or recorded

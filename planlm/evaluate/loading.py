@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
-from planlm.utils import PlanlmError, file_sha256, fingerprint
+from planlm.errors import PlanlmError
+from planlm.files import file_sha256
+from planlm.jsonio import fingerprint
 
 
 def load_model(model_dir: str | Path):
@@ -21,7 +23,7 @@ def load_model(model_dir: str | Path):
     if (model_dir / "config.json").is_file():
         from transformers import AutoModelForCausalLM
 
-        from planlm.integrity import reading
+        from planlm.stage.integrity import reading
 
         with reading(model_dir, fix="give an intact HF model folder (save_pretrained) or a `planlm train-lm` folder"):
             lm = AutoModelForCausalLM.from_pretrained(str(model_dir))

@@ -29,8 +29,8 @@ from typing import Callable, Literal, Optional, Sequence, Union
 import numpy as np
 
 from planlm.data.actions import nearest_actions
+from planlm.errors import PlanlmError
 from planlm.plans.contexts import Boundaries
-from planlm.utils import PlanlmError
 
 OutlineItem = Union[int, str]
 AfterOutline = Literal["planner", "stop"]

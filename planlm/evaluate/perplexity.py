@@ -37,17 +37,19 @@ import torch
 from planlm.args import device_precision
 from planlm.console import open_bar
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.device import autocast, resolve_device
+from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.evaluate.loading import load_checked, model_fingerprint
-from planlm.integrity import fix_for, load_json
+from planlm.jsonio import write_json
 from planlm.models.planned_lm import add_evaluation
-from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, write_json, write_manifest
-from planlm.plans.policy import paths_summary
-from planlm.plans.kinds import PlanKind, plan_source
-from planlm.plans.spec import PlanSpec, evaluation_spec
 from planlm.models.planner import planner_hash
+from planlm.plans.kinds import PlanKind, plan_source
+from planlm.plans.policy import paths_summary
+from planlm.plans.spec import PlanSpec, evaluation_spec
 from planlm.speed import Speed, speed_up_lm
-from planlm.utils import autocast, resolve_device
+from planlm.stage import prepare_stage_dir, read_manifest, write_manifest
+from planlm.stage.integrity import fix_for, load_json
 
 UNSCORED_NOTE = "the first token of every article is not scored (it has no context)"
 

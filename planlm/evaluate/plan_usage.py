@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import paired_bootstrap
-from planlm.utils import PlanlmError
 
 SHUFFLE_SEED = 0
 

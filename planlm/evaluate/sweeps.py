@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from planlm.args import read_precision
+from planlm.errors import PlanlmError
 from planlm.evaluate.compute_sweep import DEFAULT_POLICIES, compute_points, compute_rows, write_compute_outputs
 from planlm.evaluate.loading import model_fingerprint
 from planlm.evaluate.perplexity import evaluate
+from planlm.jsonio import to_jsonable
+from planlm.models.planner import planner_hash
 from planlm.plans.policy import PathPolicy
 from planlm.plans.spec import PlanKind, PlanSpec
-from planlm.models.planner import planner_hash
-from planlm.utils import PlanlmError, prepare_stage_dir, read_manifest, to_jsonable, write_manifest
+from planlm.stage import prepare_stage_dir, read_manifest, write_manifest
 
 COLUMNS = ("value", "ppl", "ci_low", "ci_high", "reference", "paired_diff", "paired_ci_low", "paired_ci_high",
            "wall_time_s", "relative_wall_time", "plan_time_s", "lm_time_s",
@@ -233,8 +235,8 @@ def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: li
 
 def _recorded_planner(model_dir: str) -> str | None:
     """The planner folder a planned-LM folder records (the one its evaluations use by default)."""
-    from planlm.integrity import fix_for, load_json, reading
     from planlm.models.planned_lm import recorded_plan_folders
+    from planlm.stage.integrity import fix_for, load_json, reading
 
     config = Path(model_dir) / "planned_lm.json"
     if not config.is_file():

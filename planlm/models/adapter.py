@@ -75,7 +75,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from planlm.utils import PlanlmError
+from planlm.errors import PlanlmError
 
 AdapterKind = Literal["project_avg", "multipath"]
 BranchInit = Literal["default", "zero"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from planlm.hub import CARD_FILE  # re-exported: defined in the hub, which sits below the models
-from planlm.utils import to_jsonable
+from planlm.jsonio import to_jsonable
 
 
 def planned_lm_card(config, training: Optional[dict] = None, evaluations: Optional[list[dict]] = None):

@@ -34,10 +34,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from planlm.errors import PlanlmError
+from planlm.files import honour_umask, save_safetensors
+from planlm.jsonio import to_jsonable, write_json
 from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
 from planlm.models.card import evaluation_entry, planned_lm_card, read_planlm_block, write_card
 from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
-from planlm.utils import PlanlmError, honour_umask, save_safetensors, to_jsonable, write_json
 
 Finetune = Literal["full", "frozen", "lora"]
 LEGACY_PLAN_FIELDS = ("conditioning", "num_paths", "horizon", "temperature", "fixed_action", "seed", "planner_dir",
@@ -282,7 +284,7 @@ class PlannedLM(nn.Module):
         from transformers import AutoModelForCausalLM
 
         from planlm.hub import local_folder
-        from planlm.integrity import fix_for, load_json, load_safetensors, reading, stage_manifest
+        from planlm.stage.integrity import fix_for, load_json, load_safetensors, reading, stage_manifest
 
         folder = local_folder(folder, "planned LM")
         config_path = folder / "planned_lm.json"

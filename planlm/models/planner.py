@@ -29,9 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from planlm.errors import PlanlmError
+from planlm.files import file_sha256, honour_umask
+from planlm.jsonio import write_json
 from planlm.models.dynamics import Dynamics, RecurrentDynamics, top_distribution
 from planlm.models.dynamics_causal import CausalDynamics
-from planlm.utils import PlanlmError, file_sha256, honour_umask, write_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -401,7 +403,7 @@ class Planner(nn.Module):
         from safetensors.torch import load_model
 
         from planlm.hub import local_folder
-        from planlm.integrity import load_json, reading, stage_manifest
+        from planlm.stage.integrity import load_json, reading, stage_manifest
 
         folder = local_folder(folder, "planner")
         for name in (CONFIG_FILE, WEIGHTS_FILE):

@@ -140,7 +140,7 @@ def _paired(layout: RunLayout, a: str, b: str) -> dict:
 def _add_paired_differences(layout: RunLayout, rows: list[dict]) -> None:
     """ppl(condition) - ppl(reference) over the same articles (and seed by seed), the reference being the
     `none` condition when there is one, else the first."""
-    from planlm.utils import PlanlmError
+    from planlm.errors import PlanlmError
 
     done = [r for r in rows if r["ppl"] is not None]
     reference = next((r for r in done if r["name"] == "none"), done[0] if done else None)
@@ -160,7 +160,7 @@ def _add_paired_differences(layout: RunLayout, rows: list[dict]) -> None:
 
 def check_contrasts(contrasts: list, names: list[str], where: str) -> None:
     """Each contrast is a pair [b, a] of condition ``names``: a one-line error naming the pair otherwise."""
-    from planlm.utils import PlanlmError
+    from planlm.errors import PlanlmError
 
     for pair in contrasts:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(n in names for n in pair):
@@ -171,7 +171,7 @@ def check_contrasts(contrasts: list, names: list[str], where: str) -> None:
 def contrast_rows(layout: RunLayout, rows: list[dict], contrasts: list[list[str]]) -> list[dict]:
     """ppl(b) - ppl(a) for each configured pair [b, a] of conditions, paired over the same articles and, with
     seeds, seed by seed with the seed-noise interval of ``planlm compare``; beside each side's ReZero scalars."""
-    from planlm.utils import PlanlmError
+    from planlm.errors import PlanlmError
 
     by_name = {r["name"]: r for r in rows}
     check_contrasts(contrasts, list(by_name), where="report.contrasts")
@@ -214,8 +214,8 @@ def _add_oracle_shares(layout: RunLayout, rows: list[dict]) -> None:
     """For every planned condition, when the run has a `fixed` and an `oracle` condition: the share of the
     oracle's gain it captures, (ppl - ppl_fixed) / (ppl_oracle - ppl_fixed), with the Fieller interval of
     ``planlm.evaluate.bootstrap.oracle_gain_share`` (seeds and documents, as the paired column)."""
+    from planlm.errors import PlanlmError
     from planlm.evaluate.bootstrap import evaluation_arrays, oracle_gain_share
-    from planlm.utils import PlanlmError
 
     done = [r for r in rows if r["ppl"] is not None]
     fixed = next((r for r in done if r["conditioning"] == "fixed"), None)

@@ -13,12 +13,12 @@ the sweeps use the first seed's models. Within a seed the conditions are paired 
 order and dropout: see train-lm).
 
 While it runs, `planlm run` holds its run folder: a second `planlm run` on the same folder is refused
-with the holder's pid (see ``planlm.utils.lock_stage_dir``).
+with the holder's pid (see ``planlm.stage.lock``).
 
 A condition that fails is recorded (``results.json``, the report) and the others go on; at the end each stage
 that did not finish is printed with its one-line cause, and `planlm run` exits with status 1 (``StagesFailed``;
 2 is a bad config or input that stopped the run, 143 SIGTERM). A finished stage whose files fail the cheap check
-of ``planlm.integrity`` is rebuilt, with a note naming the file; the stages around it are reused. Each YAML
+of ``planlm.stage.integrity`` is rebuilt, with a note naming the file; the stages around it are reused. Each YAML
 section is validated against the signature of the command it feeds before anything runs
 (``dry_run: true`` stops after that check), so a config for a GPU machine with a hub connection
 can be checked offline.
@@ -38,11 +38,12 @@ from rich.console import Console
 
 from planlm.commands import load_command
 from planlm.console import fmt_seconds, is_verbose, stage_console
+from planlm.errors import PlanlmError
+from planlm.jsonio import to_jsonable, write_json
 from planlm.pipeline.layout import BASE_LM, RunLayout
-from planlm.plans.spec import check_renamed
 from planlm.pipeline.sections import bind_section, deep_merge
-from planlm.utils import (PlanlmError, lock_stage_dir, read_manifest, releasing_stage_locks, to_jsonable,
-                          write_json)
+from planlm.plans.spec import check_renamed
+from planlm.stage import lock_stage_dir, read_manifest, releasing_stage_locks
 
 TERMINATED = 128 + 15  # the exit status of `planlm run` stopped by SIGTERM (a scheduler's preemption, `kill`)
 
@@ -205,7 +206,7 @@ def _planner_stages(layout: RunLayout, planner: dict, lm: dict, conditions: list
     A condition's own ``planner`` section (merged over ``planner``) trains into planners/<condition>/;
     conditions whose merged sections are equal share one planner (e.g. one per horizon), and one equal
     to the shared section uses planner/."""
-    from planlm.utils import fingerprint
+    from planlm.jsonio import fingerprint
 
     def wants_planner(cond: dict) -> bool:
         return str(deep_merge(lm, cond).get("plans", {}).get("kind", "none")).startswith("planner")

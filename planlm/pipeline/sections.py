@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable
 
-from planlm.utils import PlanlmError
+from planlm.errors import PlanlmError
 
 
 def deep_merge(base: dict, override: dict) -> dict:

@@ -35,9 +35,10 @@ from pathlib import Path
 import numpy as np
 
 from planlm.data.artifacts import PreparedDataset
+from planlm.errors import PlanlmError
+from planlm.jsonio import fingerprint
 from planlm.plans.policy import PathPolicy
-from planlm.integrity import load_npy, stage_manifest
-from planlm.utils import PlanlmError, fingerprint
+from planlm.stage.integrity import load_npy, stage_manifest
 
 
 def default_plans_dir(planner_dir: str | Path, num_paths: int, horizon: int, temperature: float, seed: int,

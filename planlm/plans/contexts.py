@@ -20,7 +20,7 @@ import torch
 
 from planlm.data.artifacts import PreparedSplit
 from planlm.data.windows import IGNORE_INDEX  # the target of a step beyond the article's end
-from planlm.utils import PlanlmError
+from planlm.errors import PlanlmError
 
 MAX_ROWS = 4096  # most paths (B*K) per planner forward in a walk: bounds activation memory, keeps caches warm
 

@@ -36,13 +36,14 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.device import autocast
+from planlm.errors import PlanlmError
 from planlm.models.dynamics import top_distribution
 from planlm.plans.cache import (cache_manifest, cached_top_actions, expected_action_dtype, load_expected,
                                 load_path_counts, load_plans)
 from planlm.plans.contexts import MAX_ROWS, Boundaries, check_split, split_batches
 from planlm.plans.policy import PathPolicy, path_mask_from_counts, sample_with_policy
-from planlm.plans.sources import CachedPlans, FixedPlans, OraclePlans, Plans, PlanSource, TablePlans, step_probs
-from planlm.utils import PlanlmError, autocast
+from planlm.plans.sources import CachedPlans, FixedPlans, OraclePlans, PlanSource, Plans, TablePlans, step_probs
 
 if TYPE_CHECKING:
     from planlm.plans.spec import PlanSpec

@@ -31,7 +31,7 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
-from planlm.utils import PlanlmError
+from planlm.errors import PlanlmError
 
 POLICIES = ("fixed", "entropy", "converge")
 

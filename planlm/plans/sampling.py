@@ -19,13 +19,16 @@ import numpy as np
 
 from planlm.args import device_precision
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.device import resolve_device
+from planlm.errors import PlanlmError
+from planlm.files import file_sha256
 from planlm.models.planner import WEIGHTS_FILE, Planner
 from planlm.plans.cache import default_plans_dir, expected_mass
 from planlm.plans.contexts import MAX_ROWS, check_split
 from planlm.plans.kinds import DrawArrays, PlanKind, PlannerKind, draw_split
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec
-from planlm.utils import PlanlmError, file_sha256, prepare_stage_dir, resolve_device, write_manifest
+from planlm.stage import prepare_stage_dir, write_manifest
 
 
 def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Optional[list[str]] = None,

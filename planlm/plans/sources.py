@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedSplit
+from planlm.errors import PlanlmError
 from planlm.plans.policy import path_mask_from_counts
-from planlm.utils import PlanlmError
 
 
 class Plans(NamedTuple):

@@ -28,9 +28,9 @@ from typing import Optional
 
 import numpy as np
 
+from planlm.errors import PlanlmError
 from planlm.plans.kinds import PlanKind, PlanStrategy, plan_kind
 from planlm.plans.policy import PathPolicy, policy_keyed
-from planlm.utils import PlanlmError
 
 
 @dataclass

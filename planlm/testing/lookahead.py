@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planlm.utils import PlanlmError
+from planlm.errors import PlanlmError
 
 NUM_TYPES = 8
 LOOKAHEAD = 3  # the register word looks this many sentences ahead

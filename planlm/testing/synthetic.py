@@ -23,7 +23,8 @@ import torch
 from planlm.data.artifacts import SPLITS, write_split
 from planlm.data.resources import load_tokenizer
 from planlm.data.tokens import tokenize_articles
-from planlm.utils import file_sha256, save_safetensors, write_manifest
+from planlm.files import file_sha256, save_safetensors
+from planlm.stage import write_manifest
 
 # Common English words that are single GPT-2 tokens with a leading space.
 _WORDS = ("red blue green black white gold silver stone water fire river mountain city village king "

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import lightning as L
 
 from planlm.console import Bar, is_verbose, note, open_bar
+from planlm.errors import PlanlmError
+from planlm.jsonio import fingerprint, write_json
 from planlm.train.resume import RestoreRNG, ResumeMidEpoch, last_checkpoint
-from planlm.utils import PlanlmError, fingerprint, write_json
 
 if TYPE_CHECKING:
     from planlm.train.args import TrainArgs
@@ -193,7 +194,7 @@ def resume_checkpoint(out: Path, stamp_name: str, run_config: dict, resume: bool
     last = checkpoints / "last.ckpt"
     if not last.is_file():
         return None
-    from planlm.integrity import checkpoint_is_readable
+    from planlm.stage.integrity import checkpoint_is_readable
 
     damage = checkpoint_is_readable(last)
     if damage:  # cut short by a full disk or a kill mid-save: start again rather than fail in Lightning's loader
@@ -236,7 +237,7 @@ def load_best(module: L.LightningModule, best: L.pytorch.callbacks.ModelCheckpoi
 
     ``weights_only=True``: both commands' checkpoints hold only tensors and plain values (the random
     generators as tensors, see ``RestoreRNG``), so no pickled code runs on load."""
-    from planlm.integrity import load_checkpoint
+    from planlm.stage.integrity import load_checkpoint
 
     path = best.best_model_path
     if best.monitor is not None and path and Path(path).is_file():

@@ -20,19 +20,22 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from planlm.models.adapter import AdapterConfig, AdapterSettings
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.windows import WindowCollator, article_windows
+from planlm.device import check_bf16
+from planlm.errors import PlanlmError
+from planlm.files import file_sha256
+from planlm.models.adapter import AdapterConfig, AdapterSettings
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
 from planlm.plans.kinds import check_cache, plan_source
 from planlm.plans.spec import PlanSpec
+from planlm.seeds import derive_seed
 from planlm.speed import Speed, speed_up_lm
+from planlm.stage import prepare_stage_dir, read_manifest, write_manifest
 from planlm.train.args import TrainArgs
 from planlm.train.harness import build_trainer, fit, load_best, resume_checkpoint
 from planlm.train.lm_module import MULTIPATH_LR_SCALE, LightningLM
 from planlm.train.resume import EpochShuffle
-from planlm.utils import (PlanlmError, check_bf16, derive_seed, file_sha256, prepare_stage_dir,
-                          read_manifest, write_manifest)
 
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
 

@@ -31,16 +31,18 @@ import torch
 from torch.utils.data import DataLoader
 
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
+from planlm.device import check_bf16
+from planlm.errors import PlanlmError
 from planlm.models.planner import Planner, PlannerConfig, PlannerShape
 from planlm.plans.contexts import check_split
+from planlm.speed import Speed, compile_module, keep_freed_memory
+from planlm.stage import prepare_stage_dir, write_manifest
 from planlm.train.boundaries import ArticleCollate, BoundaryCollate, BoundaryDataset, LengthGroupedSampler
 from planlm.train.args import TrainArgs
 from planlm.train.harness import build_trainer, fit, load_best, resume_checkpoint
 from planlm.train.planner_metrics import baseline_metrics, evaluate_planner, write_summary
 from planlm.train.planner_module import LightningPlanner
 from planlm.train.resume import EpochShuffle
-from planlm.speed import Speed, compile_module, keep_freed_memory
-from planlm.utils import PlanlmError, check_bf16, prepare_stage_dir, write_manifest
 
 
 @dataclass

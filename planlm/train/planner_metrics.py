@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedSplit
+from planlm.jsonio import write_json
 from planlm.models.planner import Planner
 from planlm.plans.contexts import IGNORE_INDEX, boundary_contexts, boundary_targets, embed_split
-from planlm.utils import write_json
 
 SUMMARY_MODELS = ("planner_teacher_forced", "planner_free_running", "majority", "unigram", "bigram")
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from planlm.cli import main as cli_main
-from planlm.data.artifacts import PreparedDataset
 from planlm.data.actions import actions, nearest_members
-from planlm.utils import PlanlmError
+from planlm.data.artifacts import PreparedDataset
+from planlm.errors import PlanlmError
 
 
 def test_nearest_members_are_sorted_members():

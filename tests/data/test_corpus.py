@@ -10,7 +10,7 @@ import pytest
 
 from planlm.data.corpus import CorpusConfig, Skips, read_articles, resolve_kind
 from planlm.data.prepare import SentencesConfig, take_articles
-from planlm.utils import PlanlmError
+from planlm.errors import PlanlmError
 
 ARTICLES = [
     {"id": f"a{i}", "title": f"Title {i}", "text": f"Article {i} starts here. It has a second sentence. And a third one {i}."}

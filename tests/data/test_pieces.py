@@ -14,7 +14,7 @@ from planlm.data.corpus import CorpusConfig, Skips, read_articles, resolve_kind,
 from planlm.data.pieces import cut_into_pieces, piece_sentence_ranges
 from planlm.data.prepare import SentencesConfig, take_articles
 from planlm.data.resources import sotu_speeches_dir, split_sentences
-from planlm.utils import PlanlmError
+from planlm.errors import PlanlmError
 
 
 def document(doc: int, paragraphs: list[int]) -> str:

@@ -13,10 +13,11 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.data.corpus import CorpusConfig
 from planlm.data.planner_corpus import PLANNER_SPLIT, PlannerCorpusConfig
 from planlm.data.prepare import prepare
-from planlm.testing.synthetic import make_synthetic_prepared
+from planlm.errors import PlanlmError
 from planlm.models.planner import PlannerShape
+from planlm.stage import read_manifest
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.planner import PlannerTrainArgs, train_planner
-from planlm.utils import PlanlmError, read_manifest
 
 from test_prepare import CountingEncoder, tiny_config, tiny_jsonl
 

@@ -12,14 +12,17 @@ import torch
 import yaml
 
 from planlm.cli import main as cli_main
-from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.data.artifacts import ARRAYS, SPLITS, PreparedDataset
 from planlm.data.corpus import CorpusConfig
 from planlm.data.embed import EmbedConfig, embed_sentences
+from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.data.prepare import prepare
-from planlm.data.windows import beyond_window_share
 from planlm.data.resources import load_sentence_encoder, load_tokenizer, split_sentences
-from planlm.utils import PlanlmError, cpu_supports_bf16, file_sha256, is_complete, read_manifest
+from planlm.data.windows import beyond_window_share
+from planlm.device import cpu_supports_bf16
+from planlm.errors import PlanlmError
+from planlm.files import file_sha256
+from planlm.stage import is_complete, read_manifest
 
 SENTENCES = ["The river rises in the north.", "It flows south for two hundred miles.",
              "Many towns stand on its banks.", "The king built a tower.", "His son added a wall.",
@@ -214,7 +217,7 @@ def test_bf16_embeddings_match_fp32_and_are_not_resumed_across_precisions(tmp_pa
 
 
 def test_bf16_embeddings_on_a_cpu_without_bf16_is_a_one_line_error(tmp_path, monkeypatch):
-    monkeypatch.setattr("planlm.utils.cpu_supports_bf16", lambda: False)
+    monkeypatch.setattr("planlm.device.cpu_supports_bf16", lambda: False)
     with pytest.raises(PlanlmError, match=r"--embedding.precision bf16: this CPU has no native bf16 .*use fp32"):
         embed_sentences(SENTENCES, tmp_path / "e.npy", EmbedConfig(precision="bf16"), progress=False)
     assert not (tmp_path / "e.npy").exists()  # nothing half-written
@@ -225,7 +228,7 @@ def test_native_precision_is_bf16_where_the_cpu_has_it_and_fp32_elsewhere(tmp_pa
     """The demo's `precision: native` runs on every machine: bf16 where it is native, fp32 (never refused) elsewhere."""
     from planlm.train.args import TrainArgs
 
-    monkeypatch.setattr("planlm.utils.cpu_supports_bf16", lambda: native)
+    monkeypatch.setattr("planlm.device.cpu_supports_bf16", lambda: native)
     assert TrainArgs(precision="native", accelerator="cpu").lightning_precision() == ("bf16-mixed" if native
                                                                                     else "32-true")
     asked = []

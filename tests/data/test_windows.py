@@ -8,8 +8,8 @@ import torch
 
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.windows import WindowCollator, article_windows, beyond_window_share, collate_windows
+from planlm.errors import PlanlmError
 from planlm.plans.sources import OraclePlans
-from planlm.utils import PlanlmError
 
 
 def test_windows_never_cross_articles_and_predict_every_token_once(synthetic_random):

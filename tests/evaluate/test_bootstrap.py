@@ -3,9 +3,9 @@ import json
 import numpy as np
 import pytest
 
+from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import (bootstrap_mean, bootstrap_perplexity, compare, paired_bootstrap,
                                        write_per_article)
-from planlm.utils import PlanlmError
 
 
 def _articles(num_articles, seed=0, mean_nll=3.0):

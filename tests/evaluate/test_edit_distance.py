@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from planlm.data.artifacts import PreparedDataset
+from planlm.errors import PlanlmError
 from planlm.evaluate.edit_distance import (action_edit_distance, edit_distance, nearest_actions, select_boundaries,
                                            text_actions)
 from planlm.evaluate.generate import synthetic_embed_fn
-from planlm.utils import PlanlmError
 
 from helpers import chatty_planned_lm, read_csv
 

@@ -7,9 +7,9 @@ import torch
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer, split_sentences
 from planlm.data.tokens import assign_tokens_to_sentences
+from planlm.errors import PlanlmError
 from planlm.evaluate.generate import generate, generate_text, synthetic_embed_fn
 from planlm.evaluate.generator import PlannedGenerator, SamplingConfig, _plan_alignment
-from planlm.utils import PlanlmError
 
 from helpers import chatty_planned_lm, linear_output_dtypes, tiny_gpt2, tiny_planned_lm, tiny_planner
 from planlm.plans.spec import PlanSpec

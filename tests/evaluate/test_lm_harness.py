@@ -18,10 +18,10 @@ from lm_eval.api.registry import get_model  # noqa: E402
 
 from helpers import sampled_multipath, tiny_gpt2, tiny_planned_lm, use_planner  # noqa: E402
 from planlm.data.artifacts import PreparedDataset  # noqa: E402
+from planlm.errors import PlanlmError  # noqa: E402
 from planlm.evaluate.lm_harness import PlannedLMEval  # noqa: E402
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig  # noqa: E402
 from planlm.plans.sources import OraclePlans  # noqa: E402
-from planlm.utils import PlanlmError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,14 +13,14 @@ import pytest
 from planlm.cli import main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
-from planlm.evaluate.adherence import adherence, shuffled_outlines, OutlineTask
+from planlm.errors import PlanlmError
+from planlm.evaluate.adherence import OutlineTask, adherence, shuffled_outlines
 from planlm.evaluate.generate import generate, generate_text, synthetic_embed_fn
 from planlm.evaluate.generator import PlannedGenerator, SamplingConfig
 from planlm.evaluate.outline import Outline
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
 from planlm.plans.spec import PlanSpec
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
-from planlm.utils import PlanlmError
 
 from helpers import chatty_planned_lm, tiny_gpt2, tiny_gpt2_config, tiny_planner
 

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from planlm.data.artifacts import PreparedDataset
-from planlm.plans.sources import OraclePlans
+from planlm.errors import PlanlmError
 from planlm.evaluate.perplexity import (evaluate, evaluate_split, protocol_label,
                                         scoring_windows, window_batches)
 from planlm.models.planned_lm import PlannedLM
-from planlm.utils import PlanlmError
+from planlm.plans.sources import OraclePlans
 
 from helpers import (linear_output_dtypes, read_csv, sampled_multipath, tiny_gpt2, tiny_gpt2_config, tiny_planned_lm,
                      tiny_planner, use_planner)
@@ -247,7 +247,7 @@ def test_trained_oracle_model_end_to_end_beats_its_own_fixed_plans_in_a_paired_c
     assert runs["oracle"]["ppl"] < runs["fixed"]["ppl"]
     # Plan usage: this LM reads its plans (shuffling them across sentences costs much), logged at validation
     # by train-lm too; a constant plan shuffled is the same plan, so the Fixed plans' usage is exactly 0.
-    from planlm.utils import read_manifest
+    from planlm.stage import read_manifest
 
     assert read_manifest(model_dir)["last_val_plan_usage"] > 0.3
     assert runs["oracle"]["plan_usage_nats"] > 0.3 and runs["oracle"]["plan_usage_ci_low"] > 0

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from planlm.data.artifacts import PreparedDataset
+from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import compare
 from planlm.evaluate.sweeps import sweep
-from planlm.utils import PlanlmError
 
 from helpers import read_csv, tiny_planned_lm, tiny_planner, use_planner
 

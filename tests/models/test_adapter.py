@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from planlm.errors import PlanlmError
 from planlm.models.adapter import AdapterConfig, MultiPath, ProjectAvg, build_adapter
-from planlm.utils import PlanlmError
 
 NUM_ACTIONS, ACTION_DIM, WIDTH, HORIZON = 8, 6, 16, 4
 

@@ -11,10 +11,9 @@ from huggingface_hub import ModelCard
 
 from helpers import tiny_planned_lm, tiny_planner
 from planlm.data.artifacts import PreparedDataset
-from planlm.models.planned_lm import add_evaluation
-from planlm.models.planned_lm import PlannedLM
+from planlm.errors import PlanlmError
+from planlm.models.planned_lm import PlannedLM, add_evaluation
 from planlm.models.planner import Planner
-from planlm.utils import PlanlmError
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from planlm.errors import PlanlmError
 from planlm.models.adapter import AdapterConfig
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
 from planlm.plans.spec import PlanSpec
-from planlm.utils import PlanlmError
 
 VOCAB, WIDTH = 120, 32
 ARCHITECTURES = {

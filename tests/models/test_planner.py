@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
+from planlm.errors import PlanlmError
 from planlm.models.planner import Planner, PlannerConfig
-from planlm.utils import PlanlmError
 
 TINY = dict(num_actions=8, embedding_dim=16, d_model=32, num_heads=2, dim_feedforward=64, dropout=0.0, horizon=6)
 

@@ -13,11 +13,12 @@ import pytest
 import torch
 from helpers import write_tiny_llama_gguf
 
-from planlm.testing.synthetic import make_synthetic_prepared
+from planlm.errors import PlanlmError
 from planlm.models.planned_lm import PlannedLM, load_causal_lm
 from planlm.plans.spec import PlanSpec
+from planlm.stage import read_manifest
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
-from planlm.utils import PlanlmError, read_manifest
 
 
 @pytest.fixture(autouse=True)
@@ -115,10 +116,10 @@ def test_a_folder_with_a_gguf_quantization_config_is_refused_before_training(tin
 
 
 def test_bf16_on_a_cpu_without_it_is_refused(synthetic_random, tmp_path, monkeypatch):
-    from planlm import utils
-    from planlm.utils import autocast
+    from planlm import device
+    from planlm.device import autocast
 
-    monkeypatch.setattr(utils, "cpu_supports_bf16", lambda: False)
+    monkeypatch.setattr(device, "cpu_supports_bf16", lambda: False)
     message = one_line_error(lambda: train_lm(str(synthetic_random), str(tmp_path / "out"),
                                               train=quick(precision="bf16-mixed", accelerator="cpu")))
     assert "--train.precision bf16-mixed" in message and "32-true" in message
@@ -127,9 +128,9 @@ def test_bf16_on_a_cpu_without_it_is_refused(synthetic_random, tmp_path, monkeyp
 
 
 def test_bf16_mixed_trains_on_a_cpu_with_it(synthetic_random, tmp_path, monkeypatch):
-    from planlm import utils
+    from planlm import device
 
-    monkeypatch.setattr(utils, "cpu_supports_bf16", lambda: True)  # emulated where the CPU lacks it: still correct
+    monkeypatch.setattr(device, "cpu_supports_bf16", lambda: True)  # emulated where the CPU lacks it: still correct
     out = train_lm(str(synthetic_random), str(tmp_path / "bf16"), train=quick(precision="bf16-mixed", accelerator="cpu"),
                    plans=PlanSpec(kind="oracle"))
     assert np.isfinite(read_manifest(out)["val_loss"])

@@ -329,7 +329,7 @@ def test_a_zeroed_block_beyond_the_hash_budget_is_missed_by_the_cheap_check_and_
     """The cheap check hashes a stage's smallest files up to QUICK_HASH_BYTES (128 MiB); a large file beyond it keeps
     its size and header when a block of it is zeroed, so only `planlm verify`'s full hash finds that. The budget is
     lowered here to just below the LM stage's total, so its largest file (the LM's weights) is the one beyond it."""
-    from planlm import integrity
+    from planlm.stage import integrity
 
     stage = run_dir / "lm" / "ours"
     files = json.loads((stage / "manifest.json").read_text())["files"]

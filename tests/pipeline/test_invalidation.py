@@ -11,14 +11,14 @@ import pytest
 
 from helpers import read_csv, tiny_gpt2_config, tiny_planned_lm, tiny_planner, tiny_run_config, use_planner
 from planlm.data.artifacts import PreparedDataset
-from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.evaluate.edit_distance import edit_distance
 from planlm.evaluate.generator import SamplingConfig
 from planlm.evaluate.perplexity import evaluate
 from planlm.evaluate.sweeps import sweep
 from planlm.plans.spec import PlanSpec
+from planlm.stage import read_manifest
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
-from planlm.utils import read_manifest
 
 
 def save_planner(prepared: PreparedDataset, folder: Path, seed: int) -> Path:

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from planlm.errors import PlanlmError
 from planlm.models.planned_lm import recorded_plan_folders
 from planlm.pipeline.run import StagesFailed, run
-from planlm.utils import STAGE_LOCK, PlanlmError
+from planlm.stage import STAGE_LOCK
 
 from helpers import tiny_run_config
 

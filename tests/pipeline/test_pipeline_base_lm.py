@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from helpers import tiny_run_config
 from planlm.pipeline.run import run
-from planlm.utils import read_manifest
+from planlm.stage import read_manifest
 
 
 @pytest.mark.slow  # a real (tiny) prepare with the sentence encoder, then three LMs

@@ -11,7 +11,7 @@ import yaml
 from helpers import tiny_run_config
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
-from planlm.utils import read_manifest
+from planlm.stage import read_manifest
 
 
 def test_run_with_a_planner_corpus_overlay(tmp_path):

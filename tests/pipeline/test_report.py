@@ -100,8 +100,8 @@ def test_report_and_results_give_every_planners_information_per_step(run_dir):
 
 
 def test_contrasts_pair_two_conditions_with_seed_noise_and_a_bad_pair_is_refused(tmp_path):
+    from planlm.errors import PlanlmError
     from planlm.pipeline.run import run
-    from planlm.utils import PlanlmError
 
     layout = RunLayout(tmp_path / "run")
     shift = np.random.default_rng(0).normal(0, 0.05, 20)

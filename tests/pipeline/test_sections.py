@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from planlm.errors import PlanlmError
 from planlm.pipeline.sections import bind_section, deep_merge
 from planlm.plans.spec import PlanKind, PlanSpec
 from planlm.train.lm import LMTrainConfig, train_lm
-from planlm.utils import PlanlmError
 
 
 def test_deep_merge_overrides_key_by_key_and_leaves_its_inputs():

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planlm.utils import (STAGE_LOCK, PlanlmError, is_complete, prepare_stage_dir, releasing_stage_locks,
-                          write_manifest)
+from planlm.errors import PlanlmError
+from planlm.stage import STAGE_LOCK, is_complete, prepare_stage_dir, releasing_stage_locks, write_manifest
 
 from helpers import tiny_run_config
 
@@ -23,7 +23,7 @@ CONFIG = {"stage": 1}
 
 def _holder(folder: Path) -> subprocess.Popen:
     """A process that takes ``folder`` for a stage, writes a partial file and sleeps."""
-    code = ("import sys, time; from pathlib import Path; from planlm.utils import prepare_stage_dir; "
+    code = ("import sys, time; from pathlib import Path; from planlm.stage import prepare_stage_dir; "
             f"prepare_stage_dir({str(folder)!r}, {CONFIG!r}); Path({str(folder)!r}, 'partial.txt').write_text('x'); "
             "print('held', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

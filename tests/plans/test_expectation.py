@@ -11,13 +11,13 @@ import torch
 
 from helpers import read_csv, tiny_planned_lm, tiny_planner, use_planner
 from planlm.data.artifacts import PreparedDataset
+from planlm.errors import PlanlmError
 from planlm.models.adapter import AdapterConfig, build_adapter
 from planlm.plans.cache import load_expected
 from planlm.plans.contexts import boundary_contexts
 from planlm.plans.kinds import plan_source
 from planlm.plans.sampling import sample_plans
 from planlm.plans.spec import PlanSpec
-from planlm.utils import PlanlmError
 
 
 def adapter(prepared: PreparedDataset, kind: str = "project_avg", horizon: int = 3):

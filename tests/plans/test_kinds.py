@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from planlm.data.artifacts import PreparedDataset
+from planlm.errors import PlanlmError
 from planlm.evaluate.generate import generate
 from planlm.evaluate.generator import SamplingConfig
 from planlm.evaluate.perplexity import evaluate
@@ -21,8 +22,8 @@ from planlm.plans.kinds import KINDS, PlanStrategy, plan, plan_source, register_
 from planlm.plans.sampling import sample_plans
 from planlm.plans.sources import Plans
 from planlm.plans.spec import PlanSpec, evaluation_spec
+from planlm.stage import write_manifest
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
-from planlm.utils import PlanlmError, write_manifest
 
 from helpers import tiny_gpt2_config, tiny_planner
 

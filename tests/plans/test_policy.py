@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
+from planlm.data.artifacts import PreparedDataset
+from planlm.errors import PlanlmError
 from planlm.models.adapter import AdapterConfig, build_adapter
 from planlm.models.planned_lm import PlannedLM
-from planlm.data.artifacts import PreparedDataset
-from planlm.plans.policy import (PathPolicy, entropy_num_paths, path_mask_from_counts, paths_summary, plan_change,
-                                sample_with_policy, step_distribution)
 from planlm.plans.cache import load_path_counts
 from planlm.plans.kinds import draw_plans
+from planlm.plans.policy import (PathPolicy, entropy_num_paths, path_mask_from_counts, paths_summary, plan_change,
+                                sample_with_policy, step_distribution)
 from planlm.plans.sampling import sample_plans
-from planlm.utils import PlanlmError
 
 from helpers import read_csv, tiny_planned_lm, tiny_planner, use_planner
 from planlm.plans.spec import PlanSpec

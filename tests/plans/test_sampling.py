@@ -10,14 +10,14 @@ import torch
 
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
-from planlm.testing.synthetic import make_synthetic_prepared
+from planlm.errors import PlanlmError
 from planlm.models.planner import Planner
 from planlm.plans.cache import load_plans
 from planlm.plans.contexts import IGNORE_INDEX, boundary_contexts, boundary_targets
 from planlm.plans.kinds import draw_plans
 from planlm.plans.sampling import sample_plans
 from planlm.plans.spec import PlanSpec
-from planlm.utils import PlanlmError
+from planlm.testing.synthetic import make_synthetic_prepared
 
 from helpers import linear_output_dtypes, tiny_planner
 

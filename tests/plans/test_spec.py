@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from planlm.data.artifacts import PreparedDataset
+from planlm.errors import PlanlmError
 from planlm.models.planned_lm import PlannedLMConfig
-from planlm.plans.policy import PathPolicy
 from planlm.plans.kinds import plan_source
+from planlm.plans.policy import PathPolicy
 from planlm.plans.sources import CachedPlans, FixedPlans, OraclePlans, ShuffledPlans
 from planlm.plans.spec import PlanKind, PlanSpec, check_renamed, trained_plans
-from planlm.utils import PlanlmError, write_manifest
+from planlm.stage import write_manifest
 
 
 def test_resolve_fills_defaults_then_inherits_from_the_base():

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from planlm.data.artifacts import PreparedDataset
+from planlm.errors import PlanlmError
 from planlm.testing.lookahead import (ANNOUNCE, GRAY, TOKENS_PER_SENTENCE, TOPICS, ideal_split_nll,
                                       ideal_token_nll, make_articles, make_lookahead_prepared, max_context_length,
                                       sample_types)
-from planlm.utils import PlanlmError
 
 
 def word_sets(types: np.ndarray, sentence: int, slot: int) -> list:

@@ -11,13 +11,13 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from planlm.cli import main as cli_main
+from planlm.errors import PlanlmError
 from planlm.models.planner import PlannerShape
 from planlm.train import harness
 from planlm.train.args import TrainArgs
 from planlm.train.harness import LoggerSpec, build_trainer, check_loggers, fit, load_best, resume_checkpoint
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.planner import PlannerTrainArgs, train_planner
-from planlm.utils import PlanlmError
 
 from helpers import tiny_gpt2_config
 

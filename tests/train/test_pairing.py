@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 from planlm.data.artifacts import PreparedDataset
 from planlm.models.adapter import AdapterSettings
 from planlm.plans.spec import PlanSpec
+from planlm.stage import write_manifest
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.lm_module import LightningLM
-from planlm.utils import write_manifest
 
 from helpers import tiny_gpt2_config
 
@@ -100,8 +100,8 @@ def test_finetuning_from_init_from_trains_in_train_mode(synthetic_random, tmp_pa
 
 def test_plan_usage_of_a_model_without_plans_is_skipped_or_a_one_line_error(synthetic_random, tmp_path):
     """(What plan usage measures on a model that reads its plans: test_perplexity's trained oracle model.)"""
+    from planlm.errors import PlanlmError
     from planlm.evaluate.perplexity import evaluate
-    from planlm.utils import PlanlmError
 
     none = train_lm(str(synthetic_random), str(tmp_path / "none"), model=LMModelConfig(model_config=TINY),
                     train=quick(limit_train_batches=1))

@@ -11,11 +11,11 @@ import torch.nn.functional as F
 
 from helpers import read_csv, tiny_planner
 from planlm.data.artifacts import PreparedDataset
-from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.models.planner import PlannerShape
 from planlm.plans.contexts import boundary_contexts, boundary_targets
+from planlm.stage import read_manifest
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.planner import PlannerTrainArgs, train_planner
-from planlm.utils import read_manifest
 
 
 def step_gradients(prepared, grad_scale: float, step: int) -> dict[str, torch.Tensor]:

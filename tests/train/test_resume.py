@@ -18,13 +18,13 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import read_csv, tiny_gpt2_config, tiny_run_config
-from planlm.testing.synthetic import make_synthetic_prepared
-from planlm.models.planner import PlannerShape
 from planlm.models.adapter import AdapterSettings
+from planlm.models.planner import PlannerShape
 from planlm.plans.spec import PlanSpec
+from planlm.stage import read_manifest
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.planner import PlannerTrainArgs, train_planner
-from planlm.utils import read_manifest
 
 
 def assert_same_tensors(a: dict, b: dict) -> None:

@@ -14,12 +14,14 @@ from safetensors.torch import load_file
 
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
-from planlm.integrity import record_files
-from planlm.models.planned_lm import PlannedLM
+from planlm.errors import PlanlmError
+from planlm.jsonio import write_json
 from planlm.models.adapter import AdapterSettings
+from planlm.models.planned_lm import PlannedLM
 from planlm.plans.spec import PlanKind, PlanSpec, trained_plans
+from planlm.stage import read_manifest, write_manifest
+from planlm.stage.integrity import record_files
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
-from planlm.utils import PlanlmError, read_manifest, write_json, write_manifest
 
 from helpers import read_csv, tiny_gpt2_config, tiny_planner
 
@@ -192,8 +194,8 @@ def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
 
 
 def test_training_on_plans_of_an_adaptive_path_policy(synthetic_random, tmp_path):
-    from planlm.plans.policy import PathPolicy
     from planlm.plans.cache import load_path_counts
+    from planlm.plans.policy import PathPolicy
 
     prepared = PreparedDataset(synthetic_random)
     tiny_planner(prepared, max_sentences=8, horizon=2).save_pretrained(tmp_path / "planner")

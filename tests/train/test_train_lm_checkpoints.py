@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 from helpers import read_csv, tiny_gpt2_config
 from planlm.models.adapter import AdapterSettings
 from planlm.plans.spec import PlanSpec
+from planlm.stage import read_manifest
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
-from planlm.utils import read_manifest
 
 
 def checkpoint_lm(path: Path) -> dict:

@@ -11,16 +11,15 @@ import pytest
 
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset, PreparedSplit, write_split
-from planlm.testing.synthetic import make_synthetic_prepared
-from planlm.models.planner import Planner
+from planlm.errors import PlanlmError
+from planlm.models.planner import Planner, PlannerShape
 from planlm.plans.cache import load_plans
 from planlm.plans.sampling import sample_plans
 from planlm.plans.spec import PlanSpec
-from planlm.models.planner import PlannerShape
+from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.boundaries import LengthGroupedSampler
 from planlm.train.planner import PlannerTrainArgs, train_planner
 from planlm.train.planner_metrics import baseline_metrics, evaluate_planner
-from planlm.utils import PlanlmError
 
 TINY_MODEL = PlannerShape(d_model=32, num_heads=2, dim_feedforward=64, horizon=4, dropout=0.0)
 
@@ -236,8 +235,8 @@ def test_length_grouped_sampler_is_a_shuffled_permutation_with_grouped_batches()
 
 @pytest.mark.slow  # prepares a tiny real corpus with MiniLM and finetunes it inside h (~1 min)
 def test_finetuned_encoder_planner_end_to_end(tmp_path):
-    from planlm.data.kmeans import ActionsConfig
     from planlm.data.corpus import CorpusConfig
+    from planlm.data.kmeans import ActionsConfig
     from planlm.data.prepare import prepare
 
     prepared = prepare(str(tmp_path / "prepared"),
