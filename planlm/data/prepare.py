@@ -41,7 +41,7 @@ from planlm.data.tokens import tokenize_articles
 from planlm.data.windows import beyond_window_share
 from planlm.errors import PlanlmError
 from planlm.files import file_sha256, save_safetensors
-from planlm.stage import prepare_stage_dir, read_manifest, write_manifest
+from planlm.stage import StageDir, read_manifest
 
 # Fields that change how fast the result is made, not what it is.
 _RUNTIME_FIELDS = {"embedding": ("batch_size", "device", "chunk_size", "multi_gpu", "pool_devices"), "actions": ("use_gpu",)}
@@ -219,12 +219,21 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
         raise PlanlmError(f"--lm_window must be >= 2 tokens (got {lm_window})")
     trained_vocab_size(tokenizer)  # a bad bpe:V spec fails before any work
     source_manifest = prepared_source(planner_corpus, embedding.encoder, embedding.normalize)  # ... and another encoder
-    started = time.time()
-    out = Path(out_dir)
-    config = result_config(corpus, sentences, embedding, actions, tokenizer, planner_corpus, source_manifest)
-    if prepare_stage_dir(out, config, keep_partial=True):
-        print(f"planlm prepare: {out} is complete for this config; reusing it")
-        return out
+    key = result_config(corpus, sentences, embedding, actions, tokenizer, planner_corpus, source_manifest)
+    with StageDir(out_dir, key, keep_partial=True) as stage:
+        if stage.reused:
+            print(f"planlm prepare: {stage.path} is complete for this config; reusing it")
+        else:
+            _prepare_into(stage, corpus, sentences, embedding, actions, planner_corpus, tokenizer, lm_window, progress)
+    return stage.path
+
+
+def _prepare_into(stage: StageDir, corpus: CorpusConfig, sentences: SentencesConfig, embedding: EmbedConfig,
+                  actions: ActionsConfig, planner_corpus: PlannerCorpusConfig, tokenizer: str, lm_window: int,
+                  progress: bool) -> None:
+    """Build the prepared folder ``stage`` (reusing the encoded sentences an interrupted build left) and write its
+    manifest last."""
+    started, out = time.time(), stage.path
     _drop_stale(out, keep_planner_split=planner_corpus.enabled)
     skips = Skips()
     rest = [] if planner_corpus.rest_of_train else None
@@ -261,13 +270,11 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
     short = {}
     if corpus.num_train is not None and counts["train"]["articles"] < corpus.num_train:
         short["train_articles_missing"] = corpus.num_train - counts["train"]["articles"]
-    write_manifest(out, config, num_actions=actions.num_actions, embedding_dim=int(codebook.shape[1]),
-                   tokenizer=tokenizer_name, encoder=embedding.encoder, splits=list(SPLITS), counts=counts,
-                   skipped=dict(skips), short=short, kmeans=kmeans, hashes=hashes, lm_window=lm_window,
-                   wall_time_s=round(wall_time, 1), **planner)
+    stage.finish(num_actions=actions.num_actions, embedding_dim=int(codebook.shape[1]), tokenizer=tokenizer_name,
+                 encoder=embedding.encoder, splits=list(SPLITS), counts=counts, skipped=dict(skips), short=short,
+                 kmeans=kmeans, hashes=hashes, lm_window=lm_window, wall_time_s=round(wall_time, 1), **planner)
     print(summary(out))
     _warn_if_short(counts["train"]["beyond_window_share"], lm_window)
-    return out
 
 
 # Below this share of tokens beyond the LM window, a corpus is not one for the planner (the lead sections: 7%).

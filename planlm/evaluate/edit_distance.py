@@ -27,12 +27,11 @@ from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import bootstrap_mean
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
 from planlm.evaluate.generator import GENERATION_VERSION, SamplingConfig
-from planlm.evaluate.loading import model_fingerprint
+from planlm.evaluate.loading import evaluation_inputs
 from planlm.jsonio import write_json
-from planlm.models.planner import planner_hash
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec
-from planlm.stage import prepare_stage_dir, write_manifest
+from planlm.stage import StageDir
 from planlm.stage.integrity import fix_for, load_json
 
 
@@ -114,30 +113,30 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     embed_fn, codebook = generator.embed_fn or encoder_embed_fn(prepared), prepared.codebook.numpy()
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
     spec = generator.spec
-    config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
-              "split": split, "articles": num_articles, "max_boundaries_per_article": max_boundaries_per_article,
-              "seed": seed, "context_length": context_length, "sampling": sampling, "plan_spec": spec.cache_key(),
-              "planner": planner_hash(spec.planner_dir),
-              "device_type": generator.device.type, "precision": generator.precision, "bootstrap_samples": bootstrap_samples,
-              "confidence": confidence, "generation_version": GENERATION_VERSION}
-    out = Path(out_dir)
-    if prepare_stage_dir(out, config):
-        return load_json(out / "metrics.json", fix_for(out))
-    boundaries = select_boundaries(split_view.sentence_offsets, num_articles, max_boundaries_per_article, seed)
-    if not boundaries:
-        raise PlanlmError(f"{split_view.path}: no sentence start with context in the first {num_articles} articles "
-                          f"(every article has one sentence); raise --max_articles or use another --split")
-    rows, generated_tokens, wall_time = _continue_boundaries(generator, split_view, boundaries, sampling,
-                                                             context_length, new_tokens, embed_fn, codebook)
-    metrics = {**_distance_summary(rows, bootstrap_samples, confidence, seed), "articles": num_articles,
-               "generated_tokens": generated_tokens, "wall_time_s": wall_time,
-               "tokens_per_s": generated_tokens / max(wall_time, 1e-9), "conditioning": str(spec.kind),
-               "K": spec.num_paths, "T": spec.horizon, "tau": spec.temperature, "temperature": sampling.temperature,
-               "top_k": sampling.top_k, "top_p": sampling.top_p, "new_tokens": new_tokens, "context_length": context_length,
-               "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "split": split,
-               "path_policy": asdict(spec.path_policy),
-               **paths_summary(np.asarray(generator.paths_sampled), spec.num_paths)}
-    _write_outputs(out, config, rows, metrics)
+    key = {**evaluation_inputs(model_dir, prepared_dir, spec.planner_dir), "split": split, "articles": num_articles,
+           "max_boundaries_per_article": max_boundaries_per_article, "seed": seed, "context_length": context_length,
+           "sampling": sampling, "plan_spec": spec.cache_key(), "device_type": generator.device.type,
+           "precision": generator.precision, "bootstrap_samples": bootstrap_samples, "confidence": confidence,
+           "generation_version": GENERATION_VERSION}
+    with StageDir(out_dir, key) as stage:
+        if stage.reused:
+            return load_json(stage.path / "metrics.json", fix_for(stage.path))
+        boundaries = select_boundaries(split_view.sentence_offsets, num_articles, max_boundaries_per_article, seed)
+        if not boundaries:
+            raise PlanlmError(f"{split_view.path}: no sentence start with context in the first {num_articles} "
+                              f"articles (every article has one sentence); raise --max_articles or use another --split")
+        rows, generated_tokens, wall_time = _continue_boundaries(generator, split_view, boundaries, sampling,
+                                                                 context_length, new_tokens, embed_fn, codebook)
+        metrics = {**_distance_summary(rows, bootstrap_samples, confidence, seed), "articles": num_articles,
+                   "generated_tokens": generated_tokens, "wall_time_s": wall_time,
+                   "tokens_per_s": generated_tokens / max(wall_time, 1e-9), "conditioning": str(spec.kind),
+                   "K": spec.num_paths, "T": spec.horizon, "tau": spec.temperature,
+                   "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                   "new_tokens": new_tokens, "context_length": context_length,
+                   "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "split": split,
+                   "path_policy": asdict(spec.path_policy),
+                   **paths_summary(np.asarray(generator.paths_sampled), spec.num_paths)}
+        _write_outputs(stage, rows, metrics)
     print(f"{model_dir} on {split} ({len(rows)} boundaries; plans {spec.label()}): edit distance {metrics['edit_distance']:.3f} [{metrics['ci_low']:.3f}, "
           f"{metrics['ci_high']:.3f}], normalised {metrics['normalized']:.3f} in {wall_time:.1f}s")
     return metrics
@@ -194,11 +193,11 @@ def _distance_summary(rows: list[dict], bootstrap_samples: int, confidence: floa
             "confidence": confidence, "boundaries": len(rows)}
 
 
-def _write_outputs(out: Path, config: dict, rows: list[dict], metrics: dict) -> None:
+def _write_outputs(stage: StageDir, rows: list[dict], metrics: dict) -> None:
     """per_boundary.csv, metrics.json and, last, the manifest."""
-    with open(out / "per_boundary.csv", "w", newline="") as f:
+    with open(stage.path / "per_boundary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-    write_json(out / "metrics.json", metrics)
-    write_manifest(out, config, metrics=metrics)
+    write_json(stage.path / "metrics.json", metrics)
+    stage.finish(metrics=metrics)

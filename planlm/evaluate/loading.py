@@ -11,6 +11,8 @@ from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.errors import PlanlmError
 from planlm.files import file_sha256
 from planlm.jsonio import fingerprint
+from planlm.models.planner import planner_hash
+from planlm.stage import config_fingerprint
 
 
 def load_model(model_dir: str | Path):
@@ -38,6 +40,14 @@ def model_fingerprint(model_dir: str | Path) -> str:
     files = sorted(p for p in model_dir.rglob("*.safetensors") if "checkpoints" not in p.parts)
     files += sorted(model_dir.rglob("*.json")) if not files else []
     return fingerprint({str(p.relative_to(model_dir)): file_sha256(p) for p in files})
+
+
+def evaluation_inputs(model_dir: str | Path, prepared_dir: str | Path, planner_dir: str | Path | None) -> dict:
+    """The part of an evaluation's reuse key that says what the folders it reads hold, not only where they lie (a
+    retrained model or planner keeps its path): the model's weights, the prepared corpus's key, the planner's
+    weights (None without one)."""
+    return {"model": model_fingerprint(model_dir), "prepared": config_fingerprint(prepared_dir),
+            "planner": planner_hash(planner_dir)}
 
 
 def load_checked(model_dir: str, prepared_dir: str, split: str):

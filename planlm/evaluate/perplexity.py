@@ -40,15 +40,14 @@ from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.device import autocast, resolve_device
 from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
-from planlm.evaluate.loading import load_checked, model_fingerprint
+from planlm.evaluate.loading import evaluation_inputs, load_checked
 from planlm.jsonio import write_json
 from planlm.models.planned_lm import add_evaluation
-from planlm.models.planner import planner_hash
 from planlm.plans.kinds import PlanKind, plan_source
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec, evaluation_spec
 from planlm.speed import Speed, speed_up_lm
-from planlm.stage import prepare_stage_dir, read_manifest, write_manifest
+from planlm.stage import StageDir, config_fingerprint, read_manifest
 from planlm.stage.integrity import fix_for, load_json
 
 UNSCORED_NOTE = "the first token of every article is not scored (it has no context)"
@@ -249,25 +248,23 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     precision = device_precision(precision, "--precision", torch_device.type)
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
     plans_manifest = read_manifest(spec.plans_dir) if spec.plans_dir else None
-    config = {"model": model_fingerprint(model_dir), "prepared": prepared.manifest.get("config_fingerprint"),
-              "split": split, "plan_spec": spec.cache_key(), "stride": stride, "context_length": context_length,
-              "articles": num_articles, "device_type": torch_device.type, "precision": precision,
-              "bootstrap_samples": bootstrap_samples, "confidence": confidence, "plan_usage": plan_usage,
-              "planner": planner_hash(spec.planner_dir),
-              "plans": plans_manifest["config_fingerprint"] if spec.plans_dir else None}
-    out = Path(out_dir)
-    if prepare_stage_dir(out, config):
-        metrics = load_json(out / "metrics.json", fix_for(out))
-        add_evaluation(model_dir, metrics)  # a card written before this evaluation gets it too
-        return metrics
-    speed_up_lm(model, speed, "evaluate")
-    result = evaluate_split(model, prepared, split_view, spec, num_articles, stride, context_length, batch_size,
-                            torch_device, precision, plan_usage)
-    metrics = _metrics(result, spec, split_view, num_articles, plans_manifest, stride=stride,
-                       context_length=context_length, bootstrap_samples=bootstrap_samples, confidence=confidence,
-                       plan_usage=plan_usage, model_dir=model_dir, prepared_dir=prepared_dir, split=split,
-                       device=torch_device, precision=precision)
-    _write_evaluation(out, config, metrics, result, split_view, num_articles)
+    key = {**evaluation_inputs(model_dir, prepared_dir, spec.planner_dir), "split": split,
+           "plan_spec": spec.cache_key(), "stride": stride, "context_length": context_length, "articles": num_articles,
+           "device_type": torch_device.type, "precision": precision, "bootstrap_samples": bootstrap_samples,
+           "confidence": confidence, "plan_usage": plan_usage, "plans": config_fingerprint(spec.plans_dir)}
+    with StageDir(out_dir, key) as stage:
+        if stage.reused:
+            metrics = load_json(stage.path / "metrics.json", fix_for(stage.path))
+            add_evaluation(model_dir, metrics)  # a card written before this evaluation gets it too
+            return metrics
+        speed_up_lm(model, speed, "evaluate")
+        result = evaluate_split(model, prepared, split_view, spec, num_articles, stride, context_length, batch_size,
+                                torch_device, precision, plan_usage)
+        metrics = _metrics(result, spec, split_view, num_articles, plans_manifest, stride=stride,
+                           context_length=context_length, bootstrap_samples=bootstrap_samples, confidence=confidence,
+                           plan_usage=plan_usage, model_dir=model_dir, prepared_dir=prepared_dir, split=split,
+                           device=torch_device, precision=precision)
+        _write_evaluation(stage, metrics, result, split_view, num_articles)
     add_evaluation(model_dir, metrics)
     _print_summary(metrics, spec, plan_usage)
     return metrics
@@ -326,16 +323,16 @@ def _sources(split_view: PreparedSplit, num_articles: int) -> list[str]:
     return [str(a.get("source", a["id"])) for a in split_view.articles[:num_articles]]
 
 
-def _write_evaluation(out: Path, config: dict, metrics: dict, result: dict, split_view: PreparedSplit,
+def _write_evaluation(stage: StageDir, metrics: dict, result: dict, split_view: PreparedSplit,
                       num_articles: int) -> None:
     """per_article.csv, num_paths.npy, metrics.json and, last, the manifest."""
     articles, sources = split_view.articles, _sources(split_view, num_articles)
-    write_per_article(out / "per_article.csv", [
+    write_per_article(stage.path / "per_article.csv", [
         {"article": a, "id": articles[a]["id"], "source": sources[a], "nll_sum": repr(float(result["nll_sums"][a])),
          "tokens": int(result["tokens"][a])} for a in range(num_articles)])
-    np.save(out / "num_paths.npy", result["num_paths"])
-    write_json(out / "metrics.json", metrics)
-    write_manifest(out, config, metrics=metrics)
+    np.save(stage.path / "num_paths.npy", result["num_paths"])
+    write_json(stage.path / "metrics.json", metrics)
+    stage.finish(metrics=metrics)
 
 
 def _print_summary(metrics: dict, spec: PlanSpec, plan_usage: bool) -> None:

@@ -19,13 +19,12 @@ from typing import Literal, Optional
 from planlm.args import read_precision
 from planlm.errors import PlanlmError
 from planlm.evaluate.compute_sweep import DEFAULT_POLICIES, compute_points, compute_rows, write_compute_outputs
-from planlm.evaluate.loading import model_fingerprint
+from planlm.evaluate.loading import evaluation_inputs
 from planlm.evaluate.perplexity import evaluate
 from planlm.jsonio import to_jsonable
-from planlm.models.planner import planner_hash
 from planlm.plans.policy import PathPolicy
 from planlm.plans.spec import PlanKind, PlanSpec
-from planlm.stage import prepare_stage_dir, read_manifest, write_manifest
+from planlm.stage import StageDir
 
 COLUMNS = ("value", "ppl", "ci_low", "ci_high", "reference", "paired_diff", "paired_ci_low", "paired_ci_high",
            "wall_time_s", "relative_wall_time", "plan_time_s", "lm_time_s",
@@ -118,33 +117,31 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
     precision = read_precision(precision, "--precision")
     if kind not in ("num_paths", "temperature", "compute"):
         raise PlanlmError(f"--kind {kind!r}: choose num_paths, temperature or compute")
+    protocol = dict(split=split, stride=stride, context_length=context_length, max_articles=max_articles,
+                    batch_size=batch_size, device=device, precision=precision, bootstrap_samples=bootstrap_samples)
     if kind == "compute":
-        return compute_sweep(model_dir, prepared_dir, out_dir, num_paths, policies, plans, split, stride,
-                             context_length, max_articles, batch_size, device, precision, bootstrap_samples,
-                             expectation)
+        return compute_sweep(model_dir, prepared_dir, out_dir, num_paths, policies, plans, protocol, expectation)
     values, reference = _swept_values(kind, num_paths, temperatures)
-    out = Path(out_dir)
-    config = {"model_dir": str(Path(model_dir).resolve()), "prepared_dir": str(Path(prepared_dir).resolve()),
-              "kind": kind, "values": values, "plans": to_jsonable(plans), "split": split,
-              "stride": stride, "context_length": context_length,
-              "max_articles": max_articles, "batch_size": batch_size, "device": device, "precision": precision,
-              "bootstrap_samples": bootstrap_samples,
-              # What the folders hold, not only their paths: a retrained model or planner keeps its path.
-              "model": model_fingerprint(model_dir),
-              "prepared": (read_manifest(prepared_dir) or {}).get("config_fingerprint"),
-              "planner": planner_hash(plans.planner_dir or _recorded_planner(model_dir))}
-    if prepare_stage_dir(out, config, keep_partial=True):  # keep_partial: finished points are reused
-        return out
-    shared = dict(split=split, stride=stride, context_length=context_length, max_articles=max_articles,
-                  batch_size=batch_size, device=device, precision=precision, bootstrap_samples=bootstrap_samples,
-                  plan_usage=False)
-    rows = _evaluate_points(model_dir, prepared_dir, out, kind, values, plans, shared)
-    add_paired_differences(rows, reference, bootstrap_samples)
-    _write_table(rows, out / f"sweep_{kind}.csv")
-    plot_sweep(rows, kind, out / f"sweep_{kind}.png", title=f"{Path(model_dir).name}: {plans.kind or 'its own plans'}, {kind} sweep")
-    write_manifest(out, config, rows=rows)
+    with StageDir(out_dir, _sweep_key(model_dir, prepared_dir, plans, protocol, kind=kind, values=values),
+                  keep_partial=True) as stage:  # keep_partial: finished points are reused
+        if stage.reused:
+            return stage.path
+        rows = _evaluate_points(model_dir, prepared_dir, stage.path, kind, values, plans, protocol)
+        add_paired_differences(rows, reference, bootstrap_samples)
+        _write_table(rows, stage.path / f"sweep_{kind}.csv")
+        plot_sweep(rows, kind, stage.path / f"sweep_{kind}.png",
+                   title=f"{Path(model_dir).name}: {plans.kind or 'its own plans'}, {kind} sweep")
+        stage.finish(rows=rows)
     _print_table(rows, kind, reference)
-    return out
+    return stage.path
+
+
+def _sweep_key(model_dir: str, prepared_dir: str, plans: PlanSpec, protocol: dict, **swept) -> dict:
+    """A sweep folder's reuse key: the folders (their paths and what they hold: a retrained model or planner keeps its
+    path), the plans, the evaluation protocol of every point (``protocol``) and what is swept (``swept``)."""
+    return {"model_dir": str(Path(model_dir).resolve()), "prepared_dir": str(Path(prepared_dir).resolve()),
+            "plans": to_jsonable(plans), **protocol, **swept,
+            **evaluation_inputs(model_dir, prepared_dir, plans.planner_dir or _recorded_planner(model_dir))}
 
 
 def _swept_values(kind: str, num_paths: list[int], temperatures: list[float]) -> tuple[list, float]:
@@ -163,14 +160,15 @@ def _swept_values(kind: str, num_paths: list[int], temperatures: list[float]) ->
 
 
 def _evaluate_points(model_dir: str, prepared_dir: str, out: Path, kind: str, values: list, plans: PlanSpec,
-                     shared: dict) -> list[dict]:
-    """One ``evaluate`` per swept value in ``<out>/<kind>-<value>`` (``shared``: its other arguments) -> the
+                     protocol: dict) -> list[dict]:
+    """One ``evaluate`` per swept value in ``<out>/<kind>-<value>`` (``protocol``: its other arguments) -> the
     table's rows, with the wall time relative to the first point."""
     rows = []
     for value in values:
         point = out / f"{kind}-{value:g}"
         swept = {"num_paths": int(value)} if kind == "num_paths" else {"temperature": float(value)}
-        metrics = evaluate(model_dir, prepared_dir, str(point), plans=replace(plans, **swept), **shared)
+        metrics = evaluate(model_dir, prepared_dir, str(point), plans=replace(plans, **swept), plan_usage=False,
+                           **protocol)
         rows.append({"value": value, **{c: metrics[c] for c in COLUMNS if c in metrics}, "eval_dir": str(point)})
     base = rows[0]["wall_time_s"]
     for row in rows:
@@ -196,41 +194,32 @@ def _print_table(rows: list[dict], kind: str, reference: float) -> None:
 
 
 def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: list[int], policies: list[PathPolicy],
-                  plans: PlanSpec, split: str, stride: int, context_length: int, max_articles: Optional[int],
-                  batch_size: int, device: str, precision: str, bootstrap_samples: int,
-                  expectation: bool = False) -> Path:
+                  plans: PlanSpec, protocol: dict, expectation: bool = False) -> Path:
     """The compute sweep of ``sweep``: fixed K, adaptive policies (and plans in expectation) on the same LM and
-    articles."""
+    articles (``protocol``: the evaluation arguments of every point)."""
     from dataclasses import asdict
 
     from planlm.evaluate.compute_sweep import EXPECTED_POINT, where_paths_went
 
     points = compute_points(list(num_paths), list(policies), expectation)
-    out = Path(out_dir)
-    config = {"model_dir": str(Path(model_dir).resolve()), "prepared_dir": str(Path(prepared_dir).resolve()),
-              "kind": "compute", "points": [(name, asdict(policy)) for name, _, policy in points],
-              "plans": to_jsonable(plans), "split": split, "stride": stride, "context_length": context_length,
-              "max_articles": max_articles, "batch_size": batch_size, "device": device, "precision": precision,
-              "bootstrap_samples": bootstrap_samples, "model": model_fingerprint(model_dir),
-              "prepared": (read_manifest(prepared_dir) or {}).get("config_fingerprint"),
-              "planner": planner_hash(plans.planner_dir or _recorded_planner(model_dir))}
-    if prepare_stage_dir(out, config, keep_partial=True):  # finished points are reused
-        return out
-    metrics = []
-    for name, max_paths, policy in points:
-        metrics.append(evaluate(model_dir, prepared_dir, str(out / name), split=split,
-                                plans=replace(plans, num_paths=max_paths, path_policy=policy,
-                                              expectation=name == EXPECTED_POINT), stride=stride,
-                                context_length=context_length, max_articles=max_articles, batch_size=batch_size,
-                                device=device, precision=precision, bootstrap_samples=bootstrap_samples,
-                                plan_usage=False))
-        if policy.adaptive:
-            where_paths_went(out / name, metrics[-1]["planner_dir"], prepared_dir, split)
-    rows = compute_rows(points, metrics, out)
-    add_paired_differences(rows, f"fixed-{max(num_paths)}", bootstrap_samples)  # fixed K_max
-    write_compute_outputs(rows, out, title=f"{'/'.join(Path(model_dir).parts[-2:])}: planning compute vs perplexity")
-    write_manifest(out, config, rows=rows)
-    return out
+    key = _sweep_key(model_dir, prepared_dir, plans, protocol, kind="compute",
+                     points=[(name, asdict(policy)) for name, _, policy in points])
+    with StageDir(out_dir, key, keep_partial=True) as stage:  # finished points are reused
+        if stage.reused:
+            return stage.path
+        metrics = []
+        for name, max_paths, policy in points:
+            point_plans = replace(plans, num_paths=max_paths, path_policy=policy, expectation=name == EXPECTED_POINT)
+            metrics.append(evaluate(model_dir, prepared_dir, str(stage.path / name), plans=point_plans,
+                                    plan_usage=False, **protocol))
+            if policy.adaptive:
+                where_paths_went(stage.path / name, metrics[-1]["planner_dir"], prepared_dir, protocol["split"])
+        rows = compute_rows(points, metrics, stage.path)
+        add_paired_differences(rows, f"fixed-{max(num_paths)}", protocol["bootstrap_samples"])  # fixed K_max
+        write_compute_outputs(rows, stage.path,
+                              title=f"{'/'.join(Path(model_dir).parts[-2:])}: planning compute vs perplexity")
+        stage.finish(rows=rows)
+    return stage.path
 
 
 def _recorded_planner(model_dir: str) -> str | None:

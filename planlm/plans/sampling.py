@@ -28,7 +28,7 @@ from planlm.plans.contexts import MAX_ROWS, check_split
 from planlm.plans.kinds import DrawArrays, PlanKind, PlannerKind, draw_split
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec
-from planlm.stage import prepare_stage_dir, write_manifest
+from planlm.stage import StageDir
 
 
 def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Optional[list[str]] = None,
@@ -71,34 +71,42 @@ def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Option
     expected = spec.top_actions if spec.expectation else 0
     out = Path(out_dir) if out_dir else default_plans_dir(spec.planner_dir, spec.num_paths, spec.horizon,
                                                           spec.temperature, spec.seed, spec.path_policy, expected)
-    planner_hash = file_sha256(Path(spec.planner_dir) / WEIGHTS_FILE)
     torch_device = resolve_device(device)
     precision = device_precision(precision, "--precision", torch_device.type)
-    config = {"planner_hash": planner_hash, "prepared_dir": str(Path(prepared_dir).resolve()),
-              "codebook_hash": prepared.codebook_hash, "num_paths": spec.num_paths, "horizon": spec.horizon,
-              "temperature": spec.temperature, "seed": spec.seed, "splits": splits, "batch_size": batch_size,
-              "max_rows": MAX_ROWS, "device_type": torch_device.type, "precision": precision}
-    if spec.path_policy.adaptive:  # fixed keeps the key of the caches made before policies existed
-        config["path_policy"] = spec.path_policy.cache_key()
-    if expected:  # sampled actions alone keep the key of the caches made before expectation existed
-        config["expectation"] = {"top_actions": expected}
-    if prepare_stage_dir(out, config):
-        return out
-    paths, planner_time, kept = {}, {}, {}
-    for name, split in split_views.items():
-        began = time.perf_counter()
-        paths[name] = _sample_split(planner, split, out, spec, batch_size, torch_device, precision)
-        planner_time[name] = time.perf_counter() - began
-        if expected:
-            kept[name] = expected_mass(out, name)
-    write_manifest(out, config, num_paths=spec.num_paths, horizon=spec.horizon, temperature=spec.temperature,
-                   seed=spec.seed, planner_hash=planner_hash, planner_dir=str(Path(spec.planner_dir).resolve()),
-                   codebook_hash=prepared.codebook_hash, num_actions=prepared.num_actions,
-                   prepared_dir=str(Path(prepared_dir).resolve()), splits=splits,
-                   counts={name: split.num_sentences for name, split in split_views.items()},
-                   path_policy=asdict(spec.path_policy), paths=paths, planner_time_s=planner_time,
-                   expectation={"top_actions": expected, "kept": kept} if expected else None)
+    key = _cache_key(spec, prepared, prepared_dir, splits, batch_size, torch_device.type, precision)
+    with StageDir(out, key) as stage:
+        if stage.reused:
+            return out
+        paths, planner_time, kept = {}, {}, {}
+        for name, split in split_views.items():
+            began = time.perf_counter()
+            paths[name] = _sample_split(planner, split, out, spec, batch_size, torch_device, precision)
+            planner_time[name] = time.perf_counter() - began
+            if expected:
+                kept[name] = expected_mass(out, name)
+        stage.finish(num_paths=spec.num_paths, horizon=spec.horizon, temperature=spec.temperature, seed=spec.seed,
+                     planner_hash=key["planner_hash"], planner_dir=str(Path(spec.planner_dir).resolve()),
+                     codebook_hash=prepared.codebook_hash, num_actions=prepared.num_actions,
+                     prepared_dir=key["prepared_dir"], splits=splits,
+                     counts={name: split.num_sentences for name, split in split_views.items()},
+                     path_policy=asdict(spec.path_policy), paths=paths, planner_time_s=planner_time,
+                     expectation={"top_actions": expected, "kept": kept} if expected else None)
     return out
+
+
+def _cache_key(spec: PlanSpec, prepared: PreparedDataset, prepared_dir: str, splits: list[str], batch_size: int,
+               device_type: str, precision: str) -> dict:
+    """A plan cache's reuse key: the planner's weights, the corpus and its codebook, the spec's draw and how it ran."""
+    key = {"planner_hash": file_sha256(Path(spec.planner_dir) / WEIGHTS_FILE),
+           "prepared_dir": str(Path(prepared_dir).resolve()), "codebook_hash": prepared.codebook_hash,
+           "num_paths": spec.num_paths, "horizon": spec.horizon, "temperature": spec.temperature, "seed": spec.seed,
+           "splits": splits, "batch_size": batch_size, "max_rows": MAX_ROWS, "device_type": device_type,
+           "precision": precision}
+    if spec.path_policy.adaptive:  # fixed keeps the key of the caches made before policies existed
+        key["path_policy"] = spec.path_policy.cache_key()
+    if spec.expectation and spec.top_actions:  # sampled actions alone keep the key of the caches made before
+        key["expectation"] = {"top_actions": spec.top_actions}  # expectation existed
+    return key
 
 
 def _cached_spec(plans: PlanSpec, planner_horizon: int) -> PlanSpec:

@@ -31,7 +31,7 @@ from planlm.plans.kinds import check_cache, plan_source
 from planlm.plans.spec import PlanSpec
 from planlm.seeds import derive_seed
 from planlm.speed import Speed, speed_up_lm
-from planlm.stage import prepare_stage_dir, read_manifest, write_manifest
+from planlm.stage import StageDir, config_fingerprint
 from planlm.train.args import TrainArgs
 from planlm.train.harness import build_trainer, fit, load_best, resume_checkpoint
 from planlm.train.lm_module import MULTIPATH_LR_SCALE, LightningLM
@@ -264,7 +264,7 @@ def _input_hashes(model: LMModelConfig, spec: PlanSpec) -> dict:
 
     hashes = {"init_from": model_fingerprint(model.init_from) if model.init_from else None}
     if spec.plans_dir:  # a resolved spec names a plan cache or a planner only for a planner kind
-        hashes["plans"] = (read_manifest(spec.plans_dir) or {}).get("config_fingerprint")
+        hashes["plans"] = config_fingerprint(spec.plans_dir)
     elif spec.planner_dir:
         hashes["planner"] = planner_hash(spec.planner_dir)  # missing weights: an error follows
     return hashes
@@ -299,14 +299,20 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     spec = plans.resolve()
     spec.check_source()
     prepared = PreparedDataset(prepared_dir)
-    out = Path(out_dir)
     splits = [train.train_split, train.val_split]
     for split in splits:
         prepared.split(split)  # one-line error for a missing split
-    run_config = _run_config(prepared, model, spec, adapter, train)
-    if prepare_stage_dir(out, run_config, keep_partial=True):
-        return out
+    with StageDir(out_dir, _run_config(prepared, model, spec, adapter, train), keep_partial=True) as stage:
+        if not stage.reused:
+            _train_into(stage, prepared, model, spec, adapter, train, speed, splits)
+    return stage.path
 
+
+def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec,
+                adapter: AdapterSettings, train: LMTrainConfig, speed: Speed, splits: list[str]) -> None:
+    """Train the planned LM into ``stage`` (resuming its last checkpoint of the same key) and, on rank 0, write the
+    model folder and, last, the manifest."""
+    out = stage.path
     init_config = PlannedLM.from_pretrained(model.init_from).config if model.init_from else None
     tokenizer = _check_tokenizer(prepared, model, init_config)
     spec, plans_manifest = _training_plans(spec, prepared, splits)
@@ -318,18 +324,17 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
 
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     train_loader, val_loaders = _loaders(prepared, spec, train, pad_token_id)
-    trainer, best, start = _train(planned, train, out, run_config, train_loader, val_loaders)
+    trainer, best, start = _train(planned, train, out, stage.key, train_loader, val_loaders)
     if trainer.is_global_zero:
         results = _run_results(trainer, best, start)
         planned.cpu().save_pretrained(out, tokenizer=tokenizer, training=_card_training(prepared, results))
-        write_manifest(out, run_config, prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
-                       conditioning=str(spec.kind), adapter=adapter.kind if spec.has_plans else None,
-                       plans_dir=spec.plans_dir, planner_dir=spec.planner_dir, planner_hash=planner_hash,
-                       plans_manifest=plans_manifest, **results,
-                       trainable_parameters=sum(p.numel() for p in planned.parameters() if p.requires_grad),
-                       rezero_alphas=planned.adapter.alphas() if planned.adapter is not None else None,
-                       lm_hash=file_sha256(next((out / "lm").glob("*.safetensors"))))
-    return out
+        stage.finish(prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
+                     conditioning=str(spec.kind), adapter=adapter.kind if spec.has_plans else None,
+                     plans_dir=spec.plans_dir, planner_dir=spec.planner_dir, planner_hash=planner_hash,
+                     plans_manifest=plans_manifest, **results,
+                     trainable_parameters=sum(p.numel() for p in planned.parameters() if p.requires_grad),
+                     rezero_alphas=planned.adapter.alphas() if planned.adapter is not None else None,
+                     lm_hash=file_sha256(next((out / "lm").glob("*.safetensors"))))
 
 
 def _run_config(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec, adapter: AdapterSettings,

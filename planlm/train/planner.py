@@ -36,7 +36,7 @@ from planlm.errors import PlanlmError
 from planlm.models.planner import Planner, PlannerConfig, PlannerShape
 from planlm.plans.contexts import check_split
 from planlm.speed import Speed, compile_module, keep_freed_memory
-from planlm.stage import prepare_stage_dir, write_manifest
+from planlm.stage import StageDir
 from planlm.train.boundaries import ArticleCollate, BoundaryCollate, BoundaryDataset, LengthGroupedSampler
 from planlm.train.args import TrainArgs
 from planlm.train.harness import build_trainer, fit, load_best, resume_checkpoint
@@ -106,14 +106,22 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
     train = replace(train, train_split=train.train_split or prepared.planner_split)  # the reuse key names it
     config = PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim,
                            encoder_name=prepared.encoder_name if model.finetune_encoder else None, **asdict(model))
-    train_split, val_split, eval_split = _checked_splits(prepared, config, train)
-    out = Path(out_dir)
-    stage_config = _stage_config(prepared_dir, prepared, config, train)
-    if prepare_stage_dir(out, stage_config, keep_partial=True):
-        return out
+    splits = _checked_splits(prepared, config, train)
+    with StageDir(out_dir, _stage_config(prepared_dir, prepared, config, train), keep_partial=True) as stage:
+        if not stage.reused:
+            _train_into(stage, prepared, prepared_dir, config, train, speed, splits)
+    return stage.path
+
+
+def _train_into(stage: StageDir, prepared: PreparedDataset, prepared_dir: str, config: PlannerConfig,
+                train: PlannerTrainArgs, speed: Speed,
+                splits: tuple[PreparedSplit, PreparedSplit, PreparedSplit]) -> None:
+    """Train the planner into ``stage`` (resuming its last checkpoint of the same key) and, on rank 0, write the
+    weights, the summary and, last, the manifest."""
+    out, (train_split, val_split, eval_split) = stage.path, splits
     # Checkpoints left by a run with another configuration are never resumed (the folder starts again);
     # only the stopping knobs may change (rerun with a larger --train.max_epochs to continue from last.ckpt).
-    ckpt_path = resume_checkpoint(out, "run_config.json", stage_config, reset=out)
+    ckpt_path = resume_checkpoint(out, "run_config.json", stage.key, reset=out)
 
     L.seed_everything(train.seed, verbose=False)
     planner = _new_planner(prepared, prepared_dir, config)
@@ -126,7 +134,7 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
     fit(trainer, module, _loader(train_split, config, train, shuffle=True),
         _loader(val_split, config, train, shuffle=False), ckpt_path)
     if not trainer.is_global_zero:
-        return out
+        return
     load_best(module, best)
     planner = module.planner.float().cpu()
     planner.save_pretrained(out)
@@ -138,9 +146,8 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
         "best_checkpoint": Path(best.best_model_path).name if best.best_model_path else None,
         "best_val_loss": float(best.best_model_score) if best.best_model_score is not None else None,
         "global_step": trainer.global_step, "epochs": trainer.current_epoch, "metrics": metrics})
-    write_manifest(out, stage_config, num_parameters=_num_parameters(planner), codebook_hash=prepared.codebook_hash,
-                   num_actions=prepared.num_actions, step1_top1={name: metrics[name]["top1"][0] for name in metrics})
-    return out
+    stage.finish(num_parameters=_num_parameters(planner), codebook_hash=prepared.codebook_hash,
+                 num_actions=prepared.num_actions, step1_top1={name: metrics[name]["top1"][0] for name in metrics})
 
 
 def _checked_splits(prepared: PreparedDataset, config: PlannerConfig,
