@@ -68,7 +68,7 @@ def run(root: Path, args) -> list[tuple[str, int, float, float]]:
                          speed=Speed(loss_chunk_size=chunk))
                 metrics = evaluate(str(folder / "lm"), str(prepared), str(folder / "eval"), stride=64, device="cpu",
                                    precision=eval_precision, bootstrap_samples=10, speed=Speed(loss_chunk_size=chunk))
-                ppl[name] = metrics["ppl"]
+                ppl[name] = metrics.ppl
             rows.append((condition, seed, ppl["fp32"], ppl["fast"]))
             print(f"{condition} seed {seed}: ppl fp32 {ppl['fp32']:.4f}, fast {ppl['fast']:.4f}", flush=True)
     return rows

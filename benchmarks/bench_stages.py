@@ -114,7 +114,7 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
         began = time.perf_counter()
         metrics = evaluate(str(lm), str(prepared_dir), str(root / f"eval{stride}"), stride=stride,
                            max_articles=articles, device=args.device, plans=PlanSpec(plans_dir=str(plans)))
-        rows.append((name, time.perf_counter() - began, metrics["tokens"], "tokens"))
+        rows.append((name, time.perf_counter() - began, metrics.tokens, "tokens"))
     return rows
 
 

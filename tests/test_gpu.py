@@ -66,7 +66,7 @@ def test_evaluation_on_cuda_runs_bf16_and_matches_fp32_closely(synthetic_random,
     model.cpu().save_pretrained(tmp_path / "model")
     metrics = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "eval"), max_articles=4,
                        bootstrap_samples=50, device="cuda")
-    assert metrics["precision"] == "auto" and metrics["ppl"] > 1 and metrics["ci_low"] <= metrics["ppl"]
+    assert metrics.precision == "auto" and metrics.ppl > 1 and metrics.ci_low <= metrics.ppl
 
 
 def test_bf16_generation_on_cuda(synthetic_cycle):

@@ -35,6 +35,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from planlm.errors import PlanlmError
+from planlm.evaluate.metrics import PerplexityMetrics
 from planlm.jsonio import write_json
 
 PER_ARTICLE = "per_article.csv"
@@ -376,11 +377,9 @@ def read_per_article(eval_dir: str | Path) -> dict[str, np.ndarray]:
         raise PlanlmError(f"{path}: malformed row ({e}); rerun `planlm evaluate`") from e
 
 
-def _metrics(eval_dir: Path) -> dict:
-    from planlm.stage.integrity import fix_for, load_json
-
-    path = eval_dir / "metrics.json"
-    return load_json(path, fix_for(eval_dir)) if path.is_file() else {}
+def _metrics(eval_dir: Path) -> PerplexityMetrics:
+    """The metrics of an evaluation folder (every field None when it has no metrics.json)."""
+    return PerplexityMetrics.load(eval_dir) if (eval_dir / "metrics.json").is_file() else PerplexityMetrics.from_dict({})
 
 
 def seed_folders(eval_dir: str | Path) -> dict[int, Path]:
@@ -439,8 +438,8 @@ def _compare_tables(dir_a: Path, dir_b: Path, table_a: dict, table_b: dict, num_
     metrics_a, metrics_b = _metrics(dir_a), _metrics(dir_b)
     return {"a": str(dir_a), "b": str(dir_b), "articles": int(len(table_a["id"])),
             "documents": int(cluster_index(table_a["source"]).max()) + 1 if len(table_a["id"]) else 0,
-            "tokens": int(table_a["tokens"].sum()), "protocol": metrics_a.get("protocol"),
-            "conditioning_a": metrics_a.get("conditioning"), "conditioning_b": metrics_b.get("conditioning"),
+            "tokens": int(table_a["tokens"].sum()), "protocol": metrics_a.protocol,
+            "conditioning_a": metrics_a.conditioning, "conditioning_b": metrics_b.conditioning,
             **result}
 
 

@@ -22,6 +22,7 @@ from typing import Optional
 import numpy as np
 
 from planlm.errors import PlanlmError
+from planlm.evaluate.metrics import PerplexityMetrics
 from planlm.jsonio import write_json
 from planlm.plans.policy import PathPolicy
 
@@ -63,15 +64,16 @@ def point_kind(name: str, policy: PathPolicy) -> str:
     return "expected" if name == EXPECTED_POINT else policy.kind
 
 
-def compute_rows(points: list[tuple[str, int, PathPolicy]], metrics: list[dict], out: Path) -> list[dict]:
+def compute_rows(points: list[tuple[str, int, PathPolicy]], metrics: list[PerplexityMetrics],
+                 out: Path) -> list[dict]:
     """One CSV row per point (paired columns are filled by the caller)."""
     reference = f"fixed-{max(k for _, k, policy in points if not policy.adaptive)}"  # fixed K_max
     rows = []
     for (name, max_paths, policy), m in zip(points, metrics):
-        rows.append({"value": name, "policy": point_kind(name, policy), "K": max_paths, "paths_mean": m["paths_mean"],
-                     **{c: m[c] for c in ("ppl", "ci_low", "ci_high", "wall_time_s", "planner_time_s", "lm_time_s",
-                                          "tokens_per_s", "tokens", "articles", "T", "tau")},
-                     "eval_dir": str(out / name)})
+        rows.append({"value": name, "policy": point_kind(name, policy), "K": max_paths, "paths_mean": m.paths_mean,
+                     "ppl": m.ppl, "ci_low": m.ci_low, "ci_high": m.ci_high, "wall_time_s": m.wall_time_s,
+                     "planner_time_s": m.planner_time_s, "lm_time_s": m.lm_time_s, "tokens_per_s": m.tokens_per_s,
+                     "tokens": m.tokens, "articles": m.articles, "T": m.T, "tau": m.tau, "eval_dir": str(out / name)})
     base = next(r for r in rows if r["value"] == reference)
     for row in rows:
         row["paths_fraction"] = row["paths_mean"] / base["paths_mean"] if base["paths_mean"] else float("nan")

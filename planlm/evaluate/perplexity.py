@@ -41,6 +41,7 @@ from planlm.device import autocast, resolve_device
 from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.evaluate.loading import evaluation_inputs, load_checked
+from planlm.evaluate.metrics import PerplexityMetrics, PlanUsage
 from planlm.jsonio import write_json
 from planlm.models.planned_lm import add_evaluation
 from planlm.plans.kinds import PlanKind, plan_source
@@ -48,7 +49,6 @@ from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec, evaluation_spec
 from planlm.speed import Speed, speed_up_lm
 from planlm.stage import StageDir, config_fingerprint, read_manifest
-from planlm.stage.integrity import fix_for, load_json
 
 UNSCORED_NOTE = "the first token of every article is not scored (it has no context)"
 
@@ -199,7 +199,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
              stride: int = 1, context_length: int = 128, max_articles: Optional[int] = None, batch_size: int = 32,
              device: str = "auto", precision: str = "auto",
              bootstrap_samples: int = 1000, confidence: float = 0.95, plan_usage: Optional[bool] = None,
-             speed: Speed = Speed()) -> dict:
+             speed: Speed = Speed()) -> PerplexityMetrics:
     """Perplexity of a trained (planned) LM on a prepared split, with a bootstrap CI over articles.
 
     Writes ``metrics.json`` (ppl, ci_low, ci_high, nll, tokens, articles, protocol, wall_time_s,
@@ -233,7 +233,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         speed: torch.compile and the chunked loss (the same NLL up to floating-point rounding; not part of the key).
 
     Returns:
-        The metrics dict (also in ``<out_dir>/metrics.json``).
+        The metrics (``PerplexityMetrics``; ``<out_dir>/metrics.json`` holds its ``to_dict()``).
     """
     _check_protocol(stride, context_length, batch_size, max_articles)
     prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
@@ -254,8 +254,8 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
            "confidence": confidence, "plan_usage": plan_usage, "plans": config_fingerprint(spec.plans_dir)}
     with StageDir(out_dir, key) as stage:
         if stage.reused:
-            metrics = load_json(stage.path / "metrics.json", fix_for(stage.path))
-            add_evaluation(model_dir, metrics)  # a card written before this evaluation gets it too
+            metrics = PerplexityMetrics.load(stage.path)
+            add_evaluation(model_dir, metrics.to_dict())  # a card written before this evaluation gets it too
             return metrics
         speed_up_lm(model, speed, "evaluate")
         result = evaluate_split(model, prepared, split_view, spec, num_articles, stride, context_length, batch_size,
@@ -265,8 +265,8 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
                            plan_usage=plan_usage, model_dir=model_dir, prepared_dir=prepared_dir, split=split,
                            device=torch_device, precision=precision)
         _write_evaluation(stage, metrics, result, split_view, num_articles)
-    add_evaluation(model_dir, metrics)
-    _print_summary(metrics, spec, plan_usage)
+    add_evaluation(model_dir, metrics.to_dict())
+    _print_summary(metrics, spec)
     return metrics
 
 
@@ -284,38 +284,35 @@ def _check_protocol(stride: int, context_length: int, batch_size: int, max_artic
 def _metrics(result: dict, spec: PlanSpec, split_view: PreparedSplit, num_articles: int,
              plans_manifest: Optional[dict], *, stride: int, context_length: int, bootstrap_samples: int,
              confidence: float, plan_usage: bool, model_dir: str, prepared_dir: str, split: str,
-             device: torch.device, precision: str) -> dict:
-    """The contents of metrics.json: perplexity with its bootstrap CI (over source documents), the compute, the
-    settings."""
+             device: torch.device, precision: str) -> PerplexityMetrics:
+    """Perplexity with its bootstrap CI (over source documents), the compute, the settings."""
     sources = _sources(split_view, num_articles)
     interval = bootstrap_perplexity(result["nll_sums"], result["tokens"], bootstrap_samples, confidence,
                                     clusters=sources)
     total_tokens = int(result["tokens"].sum())
-    metrics = {
-        "ppl": interval["ppl"], "ci_low": interval["ci_low"], "ci_high": interval["ci_high"],
-        "confidence": confidence, "nll": float(result["nll_sums"].sum() / total_tokens), "tokens": total_tokens,
-        "articles": num_articles, "unscored_tokens": int(split_view.token_offsets[num_articles]) - total_tokens,
-        "protocol": protocol_label(stride, context_length), "note": UNSCORED_NOTE, "stride": stride,
-        "context_length": context_length, "windows": result["windows"],
-        "wall_time_s": result["wall_time_s"], "plan_time_s": result["plan_time_s"], "lm_time_s": result["lm_time_s"],
-        "planner_time_s": result["planner_time_s"], "adapter_time_s": result["adapter_time_s"],
-        "plans_from_cache": bool(spec.plans_dir), "path_policy": asdict(spec.path_policy),
-        # with a plan cache the planner ran before: its time for the whole split, as sample-plans measured it
-        "cache_planner_time_s": (plans_manifest.get("planner_time_s") or {}).get(split) if spec.plans_dir else None,
-        **paths_summary(result["num_paths"], spec.num_paths if spec.strategy.samples_paths else None),
-        "tokens_per_s": total_tokens / max(result["wall_time_s"], 1e-9),
-        "conditioning": str(spec.kind), "K": spec.num_paths, "T": spec.horizon, "tau": spec.temperature,
-        "expectation": bool(spec.expectation), "top_actions": spec.top_actions if spec.expectation else None,
-        "seed": spec.seed, "fixed_action": spec.fixed_action if spec.kind == PlanKind.fixed else None,
-        "planner_dir": spec.planner_dir, "plans_dir": spec.plans_dir, "model_dir": str(model_dir),
-        "prepared_dir": str(prepared_dir), "split": split, "device": str(device), "precision": precision,
-    }
+    usage = None
     if plan_usage:
         from planlm.evaluate.plan_usage import plan_usage_metrics
 
-        metrics.update(plan_usage_metrics(result["nll_sums"], result["nll_sums_shuffled"], result["tokens"],
-                                          bootstrap_samples, confidence, clusters=sources))
-    return metrics
+        usage = plan_usage_metrics(result["nll_sums"], result["nll_sums_shuffled"], result["tokens"],
+                                   bootstrap_samples, confidence, clusters=sources)
+    return PerplexityMetrics(
+        ppl=interval["ppl"], ci_low=interval["ci_low"], ci_high=interval["ci_high"], confidence=confidence,
+        nll=float(result["nll_sums"].sum() / total_tokens), tokens=total_tokens, articles=num_articles,
+        unscored_tokens=int(split_view.token_offsets[num_articles]) - total_tokens,
+        protocol=protocol_label(stride, context_length), note=UNSCORED_NOTE, stride=stride,
+        context_length=context_length, windows=result["windows"], wall_time_s=result["wall_time_s"],
+        plan_time_s=result["plan_time_s"], lm_time_s=result["lm_time_s"], planner_time_s=result["planner_time_s"],
+        adapter_time_s=result["adapter_time_s"], plans_from_cache=bool(spec.plans_dir),
+        path_policy=asdict(spec.path_policy),
+        cache_planner_time_s=(plans_manifest.get("planner_time_s") or {}).get(split) if spec.plans_dir else None,
+        **paths_summary(result["num_paths"], spec.num_paths if spec.strategy.samples_paths else None),
+        tokens_per_s=total_tokens / max(result["wall_time_s"], 1e-9), conditioning=str(spec.kind),
+        K=spec.num_paths, T=spec.horizon, tau=spec.temperature, expectation=bool(spec.expectation),
+        top_actions=spec.top_actions if spec.expectation else None, seed=spec.seed,
+        fixed_action=spec.fixed_action if spec.kind == PlanKind.fixed else None, planner_dir=spec.planner_dir,
+        plans_dir=spec.plans_dir, model_dir=str(model_dir), prepared_dir=str(prepared_dir), split=split,
+        device=str(device), precision=precision, plan_usage=usage)
 
 
 def _sources(split_view: PreparedSplit, num_articles: int) -> list[str]:
@@ -323,7 +320,7 @@ def _sources(split_view: PreparedSplit, num_articles: int) -> list[str]:
     return [str(a.get("source", a["id"])) for a in split_view.articles[:num_articles]]
 
 
-def _write_evaluation(stage: StageDir, metrics: dict, result: dict, split_view: PreparedSplit,
+def _write_evaluation(stage: StageDir, metrics: PerplexityMetrics, result: dict, split_view: PreparedSplit,
                       num_articles: int) -> None:
     """per_article.csv, num_paths.npy, metrics.json and, last, the manifest."""
     articles, sources = split_view.articles, _sources(split_view, num_articles)
@@ -331,21 +328,20 @@ def _write_evaluation(stage: StageDir, metrics: dict, result: dict, split_view: 
         {"article": a, "id": articles[a]["id"], "source": sources[a], "nll_sum": repr(float(result["nll_sums"][a])),
          "tokens": int(result["tokens"][a])} for a in range(num_articles)])
     np.save(stage.path / "num_paths.npy", result["num_paths"])
-    write_json(stage.path / "metrics.json", metrics)
-    stage.finish(metrics=metrics)
+    write_json(stage.path / "metrics.json", metrics.to_dict())
+    stage.finish(metrics=metrics.to_dict())
 
 
-def _print_summary(metrics: dict, spec: PlanSpec, plan_usage: bool) -> None:
-    print(f"{metrics['model_dir']} on {metrics['split']} ({metrics['articles']} articles, {metrics['tokens']} tokens, "
-          f"{metrics['protocol']}; plans {spec.label()}): "
-          f"ppl {metrics['ppl']:.3f} [{metrics['ci_low']:.3f}, {metrics['ci_high']:.3f}] "
-          f"in {metrics['wall_time_s']:.1f}s ({metrics['tokens_per_s']:.0f} tokens/s; "
-          f"{metrics['paths_mean']:.2f} paths per boundary, planner {metrics['planner_time_s']:.1f}s, "
-          f"LM {metrics['lm_time_s']:.1f}s){plan_usage_text(metrics) if plan_usage else ''}")
+def _print_summary(metrics: PerplexityMetrics, spec: PlanSpec) -> None:
+    m = metrics
+    print(f"{m.model_dir} on {m.split} ({m.articles} articles, {m.tokens} tokens, {m.protocol}; plans {spec.label()}): "
+          f"ppl {m.ppl:.3f} [{m.ci_low:.3f}, {m.ci_high:.3f}] in {m.wall_time_s:.1f}s ({m.tokens_per_s:.0f} tokens/s; "
+          f"{m.paths_mean:.2f} paths per boundary, planner {m.planner_time_s:.1f}s, "
+          f"LM {m.lm_time_s:.1f}s){plan_usage_text(m.plan_usage) if m.plan_usage else ''}")
 
 
-def plan_usage_text(metrics: dict) -> str:
+def plan_usage_text(usage: PlanUsage) -> str:
     """'; plans shuffled: ppl 46.120, +0.910 [+0.310, +1.520] (+0.0197 nats/token)': one line per evaluation."""
-    return (f"; plans shuffled: ppl {metrics['ppl_shuffled_plans']:.3f}, {metrics['plan_usage_ppl']:+.3f} "
-            f"[{metrics['plan_usage_ci_low']:+.3f}, {metrics['plan_usage_ci_high']:+.3f}] "
-            f"({metrics['plan_usage_nats']:+.4f} nats/token)")
+    return (f"; plans shuffled: ppl {usage.ppl_shuffled_plans:.3f}, {usage.plan_usage_ppl:+.3f} "
+            f"[{usage.plan_usage_ci_low:+.3f}, {usage.plan_usage_ci_high:+.3f}] "
+            f"({usage.plan_usage_nats:+.4f} nats/token)")

@@ -16,6 +16,7 @@ import numpy as np
 
 from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import paired_bootstrap
+from planlm.evaluate.metrics import PlanUsage
 
 SHUFFLE_SEED = 0
 
@@ -33,12 +34,12 @@ def check_has_plans(spec, where: str) -> None:
 
 
 def plan_usage_metrics(nll_own: np.ndarray, nll_shuffled: np.ndarray, tokens: np.ndarray, num_samples: int = 1000,
-                       confidence: float = 0.95, clusters=None) -> dict[str, float]:
+                       confidence: float = 0.95, clusters=None) -> PlanUsage:
     """Per-article NLL sums (N_art,) with own and shuffled plans -> the gap in nats per token and in
     perplexity (shuffled - own, positive: the LM reads its plans) with a paired bootstrap interval over the
     articles' source documents ``clusters`` (N_art,)."""
     total = float(np.sum(tokens))
     paired = paired_bootstrap(nll_own, nll_shuffled, tokens, num_samples, confidence, clusters=clusters)
-    return {"plan_usage_nats": float(np.sum(nll_shuffled) - np.sum(nll_own)) / total,
-            "ppl_shuffled_plans": paired["ppl_b"], "plan_usage_ppl": paired["diff"],
-            "plan_usage_ci_low": paired["ci_low"], "plan_usage_ci_high": paired["ci_high"]}
+    return PlanUsage(plan_usage_nats=float(np.sum(nll_shuffled) - np.sum(nll_own)) / total,
+                     ppl_shuffled_plans=paired["ppl_b"], plan_usage_ppl=paired["diff"],
+                     plan_usage_ci_low=paired["ci_low"], plan_usage_ci_high=paired["ci_high"])

@@ -20,6 +20,7 @@ from planlm.args import read_precision
 from planlm.errors import PlanlmError
 from planlm.evaluate.compute_sweep import DEFAULT_POLICIES, compute_points, compute_rows, write_compute_outputs
 from planlm.evaluate.loading import evaluation_inputs
+from planlm.evaluate.metrics import PerplexityMetrics
 from planlm.evaluate.perplexity import evaluate
 from planlm.jsonio import to_jsonable
 from planlm.plans.policy import PathPolicy
@@ -169,11 +170,18 @@ def _evaluate_points(model_dir: str, prepared_dir: str, out: Path, kind: str, va
         swept = {"num_paths": int(value)} if kind == "num_paths" else {"temperature": float(value)}
         metrics = evaluate(model_dir, prepared_dir, str(point), plans=replace(plans, **swept), plan_usage=False,
                            **protocol)
-        rows.append({"value": value, **{c: metrics[c] for c in COLUMNS if c in metrics}, "eval_dir": str(point)})
+        rows.append({"value": value, **_row(metrics), "eval_dir": str(point)})
     base = rows[0]["wall_time_s"]
     for row in rows:
         row["relative_wall_time"] = row["wall_time_s"] / base if base > 0 else float("nan")
     return rows
+
+
+def _row(m: PerplexityMetrics) -> dict:
+    """The columns of a sweep table that one evaluation gives."""
+    return {"ppl": m.ppl, "ci_low": m.ci_low, "ci_high": m.ci_high, "wall_time_s": m.wall_time_s,
+            "plan_time_s": m.plan_time_s, "lm_time_s": m.lm_time_s, "tokens_per_s": m.tokens_per_s, "tokens": m.tokens,
+            "articles": m.articles, "conditioning": m.conditioning, "K": m.K, "T": m.T, "tau": m.tau}
 
 
 def _write_table(rows: list[dict], path: Path) -> None:
@@ -213,7 +221,7 @@ def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: li
             metrics.append(evaluate(model_dir, prepared_dir, str(stage.path / name), plans=point_plans,
                                     plan_usage=False, **protocol))
             if policy.adaptive:
-                where_paths_went(stage.path / name, metrics[-1]["planner_dir"], prepared_dir, protocol["split"])
+                where_paths_went(stage.path / name, metrics[-1].planner_dir, prepared_dir, protocol["split"])
         rows = compute_rows(points, metrics, stage.path)
         add_paired_differences(rows, f"fixed-{max(num_paths)}", protocol["bootstrap_samples"])  # fixed K_max
         write_compute_outputs(rows, stage.path,

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from planlm.evaluate.metrics import PerplexityMetrics, PlanUsage
 from planlm.pipeline.layout import RunLayout
 
 # Table 1 of the paper (GPT-2 small, Wikipedia, test set): (perplexity, edit distance).
@@ -49,14 +50,14 @@ def _fmt_ci(value: Optional[float], low: Optional[float], high: Optional[float],
 
 def _seed_numbers(layout: RunLayout, name: str, seed: Optional[int]) -> dict:
     """One trained model's numbers: perplexity, plan usage, edit distance and the learned ReZero scalars."""
-    metrics = _read_json(layout.evaluation(name, seed) / "metrics.json") or {}
+    metrics = PerplexityMetrics.from_dict(_read_json(layout.evaluation(name, seed) / "metrics.json") or {})
+    usage = metrics.plan_usage or PlanUsage.from_dict({})
     edit = _read_json(layout.edit_distance(name, seed) / "metrics.json") or {}
     trained = _read_json(layout.lm(name, seed) / "manifest.json") or {}
-    return {"metrics": metrics, "ppl": metrics.get("ppl"), "ppl_ci_low": metrics.get("ci_low"),
-            "ppl_ci_high": metrics.get("ci_high"), "plan_usage_ppl": metrics.get("plan_usage_ppl"),
-            "plan_usage_ci_low": metrics.get("plan_usage_ci_low"),
-            "plan_usage_ci_high": metrics.get("plan_usage_ci_high"),
-            "plan_usage_nats": metrics.get("plan_usage_nats"), "edit": edit.get("edit_distance"),
+    return {"metrics": metrics, "ppl": metrics.ppl, "ppl_ci_low": metrics.ci_low, "ppl_ci_high": metrics.ci_high,
+            "plan_usage_ppl": usage.plan_usage_ppl, "plan_usage_ci_low": usage.plan_usage_ci_low,
+            "plan_usage_ci_high": usage.plan_usage_ci_high, "plan_usage_nats": usage.plan_usage_nats,
+            "edit": edit.get("edit_distance"),
             "edit_ci_low": edit.get("ci_low"), "edit_ci_high": edit.get("ci_high"),
             "edit_normalized": edit.get("normalized"), "rezero_alphas": trained.get("rezero_alphas")}
 
@@ -103,16 +104,16 @@ def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict]
             numbers = _over_seeds(layout, name, {seed: _seed_numbers(layout, name, seed) for seed in seeds})
         else:
             numbers = _seed_numbers(layout, name, None)
-        metrics = numbers.pop("metrics") or {}
+        metrics = numbers.pop("metrics") or PerplexityMetrics.from_dict({})
         errors = [f"{stage}: {info.get('error')}" for stage, info in stages.items()
                   if info.get("condition", stage.rsplit(" ", 1)[-1]) == name and info.get("status") != "done"]
         rows.append({
             "name": name, "label": cond.get("label", name), "paper": cond.get("paper"),
-            "conditioning": metrics.get("conditioning", (cond.get("plans") or {}).get("kind")),
-            "K": metrics.get("K"), "T": metrics.get("T"), "tau": metrics.get("tau"), "seeds": seeds, **numbers,
-            "tokens": metrics.get("tokens"), "articles": metrics.get("articles"), "protocol": metrics.get("protocol"),
-            "eval_wall_time_s": metrics.get("wall_time_s"), "tokens_per_s": metrics.get("tokens_per_s"),
-            "status": "failed" if errors else ("done" if metrics else "missing"),
+            "conditioning": metrics.conditioning or (cond.get("plans") or {}).get("kind"),
+            "K": metrics.K, "T": metrics.T, "tau": metrics.tau, "seeds": seeds, **numbers,
+            "tokens": metrics.tokens, "articles": metrics.articles, "protocol": metrics.protocol,
+            "eval_wall_time_s": metrics.wall_time_s, "tokens_per_s": metrics.tokens_per_s,
+            "status": "failed" if errors else ("done" if metrics.ppl is not None else "missing"),
             "error": "; ".join(errors) or None,
         })
     _add_paired_differences(layout, rows)

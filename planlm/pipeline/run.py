@@ -39,6 +39,7 @@ from rich.console import Console
 from planlm.commands import load_command
 from planlm.console import fmt_seconds, is_verbose, stage_console
 from planlm.errors import PlanlmError
+from planlm.evaluate.metrics import PerplexityMetrics
 from planlm.jsonio import to_jsonable, write_json
 from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.pipeline.sections import bind_section, deep_merge
@@ -362,12 +363,14 @@ def _result(stage: Stage) -> str:
     path = Path(stage.kwargs["out_dir"]) / "metrics.json"
     if stage.command not in ("evaluate", "edit_distance") or not path.is_file():
         return ""
-    m = json.loads(path.read_text())
+    record = json.loads(path.read_text())
     if stage.command == "edit_distance":
-        return f"; edit distance {m['edit_distance']:.3f} [{m['ci_low']:.3f}, {m['ci_high']:.3f}]"
-    shuffled = (f", plans shuffled {m['plan_usage_ppl']:+.3f} [{m['plan_usage_ci_low']:+.3f}, "
-                f"{m['plan_usage_ci_high']:+.3f}]" if m.get("plan_usage_ppl") is not None else "")
-    return f"; ppl {m['ppl']:.3f} [{m['ci_low']:.3f}, {m['ci_high']:.3f}]{shuffled}"
+        return f"; edit distance {record['edit_distance']:.3f} [{record['ci_low']:.3f}, {record['ci_high']:.3f}]"
+    m = PerplexityMetrics.from_dict(record)
+    usage = m.plan_usage
+    shuffled = (f", plans shuffled {usage.plan_usage_ppl:+.3f} [{usage.plan_usage_ci_low:+.3f}, "
+                f"{usage.plan_usage_ci_high:+.3f}]" if usage else "")
+    return f"; ppl {m.ppl:.3f} [{m.ci_low:.3f}, {m.ci_high:.3f}]{shuffled}"
 
 
 def _append_traceback(log: Path) -> None:

@@ -102,11 +102,11 @@ def test_reference_protocol_matches_an_independent_token_by_token_computation(sy
         total_nll += float(row["nll_sum"])
         total_tokens += int(row["tokens"])
     assert any(n > 16 and n % 16 for n in lengths) and any(n >= 32 for n in lengths)  # the cases above occur
-    assert metrics["ppl"] == pytest.approx(np.exp(total_nll / total_tokens))
-    assert metrics["ci_low"] <= metrics["ppl"] <= metrics["ci_high"]
-    assert metrics["tokens"] == total_tokens and metrics["articles"] == 3 and metrics["conditioning"] == "none"
-    assert metrics["wall_time_s"] > 0 and metrics["tokens_per_s"] > 0
-    assert json.loads((out / "manifest.json").read_text())["metrics"]["ppl"] == metrics["ppl"]
+    assert metrics.ppl == pytest.approx(np.exp(total_nll / total_tokens))
+    assert metrics.ci_low <= metrics.ppl <= metrics.ci_high
+    assert metrics.tokens == total_tokens and metrics.articles == 3 and metrics.conditioning == "none"
+    assert metrics.wall_time_s > 0 and metrics.tokens_per_s > 0
+    assert json.loads((out / "manifest.json").read_text())["metrics"]["ppl"] == metrics.ppl
 
 
 def test_conditioned_perplexity_matches_a_direct_planned_lm_forward(synthetic_random, planned_lm_dir, tmp_path):
@@ -116,7 +116,7 @@ def test_conditioned_perplexity_matches_a_direct_planned_lm_forward(synthetic_ra
     oracle = OraclePlans(split, num_paths=2, horizon=3)
     metrics = evaluate(str(planned_lm_dir), str(synthetic_random), str(tmp_path / "oracle"), max_articles=4,
                        batch_size=3, bootstrap_samples=50)
-    assert metrics["conditioning"] == "oracle" and metrics["K"] == 2 and metrics["T"] == 3
+    assert metrics.conditioning == "oracle" and metrics.K == 2 and metrics.T == 3
     for article, row in enumerate(per_article(tmp_path / "oracle")):
         tokens = split.token_range(article)
         assert len(tokens) < 128  # one window: the direct forward sees the same context
@@ -130,7 +130,7 @@ def test_conditioned_perplexity_matches_a_direct_planned_lm_forward(synthetic_ra
         assert float(row["nll_sum"]) == pytest.approx(float(out.loss) * (len(tokens) - 1), rel=1e-4)
     unconditioned = evaluate(str(planned_lm_dir), str(synthetic_random), str(tmp_path / "none"), max_articles=4,
                              plans=PlanSpec(kind="none"), bootstrap_samples=50)
-    assert unconditioned["ppl"] != pytest.approx(metrics["ppl"], rel=1e-3)  # the plans do reach the LM
+    assert unconditioned.ppl != pytest.approx(metrics.ppl, rel=1e-3)  # the plans do reach the LM
 
 
 def test_raising_num_paths_does_not_multiply_lm_forward_passes(synthetic_random, tmp_path):
@@ -176,7 +176,7 @@ def test_bf16_evaluation_runs_the_lm_the_adapter_and_the_planner_in_bf16(synthet
             runs[precision] = evaluate(str(planned_lm_dir), str(synthetic_random), str(tmp_path / precision),
                                        max_articles=2, bootstrap_samples=20, device="cpu", precision=precision)
         assert set().union(*seen.values()) == ({torch.float32} if precision == "fp32" else bf16)
-    assert runs["bf16"]["ppl"] != runs["fp32"]["ppl"] and runs["bf16"]["ppl"] == pytest.approx(runs["fp32"]["ppl"],
+    assert runs["bf16"].ppl != runs["fp32"].ppl and runs["bf16"].ppl == pytest.approx(runs["fp32"].ppl,
                                                                                                 rel=2e-2)
 
 
@@ -219,13 +219,13 @@ def test_a_plan_cache_gives_the_same_perplexity_as_running_the_planner(synthetic
                     **common)
     cached = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "cached"),
                       plans=PlanSpec(plans_dir=str(plans), **spec), **common)
-    assert cached["plans_dir"] == str(plans) and cached["planner_dir"] is None
-    assert cached["ppl"] == pytest.approx(live["ppl"], rel=1e-6)
+    assert cached.plans_dir == str(plans) and cached.planner_dir is None
+    assert cached.ppl == pytest.approx(live.ppl, rel=1e-6)
     greedy = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "greedy"),
                       plans=PlanSpec(kind="planner_argmax", **spec), **common)
     greedy_cached = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "greedy_cached"),
                              plans=PlanSpec(kind="planner_argmax", plans_dir=str(plans), **spec), **common)
-    assert greedy["ppl"] == pytest.approx(greedy_cached["ppl"], rel=1e-6) and greedy["ppl"] != live["ppl"]
+    assert greedy.ppl == pytest.approx(greedy_cached.ppl, rel=1e-6) and greedy.ppl != live.ppl
     with pytest.raises(PlanlmError, match="no trained planner here"):
         evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "x"), plans=PlanSpec(planner_dir=str(tmp_path)))
 
@@ -244,16 +244,16 @@ def test_trained_oracle_model_end_to_end_beats_its_own_fixed_plans_in_a_paired_c
                                              limit_val_batches=4, progress_bar=False))
     runs = {kind: evaluate(str(model_dir), str(synthetic_random), str(tmp_path / f"eval-{kind}"), plans=PlanSpec(kind=kind),
                            bootstrap_samples=200, device="cpu") for kind in ("fixed", "oracle")}
-    assert runs["oracle"]["ppl"] < runs["fixed"]["ppl"]
+    assert runs["oracle"].ppl < runs["fixed"].ppl
     # Plan usage: this LM reads its plans (shuffling them across sentences costs much), logged at validation
     # by train-lm too; a constant plan shuffled is the same plan, so the Fixed plans' usage is exactly 0.
     from planlm.stage import read_manifest
 
     assert read_manifest(model_dir)["last_val_plan_usage"] > 0.3
-    assert runs["oracle"]["plan_usage_nats"] > 0.3 and runs["oracle"]["plan_usage_ci_low"] > 0
+    assert runs["oracle"].plan_usage.plan_usage_nats > 0.3 and runs["oracle"].plan_usage.plan_usage_ci_low > 0
     oracle = runs["oracle"]
-    assert oracle["ppl_shuffled_plans"] - oracle["ppl"] == pytest.approx(oracle["plan_usage_ppl"])
-    assert runs["fixed"]["plan_usage_nats"] == 0
+    assert oracle.plan_usage.ppl_shuffled_plans - oracle.ppl == pytest.approx(oracle.plan_usage.plan_usage_ppl)
+    assert runs["fixed"].plan_usage.plan_usage_nats == 0
     logged = next((model_dir / "logs").rglob("metrics.csv")).read_text().splitlines()[0].split(",")
     assert "val/plan_usage" in logged
     result = compare(str(tmp_path / "eval-fixed"), str(tmp_path / "eval-oracle"), num_samples=500)

@@ -112,6 +112,6 @@ def test_evaluate_adds_its_perplexity_to_the_card(synthetic_random, tmp_path):
     metrics = evaluate(str(folder), str(synthetic_random), str(tmp_path / "eval"), stride=64, max_articles=2,
                        bootstrap_samples=20, device="cpu", plan_usage=False)
     data = ModelCard.load(folder / "README.md").data
-    assert [r.metric_value for r in data.eval_results] == [metrics["ppl"]]
+    assert [r.metric_value for r in data.eval_results] == [metrics.ppl]
     entry = data.to_dict()["planlm"]["evaluations"][0]
-    assert entry["split"] == "test" and entry["conditioning"] == "oracle" and entry["tokens"] == metrics["tokens"]
+    assert entry["split"] == "test" and entry["conditioning"] == "oracle" and entry["tokens"] == metrics.tokens
