@@ -109,7 +109,7 @@ def test_train_lm_and_evaluate_in_bf16_with_the_chunked_loss(synthetic_random, t
                                stride=64, bootstrap_samples=10, device="cpu", precision="fp32",
                                speed=Speed(loss_chunk_size=chunk))
                for chunk in (0, 50)}
-    assert metrics[50]["nll"] == pytest.approx(metrics[0]["nll"], rel=1e-6)
+    assert metrics[50].nll == pytest.approx(metrics[0].nll, rel=1e-6)
 
 
 def test_malloc_keeps_freed_memory_on_glibc():

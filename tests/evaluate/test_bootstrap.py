@@ -291,12 +291,15 @@ def test_an_evaluation_writes_each_piece_s_source_document(tmp_path):
     from types import SimpleNamespace
 
     from planlm.evaluate.bootstrap import read_per_article
+    from planlm.evaluate.metrics import PerplexityMetrics
     from planlm.evaluate.perplexity import _write_evaluation
+    from planlm.stage import StageDir
 
     split = SimpleNamespace(articles=[{"id": "speech#0", "source": "speech"}, {"id": "speech#2", "source": "speech"},
                                       {"id": "letter#1", "source": "letters"}, {"id": "solo"}])
     result = {"nll_sums": np.array([4.0, 5.0, 6.0, 7.0]), "tokens": np.array([2, 2, 3, 3]), "num_paths": np.ones(4)}
-    _write_evaluation(tmp_path, {"split": "test"}, {"ppl": 1.0}, result, split, 4)
+    with StageDir(tmp_path, {"split": "test"}) as stage:
+        _write_evaluation(stage, PerplexityMetrics.from_dict({"ppl": 1.0}), result, split, 4)
     table = read_per_article(tmp_path)  # through the manifest's cheap check
     assert list(table["source"]) == ["speech", "speech", "letters", "solo"]  # the split's, not guessed from ids
 

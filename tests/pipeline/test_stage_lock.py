@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from planlm.errors import PlanlmError
-from planlm.stage import STAGE_LOCK, is_complete, prepare_stage_dir, releasing_stage_locks, write_manifest
+from planlm.stage import (STAGE_LOCK, StageDir, is_complete, prepare_stage_dir, read_manifest, releasing_stage_locks,
+                          write_manifest)
 
 from helpers import tiny_run_config
 
@@ -73,6 +74,24 @@ def test_a_stage_that_raises_releases_its_lock(tmp_path):
         prepare_stage_dir(folder, CONFIG)
         raise RuntimeError("the stage failed")
     assert not (folder / STAGE_LOCK).exists() and not is_complete(folder, CONFIG)
+
+
+def test_stage_dir_builds_reuses_and_lets_go_of_its_folder(tmp_path):
+    """StageDir: a fresh folder is held while it is built, finish() writes the manifest with the key and the record,
+    a second entry reuses it, another key empties and rebuilds it, and a build that raises leaves no lock."""
+    folder = tmp_path / "stage"
+    with StageDir(folder, CONFIG) as stage:
+        assert not stage.reused and (folder / STAGE_LOCK).exists()
+        (folder / "result.txt").write_text("1")
+        stage.finish(rows=3)
+    assert read_manifest(folder)["config"] == CONFIG and read_manifest(folder)["rows"] == 3
+    assert not (folder / STAGE_LOCK).exists()
+    with StageDir(folder, CONFIG) as stage:
+        assert stage.reused
+    with pytest.raises(RuntimeError), StageDir(folder, {"stage": 2}) as stage:
+        assert not stage.reused and not (folder / "result.txt").exists()  # emptied: another key
+        raise RuntimeError("the stage failed")
+    assert not (folder / STAGE_LOCK).exists() and not is_complete(folder, {"stage": 2})
 
 
 def test_a_second_run_on_the_same_folder_is_refused_while_the_first_runs(tmp_path):
