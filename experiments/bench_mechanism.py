@@ -631,7 +631,7 @@ def report(args, prepared, score, test_score, counts, summary, optimum, floor, m
 
     pooled = {}
     for name in CONDITIONS:
-        ppls = [m["ppl"] for m in metrics[name]]
+        ppls = [m.ppl for m in metrics[name]]
         tables = [read_per_article(d) for d in eval_dirs[name]]
         pooled[name] = float(np.exp(sum(t["nll_sum"].sum() for t in tables) / sum(t["tokens"].sum() for t in tables)))
         say(f"| {name} | " + " | ".join(f"{p:.4f}" for p in ppls) +
