@@ -42,7 +42,7 @@ from planlm.evaluate.loading import model_fingerprint
 from planlm.evaluate.outline import Outline
 from planlm.jsonio import write_json
 from planlm.plans.spec import PlanSpec
-from planlm.stage import prepare_stage_dir, write_manifest
+from planlm.stage import StageDir, config_fingerprint
 from planlm.stage.integrity import fix_for, load_json
 
 Condition = Literal["outline", "own", "fixed", "shuffled"]
@@ -112,24 +112,24 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
     split_view = prepared.split(split)
     tasks = select_outlines(split_view, max_articles, outlines_per_article, outline_length, seed)
     specs = condition_specs(plans, own, fixed_action)
-    config = {"models": {s: model_fingerprint(folder) for s, folder in models.items()},
-              "prepared": prepared.manifest.get("config_fingerprint"), "split": split, "tasks": tasks,
-              "conditions": list(conditions), "specs": {c: _spec_key(specs[c]) for c in conditions}, "seed": seed,
-              "context_length": context_length, "sampling": sampling, "bootstrap_samples": bootstrap_samples,
-              "confidence": confidence, "generation_version": GENERATION_VERSION}
-    out = Path(out_dir)
-    if prepare_stage_dir(out, config):
-        return load_json(out / "metrics.json", fix_for(out))
-    embed_fn = encoder_embed_fn(prepared)
-    run = _Run(prepared_dir, split, split_view, tasks, sampling, context_length, seed, device, precision, embed_fn,
-               prepared.codebook.numpy())
-    bar = open_bar("writing to outlines", len(models) * len(conditions) * len(tasks), "outlines")
-    rows = [row for model_seed, folder in models.items() for condition in conditions
-            for row in run.measure(folder, model_seed, condition, specs[condition], bar)]
-    bar.close()
-    metrics = summarise(rows, tasks, split_view, list(models), list(conditions), prepared.num_actions,
-                        bootstrap_samples, confidence, seed)
-    _write_outputs(out, config, rows, metrics)
+    key = {"models": {s: model_fingerprint(folder) for s, folder in models.items()},
+           "prepared": config_fingerprint(prepared_dir), "split": split, "tasks": tasks,
+           "conditions": list(conditions), "specs": {c: _spec_key(specs[c]) for c in conditions}, "seed": seed,
+           "context_length": context_length, "sampling": sampling, "bootstrap_samples": bootstrap_samples,
+           "confidence": confidence, "generation_version": GENERATION_VERSION}
+    with StageDir(out_dir, key) as stage:
+        if stage.reused:
+            return load_json(stage.path / "metrics.json", fix_for(stage.path))
+        embed_fn = encoder_embed_fn(prepared)
+        run = _Run(prepared_dir, split, split_view, tasks, sampling, context_length, seed, device, precision,
+                   embed_fn, prepared.codebook.numpy())
+        bar = open_bar("writing to outlines", len(models) * len(conditions) * len(tasks), "outlines")
+        rows = [row for model_seed, folder in models.items() for condition in conditions
+                for row in run.measure(folder, model_seed, condition, specs[condition], bar)]
+        bar.close()
+        metrics = summarise(rows, tasks, split_view, list(models), list(conditions), prepared.num_actions,
+                            bootstrap_samples, confidence, seed)
+        _write_outputs(stage, rows, metrics)
     print(f"{model_dir} on {split} ({len(tasks)} outlines of {outline_length} sentences, seeds {list(models)}):")
     print(table(metrics))
     return metrics
@@ -318,16 +318,15 @@ def table(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def _write_outputs(out: Path, config: dict, rows: list[dict], metrics: dict) -> None:
+def _write_outputs(stage: StageDir, rows: list[dict], metrics: dict) -> None:
     """per_sentence.csv, metrics.json, adherence.md and, last, the manifest."""
-    with open(out / "per_sentence.csv", "w", newline="") as f:
+    with open(stage.path / "per_sentence.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows({**row, "ranked": " ".join(map(str, row["ranked"]))} for row in rows)
-    write_json(out / "metrics.json", metrics)
-    (out / "adherence.md").write_text(table(metrics) + "\n")
-    write_manifest(out, config, metrics={c: {k: v["mean"] for k, v in m.items() if isinstance(v, dict)}
-                                         for c, m in metrics.items()})
+    write_json(stage.path / "metrics.json", metrics)
+    (stage.path / "adherence.md").write_text(table(metrics) + "\n")
+    stage.finish(metrics={c: {k: v["mean"] for k, v in m.items() if isinstance(v, dict)} for c, m in metrics.items()})
 
 
 __all__ = ["adherence", "select_outlines", "shuffled_outlines", "summarise", "model_seeds", "table"]
