@@ -35,7 +35,7 @@ from planlm.console import open_bar
 from planlm.data.actions import ranked_actions
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.errors import PlanlmError
-from planlm.evaluate.bootstrap import seeded_interval
+from planlm.evaluate.bootstrap import seed_folders, seeded_interval
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
 from planlm.evaluate.generator import GENERATION_VERSION, EmbedFn, SamplingConfig
 from planlm.evaluate.loading import model_fingerprint
@@ -152,11 +152,11 @@ def model_seeds(model_dir: str) -> dict[int, Path]:
     folder = Path(model_dir)
     if (folder / "planned_lm.json").is_file():
         return {int(folder.name[4:]) if folder.name[4:].isdigit() and folder.name.startswith("seed") else 0: folder}
-    seeds = {int(p.parent.name[4:]): p.parent for p in folder.glob("seed*/planned_lm.json") if p.parent.name[4:].isdigit()}
+    seeds = seed_folders(folder, marker="planned_lm.json")
     if not seeds:
         raise PlanlmError(f"{model_dir}: no planned LM here (planned_lm.json) nor in seed<N>/ folders; give a "
                           f"`planlm train-lm` folder")
-    return dict(sorted(seeds.items()))
+    return seeds
 
 
 def condition_specs(plans: PlanSpec, own: PlanSpec, fixed_action: int) -> dict[str, PlanSpec]:

@@ -382,11 +382,12 @@ def _metrics(eval_dir: Path) -> PerplexityMetrics:
     return PerplexityMetrics.load(eval_dir) if (eval_dir / "metrics.json").is_file() else PerplexityMetrics.from_dict({})
 
 
-def seed_folders(eval_dir: str | Path) -> dict[int, Path]:
-    """{seed: folder} of the ``seed<N>/`` evaluations of a run with seeds; {} for a single evaluation."""
+def seed_folders(eval_dir: str | Path, marker: str = PER_ARTICLE) -> dict[int, Path]:
+    """{seed: folder} of the ``seed<N>/`` folders of a run with seeds that hold ``marker`` (by default the
+    evaluations); {} for a single one."""
     folders = {}
     for folder in Path(eval_dir).glob("seed*"):
-        if folder.name[4:].isdigit() and (folder / PER_ARTICLE).is_file():
+        if folder.name[4:].isdigit() and (folder / marker).is_file():
             folders[int(folder.name[4:])] = folder
     return dict(sorted(folders.items()))
 
