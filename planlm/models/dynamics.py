@@ -41,15 +41,18 @@ class PlannerFields(Protocol):
     num_layers: int
     dim_feedforward: int
     dropout: float
+    norm_first: bool
     encoder: Literal["boundary", "article"]
     pool: Literal["mean", "mean_last"]
     dynamics_grad_scale: float
 
 
 def transformer(config: PlannerFields) -> nn.TransformerEncoder:
+    """The transformer of g or f: post-norm layers (the paper's), or pre-norm ones ending in a LayerNorm."""
     layer = nn.TransformerEncoderLayer(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
-                                       batch_first=True)
-    return nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
+                                       batch_first=True, norm_first=config.norm_first)
+    norm = nn.LayerNorm(config.d_model) if config.norm_first else None
+    return nn.TransformerEncoder(layer, config.num_layers, norm=norm, enable_nested_tensor=False)
 
 
 def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:

@@ -17,7 +17,8 @@ and appending an action is one new token whose keys and values join a cache (as 
 f is the same prefix-causal stack over g's outputs, then the paper's mean pool (a running mean over
 the context and the steps so far) and the linear classifier; with ``pool = "mean_last"`` a second linear map
 of the newest latent's output (the latest sentence, or the latest step) is added to the logits. Layers mirror nn.TransformerEncoderLayer
-(post-norm, ReLU), so g and f have the same parameter counts as the recurrent ones.
+(post-norm, ReLU), so g and f have the same parameter counts as the recurrent ones; with ``norm_first`` both are
+pre-norm, each stack ending in a LayerNorm.
 
 The article-level encoder (``PlannerShape.encoder = "article"``) makes the context causal too: context
 latent z_j attends to z_0 .. z_j only. Then a boundary's context states are the prefix of one pass over its
@@ -47,12 +48,12 @@ Cache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows
 
 
 class CachedEncoderLayer(nn.Module):
-    """nn.TransformerEncoderLayer (post-norm, ReLU) that runs either over a whole masked sequence or one
-    new token per row against cached keys and values."""
+    """nn.TransformerEncoderLayer (post-norm, or pre-norm with ``norm_first``; ReLU) that runs either over a whole
+    masked sequence or one new token per row against cached keys and values."""
 
-    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int, dropout: float):
+    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int, dropout: float, norm_first: bool = False):
         super().__init__()
-        self.num_heads = num_heads
+        self.num_heads, self.norm_first = num_heads, norm_first
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
@@ -62,15 +63,22 @@ class CachedEncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (N, L, D) -> q, k, v (N, H, L, Dh)."""
+        """x (N, L, D) -> q, k, v (N, H, L, Dh) (of the normed x in a pre-norm layer)."""
         rows, length, width = x.shape
-        qkv = self.qkv(x).view(rows, length, 3, self.num_heads, width // self.num_heads)
+        qkv = self.qkv(self.norm1(x) if self.norm_first else x)
+        qkv = qkv.view(rows, length, 3, self.num_heads, width // self.num_heads)
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+
+    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.linear2(self.dropout(F.relu(self.linear1(x)))))
 
     def _finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """Residual + norm around attention and feed-forward. x, attended (N, L, D) -> (N, L, D)."""
+        if self.norm_first:
+            x = x + self.dropout(self.out_proj(attended))
+            return x + self._feed_forward(self.norm2(x))
         x = self.norm1(x + self.dropout(self.out_proj(attended)))
-        return self.norm2(x + self.dropout(self.linear2(self.dropout(F.relu(self.linear1(x))))))
+        return self.norm2(x + self._feed_forward(x))
 
     def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (N, L, D), allowed (N, L, L) bool [query, key] -> output (N, L, D), keys, values (N, H, L, Dh)."""
@@ -111,10 +119,11 @@ class CausalStack(nn.Module):
     """Layers of CachedEncoderLayer with the prefix-causal mask (the ``transformer`` of g or f)."""
 
     def __init__(self, d_model: int, num_heads: int, dim_feedforward: int, dropout: float, num_layers: int,
-                 causal_context: bool = False):
+                 causal_context: bool = False, norm_first: bool = False):
         super().__init__()
-        self.layers = nn.ModuleList(CachedEncoderLayer(d_model, num_heads, dim_feedforward, dropout)
+        self.layers = nn.ModuleList(CachedEncoderLayer(d_model, num_heads, dim_feedforward, dropout, norm_first)
                                     for _ in range(num_layers))
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()  # a pre-norm stack's last norm
         self.causal_context = causal_context  # the article-level encoder: context latent j sees latents <= j
 
     def prefix_causal_mask(self, context_mask: torch.Tensor, num_steps: int) -> torch.Tensor:
@@ -142,7 +151,7 @@ class CausalStack(nn.Module):
         for layer in self.layers:
             x, keys, values = layer(x, allowed)
             cache.append((keys, values))
-        return x, cache
+        return self.norm(x), cache
 
     def new_buffers(self, rows: int, length: int, like: torch.Tensor) -> Cache:
         """Per layer, empty key and value buffers (rows, H, length, Dh) for the paths' own steps."""
@@ -153,7 +162,13 @@ class CausalStack(nn.Module):
         """x (B*K, 1, D) -> (B*K, 1, D); slot ``step`` of every layer's ``own`` buffers receives this step."""
         for layer, layer_context, layer_own in zip(self.layers, context, own):
             x = layer.step(x, layer_context, context_mask, layer_own, step)
-        return x
+        return self.norm(x)
+
+
+def causal_stack(config: PlannerFields) -> CausalStack:
+    """The prefix-causal stack of g or f in the planner's shape."""
+    return CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout, config.num_layers,
+                       causal_context=config.encoder == "article", norm_first=config.norm_first)
 
 
 class CausalPrediction(nn.Module):
@@ -161,8 +176,7 @@ class CausalPrediction(nn.Module):
 
     def __init__(self, config: PlannerFields):
         super().__init__()
-        self.transformer = CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
-                                       config.num_layers, causal_context=config.encoder == "article")
+        self.transformer = causal_stack(config)
         self.classifier = nn.Linear(config.d_model, config.num_actions)
         # pool "mean_last": a second linear read of the newest latent (the latest sentence or step), zero at init
         self.last = nn.Linear(config.d_model, config.num_actions, bias=False) if config.pool == "mean_last" else None
@@ -214,8 +228,7 @@ class CausalDynamics(Dynamics):
     def __init__(self, config: PlannerFields, positions: nn.Module):
         super().__init__()
         self.action_embedding = nn.Embedding(config.num_actions, config.d_model)
-        self.transformer = CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
-                                       config.num_layers, causal_context=config.encoder == "article")
+        self.transformer = causal_stack(config)
         self.positions = positions  # shared with h
 
     def embed_actions(self, actions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

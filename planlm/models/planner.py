@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +59,10 @@ class PlannerShape:
     """T: number of future actions the planner is trained to predict."""
     dropout: float = 0.1
     """Dropout in h, f and g."""
+    norm_first: bool = False
+    """Pre-norm layers in g and f (LayerNorm before attention and feed-forward, and at the end of each stack)
+    instead of the paper's post-norm (nn.TransformerEncoderLayer's default), which collapses to the unigram at high
+    learning rates without warm-up (docs/results.md)."""
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"
     """Sentence-position encoding added to the latents."""
     init_from_codebook: bool = True
@@ -118,6 +122,15 @@ class PlannerConfig(PlannerShape):
     """E: width of the prepared sentence embeddings (the input of h)."""
     encoder_name: Optional[str] = None
     """SentenceTransformer name or folder for finetune_encoder (the prepared corpus's encoder)."""
+
+    # Fields added after planners were trained and published: out of a planner folder's reuse key while at their
+    # default, so a finished planner keeps its key.
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("norm_first",)
+
+    def reuse_key(self) -> dict[str, Any]:
+        """The config as a planner folder's reuse key holds it."""
+        return {name: value for name, value in asdict(self).items()
+                if not (name in self.KEYED_WHEN_SET and value == getattr(PlannerConfig, name))}
 
     def __post_init__(self):
         super().__post_init__()

@@ -39,6 +39,8 @@ class TrainArgs:
     """Epochs over the training data (ignored when max_steps > 0 ends training first)."""
     max_steps: int = -1
     """Optimiser steps (-1: no limit)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up steps (constant afterwards)."""
     val_check_interval: Optional[Union[int, float]] = None
     """Validate every this many training batches (int) or fraction of an epoch (float); None: each epoch."""
     limit_train_batches: Optional[Union[int, float]] = None
@@ -90,6 +92,7 @@ class TrainArgs:
         self.precision = read_precision(self.precision, f"{self.COMMAND}: --train.precision")
         for name in ("batch_size", "accumulate_grad_batches", "max_epochs", "num_nodes", "log_every_n_steps"):
             self._at_least(name, 1)
+        self._at_least("warmup_steps", 0)
         if self.lr <= 0:
             raise PlanlmError(f"{self.COMMAND}: --train.lr must be > 0 (got {self.lr})")
         if self.weight_decay < 0:

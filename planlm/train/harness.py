@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import lightning as L
+import torch
 
 from planlm.console import Bar, is_verbose, note, open_bar
 from planlm.errors import PlanlmError
@@ -243,3 +244,11 @@ def load_best(module: L.LightningModule, best: L.pytorch.callbacks.ModelCheckpoi
     if best.monitor is not None and path and Path(path).is_file():
         fix = f"delete {Path(path).parent} and rerun the command (training starts again)"
         module.load_state_dict(load_checkpoint(path, fix)["state_dict"])
+
+
+def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> dict:
+    """Lightning's lr_scheduler entry for a linear warm-up over ``warmup_steps`` optimiser steps, constant after
+    (0: the rate from the first step, as a LambdaLR of 1)."""
+    warmup = max(1, warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    return {"scheduler": scheduler, "interval": "step"}

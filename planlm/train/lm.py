@@ -87,8 +87,6 @@ class LMTrainConfig(TrainArgs):
     """The multipath adapter's PathTransformer and SampleTransformer (behind the ReZero scalars) train at this
     fraction of adapter_lr. At 1.0 the gates opened within 3 epochs in 2 of 6 seeds on the mechanism
     benchmark; at 0.2 in 6 of 6 (docs/results.md, "The recipe, measured")."""
-    warmup_steps: int = 0
-    """Linear learning-rate warm-up steps (constant afterwards)."""
     gradient_clip_scope: Literal["apart", "joint"] = "apart"
     """apart: the LM's gradient norm and the adapter's are each clipped on their own; joint: one norm over both.
     Under joint clipping the adapter's gradient (as large as the whole LM's: its plan vectors collect the gradient

@@ -11,6 +11,7 @@ import torch
 
 from planlm.data.windows import IGNORE_INDEX
 from planlm.models.planned_lm import PlannedLM
+from planlm.train.harness import warmup_schedule
 
 
 MULTIPATH_LR_SCALE = 0.2
@@ -108,6 +109,4 @@ class LightningLM(L.LightningModule):
         fused = self.device.type in ("cpu", "cuda") and not precision.startswith("16")
         optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=self.weight_decay,
                                       fused=fused or None)  # one kernel per step; fp16's loss scaling: not fused
-        warmup = max(1, self.warmup_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {"optimizer": optimizer, "lr_scheduler": warmup_schedule(optimizer, self.warmup_steps)}

@@ -71,7 +71,7 @@ class PlannerTrainArgs(TrainArgs):
     DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "log_every_n_steps", "eval_batch_size",
                                                "loggers")
     KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("accumulate_grad_batches", "limit_train_batches",
-                                                 "limit_val_batches", "gradient_clip_val")
+                                                 "limit_val_batches", "gradient_clip_val", "warmup_steps")
     COMMAND: ClassVar[str] = "train-planner"
 
     def __post_init__(self):
@@ -129,7 +129,8 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, prepared_dir: str, c
         keep_freed_memory()
     if speed.compile:
         compile_module(planner, "train-planner: the planner")
-    module = LightningPlanner(planner, lr=train.lr, weight_decay=train.weight_decay, encoder_lr=train.encoder_lr)
+    module = LightningPlanner(planner, lr=train.lr, weight_decay=train.weight_decay, encoder_lr=train.encoder_lr,
+                              warmup_steps=train.warmup_steps)
     trainer, best = build_trainer(train, out, best_filename="best", log_folders={"csv": "logs", "tensorboard": "logs"})
     fit(trainer, module, _loader(train_split, config, train, shuffle=True),
         _loader(val_split, config, train, shuffle=False), ckpt_path)
@@ -174,7 +175,7 @@ def _stage_config(prepared_dir: str, prepared: PreparedDataset, config: PlannerC
     """The planner folder's reuse key."""
     return {"prepared_dir": str(Path(prepared_dir).resolve()), "codebook_hash": prepared.codebook_hash,
             "prepared": prepared.manifest.get("config_fingerprint"),  # the corpus, not only its codebook
-            "model": asdict(config),
+            "model": config.reuse_key(),
             "train": train.reuse_key()}
 
 

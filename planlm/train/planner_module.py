@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from planlm.models.planner import Planner
 from planlm.plans.contexts import IGNORE_INDEX
+from planlm.train.harness import warmup_schedule
 
 
 def context_of(planner: Planner, batch: dict) -> torch.Tensor:
@@ -34,10 +35,11 @@ def trim_horizon(targets: torch.Tensor) -> torch.Tensor:
 class LightningPlanner(L.LightningModule):
     """Holds the training/validation steps and the optimiser of a Planner."""
 
-    def __init__(self, planner: Planner, lr: float = 1e-4, weight_decay: float = 1e-4, encoder_lr: float = 1e-5):
+    def __init__(self, planner: Planner, lr: float = 1e-4, weight_decay: float = 1e-4, encoder_lr: float = 1e-5,
+                 warmup_steps: int = 0):
         super().__init__()
         self.planner = planner
-        self.lr, self.weight_decay, self.encoder_lr = lr, weight_decay, encoder_lr
+        self.lr, self.weight_decay, self.encoder_lr, self.warmup_steps = lr, weight_decay, encoder_lr, warmup_steps
 
     def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The loss over the batch's boundaries, their logits (B, T, A) and targets (B, T), and the context.
@@ -81,5 +83,8 @@ class LightningPlanner(L.LightningModule):
         groups = [{"params": [p for p in self.planner.parameters() if id(p) not in encoder_params], "lr": self.lr}]
         if encoder is not None:
             groups.append({"params": list(encoder.parameters()), "lr": self.encoder_lr})
-        return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay,
-                                 fused=self.device.type == "cuda" or None)  # one kernel per step on a GPU
+        optimizer = torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay,
+                                      fused=self.device.type == "cuda" or None)  # one kernel per step on a GPU
+        if not self.warmup_steps:
+            return optimizer  # the paper's constant rate (and the same optimiser state as before warm-up existed)
+        return {"optimizer": optimizer, "lr_scheduler": warmup_schedule(optimizer, self.warmup_steps)}

@@ -200,9 +200,10 @@ def decode(planner, embeds, mask, actions, num_paths: int = 1):
     return torch.stack(logits, dim=1)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
-def test_step_by_step_decoding_equals_teacher_forcing(dynamics):
-    planner = tiny_planner(seed=2, dynamics=dynamics, num_layers=2)
+def test_step_by_step_decoding_equals_teacher_forcing(dynamics, norm_first):
+    planner = tiny_planner(seed=2, dynamics=dynamics, num_layers=2, norm_first=norm_first)
     embeds, mask = contexts(batch_size=4, num_sentences=5, seed=3)
     given = torch.randint(0, 8, (4, 6), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
@@ -210,9 +211,10 @@ def test_step_by_step_decoding_equals_teacher_forcing(dynamics):
                                    rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("pool", ["mean", "mean_last"])
-def test_causal_decoding_with_the_cache_equals_the_one_pass_teacher_forcing(pool):
-    planner = tiny_planner(seed=2, dynamics="causal", num_layers=2, pool=pool)
+def test_causal_decoding_with_the_cache_equals_the_one_pass_teacher_forcing(pool, norm_first):
+    planner = tiny_planner(seed=2, dynamics="causal", num_layers=2, pool=pool, norm_first=norm_first)
     embeds, mask = contexts(batch_size=4, num_sentences=5, seed=3)
     num_paths, horizon = 3, 6
     given = torch.randint(0, 8, (4 * num_paths, horizon), generator=torch.Generator().manual_seed(4))  # (B*K, T)
@@ -233,16 +235,41 @@ def test_causal_context_latents_do_not_see_the_plan_steps():
     assert not torch.allclose(before[:, 2:], after[:, 2:])
 
 
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_norm_first_makes_pre_norm_stacks_that_end_in_a_norm(dynamics):
+    """norm_first: every layer of g and f normalises its input (not its output) and each stack ends in a
+    LayerNorm, so a stack's output is normalised whatever its residual stream grew to; the default stays the
+    paper's post-norm with no extra parameters."""
+    post, pre = tiny_planner(dynamics=dynamics), tiny_planner(dynamics=dynamics, norm_first=True)
+    assert count(pre) - count(post) == 2 * 2 * TINY["d_model"]  # a final LayerNorm in g and in f
+    stack = pre.dynamics.transformer
+    latents = 5.0 + 3.0 * torch.randn(2, 4, TINY["d_model"])
+    with torch.no_grad():
+        out = stack(latents, torch.ones(2, 4, dtype=torch.bool)) if dynamics == "causal" else stack(latents)
+    out = out[0] if isinstance(out, tuple) else out
+    torch.testing.assert_close(out.mean(-1), torch.zeros(2, 4), atol=1e-5, rtol=0)
+    layer = stack.layers[0]
+    assert getattr(layer, "norm_first") is True
+
+
+def test_norm_first_is_in_the_reuse_key_only_when_set():
+    """A planner trained before norm_first existed keeps its folder's key; a pre-norm planner gets its own."""
+    assert "norm_first" not in PlannerConfig(**TINY).reuse_key()
+    assert PlannerConfig(**TINY, norm_first=True).reuse_key()["norm_first"] is True
+
+
 def test_config_rejects_unknown_dynamics():
     with pytest.raises(PlanlmError, match="dynamics"):
         PlannerConfig(dynamics="lstm")
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("pool", ["mean", "mean_last"])
-def test_article_encoder_equals_its_per_boundary_causal_computation(pool):
+def test_article_encoder_equals_its_per_boundary_causal_computation(pool, norm_first):
     """encoder="article": one pass per article row gives every boundary's prediction; boundary j equals the
     same planner run on that boundary alone (its first j sentences, the causal context), to 1e-5 in fp32."""
-    planner = tiny_planner(seed=2, dynamics="causal", encoder="article", num_layers=2, pool=pool)
+    planner = tiny_planner(seed=2, dynamics="causal", encoder="article", num_layers=2, pool=pool,
+                           norm_first=norm_first)
     embeds, _ = contexts(batch_size=3, num_sentences=5, seed=3)
     lengths = torch.tensor([5, 2, 0])  # rows of 5, 2 and 0 sentences (right-padded)
     mask = torch.arange(5)[None, :] < lengths[:, None]

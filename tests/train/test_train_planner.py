@@ -8,17 +8,19 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset, PreparedSplit, write_split
 from planlm.errors import PlanlmError
-from planlm.models.planner import Planner, PlannerShape
+from planlm.models.planner import Planner, PlannerConfig, PlannerShape
 from planlm.plans.cache import load_plans
 from planlm.plans.sampling import sample_plans
 from planlm.plans.spec import PlanSpec
 from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.boundaries import LengthGroupedSampler
 from planlm.train.planner import PlannerTrainArgs, train_planner
+from planlm.train.planner_module import LightningPlanner
 from planlm.train.planner_metrics import baseline_metrics, evaluate_planner
 
 TINY_MODEL = PlannerShape(d_model=32, num_heads=2, dim_feedforward=64, horizon=4, dropout=0.0)
@@ -72,6 +74,34 @@ def test_causal_dynamics_learns_the_cycle_rule_and_samples_from_its_cache(synthe
                              splits=["validation"])
     paths = np.asarray(load_plans(plans_dir, "validation"))[with_context(split, 1)]  # (N, K, T)
     assert np.mean(paths[..., 1:] == (paths[..., :-1] + 1) % 8) >= 0.9
+
+
+def test_a_pre_norm_planner_with_warm_up_learns_the_cycle_rule(synthetic_cycle, tmp_path):
+    """norm_first and warmup_steps reach the trained planner (its config, its folder's key) and it still learns."""
+    from dataclasses import replace
+
+    out = train_planner(str(synthetic_cycle), str(tmp_path / "planner"),
+                        replace(TINY_MODEL, dynamics="causal", norm_first=True), tiny_train(max_epochs=10, warmup_steps=5))
+    planner = Planner.from_pretrained(out)
+    assert planner.config.norm_first is True
+    key = json.loads((out / "manifest.json").read_text())["config"]
+    assert key["model"]["norm_first"] is True and key["train"]["warmup_steps"] == 5
+    split = PreparedDataset(synthetic_cycle)["validation"]
+    metrics = evaluate_planner(planner, split, horizon=4, sentences=with_context(split, 1))
+    assert min(metrics["planner_teacher_forced"]["top1"][:3]) >= 0.9, metrics
+
+
+def test_planner_warm_up_ramps_the_rate_and_the_default_keeps_it_constant():
+    planner = Planner(PlannerConfig(num_actions=4, embedding_dim=8, d_model=16, num_heads=2, dim_feedforward=32,
+                                    horizon=2))
+    assert isinstance(LightningPlanner(planner, lr=1e-3).configure_optimizers(), torch.optim.AdamW)  # no schedule
+    warm = LightningPlanner(planner, lr=1e-3, warmup_steps=4).configure_optimizers()
+    rates = []
+    for _ in range(6):
+        rates.append(warm["optimizer"].param_groups[0]["lr"])
+        warm["optimizer"].step()
+        warm["lr_scheduler"]["scheduler"].step()
+    assert rates == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
 
 
 def test_summary_reports_planner_and_baselines_per_step(cycle_planner):
