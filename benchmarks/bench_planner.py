@@ -67,7 +67,8 @@ def main() -> None:
     parser.add_argument("--dynamics", nargs="+", default=["recurrent", "causal"], choices=["recurrent", "causal"],
                         help="dynamics functions to time (ignored for the sampling rows of --planner_dir)")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                        help="autocast of the sampling rows (bf16: AMX on recent x86 CPUs, tensor cores on GPUs)")
+                        help="autocast of the sampling rows, and of --encoders' training epoch (bf16: AMX on recent x86 CPUs, "
+                             "tensor cores on GPUs)")
     parser.add_argument("--batch_size", type=int, default=512, help="training batch (boundaries)")
     parser.add_argument("--boundaries", type=int, default=256, help="boundaries sampled per timing")
     parser.add_argument("--sample_batch_size", type=int, default=256)
@@ -215,7 +216,8 @@ def time_encoders(args) -> None:
                 planner.train()
                 for batch in loader:
                     batch = {k: v.to(args.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-                    loss = module.model_step(batch)[0]
+                    with autocast(torch.device(args.device), args.precision):  # as train-planner's bf16-mixed
+                        loss = module.model_step(batch)[0]
                     optimizer.zero_grad()
                     loss.backward()
                     optimizer.step()
@@ -233,7 +235,7 @@ def time_encoders(args) -> None:
             rows.append((label, timed(epoch, 1), timed(plans, 1)))
     print(f"{args.epoch_articles} articles of {args.article_sentences} sentences ({split.num_sentences} boundaries), "
           f"d_model=128 T=5 batch 128, torch threads={torch.get_num_threads()}, device={args.device}, "
-          f"sampling {args.precision}")
+          f"training and sampling {args.precision}")
     print(f"{'planner':40s} {'epoch s':>9s} {'vs current':>11s} {'plans K=5 s':>12s} {'vs current':>11s}")
     epoch_base, plans_base = rows[0][1], rows[0][2]
     for label, epoch_s, plans_s in rows:
