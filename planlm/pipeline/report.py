@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from planlm.evaluate.metrics import PerplexityMetrics, PlanUsage
+from planlm.evaluate.metrics import EditDistanceMetrics, PerplexityMetrics, PlanUsage
 from planlm.pipeline.layout import RunLayout
 
 # Table 1 of the paper (GPT-2 small, Wikipedia, test set): (perplexity, edit distance).
@@ -52,14 +52,13 @@ def _seed_numbers(layout: RunLayout, name: str, seed: Optional[int]) -> dict:
     """One trained model's numbers: perplexity, plan usage, edit distance and the learned ReZero scalars."""
     metrics = PerplexityMetrics.from_dict(_read_json(layout.evaluation(name, seed) / "metrics.json") or {})
     usage = metrics.plan_usage or PlanUsage.from_dict({})
-    edit = _read_json(layout.edit_distance(name, seed) / "metrics.json") or {}
+    edit = EditDistanceMetrics.from_dict(_read_json(layout.edit_distance(name, seed) / "metrics.json") or {})
     trained = _read_json(layout.lm(name, seed) / "manifest.json") or {}
     return {"metrics": metrics, "ppl": metrics.ppl, "ppl_ci_low": metrics.ci_low, "ppl_ci_high": metrics.ci_high,
             "plan_usage_ppl": usage.plan_usage_ppl, "plan_usage_ci_low": usage.plan_usage_ci_low,
             "plan_usage_ci_high": usage.plan_usage_ci_high, "plan_usage_nats": usage.plan_usage_nats,
-            "edit": edit.get("edit_distance"),
-            "edit_ci_low": edit.get("ci_low"), "edit_ci_high": edit.get("ci_high"),
-            "edit_normalized": edit.get("normalized"), "rezero_alphas": trained.get("rezero_alphas")}
+            "edit": edit.edit_distance, "edit_ci_low": edit.ci_low, "edit_ci_high": edit.ci_high,
+            "edit_normalized": edit.normalized, "rezero_alphas": trained.get("rezero_alphas")}
 
 
 def _over_seeds(layout: RunLayout, name: str, per_seed: dict[int, dict]) -> dict:
