@@ -44,7 +44,7 @@ from planlm.evaluate.loading import evaluation_inputs, load_checked
 from planlm.evaluate.metrics import PerplexityMetrics, PlanUsage
 from planlm.jsonio import write_json
 from planlm.models.planned_lm import add_evaluation
-from planlm.plans.kinds import PlanKind, plan_source
+from planlm.plans.kinds import plan_source
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec, evaluation_spec
 from planlm.speed import Speed, speed_up_lm
@@ -310,7 +310,7 @@ def _metrics(result: dict, spec: PlanSpec, split_view: PreparedSplit, num_articl
         tokens_per_s=total_tokens / max(result["wall_time_s"], 1e-9), conditioning=str(spec.kind),
         K=spec.num_paths, T=spec.horizon, tau=spec.temperature, expectation=bool(spec.expectation),
         top_actions=spec.top_actions if spec.expectation else None, seed=spec.seed,
-        fixed_action=spec.fixed_action if spec.kind == PlanKind.fixed else None, planner_dir=spec.planner_dir,
+        fixed_action=spec.fixed_action if spec.strategy.constant else None, planner_dir=spec.planner_dir,
         plans_dir=spec.plans_dir, model_dir=str(model_dir), prepared_dir=str(prepared_dir), split=split,
         device=str(device), precision=precision, plan_usage=usage)
 
