@@ -28,7 +28,7 @@ from planlm.evaluate.bootstrap import bootstrap_mean
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
 from planlm.evaluate.generator import GENERATION_VERSION, SamplingConfig
 from planlm.evaluate.loading import evaluation_inputs
-from planlm.evaluate.metrics import EditDistanceMetrics
+from planlm.evaluate.metrics import EditDistanceMetrics, PathCounts
 from planlm.jsonio import write_json
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec
@@ -134,7 +134,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
             T=spec.horizon, tau=spec.temperature, temperature=sampling.temperature, top_k=sampling.top_k,
             top_p=sampling.top_p, new_tokens=new_tokens, context_length=context_length, model_dir=str(model_dir),
             prepared_dir=str(prepared_dir), split=split, path_policy=asdict(spec.path_policy),
-            **paths_summary(np.asarray(generator.paths_sampled), spec.num_paths))
+            paths=PathCounts(**paths_summary(np.asarray(generator.paths_sampled), spec.num_paths)))
         _write_outputs(stage, rows, metrics)
     print(f"{model_dir} on {split} ({len(rows)} boundaries; plans {spec.label()}): edit distance "
           f"{metrics.edit_distance:.3f} [{metrics.ci_low:.3f}, {metrics.ci_high:.3f}], normalised "

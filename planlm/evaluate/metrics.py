@@ -80,6 +80,21 @@ class PlanUsage(MetricsRecord):
 
 
 @dataclass(kw_only=True)
+class PathCounts(MetricsRecord):
+    """The paths a planner drew per boundary (per planner call in generation), over all of them: the planning
+    compute (``planlm.plans.policy.paths_summary``; 0 without a planner)."""
+
+    paths_mean: float
+    paths_min: Optional[int] = _measured()
+    paths_max: Optional[int] = _measured()
+    paths_total: int
+    paths_hist: dict
+    """{paths: boundaries} (keys are strings once read back from JSON)."""
+    paths_fraction_of_max: Optional[float] = _measured()
+    """paths_mean / K, for plans that sample K paths."""
+
+
+@dataclass(kw_only=True)
 class PerplexityMetrics(MetricsRecord):
     """Perplexity with its bootstrap interval over source documents, the compute it took and the settings it ran
     with. Fields are in metrics.json's order; a field may be None in a folder written before it existed."""
@@ -108,14 +123,8 @@ class PerplexityMetrics(MetricsRecord):
     path_policy: dict
     cache_planner_time_s: Optional[float]
     """With a plan cache: the planner's time for the whole split, as sample-plans measured it."""
-    paths_mean: float
-    """Paths per boundary (``planlm.plans.policy.paths_summary``)."""
-    paths_min: Optional[int] = _measured()
-    paths_max: Optional[int] = _measured()
-    paths_total: int
-    paths_hist: dict
-    """{paths: boundaries} (keys are strings once read back from JSON)."""
-    paths_fraction_of_max: Optional[float] = _measured()
+    paths: Optional[PathCounts] = _measured(PathCounts, flat=True)
+    """The paths the planner drew; its fields are metrics.json's paths_* keys, here in that order."""
     tokens_per_s: float
     conditioning: str
     K: int
@@ -172,13 +181,8 @@ class EditDistanceMetrics(MetricsRecord):
     prepared_dir: str
     split: str
     path_policy: dict
-    paths_mean: float
-    """Paths per planner call (``planlm.plans.policy.paths_summary``)."""
-    paths_min: Optional[int] = _measured()
-    paths_max: Optional[int] = _measured()
-    paths_total: int
-    paths_hist: dict
-    paths_fraction_of_max: Optional[float] = _measured()
+    paths: Optional[PathCounts] = _measured(PathCounts, flat=True)
+    """The paths the planner drew; its fields are metrics.json's paths_* keys, here in that order."""
 
 
 @dataclass(kw_only=True)

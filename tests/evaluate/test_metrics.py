@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from planlm.evaluate.bootstrap import seeded_interval
-from planlm.evaluate.metrics import (AdherenceMetrics, EditDistanceMetrics, PerplexityMetrics, PlanUsage,
-                                    SeededInterval)
+from planlm.evaluate.metrics import (AdherenceMetrics, EditDistanceMetrics, PathCounts, PerplexityMetrics,
+                                    PlanUsage, SeededInterval)
 from planlm.jsonio import write_json
+from planlm.plans.policy import paths_summary
 
 # A metrics.json as planlm wrote it before the type (the tests' tiny run, evaluation "ours"), in its order.
 WRITTEN = {
@@ -43,7 +46,7 @@ def test_an_older_metrics_json_loads_with_what_it_lacks_as_none(tmp_path):
     old = {"ppl": 41.5, "ci_low": 40.0, "ci_high": 43.0, "tokens": 100, "articles": 2, "retired_key": 1}
     (tmp_path / "metrics.json").write_text(json.dumps(old))
     metrics = PerplexityMetrics.load(tmp_path)
-    assert (metrics.ppl, metrics.tokens) == (41.5, 100) and metrics.paths_mean is None and metrics.plan_usage is None
+    assert (metrics.ppl, metrics.tokens) == (41.5, 100) and metrics.paths is None and metrics.plan_usage is None
     assert "paths_min" not in metrics.to_dict() and metrics.to_dict()["conditioning"] is None
 
 
@@ -90,8 +93,12 @@ def test_edit_distance_metrics_json_round_trips_byte_for_byte(tmp_path):
         before, after = rewritten(EditDistanceMetrics, record, tmp_path)
         assert after == before
     fixed = EditDistanceMetrics.from_dict(EDIT_FIXED)
-    assert fixed.paths_min is None and fixed.paths_total == 0 and "paths_min" not in fixed.to_dict()
-    assert EditDistanceMetrics.from_dict(EDIT_WRITTEN).paths_hist == {"2": 8}
+    assert fixed.paths.paths_min is None and fixed.paths.paths_total == 0 and "paths_min" not in fixed.to_dict()
+    assert EditDistanceMetrics.from_dict(EDIT_WRITTEN).paths.paths_hist == {"2": 8}
+    # every key paths_summary writes, in its order, with and without the planner's K and with no boundary at all
+    for counts, max_paths in ((np.array([1, 1, 4, 8]), 8), (np.array([2, 2]), None), (np.zeros(0), 4)):
+        summary = paths_summary(counts, max_paths)
+        assert PathCounts(**summary).to_dict() == summary and list(PathCounts(**summary).to_dict()) == list(summary)
 
 
 def test_an_older_edit_distance_metrics_json_loads_with_what_it_lacks_as_none(tmp_path):
@@ -99,7 +106,7 @@ def test_an_older_edit_distance_metrics_json_loads_with_what_it_lacks_as_none(tm
     (tmp_path / "metrics.json").write_text(json.dumps(old))
     metrics = EditDistanceMetrics.load(tmp_path)
     assert (metrics.edit_distance, metrics.boundaries, metrics.conditioning) == (2.0, 6, "oracle")
-    assert metrics.normalized is None and metrics.paths_mean is None and "paths_max" not in metrics.to_dict()
+    assert metrics.normalized is None and metrics.paths is None and "paths_max" not in metrics.to_dict()
 
 
 def test_adherence_metrics_json_round_trips_byte_for_byte(tmp_path):

@@ -66,7 +66,7 @@ def test_a_kind_registered_outside_the_package_runs_through_train_evaluate_and_g
     metrics = evaluate(str(model_dir), str(synthetic_cycle), str(tmp_path / "eval"), max_articles=3,
                        bootstrap_samples=10, device="cpu")
     assert metrics.conditioning == "uniform" and np.isfinite(metrics.ppl) and metrics.plan_usage is not None
-    assert metrics.paths_mean == 0  # no planner ran
+    assert metrics.paths.paths_mean == 0  # no planner ran
     result = generate(str(model_dir), str(synthetic_cycle), prompt="Red water red. Water",
                       sampling=SamplingConfig(max_new_tokens=12), device="cpu")
     plans_made = [np.asarray(s["plan"]["action_paths"]) for s in result["sentences"] if s["plan"]]
