@@ -228,8 +228,8 @@ def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
                            stride=args.context_length - 1, max_articles=args.max_articles, batch_size=64,
                            device="cpu", plan_usage=False, bootstrap_samples=args.bootstrap_samples)
         diff = compare_evaluations(sweep_dir / "fixed-50", out / f"eval-keep{name}", num_samples=args.bootstrap_samples)
-        lines.append("| " + " | ".join(str(keep[c]) for c in classes) + f" | {metrics.paths_mean:.2f} | "
-                     f"{metrics.paths_mean / args.max_paths:.1%} | "
+        lines.append("| " + " | ".join(str(keep[c]) for c in classes) + f" | {metrics.paths.paths_mean:.2f} | "
+                     f"{metrics.paths.paths_mean / args.max_paths:.1%} | "
                      f"{diff['diff']:+.4f} [{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}] |")
     return lines
 

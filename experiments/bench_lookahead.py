@@ -212,7 +212,7 @@ def train_rows(args, seed: int, prepared_dir: str, names: list[str]) -> dict:
 def _seeded(spec, seed: int):
     from dataclasses import replace
 
-    return replace(spec, seed=seed) if str(spec.kind) == "planner_sampled" else spec
+    return replace(spec, seed=seed) if spec.strategy.samples_paths else spec  # the seed draws the sampled paths
 
 
 def train_base(args, seed: int, prepared_dir: str) -> dict:

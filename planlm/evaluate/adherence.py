@@ -39,11 +39,11 @@ from planlm.evaluate.bootstrap import seed_folders, seeded_interval
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
 from planlm.evaluate.generator import GENERATION_VERSION, EmbedFn, SamplingConfig
 from planlm.evaluate.loading import model_fingerprint
+from planlm.evaluate.metrics import AdherenceMetrics, ConditionAdherence, SeededInterval
 from planlm.evaluate.outline import Outline
 from planlm.jsonio import write_json
 from planlm.plans.spec import PlanSpec
 from planlm.stage import StageDir, config_fingerprint
-from planlm.stage.integrity import fix_for, load_json
 
 Condition = Literal["outline", "own", "fixed", "shuffled"]
 TOP = 5
@@ -67,7 +67,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
               tokens_per_sentence: int = 64, temperature: float = 1.0, top_k: Optional[int] = None,
               top_p: Optional[float] = None, device: str = "auto",
               precision: str = "auto", bootstrap_samples: int = 1000,
-              confidence: float = 0.95) -> dict:
+              confidence: float = 0.95) -> AdherenceMetrics:
     """How often a planned LM writes the action its plan asks for, against chance, its own plans and Fixed.
 
     Writes ``per_sentence.csv`` (every generated sentence: requested and realised action, top-5 hit, text),
@@ -101,7 +101,8 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         confidence: Confidence level.
 
     Returns:
-        The metrics: {condition: {adherence, top5, chance, chance_top5, over_chance, ...}}.
+        The metrics (``AdherenceMetrics``: per condition adherence, top5, chance, chance_top5, over_chance, ...;
+        ``<out_dir>/metrics.json`` holds its ``to_dict()``).
     """
     _check_args(outline_length, outlines_per_article, max_articles, tokens_per_sentence, conditions)
     precision = read_precision(precision, "--precision")
@@ -119,7 +120,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
            "confidence": confidence, "generation_version": GENERATION_VERSION}
     with StageDir(out_dir, key) as stage:
         if stage.reused:
-            return load_json(stage.path / "metrics.json", fix_for(stage.path))
+            return AdherenceMetrics.load(stage.path)
         embed_fn = encoder_embed_fn(prepared)
         run = _Run(prepared_dir, split, split_view, tasks, sampling, context_length, seed, device, precision,
                    embed_fn, prepared.codebook.numpy())
@@ -247,27 +248,31 @@ def shuffled_outlines(tasks: list[OutlineTask], seed: int) -> list[list[int]]:
 
 
 def summarise(rows: list[dict], tasks: list[OutlineTask], split: PreparedSplit, seeds: list[int],
-              conditions: list[str], num_actions: int, num_samples: int, confidence: float, seed: int) -> dict:
-    """Per condition: adherence, top-5, chance, chance top-5 and adherence / chance, over documents and seeds."""
+              conditions: list[str], num_actions: int, num_samples: int, confidence: float,
+              seed: int) -> AdherenceMetrics:
+    """Per condition: adherence, top-5, chance, chance top-5 and adherence / chance, over documents and seeds; and
+    paired (the same prompts, documents resampled together, seed by seed) outline's adherence minus each other's."""
     articles = sorted({t.article for t in tasks})
     clusters = [split.articles[a].get("source", split.articles[a]["id"]) for a in articles]
     asked = len(tasks) * len(tasks[0].actions)
-    metrics, tables = {}, {}
+
+    def interval(statistic) -> SeededInterval:
+        return SeededInterval.from_dict(seeded_interval(statistic, len(seeds), len(articles), num_samples,
+                                                        confidence, seed, clusters))
+
+    tables = {c: [_article_tables([r for r in rows if r["condition"] == c and r["seed"] == s], articles, num_actions)
+                  for s in seeds] for c in conditions}
+    outline = _statistics(tables["outline"])["adherence"] if "outline" in conditions else None
+    measured = {}
     for condition in conditions:
-        tables[condition] = [_article_tables([r for r in rows if r["condition"] == condition and r["seed"] == s],
-                                             articles, num_actions) for s in seeds]
         stats = _statistics(tables[condition])
-        metrics[condition] = {name: seeded_interval(fn, len(seeds), len(articles), num_samples, confidence, seed,
-                                                    clusters) for name, fn in stats.items()}
-        metrics[condition]["sentences"] = [int(t["counts"].sum()) for t in tables[condition]]
-        metrics[condition]["sentences_asked"] = asked
-    for condition in conditions:  # paired: the same prompts, documents resampled together, seed by seed
-        if condition != "outline" and "outline" in conditions:
-            outline, other = (_statistics(tables[c])["adherence"] for c in ("outline", condition))
-            metrics[condition]["outline_minus"] = seeded_interval(lambda w, s: outline(w, s) - other(w, s),
-                                                                  len(seeds), len(articles), num_samples,
-                                                                  confidence, seed, clusters)
-    return metrics
+        other = stats["adherence"]
+        measured[condition] = ConditionAdherence(
+            **{name: interval(fn) for name, fn in stats.items()},
+            sentences=[int(t["counts"].sum()) for t in tables[condition]], sentences_asked=asked,
+            outline_minus=(interval(lambda w, s: outline(w, s) - other(w, s))
+                           if outline is not None and condition != "outline" else None))
+    return AdherenceMetrics(measured)
 
 
 def _article_tables(rows: list[dict], articles: list[int], num_actions: int) -> dict[str, np.ndarray]:
@@ -302,31 +307,31 @@ def _statistics(tables: list[dict]) -> dict:
             "over_chance": lambda w, s: ratio("hits")(w, s) / chance("chance")(w, s)}
 
 
-def table(metrics: dict) -> str:
+def table(metrics: AdherenceMetrics) -> str:
     """A Markdown table of the metrics, one row per condition."""
-    def cell(value: dict, percent: bool = True) -> str:
+    def cell(value: SeededInterval, percent: bool = True) -> str:
         scale, unit = (100, "%") if percent else (1, "x")
-        return (f"{value['mean'] * scale:.1f}{unit} [{value['ci_low'] * scale:.1f}, {value['ci_high'] * scale:.1f}]")
+        return f"{value.mean * scale:.1f}{unit} [{value.ci_low * scale:.1f}, {value.ci_high * scale:.1f}]"
 
     lines = ["| condition | adherence [95% CI] | top-5 | chance | adherence / chance | outline - this (paired) | "
              "sentences (per seed) |", "|---|---|---|---|---|---|---|"]
-    for condition, m in metrics.items():
-        minus = cell(m["outline_minus"]) if "outline_minus" in m else ""
-        lines.append(f"| {condition} | {cell(m['adherence'])} | {cell(m['top5'])} | {cell(m['chance'])} | "
-                     f"{cell(m['over_chance'], False)} | {minus} | {' / '.join(map(str, m['sentences']))} of "
-                     f"{m['sentences_asked']} |")
+    for condition, m in metrics.conditions.items():
+        minus = cell(m.outline_minus) if m.outline_minus is not None else ""
+        lines.append(f"| {condition} | {cell(m.adherence)} | {cell(m.top5)} | {cell(m.chance)} | "
+                     f"{cell(m.over_chance, False)} | {minus} | {' / '.join(map(str, m.sentences))} of "
+                     f"{m.sentences_asked} |")
     return "\n".join(lines)
 
 
-def _write_outputs(stage: StageDir, rows: list[dict], metrics: dict) -> None:
+def _write_outputs(stage: StageDir, rows: list[dict], metrics: AdherenceMetrics) -> None:
     """per_sentence.csv, metrics.json, adherence.md and, last, the manifest."""
     with open(stage.path / "per_sentence.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows({**row, "ranked": " ".join(map(str, row["ranked"]))} for row in rows)
-    write_json(stage.path / "metrics.json", metrics)
+    write_json(stage.path / "metrics.json", metrics.to_dict())
     (stage.path / "adherence.md").write_text(table(metrics) + "\n")
-    stage.finish(metrics={c: {k: v["mean"] for k, v in m.items() if isinstance(v, dict)} for c, m in metrics.items()})
+    stage.finish(metrics={c: m.means() for c, m in metrics.conditions.items()})
 
 
 __all__ = ["adherence", "select_outlines", "shuffled_outlines", "summarise", "model_seeds", "table"]

@@ -70,10 +70,11 @@ def compute_rows(points: list[tuple[str, int, PathPolicy]], metrics: list[Perple
     reference = f"fixed-{max(k for _, k, policy in points if not policy.adaptive)}"  # fixed K_max
     rows = []
     for (name, max_paths, policy), m in zip(points, metrics):
-        rows.append({"value": name, "policy": point_kind(name, policy), "K": max_paths, "paths_mean": m.paths_mean,
-                     "ppl": m.ppl, "ci_low": m.ci_low, "ci_high": m.ci_high, "wall_time_s": m.wall_time_s,
-                     "planner_time_s": m.planner_time_s, "lm_time_s": m.lm_time_s, "tokens_per_s": m.tokens_per_s,
-                     "tokens": m.tokens, "articles": m.articles, "T": m.T, "tau": m.tau, "eval_dir": str(out / name)})
+        rows.append({"value": name, "policy": point_kind(name, policy), "K": max_paths,
+                     "paths_mean": m.paths.paths_mean, "ppl": m.ppl, "ci_low": m.ci_low, "ci_high": m.ci_high,
+                     "wall_time_s": m.wall_time_s, "planner_time_s": m.planner_time_s, "lm_time_s": m.lm_time_s,
+                     "tokens_per_s": m.tokens_per_s, "tokens": m.tokens, "articles": m.articles, "T": m.T, "tau": m.tau,
+                     "eval_dir": str(out / name)})
     base = next(r for r in rows if r["value"] == reference)
     for row in rows:
         row["paths_fraction"] = row["paths_mean"] / base["paths_mean"] if base["paths_mean"] else float("nan")

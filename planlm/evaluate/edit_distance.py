@@ -28,11 +28,11 @@ from planlm.evaluate.bootstrap import bootstrap_mean
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
 from planlm.evaluate.generator import GENERATION_VERSION, SamplingConfig
 from planlm.evaluate.loading import evaluation_inputs
+from planlm.evaluate.metrics import EditDistanceMetrics, PathCounts
 from planlm.jsonio import write_json
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec
 from planlm.stage import StageDir
-from planlm.stage.integrity import fix_for, load_json
 
 
 def action_edit_distance(generated: Sequence[int], reference: Sequence[int]) -> tuple[int, float]:
@@ -77,7 +77,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
                   max_articles: Optional[int] = 100, max_boundaries_per_article: Optional[int] = 2, seed: int = 0,
                   context_length: int = 128, sampling: SamplingConfig = SamplingConfig(), plans: PlanSpec = PlanSpec(),
                   device: str = "auto", precision: str = "auto",
-                  bootstrap_samples: int = 1000, confidence: float = 0.95) -> dict:
+                  bootstrap_samples: int = 1000, confidence: float = 0.95) -> EditDistanceMetrics:
     """Edit distance between the action sequences of generated and true continuations at sentence starts.
 
     Writes ``per_boundary.csv``, ``metrics.json`` (mean distance and normalised distance with bootstrap
@@ -104,7 +104,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
         confidence: Confidence level.
 
     Returns:
-        The metrics dict.
+        The metrics (``EditDistanceMetrics``; ``<out_dir>/metrics.json`` holds its ``to_dict()``).
     """
     new_tokens = sampling.max_new_tokens
     _check_limits(context_length, max_articles, max_boundaries_per_article)
@@ -120,25 +120,25 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
            "generation_version": GENERATION_VERSION}
     with StageDir(out_dir, key) as stage:
         if stage.reused:
-            return load_json(stage.path / "metrics.json", fix_for(stage.path))
+            return EditDistanceMetrics.load(stage.path)
         boundaries = select_boundaries(split_view.sentence_offsets, num_articles, max_boundaries_per_article, seed)
         if not boundaries:
             raise PlanlmError(f"{split_view.path}: no sentence start with context in the first {num_articles} "
                               f"articles (every article has one sentence); raise --max_articles or use another --split")
         rows, generated_tokens, wall_time = _continue_boundaries(generator, split_view, boundaries, sampling,
                                                                  context_length, new_tokens, embed_fn, codebook)
-        metrics = {**_distance_summary(rows, bootstrap_samples, confidence, seed), "articles": num_articles,
-                   "generated_tokens": generated_tokens, "wall_time_s": wall_time,
-                   "tokens_per_s": generated_tokens / max(wall_time, 1e-9), "conditioning": str(spec.kind),
-                   "K": spec.num_paths, "T": spec.horizon, "tau": spec.temperature,
-                   "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-                   "new_tokens": new_tokens, "context_length": context_length,
-                   "model_dir": str(model_dir), "prepared_dir": str(prepared_dir), "split": split,
-                   "path_policy": asdict(spec.path_policy),
-                   **paths_summary(np.asarray(generator.paths_sampled), spec.num_paths)}
+        metrics = EditDistanceMetrics(
+            **_distance_summary(rows, bootstrap_samples, confidence, seed), articles=num_articles,
+            generated_tokens=generated_tokens, wall_time_s=wall_time,
+            tokens_per_s=generated_tokens / max(wall_time, 1e-9), conditioning=str(spec.kind), K=spec.num_paths,
+            T=spec.horizon, tau=spec.temperature, temperature=sampling.temperature, top_k=sampling.top_k,
+            top_p=sampling.top_p, new_tokens=new_tokens, context_length=context_length, model_dir=str(model_dir),
+            prepared_dir=str(prepared_dir), split=split, path_policy=asdict(spec.path_policy),
+            paths=PathCounts(**paths_summary(np.asarray(generator.paths_sampled), spec.num_paths)))
         _write_outputs(stage, rows, metrics)
-    print(f"{model_dir} on {split} ({len(rows)} boundaries; plans {spec.label()}): edit distance {metrics['edit_distance']:.3f} [{metrics['ci_low']:.3f}, "
-          f"{metrics['ci_high']:.3f}], normalised {metrics['normalized']:.3f} in {wall_time:.1f}s")
+    print(f"{model_dir} on {split} ({len(rows)} boundaries; plans {spec.label()}): edit distance "
+          f"{metrics.edit_distance:.3f} [{metrics.ci_low:.3f}, {metrics.ci_high:.3f}], normalised "
+          f"{metrics.normalized:.3f} in {wall_time:.1f}s")
     return metrics
 
 
@@ -193,11 +193,11 @@ def _distance_summary(rows: list[dict], bootstrap_samples: int, confidence: floa
             "confidence": confidence, "boundaries": len(rows)}
 
 
-def _write_outputs(stage: StageDir, rows: list[dict], metrics: dict) -> None:
+def _write_outputs(stage: StageDir, rows: list[dict], metrics: EditDistanceMetrics) -> None:
     """per_boundary.csv, metrics.json and, last, the manifest."""
     with open(stage.path / "per_boundary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-    write_json(stage.path / "metrics.json", metrics)
-    stage.finish(metrics=metrics)
+    write_json(stage.path / "metrics.json", metrics.to_dict())
+    stage.finish(metrics=metrics.to_dict())

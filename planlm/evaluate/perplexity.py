@@ -41,10 +41,10 @@ from planlm.device import autocast, resolve_device
 from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.evaluate.loading import evaluation_inputs, load_checked
-from planlm.evaluate.metrics import PerplexityMetrics, PlanUsage
+from planlm.evaluate.metrics import PathCounts, PerplexityMetrics, PlanUsage
 from planlm.jsonio import write_json
 from planlm.models.planned_lm import add_evaluation
-from planlm.plans.kinds import PlanKind, plan_source
+from planlm.plans.kinds import plan_source
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec, evaluation_spec
 from planlm.speed import Speed, speed_up_lm
@@ -306,11 +306,12 @@ def _metrics(result: dict, spec: PlanSpec, split_view: PreparedSplit, num_articl
         adapter_time_s=result["adapter_time_s"], plans_from_cache=bool(spec.plans_dir),
         path_policy=asdict(spec.path_policy),
         cache_planner_time_s=(plans_manifest.get("planner_time_s") or {}).get(split) if spec.plans_dir else None,
-        **paths_summary(result["num_paths"], spec.num_paths if spec.strategy.samples_paths else None),
+        paths=PathCounts(**paths_summary(result["num_paths"],
+                                         spec.num_paths if spec.strategy.samples_paths else None)),
         tokens_per_s=total_tokens / max(result["wall_time_s"], 1e-9), conditioning=str(spec.kind),
         K=spec.num_paths, T=spec.horizon, tau=spec.temperature, expectation=bool(spec.expectation),
         top_actions=spec.top_actions if spec.expectation else None, seed=spec.seed,
-        fixed_action=spec.fixed_action if spec.kind == PlanKind.fixed else None, planner_dir=spec.planner_dir,
+        fixed_action=spec.fixed_action if spec.strategy.constant else None, planner_dir=spec.planner_dir,
         plans_dir=spec.plans_dir, model_dir=str(model_dir), prepared_dir=str(prepared_dir), split=split,
         device=str(device), precision=precision, plan_usage=usage)
 
@@ -336,7 +337,7 @@ def _print_summary(metrics: PerplexityMetrics, spec: PlanSpec) -> None:
     m = metrics
     print(f"{m.model_dir} on {m.split} ({m.articles} articles, {m.tokens} tokens, {m.protocol}; plans {spec.label()}): "
           f"ppl {m.ppl:.3f} [{m.ci_low:.3f}, {m.ci_high:.3f}] in {m.wall_time_s:.1f}s ({m.tokens_per_s:.0f} tokens/s; "
-          f"{m.paths_mean:.2f} paths per boundary, planner {m.planner_time_s:.1f}s, "
+          f"{m.paths.paths_mean:.2f} paths per boundary, planner {m.planner_time_s:.1f}s, "
           f"LM {m.lm_time_s:.1f}s){plan_usage_text(m.plan_usage) if m.plan_usage else ''}")
 
 

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from planlm.evaluate.metrics import PerplexityMetrics, PlanUsage
+from planlm.evaluate.metrics import EditDistanceMetrics, PerplexityMetrics, PlanUsage
 from planlm.pipeline.layout import RunLayout
+from planlm.plans.kinds import KINDS
 
 # Table 1 of the paper (GPT-2 small, Wikipedia, test set): (perplexity, edit distance).
 PAPER_TABLE: dict[str, tuple[float, float]] = {
@@ -52,14 +53,13 @@ def _seed_numbers(layout: RunLayout, name: str, seed: Optional[int]) -> dict:
     """One trained model's numbers: perplexity, plan usage, edit distance and the learned ReZero scalars."""
     metrics = PerplexityMetrics.from_dict(_read_json(layout.evaluation(name, seed) / "metrics.json") or {})
     usage = metrics.plan_usage or PlanUsage.from_dict({})
-    edit = _read_json(layout.edit_distance(name, seed) / "metrics.json") or {}
+    edit = EditDistanceMetrics.from_dict(_read_json(layout.edit_distance(name, seed) / "metrics.json") or {})
     trained = _read_json(layout.lm(name, seed) / "manifest.json") or {}
     return {"metrics": metrics, "ppl": metrics.ppl, "ppl_ci_low": metrics.ci_low, "ppl_ci_high": metrics.ci_high,
             "plan_usage_ppl": usage.plan_usage_ppl, "plan_usage_ci_low": usage.plan_usage_ci_low,
             "plan_usage_ci_high": usage.plan_usage_ci_high, "plan_usage_nats": usage.plan_usage_nats,
-            "edit": edit.get("edit_distance"),
-            "edit_ci_low": edit.get("ci_low"), "edit_ci_high": edit.get("ci_high"),
-            "edit_normalized": edit.get("normalized"), "rezero_alphas": trained.get("rezero_alphas")}
+            "edit": edit.edit_distance, "edit_ci_low": edit.ci_low, "edit_ci_high": edit.ci_high,
+            "edit_normalized": edit.normalized, "rezero_alphas": trained.get("rezero_alphas")}
 
 
 def _over_seeds(layout: RunLayout, name: str, per_seed: dict[int, dict]) -> dict:
@@ -212,19 +212,20 @@ def _contrasts_section(contrasts: list[dict]) -> list[str]:
 
 
 def _add_oracle_shares(layout: RunLayout, rows: list[dict]) -> None:
-    """For every planned condition, when the run has a `fixed` and an `oracle` condition: the share of the
-    oracle's gain it captures, (ppl - ppl_fixed) / (ppl_oracle - ppl_fixed), with the Fieller interval of
-    ``planlm.evaluate.bootstrap.oracle_gain_share`` (seeds and documents, as the paired column)."""
+    """For every condition whose plans a planner makes, when the run has a condition of constant plans (Fixed) and
+    one whose plans read the true future (the oracle): the share of the oracle's gain it captures,
+    (ppl - ppl_fixed) / (ppl_oracle - ppl_fixed), with the Fieller interval of
+    ``planlm.evaluate.bootstrap.oracle_gain_share`` (seeds and documents, as the paired column). The kinds' flags
+    (``planlm.plans.kinds``) say which condition is which."""
     from planlm.errors import PlanlmError
     from planlm.evaluate.bootstrap import evaluation_arrays, oracle_gain_share
 
     done = [r for r in rows if r["ppl"] is not None]
-    fixed = next((r for r in done if r["conditioning"] == "fixed"), None)
-    oracle = next((r for r in done if r["conditioning"] == "oracle"), None)
+    fixed = next((r for r in done if _kind_flag(r, "constant")), None)
+    oracle = next((r for r in done if _kind_flag(r, "reads_future")), None)
     for row in rows:
         row.update(oracle_share=None, oracle_share_ci_low=None, oracle_share_ci_high=None, oracle_share_note=None)
-        if fixed is None or oracle is None or row["ppl"] is None or row["conditioning"] not in (
-                "planner_argmax", "planner_sampled"):
+        if fixed is None or oracle is None or row["ppl"] is None or not _kind_flag(row, "uses_planner"):
             continue
         try:
             nlls, tokens, sources, _ = evaluation_arrays([layout.evaluation(r["name"]) for r in (fixed, row, oracle)])
@@ -235,6 +236,13 @@ def _add_oracle_shares(layout: RunLayout, rows: list[dict]) -> None:
         row.update(oracle_share=share["share"], oracle_share_ci_low=share["ci_low"],
                    oracle_share_ci_high=share["ci_high"], oracle_share_note=share["note"],
                    oracle_share_of=[fixed["name"], oracle["name"]])
+
+
+def _kind_flag(row: dict, flag: str) -> bool:
+    """A flag of the plan kind a row's condition ran with (``planlm.plans.kinds``); False for a kind this process has
+    not registered (a run's record of a kind that someone's own module adds)."""
+    strategy = KINDS.get(str(row["conditioning"]))
+    return strategy is not None and bool(getattr(strategy, flag))
 
 
 def _fmt_share(r: dict) -> str:

@@ -39,10 +39,11 @@ from rich.console import Console
 from planlm.commands import load_command
 from planlm.console import fmt_seconds, is_verbose, stage_console
 from planlm.errors import PlanlmError
-from planlm.evaluate.metrics import PerplexityMetrics
+from planlm.evaluate.metrics import EditDistanceMetrics, PerplexityMetrics
 from planlm.jsonio import to_jsonable, write_json
 from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.pipeline.sections import bind_section, deep_merge
+from planlm.plans.kinds import KINDS
 from planlm.plans.spec import check_renamed
 from planlm.stage import lock_stage_dir, read_manifest, releasing_stage_locks
 
@@ -209,8 +210,9 @@ def _planner_stages(layout: RunLayout, planner: dict, lm: dict, conditions: list
     to the shared section uses planner/."""
     from planlm.jsonio import fingerprint
 
-    def wants_planner(cond: dict) -> bool:
-        return str(deep_merge(lm, cond).get("plans", {}).get("kind", "none")).startswith("planner")
+    def wants_planner(cond: dict) -> bool:  # a kind no code here registered fails later, where its section is bound
+        strategy = KINDS.get(str(deep_merge(lm, cond).get("plans", {}).get("kind", "none")))
+        return strategy is not None and strategy.uses_planner
 
     shared = ("train-planner", layout.planner)
     trained: dict[str, tuple[str, Path]] = {fingerprint(planner): shared}
@@ -365,7 +367,8 @@ def _result(stage: Stage) -> str:
         return ""
     record = json.loads(path.read_text())
     if stage.command == "edit_distance":
-        return f"; edit distance {record['edit_distance']:.3f} [{record['ci_low']:.3f}, {record['ci_high']:.3f}]"
+        edit = EditDistanceMetrics.from_dict(record)
+        return f"; edit distance {edit.edit_distance:.3f} [{edit.ci_low:.3f}, {edit.ci_high:.3f}]"
     m = PerplexityMetrics.from_dict(record)
     usage = m.plan_usage
     shuffled = (f", plans shuffled {usage.plan_usage_ppl:+.3f} [{usage.plan_usage_ci_low:+.3f}, "

@@ -76,9 +76,13 @@ class PlanStrategy(ABC):
     uses_planner: bool = False
     """The plans come from a planner (--plans.planner_dir) or a cache of its plans (--plans.plans_dir)."""
     reads_future: bool = False
-    """The plans read the true actions ahead (oracle): generation needs a test article's prefix, not free text."""
+    """The plans read the true actions ahead (oracle): generation needs a test article's prefix, not free text; the
+    ceiling of the report's share of the oracle's gain."""
     samples_paths: bool = False
     """A planner samples K paths per boundary: K (and a path policy) is the planning compute it spends."""
+    constant: bool = False
+    """Every plan is the one action --plans.fixed_action (Fixed): no information about the text, the floor a plan's
+    gain is measured from (the report's share of the oracle's gain)."""
 
     def normalise(self, spec: PlanSpec) -> None:
         """Set, in place on a freshly resolved spec, the fields this kind decides: without a planner, no planner
@@ -133,6 +137,7 @@ class NoPlans(PlanStrategy):
 
 class FixedKind(PlanStrategy):
     name = "fixed"
+    constant = True
 
     def check_actions(self, spec, num_actions, where) -> None:
         if not 0 <= spec.fixed_action < max(num_actions, 1):

@@ -1,5 +1,3 @@
-import json
-
 import numpy as np
 import pytest
 
@@ -8,6 +6,7 @@ from planlm.errors import PlanlmError
 from planlm.evaluate.edit_distance import (action_edit_distance, edit_distance, nearest_actions, select_boundaries,
                                            text_actions)
 from planlm.evaluate.generate import synthetic_embed_fn
+from planlm.evaluate.metrics import EditDistanceMetrics
 
 from helpers import chatty_planned_lm, read_csv
 
@@ -69,9 +68,9 @@ def test_edit_distance_command_scores_true_reference_actions(synthetic_cycle, tm
     main(["edit-distance", "--model_dir", str(model_dir), "--prepared_dir", str(synthetic_cycle), "--out_dir", str(out),
           "--plans.kind", "fixed", "--max_articles", "3", "--max_boundaries_per_article", "1", "--new_tokens", "12",
           "--bootstrap_samples", "50", "--device", "cpu"])
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = EditDistanceMetrics.load(out)
     rows = read_csv(out / "per_boundary.csv")
-    assert len(rows) == metrics["boundaries"] == 3 and metrics["conditioning"] == "fixed"
+    assert len(rows) == metrics.boundaries == 3 and metrics.conditioning == "fixed"
     test = prepared["test"]
     for row in rows:
         article, boundary = int(row["article"]), int(row["boundary"])
@@ -84,8 +83,8 @@ def test_edit_distance_command_scores_true_reference_actions(synthetic_cycle, tm
         assert int(row["distance"]) == action_edit_distance(generated, reference)[0]
         assert set(generated) <= {0, 2}  # the chatty LM writes "red" (action 0) and "water" (action 2)
     distances = [int(r["distance"]) for r in rows]
-    assert metrics["edit_distance"] == pytest.approx(np.mean(distances))
-    assert metrics["ci_low"] <= metrics["edit_distance"] <= metrics["ci_high"]
-    assert metrics["tokens_per_s"] > 0 and metrics["generated_tokens"] == 36
+    assert metrics.edit_distance == pytest.approx(np.mean(distances))
+    assert metrics.ci_low <= metrics.edit_distance <= metrics.ci_high
+    assert metrics.tokens_per_s > 0 and metrics.generated_tokens == 36
     with pytest.raises(PlanlmError, match="max_boundaries_per_article"):
         edit_distance(str(model_dir), str(synthetic_cycle), str(tmp_path / "x"), max_boundaries_per_article=0)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 from helpers import chatty_planned_lm, read_csv, use_planner
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.edit_distance import action_edit_distance, edit_distance
 from planlm.evaluate.generate import generate
 from planlm.evaluate.generator import SamplingConfig
+from planlm.evaluate.metrics import EditDistanceMetrics
 from planlm.plans.spec import PlanSpec
 
 
@@ -22,7 +21,7 @@ def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, cycle_planner
                   bootstrap_samples=20, device="cpu")  # seed 6: the first continuation ends two sentences
 
     metrics = edit_distance(str(tmp_path / "model"), str(synthetic_cycle), str(tmp_path / "edit"), **kwargs)
-    assert (metrics["conditioning"], metrics["K"], metrics["T"]) == ("planner_sampled", 2, 3)
+    assert (metrics.conditioning, metrics.K, metrics.T) == ("planner_sampled", 2, 3)
     rows = read_csv(tmp_path / "edit" / "per_boundary.csv")
     assert len(rows) == 3
     for row in rows:
@@ -41,4 +40,4 @@ def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, cycle_planner
     edit_distance(str(tmp_path / "model"), str(synthetic_cycle), str(tmp_path / "fixed"), plans=PlanSpec(kind="fixed"), **kwargs)
     fixed = read_csv(tmp_path / "fixed" / "per_boundary.csv")
     assert [r["generated_text"] for r in fixed] != [r["generated_text"] for r in rows]
-    assert json.loads((tmp_path / "fixed" / "metrics.json").read_text())["conditioning"] == "fixed"
+    assert EditDistanceMetrics.load(tmp_path / "fixed").conditioning == "fixed"

@@ -5,8 +5,6 @@ line, and a tiny LM trained on oracle plans follows an outline far more often th
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -17,6 +15,7 @@ from planlm.errors import PlanlmError
 from planlm.evaluate.adherence import OutlineTask, adherence, shuffled_outlines
 from planlm.evaluate.generate import generate, generate_text, synthetic_embed_fn
 from planlm.evaluate.generator import PlannedGenerator, SamplingConfig
+from planlm.evaluate.metrics import AdherenceMetrics
 from planlm.evaluate.outline import Outline
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
 from planlm.plans.spec import PlanSpec
@@ -107,12 +106,12 @@ def test_a_model_trained_on_oracle_plans_follows_its_outline_not_a_shuffled_one(
     main(["adherence", "--model_dir", str(oracle_model), "--prepared_dir", str(synthetic_random), "--out_dir",
           str(tmp_path / "adherence"), "--max_articles", "8", "--outlines_per_article", "1", "--conditions",
           "[outline, shuffled]", "--tokens_per_sentence", "10", "--bootstrap_samples", "200", "--device", "cpu"])
-    metrics = json.loads((tmp_path / "adherence" / "metrics.json").read_text())
-    outline, shuffled = metrics["outline"], metrics["shuffled"]
-    assert outline["sentences"][0] >= 15
+    metrics = AdherenceMetrics.load(tmp_path / "adherence")
+    outline, shuffled = metrics.conditions["outline"], metrics.conditions["shuffled"]
+    assert outline.sentences[0] >= 15
     # ignoring the outline would score like the shuffled one; following it beats chance several times over
-    assert outline["adherence"]["mean"] > shuffled["adherence"]["mean"] + 0.3
-    assert outline["over_chance"]["ci_low"] > 2 and outline["top5"]["mean"] >= outline["adherence"]["mean"]
+    assert outline.adherence.mean > shuffled.adherence.mean + 0.3
+    assert outline.over_chance.ci_low > 2 and outline.top5.mean >= outline.adherence.mean
     assert "| outline |" in capsys.readouterr().out
     again = adherence(str(oracle_model), str(synthetic_random), str(tmp_path / "adherence"), max_articles=8,
                       outlines_per_article=1, conditions=["outline", "shuffled"], tokens_per_sentence=10,

@@ -245,6 +245,7 @@ def test_trained_oracle_model_end_to_end_beats_its_own_fixed_plans_in_a_paired_c
     runs = {kind: evaluate(str(model_dir), str(synthetic_random), str(tmp_path / f"eval-{kind}"), plans=PlanSpec(kind=kind),
                            bootstrap_samples=200, device="cpu") for kind in ("fixed", "oracle")}
     assert runs["oracle"].ppl < runs["fixed"].ppl
+    assert (runs["fixed"].fixed_action, runs["oracle"].fixed_action) == (0, None)  # only the constant kind has one
     # Plan usage: this LM reads its plans (shuffling them across sentences costs much), logged at validation
     # by train-lm too; a constant plan shuffled is the same plan, so the Fixed plans' usage is exactly 0.
     from planlm.stage import read_manifest

@@ -1,5 +1,6 @@
 """The report's share of the oracle's gain: every planned condition's (ppl - Fixed) / (oracle - Fixed), with its
-interval, in the results table and results.json, when the run has a fixed and an oracle condition."""
+interval, in the results table and results.json, when the run has a fixed and an oracle condition (the kinds' flags
+say which conditions these are)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from planlm.evaluate.bootstrap import oracle_gain_share, write_per_article
 from planlm.pipeline.layout import RunLayout
 from planlm.pipeline.report import collect_results, results_table, write_report
+from planlm.plans.kinds import KINDS, PlanStrategy, register_plan_kind
 
 TOKENS = np.full(24, 80)
 SOURCES = [f"speech{i // 3}" for i in range(24)]  # 8 documents of 3 pieces
@@ -63,3 +65,37 @@ def test_no_share_column_without_a_fixed_condition(tmp_path):
     rows = collect_results(layout.root, [{"name": n} for n in ("none", "ours", "oracle")])
     assert all(r["oracle_share"] is None for r in rows)
     assert "share of the oracle" not in results_table(rows)[0]
+
+
+class Toy(PlanStrategy):
+    """A kind registered by the test: only its flags count here (the report makes no plans)."""
+
+    def plan(self, boundaries, spec, rng, planner=None):
+        raise AssertionError("the report makes no plans")
+
+
+@pytest.fixture
+def toy_kinds():
+    kinds = {"zeros": {"constant": True}, "peek": {"reads_future": True}, "guess": {"uses_planner": True}}
+    for name, flags in kinds.items():
+        register_plan_kind(type(f"Toy_{name}", (Toy,), {"name": name, **flags})())
+    yield
+    for name in kinds:
+        KINDS.pop(name)
+
+
+def test_the_share_reads_the_kinds_flags_not_their_names(tmp_path, toy_kinds):
+    """Floor, ceiling and the conditions that get a share are the kinds with constant plans, with the true future
+    and with a planner, whatever their names; a kind this process has not registered gets no share."""
+    layout = RunLayout(tmp_path / "run")
+    rng = np.random.default_rng(0)
+    level = 3.0 + rng.normal(0, 0.1, 8)[np.arange(24) // 3]
+    gains = {"floor": ("zeros", 0.01), "mine": ("guess", 0.06), "elsewhere": ("unregistered", 0.06),
+             "ceiling": ("peek", 0.21)}
+    for seed in (0, 1):
+        for name, (kind, gain) in gains.items():
+            write_evaluation(layout.evaluation(name) / f"seed{seed}",
+                             (level - gain - rng.normal(0, 0.005, 24)) * TOKENS, kind)
+    rows = {r["name"]: r for r in collect_results(layout.root, [{"name": n} for n in gains], None, [0, 1])}
+    assert rows["mine"]["oracle_share_of"] == ["floor", "ceiling"] and 0.2 < rows["mine"]["oracle_share"] < 0.3
+    assert all(rows[name]["oracle_share"] is None for name in ("floor", "elsewhere", "ceiling"))

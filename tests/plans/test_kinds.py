@@ -1,6 +1,6 @@
 """Plan kinds as strategies in one registry: a kind added from outside the package runs through train-lm,
 evaluate and generate; every built-in kind's plans for a batch (``plan``) agree with its source for a split; K has
-one owner; ``sample-plans`` takes the ``plans`` group."""
+one owner; ``sample-plans`` takes the ``plans`` group; the run reads a kind's flags, not its name."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from planlm.plans.spec import PlanSpec, evaluation_spec
 from planlm.stage import write_manifest
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
-from helpers import tiny_gpt2_config, tiny_planner
+from helpers import tiny_gpt2_config, tiny_planner, tiny_run_config
 
 
 class UniformPlans(PlanStrategy):
@@ -66,7 +66,7 @@ def test_a_kind_registered_outside_the_package_runs_through_train_evaluate_and_g
     metrics = evaluate(str(model_dir), str(synthetic_cycle), str(tmp_path / "eval"), max_articles=3,
                        bootstrap_samples=10, device="cpu")
     assert metrics.conditioning == "uniform" and np.isfinite(metrics.ppl) and metrics.plan_usage is not None
-    assert metrics.paths_mean == 0  # no planner ran
+    assert metrics.paths.paths_mean == 0  # no planner ran
     result = generate(str(model_dir), str(synthetic_cycle), prompt="Red water red. Water",
                       sampling=SamplingConfig(max_new_tokens=12), device="cpu")
     plans_made = [np.asarray(s["plan"]["action_paths"]) for s in result["sentences"] if s["plan"]]
@@ -127,3 +127,33 @@ def test_sample_plans_takes_the_plans_group(synthetic_cycle, tmp_path, capsys):
     assert out.name == "K2-T3-tau0-seed0"
     paths, greedy = np.load(out / "validation.npy"), np.load(out / "validation.argmax.npy")
     assert (paths == greedy[:, None]).all()
+
+
+class PlannerFree(UniformPlans):
+    """A toy kind named like the planner kinds that needs no planner."""
+
+    name = "planner_free"
+
+
+class Guess(UniformPlans):
+    """A toy kind whose plans a planner would make (its flag), named unlike the planner kinds."""
+
+    name = "guess"
+    uses_planner = True
+
+
+def test_the_run_gives_a_planner_to_the_kinds_that_use_one_whatever_their_names(tmp_path):
+    from planlm.pipeline.run import plan_stages
+
+    for kind in (PlannerFree(), Guess()):
+        register_plan_kind(kind)
+    try:
+        config = tiny_run_config(tmp_path, conditions=[{"name": "free", "plans": {"kind": "planner_free"}},
+                                                       {"name": "guess", "plans": {"kind": "guess"}}])
+        stages = plan_stages(tmp_path, config["prepare"], config["planner"], config["lm"], None,
+                             config["conditions"], config["evaluate"], None, [], where="test")
+    finally:
+        KINDS.pop("planner_free"), KINDS.pop("guess")
+    plans = {s.condition: s.kwargs["plans"] for s in stages if s.command == "train_lm"}
+    assert plans["guess"].planner_dir and plans["free"].planner_dir is None
+    assert [s.name for s in stages if s.command == "train_planner"] == ["train-planner"]

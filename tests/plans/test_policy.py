@@ -214,7 +214,8 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
                        plans=PlanSpec(num_paths=6, path_policy=policy), bootstrap_samples=20, device="cpu",
                        plan_usage=False)
     counts = np.load(tmp_path / "direct" / "num_paths.npy")
-    assert metrics.paths_mean == pytest.approx(counts.mean()) and sum(metrics.paths_hist.values()) == len(counts)
+    assert metrics.paths.paths_mean == pytest.approx(counts.mean())
+    assert sum(metrics.paths.paths_hist.values()) == len(counts)
     assert 1 <= counts.min() and counts.max() <= 6 and metrics.path_policy["max_paths"] == 6
     assert metrics.planner_time_s > 0 and metrics.lm_time_s > 0
     # The same plans through a cache: the counts travel with the paths, the perplexity is the same.
@@ -223,7 +224,7 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
                          splits=["test"], device="cpu", batch_size=256)
     cached = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "cached"),
                       plans=PlanSpec(plans_dir=str(cache)), max_articles=5, bootstrap_samples=20, device="cpu", plan_usage=False)
-    assert cached.paths_mean == pytest.approx(float(load_path_counts(cache, "test")[:len(counts)].mean()))
+    assert cached.paths.paths_mean == pytest.approx(float(load_path_counts(cache, "test")[:len(counts)].mean()))
     assert cached.path_policy["kind"] == "entropy"
     with pytest.raises(PlanlmError, match="sampled under path policy entropy"):
         evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "clash"), max_articles=5, device="cpu",
@@ -231,7 +232,7 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
     # A fixed evaluation keeps its old reuse key (no path_policy in it) and samples K everywhere.
     fixed = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "fixed"), max_articles=5,
                      plans=PlanSpec(num_paths=6), bootstrap_samples=20, device="cpu", plan_usage=False)
-    assert fixed.paths_hist == {6: len(counts)}
+    assert fixed.paths.paths_hist == {6: len(counts)}
     assert "path_policy" not in json.loads((tmp_path / "fixed" / "manifest.json").read_text())["config"]["plan_spec"]
 
 
