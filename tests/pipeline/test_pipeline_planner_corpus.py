@@ -50,5 +50,7 @@ def test_the_demo_overlay_is_the_demo_plus_the_planner_corpus():
     prepare = dict(overlay["prepare"])
     assert prepare.pop("planner_corpus") == {"rest_of_train": True}
     assert prepare == demo["prepare"] and set(overlay) == {"out_dir", "prepare", "planner"}
-    planner = overlay["planner"]  # the demo's planner recipe with the causal g (chosen by validation information)
-    assert planner["model"].pop("dynamics") == "causal" and planner == demo["planner"]
+    planner = overlay["planner"]  # the demo's planner recipe with the causal g (chosen by validation information),
+    assert planner["model"].pop("dynamics") == "causal"  # trained 3 epochs for the budget (0.012 nats at step 1)
+    assert planner["train"].pop("max_epochs") == 3 and demo["planner"]["train"].pop("max_epochs") == 6
+    assert planner == demo["planner"]
