@@ -16,7 +16,7 @@ from typing import Optional
 
 from planlm.evaluate.metrics import EditDistanceMetrics, PerplexityMetrics, PlanUsage
 from planlm.pipeline.layout import RunLayout
-from planlm.plans.kinds import KINDS
+from planlm.plans.kinds import kind_flag
 
 # Table 1 of the paper (GPT-2 small, Wikipedia, test set): (perplexity, edit distance).
 PAPER_TABLE: dict[str, tuple[float, float]] = {
@@ -221,11 +221,12 @@ def _add_oracle_shares(layout: RunLayout, rows: list[dict]) -> None:
     from planlm.evaluate.bootstrap import evaluation_arrays, oracle_gain_share
 
     done = [r for r in rows if r["ppl"] is not None]
-    fixed = next((r for r in done if _kind_flag(r, "constant")), None)
-    oracle = next((r for r in done if _kind_flag(r, "reads_future")), None)
+    fixed = next((r for r in done if kind_flag(r["conditioning"], "constant")), None)
+    oracle = next((r for r in done if kind_flag(r["conditioning"], "reads_future")), None)
     for row in rows:
         row.update(oracle_share=None, oracle_share_ci_low=None, oracle_share_ci_high=None, oracle_share_note=None)
-        if fixed is None or oracle is None or row["ppl"] is None or not _kind_flag(row, "uses_planner"):
+        planned = kind_flag(row["conditioning"], "uses_planner")
+        if fixed is None or oracle is None or row["ppl"] is None or not planned:
             continue
         try:
             nlls, tokens, sources, _ = evaluation_arrays([layout.evaluation(r["name"]) for r in (fixed, row, oracle)])
@@ -238,14 +239,7 @@ def _add_oracle_shares(layout: RunLayout, rows: list[dict]) -> None:
                    oracle_share_of=[fixed["name"], oracle["name"]])
 
 
-def _kind_flag(row: dict, flag: str) -> bool:
-    """A flag of the plan kind a row's condition ran with (``planlm.plans.kinds``); False for a kind this process has
-    not registered (a run's record of a kind that someone's own module adds)."""
-    strategy = KINDS.get(str(row["conditioning"]))
-    return strategy is not None and bool(getattr(strategy, flag))
-
-
-def _fmt_share(r: dict) -> str:
+def fmt_share(r: dict) -> str:
     """The share of the oracle's gain in percent, with its interval (unbounded where the oracle's gain is not
     distinguishable from 0)."""
     if r.get("oracle_share") is None:
@@ -301,7 +295,7 @@ def results_table(rows: list[dict]) -> list[str]:
         lines.append(
             f"| {r['label']} | {r['conditioning'] or ''} | {r['K'] if r['K'] is not None else ''} | "
             f"{r['T'] if r['T'] is not None else ''} | {_fmt_seeds(r)} | {paired} | "
-            f"{_fmt_share(r) + ' | ' if shares else ''}{usage} | "
+            f"{fmt_share(r) + ' | ' if shares else ''}{usage} | "
             f"{_fmt_ci(r['edit'], r['edit_ci_low'], r['edit_ci_high'])} | {_fmt_alphas(r.get('rezero_alphas'))} | "
             f"{rel} | {paper[0] if paper else ''} | {paper[1] if paper else ''} |")
     if shares:

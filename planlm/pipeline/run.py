@@ -43,7 +43,7 @@ from planlm.evaluate.metrics import EditDistanceMetrics, PerplexityMetrics
 from planlm.jsonio import to_jsonable, write_json
 from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.pipeline.sections import bind_section, deep_merge
-from planlm.plans.kinds import KINDS
+from planlm.plans.kinds import kind_flag
 from planlm.plans.spec import check_renamed
 from planlm.stage import lock_stage_dir, read_manifest, releasing_stage_locks
 
@@ -211,8 +211,7 @@ def _planner_stages(layout: RunLayout, planner: dict, lm: dict, conditions: list
     from planlm.jsonio import fingerprint
 
     def wants_planner(cond: dict) -> bool:  # a kind no code here registered fails later, where its section is bound
-        strategy = KINDS.get(str(deep_merge(lm, cond).get("plans", {}).get("kind", "none")))
-        return strategy is not None and strategy.uses_planner
+        return kind_flag(deep_merge(lm, cond).get("plans", {}).get("kind", "none"), "uses_planner")
 
     shared = ("train-planner", layout.planner)
     trained: dict[str, tuple[str, Path]] = {fingerprint(planner): shared}

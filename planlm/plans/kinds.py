@@ -454,6 +454,13 @@ def plan_kind(name) -> PlanStrategy:
         raise PlanlmError(f"--plans.kind {str(name)!r}: choose one of {', '.join(KINDS)}") from None
 
 
+def kind_flag(name, flag: str) -> bool:
+    """A flag of a kind's strategy (``uses_planner``, ``reads_future``, ``constant``, ...) read by name; False for a
+    kind this process has not registered (a run's record of a kind that someone's own module adds)."""
+    strategy = KINDS.get(str(name))
+    return strategy is not None and bool(getattr(strategy, flag))
+
+
 for _strategy in (NoPlans(), FixedKind(), OracleKind(), PlannerArgmax(), PlannerSampled()):
     register_plan_kind(_strategy)
 
@@ -480,4 +487,4 @@ def check_cache(spec: PlanSpec, prepared: PreparedDataset | None = None) -> dict
 
 
 __all__ = ["PlanKind", "PlanStrategy", "register_plan_kind", "plan_kind", "plan", "plan_source", "check_cache",
-           "Draw", "DrawArrays", "draw_split", "draw_plans", "PlannerKind", "KINDS"]
+           "Draw", "DrawArrays", "draw_split", "draw_plans", "PlannerKind", "KINDS", "kind_flag"]
