@@ -32,12 +32,11 @@ import numpy as np
 import yaml
 
 from experiments.demo_variant import evaluate_args, variant_config
+from experiments.planner_size_gain import PLANNED, read_run
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import compare_evaluations
 from planlm.plans.kinds import KINDS, PlanStrategy, register_plan_kind
 from planlm.plans.sources import OraclePlans, Plans, TablePlans
-
-PLANNED = {"cornille": "cornille", "ours": "shared", "ours_t1": "shared", "ours_pa": "shared"}  # condition: planner
 
 
 def training_unigram(prepared: PreparedDataset) -> np.ndarray:
@@ -120,9 +119,7 @@ def report(run: Path, levels: dict[float, Path], infos: dict[float, dict]) -> li
     """The table: information and paired gain over Fixed of every noisy level, the run's planned rows and the oracle."""
     fixed = run / "eval" / "fixed"
     oracle = compare_evaluations(fixed, run / "eval" / "oracle")
-    results = json.loads((run / "results.json").read_text())
-    planner_info = {name: p["information"]["teacher_forced"]["nats"][0]
-                    for name, p in (results.get("planners") or {}).items() if p.get("information")}
+    planner_info = read_run(run)["info"]
     lines = [f"Run `{run}`; paired with its Fixed condition over seeds and documents (t on S - 1 df for the seed "
              f"spread, in quadrature with the document bootstrap).", "",
              "| plans | information about the next action (nats, validation) | PPL - Fixed [95% CI] (seeds) | "

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 from planlm.evaluate.bootstrap import compare_evaluations
+from planlm.pipeline.report import fmt_share
 
 PLANNED = {"cornille": "cornille", "ours": "shared", "ours_t1": "shared", "ours_pa": "shared"}  # condition: planner
 
@@ -46,16 +47,6 @@ def _ci(result: dict) -> str:
     return f"{result['diff']:+.2f} [{result['ci_low']:+.2f}, {result['ci_high']:+.2f}]"
 
 
-def _share(row: dict) -> str:
-    """The report's share of the oracle's gain with its Fieller interval ("unbounded" where the oracle's own gain
-    over Fixed is not distinguishable from 0)."""
-    if row.get("oracle_share") is None:
-        return "n/a"
-    low, high = row.get("oracle_share_ci_low"), row.get("oracle_share_ci_high")
-    interval = "unbounded" if low is None else f"{low:.0%}, {high:.0%}"
-    return f"{row['oracle_share']:.0%} [{interval}]"
-
-
 def within_run_lines(runs: dict[str, Path]) -> tuple[list[str], list[dict]]:
     lines = ["| run | condition | planner step-1 information (nats) | PPL | - Fixed [95% CI] | share of the oracle's gain |",
              "|---|---|---|---|---|---|"]
@@ -69,7 +60,7 @@ def within_run_lines(runs: dict[str, Path]) -> tuple[list[str], list[dict]]:
             if not row or row["ppl"] is None:
                 continue
             diff = versus_fixed(folder, name)
-            share = _share(row)
+            share = fmt_share(row) or "n/a"
             info = run["info"].get(planner)
             lines.append(f"| {label} | {name} | {info:.3f} | {row['ppl']:.2f} | {_ci(diff)} | {share} |")
             points.append({"run": label, "condition": name, "info": info, **{k: diff[k] for k in ("diff", "ci_low", "ci_high")}})

@@ -249,7 +249,7 @@ def test_norm_first_makes_pre_norm_stacks_that_end_in_a_norm(dynamics):
     out = out[0] if isinstance(out, tuple) else out
     torch.testing.assert_close(out.mean(-1), torch.zeros(2, 4), atol=1e-5, rtol=0)
     layer = stack.layers[0]
-    assert getattr(layer, "norm_first") is True
+    assert layer.norm_first is True
 
 
 def test_norm_first_is_in_the_reuse_key_only_when_set():
