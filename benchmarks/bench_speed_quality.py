@@ -44,11 +44,11 @@ def main() -> None:
 
 
 def run(root: Path, args) -> list[tuple[str, int, float, float]]:
-    from planlm.testing.synthetic import make_synthetic_prepared
+    from planlm.args import Runtime
     from planlm.evaluate.perplexity import evaluate
     from planlm.models.adapter import AdapterSettings
     from planlm.plans.spec import PlanSpec
-    from planlm.speed import Speed
+    from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
     prepared = make_synthetic_prepared(root / "prepared", rule="random", num_articles={
@@ -63,11 +63,12 @@ def run(root: Path, args) -> list[tuple[str, int, float, float]]:
             for name, (train_precision, eval_precision, chunk) in SETTINGS.items():
                 folder = root / f"{condition}-{seed}-{name}"
                 train = LMTrainConfig(batch_size=8, lr=1e-3, max_epochs=args.epochs, seed=seed, progress_bar=False,
-                                      precision=train_precision, loggers=["csv"])
+                                      loggers=["csv"])
                 train_lm(str(prepared), str(folder / "lm"), model, plans, AdapterSettings(kind="project_avg"), train,
-                         speed=Speed(loss_chunk_size=chunk))
-                metrics = evaluate(str(folder / "lm"), str(prepared), str(folder / "eval"), stride=64, device="cpu",
-                                   precision=eval_precision, bootstrap_samples=10, speed=Speed(loss_chunk_size=chunk))
+                         runtime=Runtime(device="cpu", precision=train_precision, loss_chunk_size=chunk))
+                metrics = evaluate(str(folder / "lm"), str(prepared), str(folder / "eval"), stride=64,
+                                   bootstrap_samples=10,
+                                   runtime=Runtime(device="cpu", precision=eval_precision, loss_chunk_size=chunk))
                 ppl[name] = metrics.ppl
             rows.append((condition, seed, ppl["fp32"], ppl["fast"]))
             print(f"{condition} seed {seed}: ppl fp32 {ppl['fp32']:.4f}, fast {ppl['fast']:.4f}", flush=True)

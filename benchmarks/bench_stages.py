@@ -35,6 +35,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from planlm.args import Runtime
 from planlm.plans.spec import PlanSpec
 
 LMS = {"tiny": dict(n_layer=2, n_embd=128, n_head=2), "gpt2": dict(n_layer=12, n_embd=768, n_head=12)}
@@ -77,7 +78,7 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
     from planlm.train.planner import PlannerTrainArgs, train_planner
 
-    accelerator = {"auto": "auto", "cpu": "cpu", "cuda": "gpu"}[args.device]
+    runtime = Runtime(device=args.device)
     counts = {"train": args.articles, "validation": max(20, args.articles // 50), "test": max(40, args.eval_articles)}
     prepared_dir = make_synthetic_prepared(root / "prepared", num_actions=16, embedding_dim=384, rule="skip",
                                            num_articles=counts, min_sentences=12, max_sentences=20,
@@ -90,14 +91,13 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     began = time.perf_counter()
     planner = train_planner(str(prepared_dir), str(root / "planner"),
                             PlannerShape(horizon=10, dynamics=args.dynamics, **PLANNERS[args.planner]),
-                            PlannerTrainArgs(max_epochs=args.planner_epochs, accelerator=accelerator,
-                                             progress_bar=False))
+                            PlannerTrainArgs(max_epochs=args.planner_epochs, progress_bar=False), runtime)
     rows.append(("train_planner (per epoch)", (time.perf_counter() - began) / args.planner_epochs, boundaries,
                  "boundaries"))
 
     began = time.perf_counter()
     plans = sample_plans(str(prepared_dir), PlanSpec(planner_dir=str(planner), num_paths=10, horizon=10),
-                         device=args.device, out_dir=str(root / "plans"))
+                         runtime=runtime, out_dir=str(root / "plans"))
     all_boundaries = sum(prepared[s].num_sentences for s in ("train", "validation", "test"))
     rows.append(("sample_plans K=10 T=10 (all splits)", time.perf_counter() - began, all_boundaries, "boundaries"))
 
@@ -106,14 +106,14 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
                   LMModelConfig(model_config={"model_type": "gpt2", "n_positions": 128, **LMS[args.lm]}),
                   PlanSpec(kind="planner_sampled", num_paths=10, horizon=10, plans_dir=str(plans)),
                   AdapterSettings(kind="multipath", num_heads=2),
-                  LMTrainConfig(batch_size=32, max_epochs=1, accelerator=accelerator, progress_bar=False))
+                  LMTrainConfig(batch_size=32, max_epochs=1, progress_bar=False), runtime)
     rows.append(("train_lm multipath K=T=10 (one epoch)", time.perf_counter() - began, tokens, "tokens"))
 
     for stride, articles, name in ((127, None, "evaluate, windows of 128 (test)"),
                                    (1, args.eval_articles, f"evaluate, stride 1 ({args.eval_articles} articles)")):
         began = time.perf_counter()
         metrics = evaluate(str(lm), str(prepared_dir), str(root / f"eval{stride}"), stride=stride,
-                           max_articles=articles, device=args.device, plans=PlanSpec(plans_dir=str(plans)))
+                           max_articles=articles, runtime=runtime, plans=PlanSpec(plans_dir=str(plans)))
         rows.append((name, time.perf_counter() - began, metrics.tokens, "tokens"))
     return rows
 
@@ -121,29 +121,27 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
 def stage_vs_loop(root: Path, args) -> None:
     """Tokens/s of one train_lm epoch, timed whole, against a bare loop over the same batches."""
     from planlm.models.adapter import AdapterSettings
-    from planlm.speed import Speed
     from planlm.stage import read_manifest
     from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
-    accelerator = {"auto": "auto", "cpu": "cpu", "cuda": "gpu"}[args.device]
     counts = {"train": args.articles, "validation": max(10, args.articles // 20), "test": 10}
     prepared_dir = make_synthetic_prepared(root / "prepared", num_actions=16, embedding_dim=384, rule="skip",
                                            num_articles=counts, min_sentences=12, max_sentences=20,
                                            sentence_words=(18, 34))
     demo = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
-    speed = Speed() if args.loss_chunk_size is None else Speed(loss_chunk_size=args.loss_chunk_size)
+    chunk = {} if args.loss_chunk_size is None else {"loss_chunk_size": args.loss_chunk_size}
+    runtime = Runtime(device=args.device, precision=args.precision or "auto", **chunk)
     kwargs = dict(model=LMModelConfig(model_config=demo), plans=PlanSpec(kind="oracle", num_paths=1, horizon=1),
-                  adapter=AdapterSettings(kind="project_avg"), speed=speed,
-                  train=LMTrainConfig(batch_size=16, lr=1e-3, max_epochs=1, warmup_steps=5, log_every_n_steps=10,
-                                      accelerator=accelerator, precision=args.precision))
+                  adapter=AdapterSettings(kind="project_avg"), runtime=runtime,
+                  train=LMTrainConfig(batch_size=16, lr=1e-3, max_epochs=1, warmup_steps=5, log_every_n_steps=10))
     loop_s, tokens = bare_loop(prepared_dir, kwargs)  # first: it pays the one-time imports and page-ins
     began = time.perf_counter()
     out = train_lm(str(prepared_dir), str(root / "lm"), **kwargs)
     stage_s = time.perf_counter() - began
     fit_s = read_manifest(out)["train_wall_time_s"]
     print(f"train_lm, one epoch of {tokens:,} training tokens (demo LM, batch 16 x 128, oracle plans, precision "
-          f"{kwargs['train'].precision or 'default'}, loss chunk {speed.loss_chunk_size}; under load if the machine is "
+          f"{runtime.precision}, loss chunk {runtime.loss_chunk_size}; under load if the machine is "
           f"shared)")
     print(f"| {'run':<46} | {'seconds':>8} | {'tokens/s':>9} | vs loop |")
     print(f"|{'-' * 48}|{'-' * 10}|{'-' * 11}|---------|")
@@ -167,12 +165,12 @@ def bare_loop(prepared_dir: Path, kwargs: dict) -> tuple[float, int]:
     prepared = PreparedDataset(prepared_dir)
     tokenizer = load_tokenizer(prepared.tokenizer_name)
     planned = _build_model(prepared, kwargs["model"], spec, kwargs["adapter"], tokenizer, None, "train", train.seed)
-    speed_up_lm(planned, kwargs["speed"], "bare loop")
+    speed_up_lm(planned, kwargs["runtime"], "bare loop")
     train_loader, _ = _loaders(prepared, spec, train, tokenizer.pad_token_id or 0)
     module = LightningLM(planned, lr=train.lr, warmup_steps=train.warmup_steps)
     optimizers = module.configure_optimizers()
     optimizer, scheduler = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
-    bf16 = "bf16" in (train.precision or "")
+    bf16 = kwargs["runtime"].arithmetic("cpu") == "bf16"
     tokens = 0
     began = time.perf_counter()
     for batch in train_loader:

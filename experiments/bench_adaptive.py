@@ -48,6 +48,7 @@ try:  # imported as the package `experiments` (the tests, python -m experiments.
 except ImportError:  # run as a script (python experiments/bench_adaptive.py): its folder is sys.path[0]
     from bench_mechanism import SUCCESSORS, TYPE_NAMES, TYPES  # the corpus's known answer
 
+from planlm.args import Runtime
 from planlm.plans.spec import PlanSpec
 
 OPENER_TYPE = {opener: index for index, name in enumerate(TYPE_NAMES) for opener in TYPES[name][0]}
@@ -79,7 +80,8 @@ def compute_vs_perplexity(args, label: str, folder: str, model_dir: Path, run_di
     out = sweep(str(model_dir), str(run_dir / "prepared"), str(Path(args.out_dir) / folder),
                 kind="compute", num_paths=args.fixed, policies=policies(args), split="test",
                 plans=PlanSpec(planner_dir=str(run_dir / "planner")), context_length=context_length, stride=stride,
-                max_articles=args.max_articles, batch_size=64, device="cpu", bootstrap_samples=args.bootstrap_samples)
+                max_articles=args.max_articles, batch_size=64, runtime=Runtime(device="cpu"),
+                bootstrap_samples=args.bootstrap_samples)
     with open(out / "sweep_compute.csv") as f:
         rows = list(csv.DictReader(f))
     lines = ["", f"## Compute against perplexity: {label} ({model_dir}, test split"
@@ -206,7 +208,7 @@ def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
     cache = sample_plans(str(mech / "prepared"), PlanSpec(planner_dir=str(mech / "planner"), num_paths=args.max_paths,
                                                          horizon=config["horizon"], temperature=config["temperature"],
                                                          seed=config["seed"]),
-                         splits=["test"], out_dir=str(out / "cache-K50"), device="cpu")
+                         splits=["test"], out_dir=str(out / "cache-K50"), runtime=Runtime(device="cpu"))
     classes = lag_classes(PreparedDataset(mech / "prepared").split("test"), args.mechanism_successors)
     allotments = ([{"1 candidate": 1, "2 candidates": k, "8 candidates": k} for k in (10, 20)]
                   + [{"1 candidate": 1, "2 candidates": 20, "8 candidates": 10}]
@@ -226,7 +228,7 @@ def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
         metrics = evaluate(str(mech / "lm" / args.model), str(mech / "prepared"), str(out / f"eval-keep{name}"),
                            plans=PlanSpec(plans_dir=str(folder)), context_length=args.context_length,
                            stride=args.context_length - 1, max_articles=args.max_articles, batch_size=64,
-                           device="cpu", plan_usage=False, bootstrap_samples=args.bootstrap_samples)
+                           runtime=Runtime(device="cpu"), plan_usage=False, bootstrap_samples=args.bootstrap_samples)
         diff = compare_evaluations(sweep_dir / "fixed-50", out / f"eval-keep{name}", num_samples=args.bootstrap_samples)
         lines.append("| " + " | ".join(str(keep[c]) for c in classes) + f" | {metrics.paths.paths_mean:.2f} | "
                      f"{metrics.paths.paths_mean / args.max_paths:.1%} | "

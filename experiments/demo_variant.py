@@ -23,11 +23,16 @@ from pathlib import Path
 
 import yaml
 
+from planlm.train.args import recorded_runtime
+
 
 def variant_config(run: Path, condition: str, seed: int, changes: list[str]) -> dict:
     """The ``train-lm`` arguments of ``condition``'s seed, with ``section.key=value`` changes (values as YAML)."""
     config = json.loads((run / "lm" / condition / f"seed{seed}" / "manifest.json").read_text())["config"]
     args = {name: dict(config[name]) for name in ("model", "plans", "adapter", "train")}
+    args["runtime"] = recorded_runtime(args["train"])
+    for moved in ("accelerator", "precision"):  # the runtime group's, keyed with the trainer group's knobs
+        args["train"].pop(moved, None)
     for change in changes:
         key, value = change.split("=", 1)
         section, name = key.split(".", 1)
@@ -39,7 +44,7 @@ def evaluate_args(run: Path, condition: str, seed: int) -> list[str]:
     """The ``evaluate`` options the run used for ``condition``'s seed (split, stride, context)."""
     config = json.loads((run / "eval" / condition / f"seed{seed}" / "manifest.json").read_text())["config"]
     return ["--split", config["split"], "--stride", str(config["stride"]),
-            "--context_length", str(config["context_length"]), "--precision", config["precision"]]
+            "--context_length", str(config["context_length"]), "--runtime.precision", config["precision"]]
 
 
 def run_variant(run: Path, condition: str, name: str, seed: int, changes: list[str], speed: list[str]) -> Path:
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", required=True, help="the variant's folder under <run>/variants")
     parser.add_argument("--set", nargs="+", default=[], dest="changes", help="section.key=value (YAML values)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    parser.add_argument("--speed", nargs="*", default=["--speed.compile_loss", "true"],
+    parser.add_argument("--speed", nargs="*", default=["--runtime.compile_loss", "true"],
                         help="train-lm speed options as the run set them (not in the LM's manifest; the demo's default)")
     args = parser.parse_args(argv)
     for seed in args.seeds:

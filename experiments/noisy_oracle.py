@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run", type=Path, help="a finished planlm run folder with fixed and oracle conditions")
     parser.add_argument("--keep", nargs="+", type=float, default=[0.25, 0.5, 0.75])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    parser.add_argument("--speed", nargs="*", default=["--speed.compile_loss", "true"])
+    parser.add_argument("--speed", nargs="*", default=["--runtime.compile_loss", "true"])
     parser.add_argument("--out", type=Path, default=None, help="write <out>.md and <out>.json")
     args = parser.parse_args(argv)
     prepared = PreparedDataset(args.run / "prepared")

@@ -1,19 +1,23 @@
-"""What several commands share, written once (in the spirit of litgpt's ``args.py``): the one precision vocabulary,
-and the old spellings of keys and values that planlm still reads, each with a one-line note.
+"""What several commands share, written once (in the spirit of litgpt's ``args.py``): the runtime group (where a
+command computes, in which arithmetic and how fast), the one precision vocabulary, and the old spellings of keys and
+values that planlm still reads, each with a one-line note.
 
-The groups themselves live with the code that reads them: the trainer and optimiser group of both trainings is
+The other groups live with the code that reads them: the trainer and optimiser group of both trainings is
 ``planlm.train.args.TrainArgs``, the sampling group of ``generate`` and ``edit-distance`` is
-``planlm.evaluate.generator.SamplingConfig``, the speed group is ``planlm.speed.Speed``, the plans group is
-``planlm.plans.spec.PlanSpec``. docs/configuration.md lists every key of every command
-(``python -m planlm.docs_config`` writes it).
+``planlm.evaluate.generator.SamplingConfig``, the plans group is ``planlm.plans.spec.PlanSpec``.
+docs/configuration.md lists every key of every command (``python -m planlm.config_docs`` writes it).
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from planlm.errors import PlanlmError, PlanlmWarning
+
+if TYPE_CHECKING:
+    import torch
 
 PRECISIONS: tuple[str, ...] = ("auto", "native", "fp32", "bf16")
 PRECISION_HELP = ("auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it natively: "
@@ -63,14 +67,93 @@ def lightning_precision(precision: str, device_type: str) -> str:
     return "bf16-mixed" if arithmetic(precision, device_type) == "bf16" else "32-true"
 
 
+@dataclass
+class Runtime:
+    """Where a command computes, in which arithmetic and how fast (``--runtime.*``), the same group in every command
+    that runs a network: train-planner, train-lm, sample-plans, evaluate, sweep, generate, edit-distance, adherence.
+
+    device and precision change the numbers a command writes, so they are part of its reuse key; the speed knobs
+    (compile, loss_chunk_size, compile_loss, keep_freed_memory) compute the same model faster, up to floating-point
+    rounding, and are not."""
+
+    device: str = "auto"
+    """auto (CUDA when available, else the CPU), cpu, cuda, cuda:1 ... Training takes the accelerator from it (cpu
+    or cuda); how many devices and how they share the work are the trainer group's train.devices, train.strategy and
+    train.num_nodes."""
+    precision: str = "auto"
+    """auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it natively: CUDA or a
+    CPU with AVX512-BF16 / AMX; fp32 elsewhere), fp32 or bf16 (refused on a CPU without it); Lightning's bf16-mixed
+    and 32-true are read as bf16 and fp32. Its speed against fp32 is measured in docs/benchmarks.md."""
+    compile: bool = False
+    """torch.compile the LM's transformer and the adapter (train-lm, evaluate, sweep) or the planner (train-planner).
+    When compilation is unavailable or fails for a model: one warning line, then eager. On the 2-core CPU at the
+    demo's shape it did not pay for itself (docs/benchmarks.md; bench_lm.py --speed measures it)."""
+    loss_chunk_size: int = 1024
+    """Tokens per chunk of the LM's output projection + cross-entropy (planlm.models.lm_loss): the B x L x V logits
+    are never held at once, in training, validation and evaluation. 0: the LM's own loss on all the logits."""
+    compile_loss: bool = False
+    """torch.compile the element-wise work of the chunked loss's training chunks (planlm.models.lm_loss.softmax_grad:
+    one fused pass over the chunk's logits instead of eight); needs ``loss_chunk_size`` > 0. When compilation is
+    unavailable or fails: one warning line, then eager."""
+    keep_freed_memory: bool = True
+    """Linux (glibc): malloc serves large blocks from its heap and keeps them when freed, instead of mapping and
+    unmapping them at every step (each page faulted in again); the process's memory stays at its peak. For the
+    rest of the process, from the command's start (planlm.speed.keep_freed_memory)."""
+
+    def __post_init__(self):
+        self.precision = read_precision(self.precision, "--runtime.precision")
+        if self.loss_chunk_size < 0:
+            raise PlanlmError(f"--runtime.loss_chunk_size must be >= 0 (got {self.loss_chunk_size}); 0 turns "
+                              f"chunking off")
+        if self.device == "gpu":  # Lightning's name, which --train.accelerator took
+            self.device = "cuda"
+        kind, _, index = self.device.partition(":")
+        if kind not in ("auto", "cpu", "cuda", "mps") or (index and not index.isdigit()):
+            raise PlanlmError(f"--runtime.device {self.device!r}: choose auto, cpu, cuda or cuda:N")
+
+    def torch_device(self) -> torch.device:
+        """The torch device: ``auto`` is CUDA when there is one, else the CPU."""
+        from planlm.device import resolve_device
+
+        return resolve_device(self.device)
+
+    def arithmetic(self, device_type: str | None = None) -> Literal["fp32", "bf16"]:
+        """The arithmetic this precision asks for on ``device_type`` (default: this runtime's device)."""
+        return arithmetic(self.precision, device_type or self.torch_device().type)
+
+    def resolved_precision(self) -> str:
+        """The precision with ``native`` resolved on this device (bf16 or fp32), so that a reuse key says which
+        arithmetic ran; auto, fp32 and bf16 as given."""
+        return device_precision(self.precision, "--runtime.precision", self.torch_device().type)
+
+    def accelerator(self) -> str:
+        """The Lightning accelerator of a training on this device (auto, cpu, cuda, mps)."""
+        return self.device.split(":")[0]
+
+    def training_device_type(self) -> str:
+        """cuda when a training on this runtime runs on a CUDA device, cpu otherwise."""
+        import torch
+
+        return "cuda" if torch.cuda.is_available() and self.accelerator() in ("auto", "cuda") else "cpu"
+
+    def lightning_precision(self) -> str:
+        """The Lightning Trainer's precision of a training on this runtime: bf16-mixed or 32-true."""
+        return lightning_precision(self.precision, self.training_device_type())
+
+
 def read_renamed(section: dict, renamed: dict[str, str], where: str) -> dict:
-    """``section`` with each old key of ``renamed`` (old -> new dotted key, ``new_tokens`` ->
-    ``sampling.max_new_tokens``) moved to its new place, with a note; a key set under both names is an error."""
-    out = dict(section)
+    """``section`` with each old key of ``renamed`` (old -> new, dotted keys: ``new_tokens`` ->
+    ``sampling.max_new_tokens``, ``train.precision`` -> ``runtime.precision``) moved to its new place, with a note;
+    a key set under both names is an error. A group the old keys leave empty goes."""
+    out = {key: dict(value) if isinstance(value, dict) else value for key, value in section.items()}
     for old, new in renamed.items():
-        if old not in out:
+        old_group, _, old_key = old.rpartition(".")
+        source = out.get(old_group) if old_group else out
+        if not isinstance(source, dict) or old_key not in source:
             continue
-        value = out.pop(old)
+        value = source.pop(old_key)
+        if old_group and not source:
+            del out[old_group]
         group, _, key = new.rpartition(".")
         target = out.setdefault(group, {}) if group else out
         if not isinstance(target, dict) or key in target:
@@ -80,5 +163,5 @@ def read_renamed(section: dict, renamed: dict[str, str], where: str) -> dict:
     return out
 
 
-__all__ = ["PRECISIONS", "PRECISION_HELP", "read_precision", "device_precision", "arithmetic", "lightning_precision",
-           "read_renamed", "renamed_note"]
+__all__ = ["Runtime", "PRECISIONS", "PRECISION_HELP", "read_precision", "device_precision", "arithmetic",
+           "lightning_precision", "read_renamed", "renamed_note"]

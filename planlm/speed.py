@@ -1,50 +1,24 @@
-"""How fast a command computes, not what: the ``speed`` settings of ``train-lm``, ``train-planner`` and
-``evaluate``.
+"""How fast a command computes, not what: the speed knobs of the runtime group (``planlm.args.Runtime``:
+``--runtime.compile``, ``--runtime.loss_chunk_size``, ``--runtime.compile_loss``, ``--runtime.keep_freed_memory``)
+applied to a model.
 
-The model a command trains or scores is the same with any of these settings up to floating-point
-rounding, so they are not part of a stage's reuse key. The arithmetic's precision (bf16 autocast on
-CPUs with AVX512-BF16 or AMX) is each command's own precision setting (``--train.precision bf16-mixed``,
-``evaluate --precision bf16``), which is part of the key.
+The model a command trains or scores is the same with any of these knobs up to floating-point rounding, so they are
+not part of a stage's reuse key. The arithmetic's precision (``--runtime.precision``) is, and is applied by each
+command's autocast or Lightning's Trainer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import nn
 
-from planlm.errors import PlanlmError
+from planlm.args import Runtime
 from planlm.models.lm_loss import compile_or_eager, split_lm_head  # compile_or_eager re-exported
 
 
-@dataclass
-class Speed:
-    """Speed settings: the same model, computed faster (see planlm.speed)."""
-
-    compile: bool = False
-    """torch.compile the LM's transformer and the adapter (train-lm, evaluate) or the planner (train-planner). When
-    compilation is unavailable or fails for a model: one warning line, then eager. On the 2-core CPU at the demo's
-    shape it did not pay for itself (docs/benchmarks.md; bench_lm.py --speed measures it)."""
-    loss_chunk_size: int = 1024
-    """Tokens per chunk of the LM's output projection + cross-entropy (planlm.models.lm_loss): the B x L x V logits
-    are never held at once, in training, validation and evaluation. 0: the LM's own loss on all the logits."""
-    compile_loss: bool = False
-    """torch.compile the element-wise work of the chunked loss's training chunks (planlm.models.lm_loss.softmax_grad:
-    one fused pass over the chunk's logits instead of eight); needs ``loss_chunk_size`` > 0. When compilation is
-    unavailable or fails: one warning line, then eager."""
-    keep_freed_memory: bool = True
-    """Linux (glibc): malloc serves large blocks from its heap and keeps them when freed, instead of mapping and
-    unmapping them at every step (each page faulted in again); the process's memory stays at its peak. For the
-    rest of the process, from the command's start (see keep_freed_memory)."""
-
-    def __post_init__(self):
-        if self.loss_chunk_size < 0:
-            raise PlanlmError(f"--speed.loss_chunk_size must be >= 0 (got {self.loss_chunk_size}); 0 turns chunking off")
-
-
-def speed_up_lm(model, speed: Speed, command: str) -> None:
-    """Apply ``speed`` to a PlannedLM in place: the chunked loss, and torch.compile of its LM's transformer
-    (the model without its output projection, where the LM has a plain one) and of its adapter."""
+def speed_up_lm(model, speed: Runtime, command: str) -> None:
+    """Apply the speed knobs of ``speed`` (a runtime group) to a PlannedLM in place: the chunked loss, and
+    torch.compile of its LM's transformer (the model without its output projection, where the LM has a plain one)
+    and of its adapter."""
     if speed.keep_freed_memory:
         keep_freed_memory()
     model.loss_chunk_size = speed.loss_chunk_size

@@ -1,30 +1,32 @@
-"""The settings groups that commands share (issue 31): one precision vocabulary, one trainer group, the sampling
-group of generate and edit-distance, and old keys and values still read with a one-line note."""
+"""The settings groups that commands share (issue 31): one runtime group, one precision vocabulary, one trainer
+group, the sampling group of generate and edit-distance, and old keys and values still read with a one-line note."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import fields
 
 import pytest
 import yaml
 
-from planlm.args import PRECISIONS, arithmetic, lightning_precision, read_precision, read_renamed
+from planlm.args import PRECISIONS, Runtime, arithmetic, lightning_precision, read_precision, read_renamed
+from planlm.commands import COMMANDS, load_command
 from planlm.errors import PlanlmError, PlanlmWarning
+from planlm.evaluate.perplexity import evaluate
 from planlm.evaluate.edit_distance import edit_distance
 from planlm.evaluate.generator import SamplingConfig
 from planlm.pipeline.sections import bind_section
 from planlm.train.args import TrainArgs
-from planlm.train.lm import LMTrainConfig
+from planlm.jsonio import fingerprint
+from planlm.train.lm import LMTrainConfig, train_lm
 from planlm.train.planner import PlannerTrainArgs
 
 
 @pytest.mark.parametrize("old, new", [("bf16-mixed", "bf16"), ("32-true", "fp32"), (None, "auto")])
 def test_lightnings_precisions_are_read_as_planlms_with_a_note(old, new):
-    with pytest.warns(PlanlmWarning, match=f"--train.precision {old or 'null'} is read as {new}"):
-        assert LMTrainConfig(precision=old).precision == new
-    with pytest.warns(PlanlmWarning, match="is read as"):
-        assert PlannerTrainArgs(precision=old).precision == new
+    with pytest.warns(PlanlmWarning, match=f"--runtime.precision {old or 'null'} is read as {new}"):
+        assert Runtime(precision=old).precision == new
 
 
 def test_an_unknown_precision_is_one_line_naming_the_vocabulary():
@@ -49,16 +51,55 @@ def test_both_trainings_share_one_trainer_group_and_keep_their_recipes():
     assert (LMTrainConfig().gradient_clip_val, PlannerTrainArgs().gradient_clip_val) == (1.0, None)
 
 
-def test_reuse_keys_keep_their_shape_from_before_the_shared_group():
-    """A finished stage is reused after issue 31: the precision is keyed in Lightning's spelling, and a knob a command
-    gained with the shared group stays out of its key until it is set."""
-    assert LMTrainConfig().reuse_key()["precision"] is None
-    assert LMTrainConfig(precision="bf16").reuse_key()["precision"] == "bf16-mixed"
-    assert "early_stopping_patience" not in LMTrainConfig().reuse_key()
-    assert LMTrainConfig(early_stopping_patience=2).reuse_key()["early_stopping_patience"] == 2
-    planner = PlannerTrainArgs().reuse_key()
+def test_reuse_keys_keep_their_shape_from_before_the_shared_groups():
+    """A finished stage is reused after issue 31: the runtime's accelerator and precision are keyed where and as the
+    trainer group keyed them (Lightning's spelling), and a knob a command gained with the shared group stays out of
+    its key until it is set. The fingerprints are those of the keys before the runtime group (commit 3d2ffbc)."""
+    runtime = Runtime()
+    assert LMTrainConfig().reuse_key(runtime)["precision"] is None
+    assert LMTrainConfig().reuse_key(Runtime(precision="bf16"))["precision"] == "bf16-mixed"
+    assert "early_stopping_patience" not in LMTrainConfig().reuse_key(runtime)
+    assert LMTrainConfig(early_stopping_patience=2).reuse_key(runtime)["early_stopping_patience"] == 2
+    planner = PlannerTrainArgs().reuse_key(runtime)
     assert not {"gradient_clip_val", "limit_train_batches", "accumulate_grad_batches", "eval_batch_size"} & set(planner)
-    assert PlannerTrainArgs(gradient_clip_val=0.5).reuse_key()["gradient_clip_val"] == 0.5
+    assert PlannerTrainArgs(gradient_clip_val=0.5).reuse_key(runtime)["gradient_clip_val"] == 0.5
+    assert [fingerprint(LMTrainConfig().reuse_key(runtime)),
+            fingerprint(LMTrainConfig().reuse_key(Runtime(device="cpu", precision="bf16"))),
+            fingerprint(PlannerTrainArgs().reuse_key(runtime)),
+            fingerprint(PlannerTrainArgs().reuse_key(Runtime(precision="native")))] == [
+        "9ab628c156fcd5e8", "8fe7fe9aded1aae4", "14c495c0476ff96f", "8fb8717d6b5ecd62"]
+
+
+def test_every_command_that_runs_a_network_takes_the_one_runtime_group():
+    takes = {name for name in COMMANDS if "runtime" in inspect.signature(load_command(name)).parameters}
+    assert takes == {"train-planner", "train-lm", "sample-plans", "evaluate", "sweep", "generate", "edit-distance",
+                     "adherence"}
+    for name in takes:
+        parameters = inspect.signature(load_command(name)).parameters
+        assert parameters["runtime"].annotation in (Runtime, "Runtime")
+        assert not {"device", "precision", "speed"} & set(parameters), name
+
+
+def test_the_runtime_group_checks_its_device_and_reads_lightnings_gpu():
+    assert Runtime(device="gpu").device == "cuda" and Runtime(device="cuda:1").accelerator() == "cuda"
+    with pytest.raises(PlanlmError, match="--runtime.device 'tpu7'"):
+        Runtime(device="tpu7")
+    with pytest.raises(PlanlmError, match="--runtime.loss_chunk_size must be >= 0"):
+        Runtime(loss_chunk_size=-1)
+
+
+@pytest.mark.parametrize("command, old, new", [
+    (train_lm, {"train": {"precision": "bf16", "accelerator": "cpu", "lr": 0.1}, "speed": {"compile": True}},
+     {"train": {"lr": 0.1}, "runtime": {"precision": "bf16", "device": "cpu", "compile": True}}),
+    (evaluate, {"device": "cpu", "precision": "native", "speed": {"loss_chunk_size": 0}},
+     {"runtime": {"device": "cpu", "precision": "native", "loss_chunk_size": 0}}),
+])
+def test_old_runtime_keys_are_read_into_the_runtime_group_with_a_note(command, old, new):
+    with pytest.warns(PlanlmWarning, match="is read as 'runtime"):
+        kwargs = bind_section(command, old, skip={"prepared_dir", "out_dir", "model_dir"}, where="run.yaml")
+    assert kwargs["runtime"] == Runtime(**new["runtime"])
+    if "train" in new:
+        assert kwargs["train"].lr == 0.1
 
 
 def test_read_renamed_moves_an_old_key_into_its_group_with_a_note():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.perplexity import evaluate, evaluate_split
 from planlm.plans.cache import load_plans
@@ -28,7 +29,8 @@ def test_planner_samples_on_cuda_in_bf16_by_default(synthetic_cycle, tmp_path, d
     folder = tiny_planner(prepared, dynamics=dynamics, max_sentences=4).save_pretrained(tmp_path / "planner")
     with linear_output_dtypes() as seen:
         out = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(folder), num_paths=4, horizon=3),
-                           splits=["validation"], device="cuda", out_dir=str(tmp_path / "plans"))  # auto: bf16 on CUDA
+                           splits=["validation"],
+                           runtime=Runtime(device="cuda"), out_dir=str(tmp_path / "plans"))  # auto: bf16 on CUDA
     assert seen and set().union(*seen.values()) == {torch.bfloat16}
     plans = load_plans(out, "validation", prepared=prepared)
     assert plans.shape == (prepared["validation"].num_sentences, 4, 3) and 0 <= plans.min() and plans.max() < 8
@@ -65,7 +67,7 @@ def test_evaluation_on_cuda_runs_bf16_and_matches_fp32_closely(synthetic_random,
     use_planner(model, str(tmp_path / "planner"))
     model.cpu().save_pretrained(tmp_path / "model")
     metrics = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "eval"), max_articles=4,
-                       bootstrap_samples=50, device="cuda")
+                       bootstrap_samples=50, runtime=Runtime(device="cuda"))
     assert metrics.precision == "auto" and metrics.ppl > 1 and metrics.ci_low <= metrics.ppl
 
 

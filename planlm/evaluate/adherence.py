@@ -30,7 +30,7 @@ from typing import Literal, Optional
 
 import numpy as np
 
-from planlm.args import read_precision
+from planlm.args import Runtime
 from planlm.console import open_bar
 from planlm.data.actions import ranked_actions
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
@@ -65,9 +65,8 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
               conditions: list[Condition] = ["outline", "own", "fixed"], plans: PlanSpec = PlanSpec(),
               own: PlanSpec = PlanSpec(), fixed_action: int = 0, seed: int = 0, context_length: int = 128,
               tokens_per_sentence: int = 64, temperature: float = 1.0, top_k: Optional[int] = None,
-              top_p: Optional[float] = None, device: str = "auto",
-              precision: str = "auto", bootstrap_samples: int = 1000,
-              confidence: float = 0.95) -> AdherenceMetrics:
+              top_p: Optional[float] = None, bootstrap_samples: int = 1000, confidence: float = 0.95,
+              runtime: Runtime = Runtime()) -> AdherenceMetrics:
     """How often a planned LM writes the action its plan asks for, against chance, its own plans and Fixed.
 
     Writes ``per_sentence.csv`` (every generated sentence: requested and realised action, top-5 hit, text),
@@ -94,18 +93,16 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         temperature: LM sampling temperature.
         top_k: Top-k sampling (None: off).
         top_p: Nucleus sampling (None: off).
-        device: auto, cpu, cuda ...
-        precision: auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it
-            natively, fp32 elsewhere), fp32 or bf16.
         bootstrap_samples: Bootstrap resamples of the intervals.
         confidence: Confidence level.
+        runtime: The device and precision of the LM, the adapter and the planner (runtime.device,
+            runtime.precision).
 
     Returns:
         The metrics (``AdherenceMetrics``: per condition adherence, top5, chance, chance_top5, over_chance, ...;
         ``<out_dir>/metrics.json`` holds its ``to_dict()``).
     """
     _check_args(outline_length, outlines_per_article, max_articles, tokens_per_sentence, conditions)
-    precision = read_precision(precision, "--precision")
     sampling = SamplingConfig(max_new_tokens=outline_length * tokens_per_sentence, temperature=temperature,
                               top_k=top_k, top_p=top_p)
     models = model_seeds(model_dir)
@@ -122,7 +119,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         if stage.reused:
             return AdherenceMetrics.load(stage.path)
         embed_fn = encoder_embed_fn(prepared)
-        run = _Run(prepared_dir, split, split_view, tasks, sampling, context_length, seed, device, precision,
+        run = _Run(prepared_dir, split, split_view, tasks, sampling, context_length, seed, runtime,
                    embed_fn, prepared.codebook.numpy())
         bar = open_bar("writing to outlines", len(models) * len(conditions) * len(tasks), "outlines")
         rows = [row for model_seed, folder in models.items() for condition in conditions
@@ -206,15 +203,14 @@ class _Run:
     sampling: SamplingConfig
     context_length: int
     seed: int
-    device: str
-    precision: str
+    runtime: Runtime
     embed_fn: EmbedFn
     codebook: np.ndarray
 
     def measure(self, model_dir: Path, model_seed: int, condition: str, spec: PlanSpec, bar) -> list[dict]:
         """Every task's continuation under ``condition``, one row per complete sentence of the L asked for."""
-        generator, _, _ = build_generator(str(model_dir), self.prepared_dir, self.split, spec, self.device, self.seed,
-                                          embed_fn=self.embed_fn, precision=self.precision)
+        generator, _, _ = build_generator(str(model_dir), self.prepared_dir, self.split, spec, self.runtime, self.seed,
+                                          embed_fn=self.embed_fn)
         plans = shuffled_outlines(self.tasks, self.seed) if condition == "shuffled" else [t.actions for t in self.tasks]
         rows = []
         for task, plan in zip(self.tasks, plans):

@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
+from planlm.args import Runtime
 from planlm.console import open_bar
 from planlm.data.actions import nearest_actions
 from planlm.data.resources import split_sentences
@@ -76,8 +77,8 @@ FIELDS = ("article", "id", "boundary", "distance", "normalized", "generated_acti
 def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test",
                   max_articles: Optional[int] = 100, max_boundaries_per_article: Optional[int] = 2, seed: int = 0,
                   context_length: int = 128, sampling: SamplingConfig = SamplingConfig(), plans: PlanSpec = PlanSpec(),
-                  device: str = "auto", precision: str = "auto",
-                  bootstrap_samples: int = 1000, confidence: float = 0.95) -> EditDistanceMetrics:
+                  bootstrap_samples: int = 1000, confidence: float = 0.95,
+                  runtime: Runtime = Runtime()) -> EditDistanceMetrics:
     """Edit distance between the action sequences of generated and true continuations at sentence starts.
 
     Writes ``per_boundary.csv``, ``metrics.json`` (mean distance and normalised distance with bootstrap
@@ -96,20 +97,17 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
             continuation taken as the reference (the protocol: 128 tokens, temperature 1.0, no top_k nor top_p).
         plans: The plans (kind, num_paths, horizon, temperature, seed, fixed_action, planner_dir, path_policy);
             unset fields: the model's own.
-        device: auto, cpu, cuda ...
-        precision: auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it
-            natively, fp32 elsewhere), fp32 or bf16; for the LM, the adapter and the
-            planner.
         bootstrap_samples: Bootstrap resamples of the confidence intervals.
         confidence: Confidence level.
+        runtime: The device and precision of the LM, the adapter and the planner (runtime.device,
+            runtime.precision).
 
     Returns:
         The metrics (``EditDistanceMetrics``; ``<out_dir>/metrics.json`` holds its ``to_dict()``).
     """
     new_tokens = sampling.max_new_tokens
     _check_limits(context_length, max_articles, max_boundaries_per_article)
-    generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, plans, device, seed,
-                                                      precision=precision)
+    generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, plans, runtime, seed)
     embed_fn, codebook = generator.embed_fn or encoder_embed_fn(prepared), prepared.codebook.numpy()
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
     spec = generator.spec

@@ -10,11 +10,10 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from planlm.args import device_precision
+from planlm.args import Runtime
 from planlm.data.actions import nearest_actions
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
-from planlm.device import resolve_device
 from planlm.errors import PlanlmError
 from planlm.evaluate.generator import EmbedFn, GenerationResult, PlannedGenerator, Prompt, SamplingConfig
 from planlm.evaluate.loading import load_checked
@@ -97,8 +96,8 @@ def generate_text(model, tokenizer, prompt: str, *, plans: PlanSpec | None = Non
     return generator.generate(generator.prompt_from_text(prompt), sampling, outline=outline)
 
 
-def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSpec, device: str, seed: int,
-                    embed_fn: EmbedFn | None = None, precision: str = "auto"):
+def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSpec, runtime: Runtime, seed: int,
+                    embed_fn: EmbedFn | None = None):
     """Load everything a command needs: (generator, prepared dataset, split view). ``plans`` overrides the
     model's own plans field by field."""
     if plans.plans_dir:
@@ -107,8 +106,7 @@ def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSp
     prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
     spec = evaluation_spec(plans, model, model_dir)
     spec.check_source()
-    torch_device = resolve_device(device)
-    precision = device_precision(precision, "--precision", torch_device.type)
+    torch_device, precision = runtime.torch_device(), runtime.resolved_precision()
     planner = Planner.for_corpus(spec.planner_dir, prepared, torch_device) if spec.planner_dir else None
     if (Path(model_dir) / "planned_lm.json").is_file():
         tokenizer = model.load_tokenizer(model_dir)
@@ -123,9 +121,9 @@ def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSp
 
 def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, article: Optional[int] = None,
              boundary: int = 1, split: str = "test", sampling: SamplingConfig = SamplingConfig(),
-             plans: PlanSpec = PlanSpec(), context_length: int = 128, seed: int = 0, device: str = "auto",
-             precision: str = "auto", out_file: Optional[str] = None,
-             outline: Optional[list[Union[int, str]]] = None, after_outline: AfterOutline = "planner") -> dict:
+             plans: PlanSpec = PlanSpec(), context_length: int = 128, seed: int = 0, out_file: Optional[str] = None,
+             outline: Optional[list[Union[int, str]]] = None, after_outline: AfterOutline = "planner",
+             runtime: Runtime = Runtime()) -> dict:
     """Generate text with a planned LM, re-planning at every generated sentence end, and show the plans.
 
     For each generated sentence it prints the sampled action paths and, for each action, the train
@@ -145,15 +143,13 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
             horizon, temperature, seed, fixed_action, planner_dir, path_policy); unset fields: the model's own.
         context_length: With --article: prefix tokens at most.
         seed: Seed of token and plan sampling.
-        device: auto, cpu, cuda ...
-        precision: auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it
-            natively, fp32 elsewhere), fp32 or bf16; for the LM, the adapter and the
-            planner.
         out_file: Also write the result as JSON here.
         outline: The plan, one item per generated sentence: action ids ("[12, 40, 3]") or sentences in plain words
             ('["We ask Congress for money.", "The army is ready."]'), each mapped to its nearest action with the
             corpus's encoder and codebook.
         after_outline: When the outline runs out: planner (the model's own plans take over) or stop.
+        runtime: The device and precision of the LM, the adapter and the planner (runtime.device,
+            runtime.precision).
 
     Returns:
         The result: prompt, text, sentences with their plans, planner_calls, rollbacks.
@@ -161,8 +157,7 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
     if (prompt is None) == (article is None):
         raise PlanlmError("give exactly one of --prompt TEXT or --article N (a test article's prefix)")
     plan = None if outline is None else Outline(list(outline), after_outline)  # one-line errors before loading
-    generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, plans, device, seed,
-                                                      precision=precision)
+    generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, plans, runtime, seed)
     if plan is not None and generator.embed_fn is None:  # outline sentences and the realised actions need it
         generator.embed_fn = encoder_embed_fn(prepared)
     start = _start(generator, split_view, prompt, article, boundary, context_length, plan is not None)

@@ -10,7 +10,7 @@ How the windows are computed (exact, batched):
 - Window w of an article covers tokens [start, end) and scores the targets [first, end). The LM
   reads tokens [start, end - 1) (the last token is only a target) and only the logits of the last
   ``end - first`` positions are computed (``PlannedLM.token_nll``): the vocabulary projection is the
-  most expensive part of a small LM, and stride 1 needs one position of 127. With ``speed.loss_chunk_size``
+  most expensive part of a small LM, and stride 1 needs one position of 127. With ``runtime.loss_chunk_size``
   those logits are computed a chunk of positions at a time, never all at once (``planlm.models.lm_loss``).
 - The first window of an article scores all of its targets at once: with a causal LM, target t of
   window [a0, a0 + 128) sees exactly the tokens [a0, t), the same as its own stride-1 window.
@@ -34,10 +34,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from planlm.args import device_precision
+from planlm.args import Runtime
 from planlm.console import open_bar
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
-from planlm.device import autocast, resolve_device
+from planlm.device import autocast
 from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.evaluate.loading import evaluation_inputs, load_checked
@@ -47,7 +47,7 @@ from planlm.models.planned_lm import add_evaluation
 from planlm.plans.kinds import plan_source
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec, evaluation_spec
-from planlm.speed import Speed, speed_up_lm
+from planlm.speed import speed_up_lm
 from planlm.stage import StageDir, config_fingerprint, read_manifest
 
 UNSCORED_NOTE = "the first token of every article is not scored (it has no context)"
@@ -197,9 +197,8 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
 
 def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test", plans: PlanSpec = PlanSpec(),
              stride: int = 1, context_length: int = 128, max_articles: Optional[int] = None, batch_size: int = 32,
-             device: str = "auto", precision: str = "auto",
              bootstrap_samples: int = 1000, confidence: float = 0.95, plan_usage: Optional[bool] = None,
-             speed: Speed = Speed()) -> PerplexityMetrics:
+             runtime: Runtime = Runtime()) -> PerplexityMetrics:
     """Perplexity of a trained (planned) LM on a prepared split, with a bootstrap CI over articles.
 
     Writes ``metrics.json`` (ppl, ci_low, ci_high, nll, tokens, articles, protocol, wall_time_s,
@@ -221,16 +220,13 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         context_length: Window length in tokens (context + scored token).
         max_articles: Evaluate only the first N articles of the split.
         batch_size: Windows per LM forward pass.
-        device: auto (CUDA when available), cpu, cuda, cuda:1 ...
-        precision: auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it
-            natively, fp32 elsewhere), fp32 or bf16; for the LM, the adapter and the
-            planner's sampling.
         bootstrap_samples: Bootstrap resamples of the confidence interval.
         confidence: Confidence level of the interval.
         plan_usage: Also score the split with the plans shuffled across its sentences (a fixed seeded
             permutation): how much the LM reads its plans (plan_usage_* in metrics.json). None: whenever
             the model reads plans; true with plans kind none is an error.
-        speed: torch.compile and the chunked loss (the same NLL up to floating-point rounding; not part of the key).
+        runtime: The device and precision of the LM, the adapter and the planner's sampling (part of the key);
+            torch.compile and the chunked loss (the same NLL up to floating-point rounding; not part of the key).
 
     Returns:
         The metrics (``PerplexityMetrics``; ``<out_dir>/metrics.json`` holds its ``to_dict()``).
@@ -244,8 +240,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
 
         check_has_plans(spec, f"evaluate {model_dir}")
     plan_usage = spec.has_plans if plan_usage is None else plan_usage
-    torch_device = resolve_device(device)
-    precision = device_precision(precision, "--precision", torch_device.type)
+    torch_device, precision = runtime.torch_device(), runtime.resolved_precision()
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
     plans_manifest = read_manifest(spec.plans_dir) if spec.plans_dir else None
     key = {**evaluation_inputs(model_dir, prepared_dir, spec.planner_dir), "split": split,
@@ -257,7 +252,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
             metrics = PerplexityMetrics.load(stage.path)
             add_evaluation(model_dir, metrics.to_dict())  # a card written before this evaluation gets it too
             return metrics
-        speed_up_lm(model, speed, "evaluate")
+        speed_up_lm(model, runtime, "evaluate")
         result = evaluate_split(model, prepared, split_view, spec, num_articles, stride, context_length, batch_size,
                                 torch_device, precision, plan_usage)
         metrics = _metrics(result, spec, split_view, num_articles, plans_manifest, stride=stride,

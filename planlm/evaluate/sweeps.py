@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal, Optional
 
-from planlm.args import read_precision
+from planlm.args import Runtime
 from planlm.errors import PlanlmError
 from planlm.evaluate.compute_sweep import DEFAULT_POLICIES, compute_points, compute_rows, write_compute_outputs
 from planlm.evaluate.loading import evaluation_inputs
@@ -79,9 +79,8 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
           num_paths: list[int] = [1, 2, 5, 10, 20, 50], temperatures: list[float] = [0.25, 0.5, 1.0, 2.0, 4.0],
           policies: list[PathPolicy] = DEFAULT_POLICIES, plans: PlanSpec = PlanSpec(kind=PlanKind.planner_sampled),
           split: str = "test", stride: int = 1, context_length: int = 128,
-          max_articles: Optional[int] = None, batch_size: int = 32, device: str = "auto",
-          precision: str = "auto", bootstrap_samples: int = 1000,
-          expectation: bool = False) -> Path:
+          max_articles: Optional[int] = None, batch_size: int = 32, bootstrap_samples: int = 1000,
+          expectation: bool = False, runtime: Runtime = Runtime()) -> Path:
     """Sweep K (sampled paths), tau (planner temperature) or planning compute at inference: perplexity, its
     paired difference from a reference point on the same articles, and wall time per point.
 
@@ -106,20 +105,18 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
         context_length: Window length in tokens.
         max_articles: Evaluate only the first N articles.
         batch_size: Windows per LM forward pass.
-        device: auto, cpu, cuda ...
-        precision: auto, native, fp32 or bf16 (see `planlm evaluate --help`).
         bootstrap_samples: Bootstrap resamples of each interval.
         expectation: compute sweep: one more point, plans in expectation at K = 1 (``expected-1``; the other
             points sample their paths whatever the model was trained with).
+        runtime: Device, precision and speed of every point (see `planlm evaluate --help`).
 
     Returns:
         The sweep folder.
     """
-    precision = read_precision(precision, "--precision")
     if kind not in ("num_paths", "temperature", "compute"):
         raise PlanlmError(f"--kind {kind!r}: choose num_paths, temperature or compute")
     protocol = dict(split=split, stride=stride, context_length=context_length, max_articles=max_articles,
-                    batch_size=batch_size, device=device, precision=precision, bootstrap_samples=bootstrap_samples)
+                    batch_size=batch_size, bootstrap_samples=bootstrap_samples, runtime=runtime)
     if kind == "compute":
         return compute_sweep(model_dir, prepared_dir, out_dir, num_paths, policies, plans, protocol, expectation)
     values, reference = _swept_values(kind, num_paths, temperatures)
@@ -139,7 +136,11 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
 
 def _sweep_key(model_dir: str, prepared_dir: str, plans: PlanSpec, protocol: dict, **swept) -> dict:
     """A sweep folder's reuse key: the folders (their paths and what they hold: a retrained model or planner keeps its
-    path), the plans, the evaluation protocol of every point (``protocol``) and what is swept (``swept``)."""
+    path), the plans, the evaluation protocol of every point (``protocol``; of its runtime, the device and the
+    precision as given) and what is swept (``swept``)."""
+    runtime = protocol["runtime"]
+    protocol = {**{name: value for name, value in protocol.items() if name != "runtime"},
+                "device": runtime.device, "precision": runtime.precision}
     return {"model_dir": str(Path(model_dir).resolve()), "prepared_dir": str(Path(prepared_dir).resolve()),
             "plans": to_jsonable(plans), **protocol, **swept,
             **evaluation_inputs(model_dir, prepared_dir, plans.planner_dir or _recorded_planner(model_dir))}

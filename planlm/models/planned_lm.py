@@ -160,9 +160,10 @@ class PlannedLM(nn.Module):
         (the training block), not in the config; an evaluation takes its default planner from them."""
         self.loss_chunk_size = 0
         """With labels, compute the loss this many tokens at a time without the logits (``planlm.models.lm_loss``;
-        0: the LM's own loss on all the logits). A run setting (``Speed``), not part of the saved config."""
+        0: the LM's own loss on all the logits). A run setting (``Runtime.loss_chunk_size``), not part of the saved
+        config."""
         self.compile_loss = False
-        """Training chunks of that loss through the compiled ``softmax_grad`` (``Speed.compile_loss``)."""
+        """Training chunks of that loss through the compiled ``softmax_grad`` (``Runtime.compile_loss``)."""
         self.folder: Path | None = None  # where it was saved to or loaded from (what push_to_hub uploads)
 
     @property

@@ -124,19 +124,20 @@ def _is_distributed(stage: Stage) -> bool:
     devices, strategy = getattr(train, "devices", 1), str(getattr(train, "strategy", "auto"))
     if getattr(train, "num_nodes", 1) > 1 or "ddp" in strategy or "fsdp" in strategy or "deepspeed" in strategy:
         return True
+    runtime = stage.kwargs.get("runtime")
     if isinstance(devices, int) or str(devices).lstrip("-").isdigit():
         count = int(devices)
         if count == -1:
-            return _accelerator_count(train) > 1
+            return _accelerator_count(runtime) > 1
         return count > 1
-    return str(devices) == "auto" and _accelerator_count(train) > 1
+    return str(devices) == "auto" and _accelerator_count(runtime) > 1
 
 
-def _accelerator_count(train: Any) -> int:
+def _accelerator_count(runtime: Any) -> int:
     import torch
 
-    accelerator = str(getattr(train, "accelerator", "auto"))
-    return torch.cuda.device_count() if accelerator in ("auto", "gpu", "cuda") else 1
+    accelerator = runtime.accelerator() if runtime is not None else "auto"
+    return torch.cuda.device_count() if accelerator in ("auto", "cuda") else 1
 
 
 def _run_distributed(stage: Stage) -> None:
@@ -165,7 +166,7 @@ def _run_distributed(stage: Stage) -> None:
                           f"its output is above; rerun `planlm run` to resume")
 
 
-CONDITION_KEYS = {"name", "label", "paper", "model", "plans", "adapter", "train", "evaluate", "planner"}
+CONDITION_KEYS = {"name", "label", "paper", "model", "plans", "adapter", "train", "runtime", "evaluate", "planner"}
 
 
 def _bind(command: str, section: Optional[dict], where: str) -> dict[str, Any]:
@@ -253,7 +254,7 @@ def _condition_stages(layout: RunLayout, cond: dict, lm: dict, evaluate: dict, e
                       where: str) -> list[Stage]:
     """train-lm, evaluate and edit-distance of one condition and one seed."""
     name, prepared_dir = cond["name"], str(layout.prepared)
-    section = deep_merge(lm, {k: v for k, v in cond.items() if k in ("model", "plans", "adapter", "train")})
+    section = deep_merge(lm, {k: v for k, v in cond.items() if k in ("model", "plans", "adapter", "train", "runtime")})
     plans = section.setdefault("plans", {})
     needs = ["prepare"]
     if planner is not None and not plans.get("plans_dir"):

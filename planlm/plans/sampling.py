@@ -17,9 +17,8 @@ from typing import Optional
 
 import numpy as np
 
-from planlm.args import device_precision
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
-from planlm.device import resolve_device
 from planlm.errors import PlanlmError
 from planlm.files import file_sha256
 from planlm.models.planner import WEIGHTS_FILE, Planner
@@ -32,8 +31,7 @@ from planlm.stage import StageDir
 
 
 def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Optional[list[str]] = None,
-                 out_dir: Optional[str] = None, batch_size: int = 256, device: str = "auto",
-                 precision: str = "auto") -> Path:
+                 out_dir: Optional[str] = None, batch_size: int = 256, runtime: Runtime = Runtime()) -> Path:
     """Sample K action paths of T steps for every sentence boundary and cache them on disk.
 
     Each boundary's paths come from the true text before it. The cache folder is keyed by the planner's
@@ -50,9 +48,7 @@ def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Option
         splits: Splits to cover; default: every split of the prepared corpus.
         out_dir: Cache folder; default ``<planner_dir>/plans/K{K}-T{T}-tau{tau}-seed{seed}`` (plus the policy).
         batch_size: Boundaries per forward pass.
-        device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1`` ...
-        precision: The planner's arithmetic: auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the
-            device computes it natively, fp32 elsewhere), fp32 or bf16.
+        runtime: The planner's device and arithmetic (runtime.device, runtime.precision; part of the key).
 
     Returns:
         The plan cache folder.
@@ -71,8 +67,7 @@ def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Option
     expected = spec.top_actions if spec.expectation else 0
     out = Path(out_dir) if out_dir else default_plans_dir(spec.planner_dir, spec.num_paths, spec.horizon,
                                                           spec.temperature, spec.seed, spec.path_policy, expected)
-    torch_device = resolve_device(device)
-    precision = device_precision(precision, "--precision", torch_device.type)
+    torch_device, precision = runtime.torch_device(), runtime.resolved_precision()
     key = _cache_key(spec, prepared, prepared_dir, splits, batch_size, torch_device.type, precision)
     with StageDir(out, key) as stage:
         if stage.reused:

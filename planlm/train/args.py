@@ -4,7 +4,8 @@
 documentation and its checks; each command's train config extends it with the knobs of its own data and model
 (``LMTrainConfig``: windows, the adapter's learning rates; ``PlannerTrainArgs``: the encoder's learning rate, the
 final evaluation) and restates a default where the paper's recipe differs. The harness
-(``planlm.train.harness.build_trainer``) builds the Trainer from a ``TrainArgs``.
+(``planlm.train.harness.build_trainer``) builds the Trainer from a ``TrainArgs`` and the runtime group
+(``planlm.args.Runtime``: the accelerator and the precision).
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Optional, Union
 
-import torch
-
-from planlm.args import lightning_precision, read_precision
+from planlm.args import Runtime
 from planlm.errors import PlanlmError
 from planlm.train.harness import DEFAULT_LOGGERS, check_loggers
 
-# How a reuse key spells the precision: the training commands' keys predate planlm's one vocabulary (issue 31),
-# and a finished stage keeps its key.
+# How a reuse key spells the precision: the training commands' keys predate planlm's one vocabulary and the runtime
+# group (issue 31), and a finished stage keeps its key.
 _KEY_PRECISION = {"auto": None, "fp32": "32-true", "bf16": "bf16-mixed", "native": "native"}
 
 
@@ -58,18 +57,12 @@ class TrainArgs:
     seed: int = 0
     """Run seed of the initialisation, the order of the data and dropout (train-lm draws each from a stream of its
     own, so every condition of a run starts from the same weights and sees the same data)."""
-    accelerator: str = "auto"
-    """Lightning accelerator (auto, cpu, gpu, ...)."""
     devices: Union[int, str] = "auto"
-    """Lightning devices."""
+    """Lightning devices: how many (or which) of the runtime group's accelerator (``--runtime.device``) to train on."""
     strategy: str = "auto"
     """Lightning strategy (auto, ddp, ...)."""
     num_nodes: int = 1
     """Lightning nodes."""
-    precision: str = "auto"
-    """auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it natively: CUDA or a CPU
-    with AVX512-BF16 / AMX; fp32 elsewhere), fp32 or bf16 (refused on a CPU without it); Lightning's bf16-mixed and
-    32-true are read as bf16 and fp32. Its speed against fp32 is measured in docs/benchmarks.md."""
     num_workers: int = 0
     """DataLoader worker processes."""
     log_every_n_steps: int = 50
@@ -89,7 +82,6 @@ class TrainArgs:
     COMMAND: ClassVar[str] = "train"
 
     def __post_init__(self):
-        self.precision = read_precision(self.precision, f"{self.COMMAND}: --train.precision")
         for name in ("batch_size", "accumulate_grad_batches", "max_epochs", "num_nodes", "log_every_n_steps"):
             self._at_least(name, 1)
         self._at_least("warmup_steps", 0)
@@ -105,30 +97,31 @@ class TrainArgs:
         if getattr(self, name) < low:
             raise PlanlmError(f"{self.COMMAND}: --train.{name} must be >= {low} (got {getattr(self, name)})")
 
-    def device_type(self) -> str:
-        """cuda when the run trains on a CUDA device, cpu otherwise."""
-        return "cuda" if torch.cuda.is_available() and self.accelerator in ("auto", "gpu", "cuda") else "cpu"
-
-    def lightning_precision(self) -> str:
-        """The Trainer's precision on this machine: bf16-mixed or 32-true."""
-        return lightning_precision(self.precision, self.device_type())
-
-    def reuse_key(self) -> dict[str, Any]:
+    def reuse_key(self, runtime: Runtime) -> dict[str, Any]:
         """The knobs that change the trained model, as the stage's reuse key holds them (``DISPLAY_ONLY`` and
-        ``KEYED_WHEN_SET`` at their defaults left out, the precision spelled as before issue 31)."""
+        ``KEYED_WHEN_SET`` at their defaults left out), with the ``runtime`` group's accelerator and precision under
+        the names and spellings the trainer group gave them before the runtime group (issue 31): a finished stage
+        keeps its key."""
         key = {}
         for knob in fields(self):
             value = getattr(self, knob.name)
             if knob.name in self.DISPLAY_ONLY or (knob.name in self.KEYED_WHEN_SET and value == _default(knob)):
                 continue
             key[knob.name] = list(value) if isinstance(value, (list, tuple)) else value
-        if "precision" in key:
-            key["precision"] = _KEY_PRECISION[self.precision]
+        key["accelerator"] = runtime.accelerator()
+        key["precision"] = _KEY_PRECISION[runtime.precision]
         return key
+
+
+def recorded_runtime(key: dict[str, Any]) -> dict[str, Any]:
+    """The runtime group (device, precision) a training ran under, from the ``train`` part of its reuse key (as a
+    stage's manifest records it; ``TrainArgs.reuse_key``), in the runtime group's spelling."""
+    spelling = {keyed: precision for precision, keyed in _KEY_PRECISION.items()}
+    return {"device": key.get("accelerator", "auto"), "precision": spelling[key.get("precision")]}
 
 
 def _default(knob) -> Any:
     return knob.default_factory() if callable(knob.default_factory) else knob.default
 
 
-__all__ = ["TrainArgs"]
+__all__ = ["TrainArgs", "recorded_runtime"]

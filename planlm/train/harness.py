@@ -31,6 +31,7 @@ from planlm.jsonio import fingerprint, write_json
 from planlm.train.resume import RestoreRNG, ResumeMidEpoch, last_checkpoint
 
 if TYPE_CHECKING:
+    from planlm.args import Runtime
     from planlm.train.args import TrainArgs
 
 DEFAULT_LOGGERS = ("csv", "tensorboard")
@@ -142,7 +143,7 @@ class StageProgressBar(L.pytorch.callbacks.ProgressBar):
 
 
 
-def build_trainer(train: TrainArgs, out: Path, *, best_filename: str, log_folders: dict[str, str],
+def build_trainer(train: TrainArgs, runtime: Runtime, out: Path, *, best_filename: str, log_folders: dict[str, str],
                   has_val: bool = True) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint]:
     """(Trainer, its best-checkpoint callback) for a run writing into the stage folder ``out``.
 
@@ -161,8 +162,8 @@ def build_trainer(train: TrainArgs, out: Path, *, best_filename: str, log_folder
         callbacks.append(L.pytorch.callbacks.EarlyStopping(monitor="val/loss", mode="min",
                                                            patience=train.early_stopping_patience))
     trainer = L.Trainer(
-        accelerator=train.accelerator, devices=train.devices, strategy=train.strategy, num_nodes=train.num_nodes,
-        precision=train.lightning_precision(), max_epochs=train.max_epochs, max_steps=train.max_steps,
+        accelerator=runtime.accelerator(), devices=train.devices, strategy=train.strategy, num_nodes=train.num_nodes,
+        precision=runtime.lightning_precision(), max_epochs=train.max_epochs, max_steps=train.max_steps,
         val_check_interval=train.val_check_interval, limit_train_batches=train.limit_train_batches,
         limit_val_batches=train.limit_val_batches if has_val else 0,
         accumulate_grad_batches=train.accumulate_grad_batches, gradient_clip_val=train.gradient_clip_val,

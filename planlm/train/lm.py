@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.windows import WindowCollator, article_windows
 from planlm.device import check_bf16
@@ -30,7 +31,7 @@ from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
 from planlm.plans.kinds import check_cache, plan_source
 from planlm.plans.spec import PlanSpec
 from planlm.seeds import derive_seed
-from planlm.speed import Speed, speed_up_lm
+from planlm.speed import speed_up_lm
 from planlm.stage import StageDir, config_fingerprint
 from planlm.train.args import TrainArgs
 from planlm.train.harness import build_trainer, fit, load_best, resume_checkpoint
@@ -271,7 +272,7 @@ def _input_hashes(model: LMModelConfig, spec: PlanSpec) -> dict:
 # --------------------------------------------------------------------------------------------- command
 def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConfig(),
              plans: PlanSpec = PlanSpec(), adapter: AdapterSettings = AdapterSettings(),
-             train: LMTrainConfig = LMTrainConfig(), speed: Speed = Speed()) -> Path:
+             train: LMTrainConfig = LMTrainConfig(), runtime: Runtime = Runtime()) -> Path:
     """Finetune a causal LM conditioned on plans (fixed / oracle / planner actions) or on nothing.
 
     The output folder reloads with ``PlannedLM.from_pretrained(out_dir)``; it is reused when complete
@@ -284,8 +285,9 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         plans: Where the plans come from (kind: none, fixed, oracle, planner_argmax, planner_sampled), K, T, tau,
             seed, fixed action, planner or plan cache; unset fields take the defaults (K = T = 1, tau = 1).
         adapter: How the adapter folds K paths into one vector (kind: project_avg or multipath, its layers).
-        train: Run knobs (window, batch, optimiser, Lightning trainer; train.precision bf16: bf16 autocast).
-        speed: torch.compile and the chunked loss: the same model, trained faster (not part of the reuse key).
+        train: Run knobs (window, batch, optimiser, Lightning trainer).
+        runtime: The accelerator and precision (runtime.precision bf16: bf16 autocast), torch.compile and the chunked
+            loss (the same model, trained faster; not part of the reuse key).
 
     Returns:
         The model folder.
@@ -293,21 +295,22 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     from planlm.data.resources import use_offline_mode_if_no_hub
 
     use_offline_mode_if_no_hub()
-    check_bf16(train.lightning_precision(), train.device_type(), "--train.precision")
+    device_type = runtime.training_device_type()
+    check_bf16(runtime.arithmetic(device_type), device_type, "train-lm: --runtime.precision")
     spec = plans.resolve()
     spec.check_source()
     prepared = PreparedDataset(prepared_dir)
     splits = [train.train_split, train.val_split]
     for split in splits:
         prepared.split(split)  # one-line error for a missing split
-    with StageDir(out_dir, _run_config(prepared, model, spec, adapter, train), keep_partial=True) as stage:
+    with StageDir(out_dir, _run_config(prepared, model, spec, adapter, train, runtime), keep_partial=True) as stage:
         if not stage.reused:
-            _train_into(stage, prepared, model, spec, adapter, train, speed, splits)
+            _train_into(stage, prepared, model, spec, adapter, train, runtime, splits)
     return stage.path
 
 
 def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec,
-                adapter: AdapterSettings, train: LMTrainConfig, speed: Speed, splits: list[str]) -> None:
+                adapter: AdapterSettings, train: LMTrainConfig, runtime: Runtime, splits: list[str]) -> None:
     """Train the planned LM into ``stage`` (resuming its last checkpoint of the same key) and, on rank 0, write the
     model folder and, last, the manifest."""
     out = stage.path
@@ -317,12 +320,12 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
     planner_hash = (plans_manifest or {}).get("planner_hash")
 
     planned = _build_model(prepared, model, spec, adapter, tokenizer, planner_hash, train.train_split, train.seed)
-    speed_up_lm(planned, speed, "train-lm")
+    speed_up_lm(planned, runtime, "train-lm")
     L.seed_everything(derive_seed(train.seed, "dropout"), verbose=False)  # the same dropout stream in every condition
 
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     train_loader, val_loaders = _loaders(prepared, spec, train, pad_token_id)
-    trainer, best, start = _train(planned, train, out, stage.key, train_loader, val_loaders)
+    trainer, best, start = _train(planned, train, runtime, out, stage.key, train_loader, val_loaders)
     if trainer.is_global_zero:
         results = _run_results(trainer, best, start)
         planned.cpu().save_pretrained(out, tokenizer=tokenizer, training=_card_training(prepared, results))
@@ -336,20 +339,21 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
 
 
 def _run_config(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec, adapter: AdapterSettings,
-                train: LMTrainConfig) -> dict:
+                train: LMTrainConfig, runtime: Runtime) -> dict:
     """The model folder's reuse key: the corpus, the configs and the hashes of the folders the run reads."""
     return {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
             "model": asdict(model), "plans": spec.cache_key(), "adapter": asdict(adapter),
             "inputs": _input_hashes(model, spec),
-            "train": train.reuse_key()}
+            "train": train.reuse_key(runtime)}
 
 
-def _train(planned: PlannedLM, train: LMTrainConfig, out: Path, run_config: dict, train_loader: DataLoader,
+def _train(planned: PlannedLM, train: LMTrainConfig, runtime: Runtime, out: Path, run_config: dict,
+           train_loader: DataLoader,
            val_loaders: list | None) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, float]:
     """(trainer, best checkpoint, start time): train through the harness, resuming an interrupted run of the
     same config; ``planned`` ends with the best checkpoint's weights."""
     ckpt_path = resume_checkpoint(out, "checkpoints.fingerprint", run_config, resume=train.resume)
-    trainer, best = build_trainer(train, out, best_filename="step{step}",
+    trainer, best = build_trainer(train, runtime, out, best_filename="step{step}",
                                   log_folders={"csv": "logs", "tensorboard": "tb"}, has_val=val_loaders is not None)
     module = LightningLM(planned, lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
                          adapter_lr=train.adapter_lr, multipath_lr_scale=train.multipath_lr_scale,

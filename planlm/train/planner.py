@@ -30,12 +30,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.device import check_bf16
 from planlm.errors import PlanlmError
 from planlm.models.planner import Planner, PlannerConfig, PlannerShape
 from planlm.plans.contexts import check_split
-from planlm.speed import Speed, compile_module, keep_freed_memory
+from planlm.speed import compile_module, keep_freed_memory
 from planlm.stage import StageDir
 from planlm.train.boundaries import ArticleCollate, BoundaryCollate, BoundaryDataset, LengthGroupedSampler
 from planlm.train.args import TrainArgs
@@ -85,7 +86,7 @@ class PlannerTrainArgs(TrainArgs):
 
 # ---- the command --------------------------------------------------------------------------------------
 def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = PlannerShape(),
-                  train: PlannerTrainArgs = PlannerTrainArgs(), speed: Speed = Speed()) -> Path:
+                  train: PlannerTrainArgs = PlannerTrainArgs(), runtime: Runtime = Runtime()) -> Path:
     """Train the multi-step planner on a prepared corpus and compare it with majority/unigram/bigram baselines.
 
     Rerunning the same command resumes from ``checkpoints/last.ckpt``; a complete folder with the same
@@ -95,26 +96,29 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
         prepared_dir: Prepared corpus (``planlm prepare``): sentence embeddings, actions, codebook.
         out_dir: Output folder of the planner (weights, config, summary, checkpoints, logs).
         model: Planner shape.
-        train: Optimisation and run knobs (train.precision bf16: bf16 autocast).
-        speed: speed.compile: torch.compile the planner (the same planner, trained faster; not part of the reuse key).
+        train: Optimisation and run knobs.
+        runtime: The accelerator and precision (runtime.precision bf16: bf16 autocast); runtime.compile:
+            torch.compile the planner (the same planner, trained faster; not part of the reuse key).
 
     Returns:
         The planner folder (load it with ``Planner.from_pretrained``).
     """
-    check_bf16(train.lightning_precision(), train.device_type(), "train-planner: --train.precision")
+    device_type = runtime.training_device_type()
+    check_bf16(runtime.arithmetic(device_type), device_type, "train-planner: --runtime.precision")
     prepared = PreparedDataset(prepared_dir)
     train = replace(train, train_split=train.train_split or prepared.planner_split)  # the reuse key names it
     config = PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim,
                            encoder_name=prepared.encoder_name if model.finetune_encoder else None, **asdict(model))
     splits = _checked_splits(prepared, config, train)
-    with StageDir(out_dir, _stage_config(prepared_dir, prepared, config, train), keep_partial=True) as stage:
+    with StageDir(out_dir, _stage_config(prepared_dir, prepared, config, train, runtime),
+                  keep_partial=True) as stage:
         if not stage.reused:
-            _train_into(stage, prepared, prepared_dir, config, train, speed, splits)
+            _train_into(stage, prepared, prepared_dir, config, train, runtime, splits)
     return stage.path
 
 
 def _train_into(stage: StageDir, prepared: PreparedDataset, prepared_dir: str, config: PlannerConfig,
-                train: PlannerTrainArgs, speed: Speed,
+                train: PlannerTrainArgs, runtime: Runtime,
                 splits: tuple[PreparedSplit, PreparedSplit, PreparedSplit]) -> None:
     """Train the planner into ``stage`` (resuming its last checkpoint of the same key) and, on rank 0, write the
     weights, the summary and, last, the manifest."""
@@ -125,13 +129,14 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, prepared_dir: str, c
 
     L.seed_everything(train.seed, verbose=False)
     planner = _new_planner(prepared, prepared_dir, config)
-    if speed.keep_freed_memory:
+    if runtime.keep_freed_memory:
         keep_freed_memory()
-    if speed.compile:
+    if runtime.compile:
         compile_module(planner, "train-planner: the planner")
     module = LightningPlanner(planner, lr=train.lr, weight_decay=train.weight_decay, encoder_lr=train.encoder_lr,
                               warmup_steps=train.warmup_steps)
-    trainer, best = build_trainer(train, out, best_filename="best", log_folders={"csv": "logs", "tensorboard": "logs"})
+    trainer, best = build_trainer(train, runtime, out, best_filename="best",
+                                  log_folders={"csv": "logs", "tensorboard": "logs"})
     fit(trainer, module, _loader(train_split, config, train, shuffle=True),
         _loader(val_split, config, train, shuffle=False), ckpt_path)
     if not trainer.is_global_zero:
@@ -139,7 +144,8 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, prepared_dir: str, c
     load_best(module, best)
     planner = module.planner.float().cpu()
     planner.save_pretrained(out)
-    metrics = _final_metrics(planner, prepared, train_split, eval_split, train.eval_batch_size, train.device_type())
+    metrics = _final_metrics(planner, prepared, train_split, eval_split, train.eval_batch_size,
+                             runtime.training_device_type())
     write_summary(out, {
         "prepared_dir": str(Path(prepared_dir).resolve()), "train_split": train.train_split,
         "eval_split": train.eval_split, "num_boundaries": eval_split.num_sentences, "horizon": config.horizon,
@@ -171,12 +177,13 @@ def _checked_splits(prepared: PreparedDataset, config: PlannerConfig,
     return splits
 
 
-def _stage_config(prepared_dir: str, prepared: PreparedDataset, config: PlannerConfig, train: PlannerTrainArgs) -> dict:
+def _stage_config(prepared_dir: str, prepared: PreparedDataset, config: PlannerConfig, train: PlannerTrainArgs,
+                  runtime: Runtime) -> dict:
     """The planner folder's reuse key."""
     return {"prepared_dir": str(Path(prepared_dir).resolve()), "codebook_hash": prepared.codebook_hash,
             "prepared": prepared.manifest.get("config_fingerprint"),  # the corpus, not only its codebook
             "model": config.reuse_key(),
-            "train": train.reuse_key()}
+            "train": train.reuse_key(runtime)}
 
 
 def _new_planner(prepared: PreparedDataset, prepared_dir: str, config: PlannerConfig) -> Planner:

@@ -226,11 +226,10 @@ def test_bf16_embeddings_on_a_cpu_without_bf16_is_a_one_line_error(tmp_path, mon
 @pytest.mark.parametrize("native", [False, True])
 def test_native_precision_is_bf16_where_the_cpu_has_it_and_fp32_elsewhere(tmp_path, monkeypatch, native):
     """The demo's `precision: native` runs on every machine: bf16 where it is native, fp32 (never refused) elsewhere."""
-    from planlm.train.args import TrainArgs
+    from planlm.args import Runtime
 
     monkeypatch.setattr("planlm.device.cpu_supports_bf16", lambda: native)
-    assert TrainArgs(precision="native", accelerator="cpu").lightning_precision() == ("bf16-mixed" if native
-                                                                                    else "32-true")
+    assert Runtime(precision="native", device="cpu").lightning_precision() == ("bf16-mixed" if native else "32-true")
     asked = []
     monkeypatch.setattr("planlm.data.embed.check_bf16", lambda precision, *a: asked.append(precision))
     monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: CountingEncoder())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from helpers import chatty_planned_lm, read_csv, use_planner
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.edit_distance import action_edit_distance, edit_distance
 from planlm.evaluate.generate import generate
@@ -17,8 +18,9 @@ def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, cycle_planner
     model = chatty_planned_lm(prepared)  # writes short sentences: generation re-plans at each
     use_planner(model, str(tmp_path / "planner"))
     model.save_pretrained(tmp_path / "model")
+    # seed 6: the first continuation ends two sentences
     kwargs = dict(max_articles=3, max_boundaries_per_article=1, sampling=SamplingConfig(max_new_tokens=12), seed=6,
-                  bootstrap_samples=20, device="cpu")  # seed 6: the first continuation ends two sentences
+                  bootstrap_samples=20, runtime=Runtime(device="cpu"))
 
     metrics = edit_distance(str(tmp_path / "model"), str(synthetic_cycle), str(tmp_path / "edit"), **kwargs)
     assert (metrics.conditioning, metrics.K, metrics.T) == ("planner_sampled", 2, 3)
@@ -33,7 +35,7 @@ def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, cycle_planner
     first = rows[0]
     generated = generate(str(tmp_path / "model"), str(synthetic_cycle), article=int(first["article"]),
                          boundary=int(first["boundary"]), sampling=SamplingConfig(max_new_tokens=12), seed=6,
-                         device="cpu")
+                         runtime=Runtime(device="cpu"))
     assert generated["text"] == first["generated_text"] and generated["planner_calls"] >= 3
     assert all(s["plan"] and len(s["plan"]["action_paths"]) == 2 for s in generated["sentences"])
     # The plans matter: the fixed action instead of the planner's plans writes other continuations.

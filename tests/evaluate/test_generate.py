@@ -172,7 +172,7 @@ def test_generate_command_shows_plans_with_example_sentences(synthetic_cycle, cy
     cycle_planner.save_pretrained(tmp_path / "planner")
     main(["generate", "--model_dir", str(model_dir), "--prepared_dir", str(synthetic_cycle), "--article", "3",
           "--boundary", "2", "--plans.kind", "planner_sampled", "--plans.planner_dir", str(tmp_path / "planner"),
-          "--sampling.max_new_tokens", "24", "--out_file", str(tmp_path / "gen.json"), "--device", "cpu"])
+          "--sampling.max_new_tokens", "24", "--out_file", str(tmp_path / "gen.json"), "--runtime.device", "cpu"])
     printed = capsys.readouterr().out
     result = json.loads((tmp_path / "gen.json").read_text())
     assert "path 1:" in printed and "action " in printed

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from helpers import chatty_planned_lm, tiny_gpt2, tiny_planner, use_planner
+from planlm.args import Runtime
 from planlm.cli import main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
@@ -33,7 +34,7 @@ def plain_model(tmp_path_factory):
 
 def generate_cli(model_dir, prepared_dir, out_file, *flags) -> dict:
     main(["generate", "--model_dir", str(model_dir), "--prepared_dir", str(prepared_dir), "--prompt", PROMPT,
-          "--sampling.max_new_tokens", "10", "--seed", "3", "--device", "cpu", "--out_file", str(out_file), *flags])
+          "--sampling.max_new_tokens", "10", "--seed", "3", "--runtime.device", "cpu", "--out_file", str(out_file), *flags])
     return json.loads(out_file.read_text())
 
 
@@ -116,7 +117,8 @@ def test_generation_embeds_sentences_with_the_corpus_encoder_and_its_normalisati
     use_planner(model, str(tmp_path / "planner"))
     model.save_pretrained(tmp_path / "model")
 
-    generator, _, _ = build_generator(str(tmp_path / "model"), str(prepared_dir), "test", PlanSpec(), "cpu", seed=0)
+    generator, _, _ = build_generator(str(tmp_path / "model"), str(prepared_dir), "test", PlanSpec(),
+                                      Runtime(device="cpu"), seed=0)
     embedded, contexts = {}, []
     real_embed, real_plan = generator.embed_fn, generator.plan
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from planlm.args import Runtime
 from planlm.cli import main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
@@ -79,7 +80,7 @@ def test_bad_outlines_are_one_line_errors(synthetic_random, tmp_path, capsys):
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["generate", "--model_dir", str(tmp_path / "planned"), "--prepared_dir", str(synthetic_random),
-              "--prompt", "Red.", "--outline", "[3, 99]", "--device", "cpu"])
+              "--prompt", "Red.", "--outline", "[3, 99]", "--runtime.device", "cpu"])
     err = capsys.readouterr().err.strip()
     assert "action 99 is not in the codebook: its actions are 0..7" in err and len(err.splitlines()) == 1
 
@@ -105,7 +106,7 @@ def test_a_model_trained_on_oracle_plans_follows_its_outline_not_a_shuffled_one(
                                                                                    tmp_path, capsys):
     main(["adherence", "--model_dir", str(oracle_model), "--prepared_dir", str(synthetic_random), "--out_dir",
           str(tmp_path / "adherence"), "--max_articles", "8", "--outlines_per_article", "1", "--conditions",
-          "[outline, shuffled]", "--tokens_per_sentence", "10", "--bootstrap_samples", "200", "--device", "cpu"])
+          "[outline, shuffled]", "--tokens_per_sentence", "10", "--bootstrap_samples", "200", "--runtime.device", "cpu"])
     metrics = AdherenceMetrics.load(tmp_path / "adherence")
     outline, shuffled = metrics.conditions["outline"], metrics.conditions["shuffled"]
     assert outline.sentences[0] >= 15
@@ -115,7 +116,7 @@ def test_a_model_trained_on_oracle_plans_follows_its_outline_not_a_shuffled_one(
     assert "| outline |" in capsys.readouterr().out
     again = adherence(str(oracle_model), str(synthetic_random), str(tmp_path / "adherence"), max_articles=8,
                       outlines_per_article=1, conditions=["outline", "shuffled"], tokens_per_sentence=10,
-                      bootstrap_samples=200, device="cpu")
+                      bootstrap_samples=200, runtime=Runtime(device="cpu"))
     assert again == metrics  # a finished folder is reused
 
 
@@ -125,7 +126,7 @@ def test_generate_follows_an_outline_in_words_and_shows_requested_and_realised(s
     words = [test.sentence_text(s) for s in (3, 9, 15)]
     chatty_planned_lm(prepared).save_pretrained(tmp_path / "oracle")  # trained with oracle plans: no planner
     out = generate(str(tmp_path / "oracle"), str(synthetic_random), prompt="Red water red.", outline=words,
-                   after_outline="stop", sampling=SamplingConfig(max_new_tokens=48), device="cpu")
+                   after_outline="stop", sampling=SamplingConfig(max_new_tokens=48), runtime=Runtime(device="cpu"))
     printed = capsys.readouterr().out
     outlined = [s for s in out["sentences"] if s.get("requested") is not None]
     assert [s["requested"] for s in outlined] == [int(test.actions[s]) for s in (3, 9, 15)]

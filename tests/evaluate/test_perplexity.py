@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
 from planlm.evaluate.perplexity import (evaluate, evaluate_split, protocol_label,
@@ -174,7 +175,8 @@ def test_bf16_evaluation_runs_the_lm_the_adapter_and_the_planner_in_bf16(synthet
     for precision in ("fp32", "bf16"):
         with linear_output_dtypes() as seen:
             runs[precision] = evaluate(str(planned_lm_dir), str(synthetic_random), str(tmp_path / precision),
-                                       max_articles=2, bootstrap_samples=20, device="cpu", precision=precision)
+                                       max_articles=2, bootstrap_samples=20,
+                                       runtime=Runtime(device="cpu", precision=precision))
         assert set().union(*seen.values()) == ({torch.float32} if precision == "fp32" else bf16)
     assert runs["bf16"].ppl != runs["fp32"].ppl and runs["bf16"].ppl == pytest.approx(runs["fp32"].ppl,
                                                                                                 rel=2e-2)
@@ -212,9 +214,9 @@ def test_a_plan_cache_gives_the_same_perplexity_as_running_the_planner(synthetic
     use_planner(model, str(tmp_path / "planner"))
     model.save_pretrained(tmp_path / "model")
     plans = sample_plans(str(synthetic_random), PlanSpec(planner_dir=str(tmp_path / "planner"), num_paths=2,
-                                                         horizon=3), splits=["test"], device="cpu")
+                                                         horizon=3), splits=["test"], runtime=Runtime(device="cpu"))
     spec = dict(num_paths=2, horizon=3, temperature=1.0, seed=0)
-    common = dict(device="cpu", bootstrap_samples=20)
+    common = dict(runtime=Runtime(device="cpu"), bootstrap_samples=20)
     live = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "live"), plans=PlanSpec(**spec),
                     **common)
     cached = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "cached"),
@@ -243,7 +245,7 @@ def test_trained_oracle_model_end_to_end_beats_its_own_fixed_plans_in_a_paired_c
                          train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
                                              limit_val_batches=4, progress_bar=False))
     runs = {kind: evaluate(str(model_dir), str(synthetic_random), str(tmp_path / f"eval-{kind}"), plans=PlanSpec(kind=kind),
-                           bootstrap_samples=200, device="cpu") for kind in ("fixed", "oracle")}
+                           bootstrap_samples=200, runtime=Runtime(device="cpu")) for kind in ("fixed", "oracle")}
     assert runs["oracle"].ppl < runs["fixed"].ppl
     assert (runs["fixed"].fixed_action, runs["oracle"].fixed_action) == (0, None)  # only the constant kind has one
     # Plan usage: this LM reads its plans (shuffling them across sentences costs much), logged at validation

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import compare
@@ -24,7 +25,7 @@ def planned(tmp_path_factory, synthetic_random):
 
 def test_num_paths_sweep_writes_one_evaluation_per_k_a_csv_and_a_plot(planned, synthetic_random, tmp_path):
     out = sweep(str(planned), str(synthetic_random), str(tmp_path / "k"), num_paths=[1, 4], max_articles=4,
-                bootstrap_samples=50, device="cpu")
+                bootstrap_samples=50, runtime=Runtime(device="cpu"))
     rows = read_csv(out / "sweep_num_paths.csv")
     assert [int(r["K"]) for r in rows] == [1, 4] and float(rows[0]["relative_wall_time"]) == 1.0
     for row in rows:  # every point is a complete evaluation whose numbers the table repeats
@@ -48,7 +49,7 @@ def test_temperature_sweep_through_the_cli(planned, synthetic_random, tmp_path, 
 
     main(["sweep", "--model_dir", str(planned), "--prepared_dir", str(synthetic_random), "--out_dir",
           str(tmp_path / "tau"), "--kind", "temperature", "--temperatures", "[0.5, 2.0]", "--plans.num_paths", "3",
-          "--max_articles", "3", "--bootstrap_samples", "20", "--device", "cpu"])
+          "--max_articles", "3", "--bootstrap_samples", "20", "--runtime.device", "cpu"])
     rows = read_csv(tmp_path / "tau" / "sweep_temperature.csv")
     assert [float(r["tau"]) for r in rows] == [0.5, 1.0, 2.0] and {r["K"] for r in rows} == {"3"}  # + the reference
     assert float(rows[1]["paired_diff"]) == 0.0 and {float(r["reference"]) for r in rows} == {1.0}

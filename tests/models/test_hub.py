@@ -10,6 +10,7 @@ import torch
 from huggingface_hub import ModelCard
 
 from helpers import tiny_planned_lm, tiny_planner
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
 from planlm.models.planned_lm import PlannedLM, add_evaluation
@@ -110,7 +111,7 @@ def test_evaluate_adds_its_perplexity_to_the_card(synthetic_random, tmp_path):
     prepared = PreparedDataset(synthetic_random)
     folder = tiny_planned_lm(prepared).save_pretrained(tmp_path / "lm")
     metrics = evaluate(str(folder), str(synthetic_random), str(tmp_path / "eval"), stride=64, max_articles=2,
-                       bootstrap_samples=20, device="cpu", plan_usage=False)
+                       bootstrap_samples=20, runtime=Runtime(device="cpu"), plan_usage=False)
     data = ModelCard.load(folder / "README.md").data
     assert [r.metric_value for r in data.eval_results] == [metrics.ppl]
     entry = data.to_dict()["planlm"]["evaluations"][0]

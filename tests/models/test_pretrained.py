@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers import write_tiny_llama_gguf
 
+from planlm.args import Runtime
 from planlm.errors import PlanlmError
 from planlm.models.planned_lm import PlannedLM, load_causal_lm
 from planlm.plans.spec import PlanSpec
@@ -70,7 +71,7 @@ def test_an_adapter_trains_on_a_gguf_base_with_its_own_tokenizer(tiny_gguf, tmp_
     from planlm.evaluate.generate import generate
     from planlm.evaluate.generator import SamplingConfig
 
-    result = generate(str(tmp_path / "frozen"), str(prepared), article=0, boundary=1, device="cpu",
+    result = generate(str(tmp_path / "frozen"), str(prepared), article=0, boundary=1, runtime=Runtime(device="cpu"),
                       sampling=SamplingConfig(max_new_tokens=12))
     assert len(result["token_ids"]) == 12 and result["sentences"][0]["plan"]["action_paths"]
 
@@ -120,9 +121,9 @@ def test_bf16_on_a_cpu_without_it_is_refused(synthetic_random, tmp_path, monkeyp
     from planlm.device import autocast
 
     monkeypatch.setattr(device, "cpu_supports_bf16", lambda: False)
-    message = one_line_error(lambda: train_lm(str(synthetic_random), str(tmp_path / "out"),
-                                              train=quick(precision="bf16-mixed", accelerator="cpu")))
-    assert "--train.precision bf16-mixed" in message and "32-true" in message
+    message = one_line_error(lambda: train_lm(str(synthetic_random), str(tmp_path / "out"), train=quick(),
+                                              runtime=Runtime(device="cpu", precision="bf16")))
+    assert "--runtime.precision bf16:" in message and "--runtime.precision fp32" in message
     message = one_line_error(lambda: autocast(torch.device("cpu"), "bf16"))
     assert "--precision bf16" in message and "fp32" in message
 
@@ -131,8 +132,8 @@ def test_bf16_mixed_trains_on_a_cpu_with_it(synthetic_random, tmp_path, monkeypa
     from planlm import device
 
     monkeypatch.setattr(device, "cpu_supports_bf16", lambda: True)  # emulated where the CPU lacks it: still correct
-    out = train_lm(str(synthetic_random), str(tmp_path / "bf16"), train=quick(precision="bf16-mixed", accelerator="cpu"),
-                   plans=PlanSpec(kind="oracle"))
+    out = train_lm(str(synthetic_random), str(tmp_path / "bf16"), train=quick(),
+                   runtime=Runtime(device="cpu", precision="bf16"), plans=PlanSpec(kind="oracle"))
     assert np.isfinite(read_manifest(out)["val_loss"])
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import read_csv, tiny_gpt2_config, tiny_planned_lm, tiny_planner, tiny_run_config, use_planner
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.edit_distance import edit_distance
 from planlm.evaluate.generator import SamplingConfig
@@ -59,7 +60,8 @@ def assert_rebuilt_on_change(run, prepared, planner, model) -> None:
 
 def test_evaluate_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes(folders, tmp_path):
     prepared, planner, model = folders
-    kwargs = dict(max_articles=3, stride=32, context_length=64, bootstrap_samples=20, device="cpu")
+    kwargs = dict(max_articles=3, stride=32, context_length=64, bootstrap_samples=20,
+                  runtime=Runtime(device="cpu"))
 
     def run(out: str) -> list[dict]:
         evaluate(str(model), str(prepared.path), str(tmp_path / out), **kwargs)
@@ -72,7 +74,7 @@ def test_edit_distance_is_rebuilt_when_the_model_or_the_planner_in_its_folder_ch
     prepared, planner, model = folders
     kwargs = dict(split="validation", max_articles=3, max_boundaries_per_article=1, sampling=SamplingConfig(max_new_tokens=8),
                   context_length=32,
-                  bootstrap_samples=20, device="cpu")
+                  bootstrap_samples=20, runtime=Runtime(device="cpu"))
 
     def run(out: str) -> list[str]:
         edit_distance(str(model), str(prepared.path), str(tmp_path / out), **kwargs)
@@ -83,7 +85,8 @@ def test_edit_distance_is_rebuilt_when_the_model_or_the_planner_in_its_folder_ch
 
 def test_sweep_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes(folders, tmp_path):
     prepared, planner, model = folders
-    kwargs = dict(num_paths=[2], max_articles=1, stride=32, context_length=64, bootstrap_samples=20, device="cpu")
+    kwargs = dict(num_paths=[2], max_articles=1, stride=32, context_length=64, bootstrap_samples=20,
+                  runtime=Runtime(device="cpu"))
 
     def run(out: str) -> list[str]:
         sweep(str(model), str(prepared.path), str(tmp_path / out), **kwargs)

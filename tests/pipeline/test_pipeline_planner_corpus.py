@@ -54,3 +54,14 @@ def test_the_demo_overlay_is_the_demo_plus_the_planner_corpus():
     assert planner["model"].pop("dynamics") == "causal"  # trained 3 epochs for the budget (0.012 nats at step 1)
     assert planner["train"].pop("max_epochs") == 3 and demo["planner"]["train"].pop("max_epochs") == 6
     assert planner == demo["planner"]
+
+
+def test_the_pretrained_overlay_is_the_pretrained_config_plus_the_planner_corpus_and_the_big_planner():
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    base = yaml.safe_load((configs / "pretrained-offline.yaml").read_text())
+    overlay = yaml.safe_load((configs / "pretrained-offline-bigplanner.yaml").read_text())
+    big = yaml.safe_load((configs / "demo-bigplanner.yaml").read_text())
+    prepare = dict(overlay["prepare"])
+    assert prepare.pop("planner_corpus") == {"rest_of_train": True}
+    assert prepare == base["prepare"] and set(overlay) == {"out_dir", "prepare", "planner"}
+    assert overlay["planner"] == big["planner"]  # the recipe chosen for a planner set of this size

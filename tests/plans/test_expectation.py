@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers import read_csv, tiny_planned_lm, tiny_planner, use_planner
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
 from planlm.models.adapter import AdapterConfig, build_adapter
@@ -100,9 +101,10 @@ def test_caches_in_expectation_have_their_own_key_and_match_the_planner(syntheti
     prepared = PreparedDataset(synthetic_cycle)
     split = prepared["validation"]
     common = dict(planner_dir=str(planner_dir), num_paths=2, horizon=3)
-    sampled = sample_plans(str(synthetic_cycle), PlanSpec(**common), splits=["validation"], device="cpu")
+    sampled = sample_plans(str(synthetic_cycle), PlanSpec(**common), splits=["validation"],
+                           runtime=Runtime(device="cpu"))
     expected = sample_plans(str(synthetic_cycle), PlanSpec(**common, expectation=True, top_actions=4),
-                            splits=["validation"], device="cpu")
+                            splits=["validation"], runtime=Runtime(device="cpu"))
     assert expected != sampled and expected.name.endswith("-expected4")
     manifest = json.loads((expected / "manifest.json").read_text())
     assert manifest["config"]["expectation"] == {"top_actions": 4} and "expectation" not in \
@@ -187,7 +189,7 @@ def test_train_evaluate_sweep_and_generate_in_expectation_through_the_cli(synthe
     assert trained["expectation"] and trained["top_actions"] == 4
     assert json.loads((tmp_path / "expected" / "manifest.json").read_text())["plans_dir"].endswith("-expected4")
     evaluation = ["--prepared_dir", str(synthetic_cycle), "--max_articles", "4", "--context_length", "32",
-                  "--bootstrap_samples", "20", "--device", "cpu"]
+                  "--bootstrap_samples", "20", "--runtime.device", "cpu"]
     main(["evaluate", "--model_dir", str(tmp_path / "sampled"), "--out_dir", str(tmp_path / "eval-sampled"),
           *evaluation, "--plans.expectation", "true"])
     main(["evaluate", "--model_dir", str(tmp_path / "expected"), "--out_dir", str(tmp_path / "eval-expected"),
@@ -203,7 +205,7 @@ def test_train_evaluate_sweep_and_generate_in_expectation_through_the_cli(synthe
     assert json.loads((tmp_path / "compute" / "expected-1" / "metrics.json").read_text())["expectation"]
     assert not json.loads((tmp_path / "compute" / "fixed-1" / "metrics.json").read_text())["expectation"]
     main(["generate", "--model_dir", str(tmp_path / "expected"), "--prepared_dir", str(synthetic_cycle), "--article",
-          "0", "--boundary", "2", "--sampling.max_new_tokens", "6", "--device", "cpu", "--out_file",
+          "0", "--boundary", "2", "--sampling.max_new_tokens", "6", "--runtime.device", "cpu", "--out_file",
           str(tmp_path / "generated.json")])
     generated = json.loads((tmp_path / "generated.json").read_text())
     plans = [s["plan"] for s in generated["sentences"] if s["plan"]]
@@ -223,7 +225,7 @@ def test_each_stored_step_is_the_planner_distribution_given_the_sampled_prefix(s
     cache = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(tmp_path / "planner"), num_paths=3,
                                                         horizon=horizon, temperature=temperature, expectation=True,
                                                         top_actions=num_actions),  # every action kept
-                         splits=["validation"], device="cpu")
+                         splits=["validation"], runtime=Runtime(device="cpu"))
     paths = torch.from_numpy(np.load(cache / "validation.npy"))  # (N, K, T)
     actions, probs = (torch.from_numpy(np.array(x)) for x in load_expected(cache, "validation"))  # (N, K, T, A)
     stored = torch.zeros(*paths.shape, num_actions).scatter_(-1, actions.long(), probs.float())  # (N, K, T, A)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
 from planlm.evaluate.generate import generate
@@ -64,11 +65,11 @@ def test_a_kind_registered_outside_the_package_runs_through_train_evaluate_and_g
     assert json.loads((model_dir / "planned_lm.json").read_text())["plans"]["kind"] == "uniform"
     assert PlannedLM.from_pretrained(model_dir).adapter is not None
     metrics = evaluate(str(model_dir), str(synthetic_cycle), str(tmp_path / "eval"), max_articles=3,
-                       bootstrap_samples=10, device="cpu")
+                       bootstrap_samples=10, runtime=Runtime(device="cpu"))
     assert metrics.conditioning == "uniform" and np.isfinite(metrics.ppl) and metrics.plan_usage is not None
     assert metrics.paths.paths_mean == 0  # no planner ran
     result = generate(str(model_dir), str(synthetic_cycle), prompt="Red water red. Water",
-                      sampling=SamplingConfig(max_new_tokens=12), device="cpu")
+                      sampling=SamplingConfig(max_new_tokens=12), runtime=Runtime(device="cpu"))
     plans_made = [np.asarray(s["plan"]["action_paths"]) for s in result["sentences"] if s["plan"]]
     assert plans_made and all(p.shape == (2, 2) and p.max() < prepared.num_actions for p in plans_made)
 
@@ -123,7 +124,7 @@ def test_sample_plans_takes_the_plans_group(synthetic_cycle, tmp_path, capsys):
         sample_plans(str(synthetic_cycle), PlanSpec(kind="oracle", planner_dir=str(folder)), splits=["validation"])
     # planner_argmax: the greedy path, every one of the K paths at tau 0, keyed as such
     out = sample_plans(str(synthetic_cycle), PlanSpec(kind="planner_argmax", planner_dir=str(folder), num_paths=2),
-                       splits=["validation"], device="cpu")
+                       splits=["validation"], runtime=Runtime(device="cpu"))
     assert out.name == "K2-T3-tau0-seed0"
     paths, greedy = np.load(out / "validation.npy"), np.load(out / "validation.argmax.npy")
     assert (paths == greedy[:, None]).all()

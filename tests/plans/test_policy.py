@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
 from planlm.models.adapter import AdapterConfig, build_adapter
@@ -138,7 +139,7 @@ def save_planner(folder, prepared_dir):
 def cache(planner_dir, prepared_dir, out_dir=None, **plans):
     """`sample-plans` of the validation split on CPU with the plans group (planner_dir and the given fields)."""
     return sample_plans(str(prepared_dir), PlanSpec(planner_dir=str(planner_dir), **plans), splits=["validation"],
-                        device="cpu", out_dir=out_dir)
+                        runtime=Runtime(device="cpu"), out_dir=out_dir)
 
 
 def test_plan_cache_stores_counts_and_is_keyed_by_the_policy(synthetic_cycle, tmp_path):
@@ -211,7 +212,8 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
 
     policy = PathPolicy("entropy", 1, entropy_high=1.0)
     metrics = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "direct"), max_articles=5,
-                       plans=PlanSpec(num_paths=6, path_policy=policy), bootstrap_samples=20, device="cpu",
+                       plans=PlanSpec(num_paths=6, path_policy=policy), bootstrap_samples=20,
+                       runtime=Runtime(device="cpu"),
                        plan_usage=False)
     counts = np.load(tmp_path / "direct" / "num_paths.npy")
     assert metrics.paths.paths_mean == pytest.approx(counts.mean())
@@ -221,17 +223,19 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
     # The same plans through a cache: the counts travel with the paths, the perplexity is the same.
     planner_dir = PlannedLM.from_pretrained(planned).plan_folders["planner_dir"]  # the card's, not the config's
     cache = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=planner_dir, num_paths=6, path_policy=policy),
-                         splits=["test"], device="cpu", batch_size=256)
+                         splits=["test"], runtime=Runtime(device="cpu"), batch_size=256)
     cached = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "cached"),
-                      plans=PlanSpec(plans_dir=str(cache)), max_articles=5, bootstrap_samples=20, device="cpu", plan_usage=False)
+                      plans=PlanSpec(plans_dir=str(cache)), max_articles=5, bootstrap_samples=20,
+                      runtime=Runtime(device="cpu"), plan_usage=False)
     assert cached.paths.paths_mean == pytest.approx(float(load_path_counts(cache, "test")[:len(counts)].mean()))
     assert cached.path_policy["kind"] == "entropy"
     with pytest.raises(PlanlmError, match="sampled under path policy entropy"):
-        evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "clash"), max_articles=5, device="cpu",
+        evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "clash"), max_articles=5,
+                 runtime=Runtime(device="cpu"),
                  plans=PlanSpec(plans_dir=str(cache), path_policy=PathPolicy("converge")), plan_usage=False)
     # A fixed evaluation keeps its old reuse key (no path_policy in it) and samples K everywhere.
     fixed = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "fixed"), max_articles=5,
-                     plans=PlanSpec(num_paths=6), bootstrap_samples=20, device="cpu", plan_usage=False)
+                     plans=PlanSpec(num_paths=6), bootstrap_samples=20, runtime=Runtime(device="cpu"), plan_usage=False)
     assert fixed.paths.paths_hist == {6: len(counts)}
     assert "path_policy" not in json.loads((tmp_path / "fixed" / "manifest.json").read_text())["config"]["plan_spec"]
 
@@ -242,7 +246,7 @@ def test_compute_sweep_through_the_cli(planned, synthetic_cycle, tmp_path):
     main(["sweep", "--model_dir", str(planned), "--prepared_dir", str(synthetic_cycle), "--out_dir",
           str(tmp_path / "compute"), "--kind", "compute", "--num_paths", "[1, 4]", "--policies",
           '[{"kind": "entropy", "entropy_high": 1.0}, {"kind": "converge", "tolerance": 0.3}]',
-          "--max_articles", "4", "--bootstrap_samples", "20", "--device", "cpu"])
+          "--max_articles", "4", "--bootstrap_samples", "20", "--runtime.device", "cpu"])
     rows = read_csv(tmp_path / "compute" / "sweep_compute.csv")
     assert [r["value"] for r in rows] == ["fixed-1", "fixed-4", "entropy-1-4-H-1", "converge-1-4-tol-0.3"]
     assert {r["reference"] for r in rows} == {"fixed-4"} and float(rows[1]["paired_diff"]) == 0.0

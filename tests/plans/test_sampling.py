@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from planlm.args import Runtime
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
@@ -93,7 +94,8 @@ def test_bf16_plans_are_valid_and_keyed_apart(synthetic_cycle, tmp_path, dynamic
               for precision in ("fp32", "bf16")}
     assert np.mean(greedy["fp32"] == greedy["bf16"]) > 0.8
     cached = {precision: sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(folder), num_paths=4, horizon=3),
-                                      splits=["validation"], precision=precision, out_dir=str(tmp_path / precision))
+                                      splits=["validation"],
+                                      runtime=Runtime(precision=precision), out_dir=str(tmp_path / precision))
               for precision in ("fp32", "bf16")}
     manifests = {k: json.loads((v / "manifest.json").read_text()) for k, v in cached.items()}
     assert manifests["fp32"]["config_fingerprint"] != manifests["bf16"]["config_fingerprint"]
@@ -106,7 +108,8 @@ def test_plan_sampling_runs_the_planner_at_the_precision_asked_for(planner_dir, 
                                                                   dtype, bf16_allowed):
     with linear_output_dtypes() as seen:
         sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=2, horizon=3),
-                     splits=["validation"], device="cpu", precision=precision, out_dir=str(tmp_path / "plans"))
+                     splits=["validation"],
+                     runtime=Runtime(device="cpu", precision=precision), out_dir=str(tmp_path / "plans"))
     planner_layers = {type(m).__module__ for m in seen}
     assert seen and planner_layers <= {"torch.nn.modules.linear"}
     assert set().union(*seen.values()) == {dtype}  # every layer of the planner, sampled and argmax paths

@@ -15,8 +15,9 @@ from helpers import tiny_run_config
 @pytest.mark.slow
 def test_run_trains_with_ddp_on_two_cpu_processes(tmp_path):
     config = tiny_run_config(tmp_path / "ddp")
-    for train in (config["planner"]["train"], config["lm"]["train"]):
-        train.update({"accelerator": "cpu", "devices": 2, "strategy": "ddp"})
+    for section in (config["planner"], config["lm"]):
+        section["train"].update({"devices": 2, "strategy": "ddp"})
+        section["runtime"] = {"device": "cpu"}
     config["conditions"] = [c for c in config["conditions"] if c["name"] in ("none", "ours")]
     config["sweeps"] = []
     path = tmp_path / "ddp.yaml"
@@ -41,7 +42,8 @@ def test_a_distributed_stage_reaches_its_child_process_as_plain_yaml(tmp_path, m
     from planlm.pipeline.run import _run_distributed, plan_stages
 
     config = tiny_run_config(tmp_path / "ddp")
-    config["lm"]["train"].update({"accelerator": "cpu", "devices": 2, "strategy": "ddp"})
+    config["lm"]["train"].update({"devices": 2, "strategy": "ddp"})
+    config["lm"]["runtime"] = {"device": "cpu"}
     sections = {k: config.get(k) for k in ("prepare", "planner", "lm", "base_lm", "conditions", "evaluate",
                                            "edit_distance", "sweeps")}
     stage = next(s for s in plan_stages(tmp_path / "ddp", **sections, where="run.yaml")

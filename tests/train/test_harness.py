@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from planlm.args import Runtime
 from planlm.cli import main as cli_main
 from planlm.errors import PlanlmError
 from planlm.models.planner import PlannerShape
@@ -50,9 +51,10 @@ def regression_loader() -> DataLoader:
 
 
 def run_tiny(out: Path, **knobs) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, TinyRegression]:
-    knobs = TrainArgs(**{"max_epochs": 2, "accelerator": "cpu", "devices": 1, "progress_bar": False,
-                         "log_every_n_steps": 1, "gradient_clip_val": None, **knobs})
-    trainer, best = build_trainer(knobs, out, best_filename="best", log_folders={"csv": "logs", "tensorboard": "tb"})
+    knobs = TrainArgs(**{"max_epochs": 2, "devices": 1, "progress_bar": False, "log_every_n_steps": 1,
+                         "gradient_clip_val": None, **knobs})
+    trainer, best = build_trainer(knobs, Runtime(device="cpu"), out, best_filename="best",
+                                  log_folders={"csv": "logs", "tensorboard": "tb"})
     module = TinyRegression()
     fit(trainer, module, regression_loader(), regression_loader(), None)
     return trainer, best, module
