@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.models.planner import PlannerShape
 from planlm.train.planner import PlannerTrainArgs, train_planner
@@ -48,8 +49,9 @@ def parse_variant(text: str) -> dict[str, object]:
     return {key: yaml.safe_load(value) for key, value in pairs}
 
 
-def recipe(config: Path, variant: dict) -> tuple[PlannerShape, dict]:
-    """The demo config's planner model and train sections with ``variant``'s fields put in their section."""
+def recipe(config: Path, variant: dict) -> tuple[PlannerShape, dict, Runtime]:
+    """The demo config's planner model and train sections with ``variant``'s fields put in their section, and its
+    runtime section (the precision the planners train in)."""
     section = yaml.safe_load(config.read_text())["planner"]
     model, train = dict(section.get("model") or {}), dict(section.get("train") or {})
     shape_fields = {f.name for f in fields(PlannerShape)}
@@ -61,15 +63,16 @@ def recipe(config: Path, variant: dict) -> tuple[PlannerShape, dict]:
             train[key] = value
         else:
             raise SystemExit(f"--variant: {key!r} is neither a PlannerShape nor a PlannerTrainArgs field")
-    return PlannerShape(**model), train
+    return PlannerShape(**model), train, Runtime(**(section.get("runtime") or {}))
 
 
-def train_one(prepared: Path, out: Path, shape: PlannerShape, train: dict, size: int, seed: int) -> dict:
+def train_one(prepared: Path, out: Path, shape: PlannerShape, train: dict, runtime: Runtime, size: int,
+              seed: int) -> dict:
     """Train (or reuse) one planner on the first ``size`` planner-split articles; its information and time."""
     start = time.perf_counter()
     folder = train_planner(str(prepared), str(out), shape,
                            PlannerTrainArgs(**{**train, "seed": seed, "progress_bar": False,
-                                               "max_train_articles": size or None}))
+                                               "max_train_articles": size or None}), runtime)
     wall = time.perf_counter() - start
     summary = json.loads((folder / "summary.json").read_text())
     timing = out / "wall_time_s.json"
@@ -153,11 +156,12 @@ def main() -> None:
     sizes = sorted({min(size or total, total) for size in args.sizes})
     results = []
     for text in args.variant or ["recipe"]:
-        shape, train = recipe(Path(args.config), parse_variant(text))
+        shape, train, runtime = recipe(Path(args.config), parse_variant(text))
         for size in sizes:
             seeds = args.seeds if not args.seeds_at_ends_only or size in (sizes[0], sizes[-1]) else args.seeds[:1]
             name = text.replace("=", "-").replace(",", "_")
-            runs = [train_one(prepared, out / name / f"n{size}-seed{seed}", shape, train, size, seed) for seed in seeds]
+            runs = [train_one(prepared, out / name / f"n{size}-seed{seed}", shape, train, runtime, size, seed)
+                    for seed in seeds]
             results.append({"variant": text, "articles": size, "seeds": seeds, "runs": runs})
             print(table(results)[-1], flush=True)
     for folder in args.add:
