@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from planlm.errors import PlanlmError, PlanlmWarning
 
@@ -100,6 +100,9 @@ class Runtime:
     unmapping them at every step (each page faulted in again); the process's memory stays at its peak. For the
     rest of the process, from the command's start (planlm.speed.keep_freed_memory)."""
 
+    # The knobs that compute the same model faster; train-planner, train-lm, evaluate and sweep apply them.
+    SPEED: ClassVar[tuple[str, ...]] = ("compile", "loss_chunk_size", "compile_loss", "keep_freed_memory")
+
     def __post_init__(self):
         self.precision = read_precision(self.precision, "--runtime.precision")
         if self.loss_chunk_size < 0:
@@ -110,6 +113,16 @@ class Runtime:
         kind, _, index = self.device.partition(":")
         if kind not in ("auto", "cpu", "cuda", "mps") or (index and not index.isdigit()):
             raise PlanlmError(f"--runtime.device {self.device!r}: choose auto, cpu, cuda or cuda:N")
+
+    def note_unused_speed(self, command: str, applied: tuple[str, ...] = ()) -> None:
+        """One line naming the speed knobs set away from their defaults on a ``command`` that does not apply them
+        (it applies ``applied``): sampling plans and generating text have no chunked loss and are not compiled, a
+        planner has no LM loss."""
+        changed = [f"--runtime.{knob}" for knob in self.SPEED
+                   if knob not in applied and getattr(self, knob) != getattr(Runtime, knob)]
+        if changed:
+            renamed_note(f"{command}: {', '.join(changed)} not used here: train-lm, evaluate and sweep apply every "
+                         f"speed knob, train-planner compile and keep_freed_memory")
 
     def torch_device(self) -> torch.device:
         """The torch device: ``auto`` is CUDA when there is one, else the CPU."""

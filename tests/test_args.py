@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from dataclasses import fields
 
 import pytest
@@ -78,6 +79,14 @@ def test_every_command_that_runs_a_network_takes_the_one_runtime_group():
         parameters = inspect.signature(load_command(name)).parameters
         assert parameters["runtime"].annotation in (Runtime, "Runtime")
         assert not {"device", "precision", "speed"} & set(parameters), name
+
+
+def test_a_speed_knob_on_a_command_that_does_not_apply_it_is_a_one_line_note():
+    with pytest.warns(PlanlmWarning, match="generate: --runtime.compile, --runtime.loss_chunk_size not used here"):
+        Runtime(compile=True, loss_chunk_size=0).note_unused_speed("generate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Runtime(device="cpu", precision="bf16").note_unused_speed("generate")  # device and precision are read
 
 
 def test_the_runtime_group_checks_its_device_and_reads_lightnings_gpu():

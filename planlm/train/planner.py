@@ -103,6 +103,7 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
     Returns:
         The planner folder (load it with ``Planner.from_pretrained``).
     """
+    runtime.note_unused_speed("train-planner", applied=("compile", "keep_freed_memory"))
     device_type = runtime.training_device_type()
     check_bf16(runtime.arithmetic(device_type), device_type, "train-planner: --runtime.precision")
     prepared = PreparedDataset(prepared_dir)
