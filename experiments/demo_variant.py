@@ -30,9 +30,7 @@ def variant_config(run: Path, condition: str, seed: int, changes: list[str]) -> 
     """The ``train-lm`` arguments of ``condition``'s seed, with ``section.key=value`` changes (values as YAML)."""
     config = json.loads((run / "lm" / condition / f"seed{seed}" / "manifest.json").read_text())["config"]
     args = {name: dict(config[name]) for name in ("model", "plans", "adapter", "train")}
-    args["runtime"] = recorded_runtime(args["train"])
-    for moved in ("accelerator", "precision"):  # the runtime group's, keyed with the trainer group's knobs
-        args["train"].pop(moved, None)
+    args["train"], args["runtime"] = recorded_runtime(args["train"])
     for change in changes:
         key, value = change.split("=", 1)
         section, name = key.split(".", 1)

@@ -44,13 +44,6 @@ def read_precision(value: Any, flag: str) -> str:
     raise PlanlmError(f"{flag} {value!r}: choose {', '.join(PRECISIONS)}: {PRECISION_HELP}")
 
 
-def device_precision(value: Any, flag: str, device_type: str) -> str:
-    """``read_precision`` with ``native`` resolved on this ``device_type`` (bf16 or fp32), so that a stage's reuse
-    key says which arithmetic ran."""
-    precision = read_precision(value, flag)
-    return arithmetic(precision, device_type) if precision == "native" else precision
-
-
 def arithmetic(precision: str, device_type: str) -> Literal["fp32", "bf16"]:
     """The arithmetic ``precision`` asks for on a ``device_type`` (cuda, cpu) device: fp32 or bf16."""
     if precision == "native":
@@ -121,8 +114,8 @@ class Runtime:
         changed = [f"--runtime.{knob}" for knob in self.SPEED
                    if knob not in applied and getattr(self, knob) != getattr(Runtime, knob)]
         if changed:
-            renamed_note(f"{command}: {', '.join(changed)} not used here: train-lm, evaluate and sweep apply every "
-                         f"speed knob, train-planner compile and keep_freed_memory")
+            warnings.warn(f"{command}: {', '.join(changed)} not used here: train-lm, evaluate and sweep apply every "
+                          f"speed knob, train-planner compile and keep_freed_memory", PlanlmWarning, stacklevel=3)
 
     def torch_device(self) -> torch.device:
         """The torch device: ``auto`` is CUDA when there is one, else the CPU."""
@@ -137,7 +130,7 @@ class Runtime:
     def resolved_precision(self) -> str:
         """The precision with ``native`` resolved on this device (bf16 or fp32), so that a reuse key says which
         arithmetic ran; auto, fp32 and bf16 as given."""
-        return device_precision(self.precision, "--runtime.precision", self.torch_device().type)
+        return self.arithmetic() if self.precision == "native" else self.precision
 
     def accelerator(self) -> str:
         """The Lightning accelerator of a training on this device (auto, cpu, cuda, mps)."""
@@ -148,6 +141,13 @@ class Runtime:
         import torch
 
         return "cuda" if torch.cuda.is_available() and self.accelerator() in ("auto", "cuda") else "cpu"
+
+    def check_training_precision(self, command: str) -> None:
+        """One-line error for bf16 asked of a training on a CPU that lacks it (``command`` names the setting)."""
+        from planlm.device import check_bf16
+
+        device_type = self.training_device_type()
+        check_bf16(self.arithmetic(device_type), device_type, f"{command}: --runtime.precision")
 
     def lightning_precision(self) -> str:
         """The Lightning Trainer's precision of a training on this runtime: bf16-mixed or 32-true."""
@@ -176,5 +176,5 @@ def read_renamed(section: dict, renamed: dict[str, str], where: str) -> dict:
     return out
 
 
-__all__ = ["Runtime", "PRECISIONS", "PRECISION_HELP", "read_precision", "device_precision", "arithmetic",
+__all__ = ["Runtime", "PRECISIONS", "PRECISION_HELP", "read_precision", "arithmetic",
            "lightning_precision", "read_renamed", "renamed_note"]

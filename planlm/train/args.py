@@ -113,11 +113,13 @@ class TrainArgs:
         return key
 
 
-def recorded_runtime(key: dict[str, Any]) -> dict[str, Any]:
-    """The runtime group (device, precision) a training ran under, from the ``train`` part of its reuse key (as a
-    stage's manifest records it; ``TrainArgs.reuse_key``), in the runtime group's spelling."""
+def recorded_runtime(key: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(trainer group, runtime group) of a training, from the ``train`` part of its reuse key as a stage's manifest
+    records it (``TrainArgs.reuse_key``): the trainer knobs without the runtime's accelerator and precision, and
+    those two in the runtime group's names and spelling (device, precision)."""
     spelling = {keyed: precision for precision, keyed in _KEY_PRECISION.items()}
-    return {"device": key.get("accelerator", "auto"), "precision": spelling[key.get("precision")]}
+    train = {name: value for name, value in key.items() if name not in ("accelerator", "precision")}
+    return train, {"device": key.get("accelerator", "auto"), "precision": spelling[key.get("precision")]}
 
 
 def _default(knob) -> Any:

@@ -23,7 +23,6 @@ from torch.utils.data import DataLoader
 from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.windows import WindowCollator, article_windows
-from planlm.device import check_bf16
 from planlm.errors import PlanlmError
 from planlm.files import file_sha256
 from planlm.models.adapter import AdapterConfig, AdapterSettings
@@ -295,8 +294,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     from planlm.data.resources import use_offline_mode_if_no_hub
 
     use_offline_mode_if_no_hub()
-    device_type = runtime.training_device_type()
-    check_bf16(runtime.arithmetic(device_type), device_type, "train-lm: --runtime.precision")
+    runtime.check_training_precision("train-lm")
     spec = plans.resolve()
     spec.check_source()
     prepared = PreparedDataset(prepared_dir)

@@ -32,7 +32,6 @@ from torch.utils.data import DataLoader
 
 from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
-from planlm.device import check_bf16
 from planlm.errors import PlanlmError
 from planlm.models.planner import Planner, PlannerConfig, PlannerShape
 from planlm.plans.contexts import check_split
@@ -104,8 +103,7 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
         The planner folder (load it with ``Planner.from_pretrained``).
     """
     runtime.note_unused_speed("train-planner", applied=("compile", "keep_freed_memory"))
-    device_type = runtime.training_device_type()
-    check_bf16(runtime.arithmetic(device_type), device_type, "train-planner: --runtime.precision")
+    runtime.check_training_precision("train-planner")
     prepared = PreparedDataset(prepared_dir)
     train = replace(train, train_split=train.train_split or prepared.planner_split)  # the reuse key names it
     config = PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim,
