@@ -27,15 +27,6 @@ def cpu_supports_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def native_precision(precision: str | None, device_type: str, bf16: str, fp32: str) -> str | None:
-    """``native`` resolved on this machine: ``bf16`` where the device computes bf16 natively (CUDA, or a CPU with
-    AVX512-BF16 / AMX), ``fp32`` elsewhere (a config that runs fast where it can and everywhere); any other
-    value as given."""
-    if precision != "native":
-        return precision
-    return bf16 if device_type == "cuda" or cpu_supports_bf16() else fp32
-
-
 def check_bf16(precision: str | None, device_type: str, flag: str) -> None:
     """One-line error for bf16 asked of a CPU that lacks it (``flag`` names the setting to change)."""
     if precision and "bf16" in precision and device_type == "cpu" and not cpu_supports_bf16():

@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
