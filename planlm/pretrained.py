@@ -15,6 +15,7 @@ Names that resolve here (everything else passes through to ``AutoModelForCausalL
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -66,13 +67,29 @@ def resolve_pretrained(name_or_path: str | None) -> str | None:
     return str(folder)
 
 
+@contextlib.contextmanager
+def _hf_progress_bars():
+    """transformers' GGUF reader draws its bar with plain tqdm, which ``planlm.console.library_output_to`` cannot
+    route to the stage's log: in the block it draws through transformers' own tqdm, which that function routes."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    import transformers.utils.logging as hf_logging
+
+    plain = gguf_utils.tqdm
+    gguf_utils.tqdm = hf_logging.tqdm
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = plain
+
+
 def export_gguf(path: Path, folder: Path) -> Path:
     """Dequantise a GGUF file into a plain HF folder (safetensors + config + tokenizer), atomically."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        lm = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        with _hf_progress_bars():
+            lm = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except (ValueError, NotImplementedError, KeyError) as e:
         raise PlanlmError(f"{path}: transformers cannot load this GGUF file ({str(e).splitlines()[0]}); use a GGUF "

@@ -55,6 +55,21 @@ def test_a_gguf_file_loads_as_the_model_it_holds_and_is_exported_once(tiny_gguf,
     load_causal_lm(str(path))  # the second load reads the exported folder
 
 
+def test_the_gguf_export_bar_goes_to_the_stage_log_not_the_console(tiny_gguf, tmp_path, capfd):
+    import io
+
+    from planlm import pretrained
+    from planlm.console import library_output_to
+
+    path, _ = tiny_gguf
+    log = io.StringIO()
+    with library_output_to(log):
+        pretrained.export_gguf(path, tmp_path / "exported")
+    assert "de-quantizing GGUF tensors" in log.getvalue()
+    captured = capfd.readouterr()
+    assert "GGUF" not in captured.err + captured.out
+
+
 def test_an_adapter_trains_on_a_gguf_base_with_its_own_tokenizer(tiny_gguf, tmp_path):
     path, _ = tiny_gguf
     prepared = make_synthetic_prepared(tmp_path / "prepared", tokenizer=str(path),
