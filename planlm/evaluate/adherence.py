@@ -46,7 +46,7 @@ from planlm.evaluate.metrics import AdherenceMetrics, ConditionAdherence, Seeded
 from planlm.evaluate.outline import Outline
 from planlm.jsonio import write_json
 from planlm.plans.spec import PlanSpec
-from planlm.stage import StageDir, config_fingerprint
+from planlm.stage import StageDir, config_fingerprint, read_manifest
 
 Condition = Literal["outline", "own", "fixed", "shuffled"]
 TOP = 5
@@ -262,9 +262,7 @@ def summarise(rows: list[dict], tasks: list[OutlineTask], split: PreparedSplit, 
     """Per condition: adherence, top-5, chance, chance top-5 and adherence / chance, over documents and seeds; and
     paired (the same prompts, documents resampled together, seed by seed) outline's adherence minus each other's."""
     if "shuffled" in conditions:  # also scored against the outline it was given: steering alone
-        rows = rows + [{**r, "condition": ASKED, "requested": r["asked"], f"top{TOP}": int(r["asked"] in r["ranked"])}
-                       for r in rows if r["condition"] == "shuffled"]
-        conditions = [*conditions, ASKED]
+        rows, conditions = with_asked(rows), [*conditions, ASKED]
     articles = sorted({t.article for t in tasks})
     clusters = [split.articles[a].get("source", split.articles[a]["id"]) for a in articles]
     asked = len(tasks) * len(tasks[0].actions)
@@ -286,6 +284,51 @@ def summarise(rows: list[dict], tasks: list[OutlineTask], split: PreparedSplit, 
             outline_minus=(interval(lambda w, s: outline(w, s) - other(w, s))
                            if outline is not None and condition != "outline" else None))
     return AdherenceMetrics(measured)
+
+
+def with_asked(rows: list[dict]) -> list[dict]:
+    """``rows`` and, for each shuffled one, a copy under ``ASKED`` scored against the outline it was given."""
+    return rows + [{**r, "condition": ASKED, "requested": r["asked"], f"top{TOP}": int(r["asked"] in r["ranked"])}
+                   for r in rows if r["condition"] == "shuffled"]
+
+
+def read_rows(folder: str | Path) -> list[dict]:
+    """The rows of a finished folder's ``per_sentence.csv`` as ``summarise`` takes them."""
+    rows = []
+    with open(Path(folder) / "per_sentence.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            row = {**r, **{k: int(r[k]) for k in ("seed", "article", "boundary", "position", "requested", "realised",
+                                                   f"top{TOP}")}}
+            row["asked"] = int(r["asked"]) if r["asked"] else None
+            row["ranked"] = np.asarray([int(a) for a in r["ranked"].split()])
+            rows.append(row)
+    return rows
+
+
+def paired_difference(folder_a: str | Path, folder_b: str | Path, prepared_dir: str, num_samples: int = 2000,
+                      confidence: float = 0.95, seed: int = 0) -> dict[str, dict[str, dict]]:
+    """Two finished folders of the same outlines and seeds (e.g. two plan guidance weights), paired: per condition
+    of both (shuffled_asked too), {adherence, over_chance: a - b as ``seeded_interval`` gives it}, the documents
+    resampled together for both and the spread over seeds added."""
+    configs = [read_manifest(folder)["config"] for folder in (folder_a, folder_b)]
+    if configs[0]["tasks"] != configs[1]["tasks"] or list(configs[0]["models"]) != list(configs[1]["models"]):
+        raise PlanlmError(f"{folder_a} and {folder_b}: not the same outlines and seeds, so they cannot be paired")
+    prepared = PreparedDataset(prepared_dir)
+    split = prepared.split(configs[0]["split"])
+    tasks = [OutlineTask(**t) for t in configs[0]["tasks"]]
+    articles = sorted({t.article for t in tasks})
+    clusters = [split.articles[a].get("source", split.articles[a]["id"]) for a in articles]
+    seeds = [int(s) for s in configs[0]["models"]]
+    rows = [with_asked(read_rows(folder)) for folder in (folder_a, folder_b)]
+    shared = [c for c in dict.fromkeys(r["condition"] for r in rows[0]) if any(r["condition"] == c for r in rows[1])]
+    out = {}
+    for condition in shared:
+        stats = [_statistics([_article_tables([r for r in side if r["condition"] == condition and r["seed"] == s],
+                                              articles, prepared.num_actions) for s in seeds]) for side in rows]
+        out[condition] = {name: seeded_interval(lambda w, s, name=name: stats[0][name](w, s) - stats[1][name](w, s),
+                                                len(seeds), len(articles), num_samples, confidence, seed, clusters)
+                          for name in ("adherence", "over_chance")}
+    return out
 
 
 def _article_tables(rows: list[dict], articles: list[int], num_actions: int) -> dict[str, np.ndarray]:
@@ -347,4 +390,5 @@ def _write_outputs(stage: StageDir, rows: list[dict], metrics: AdherenceMetrics)
     stage.finish(metrics={c: m.means() for c, m in metrics.conditions.items()})
 
 
-__all__ = ["adherence", "select_outlines", "shuffled_outlines", "summarise", "model_seeds", "table"]
+__all__ = ["adherence", "select_outlines", "shuffled_outlines", "summarise", "model_seeds", "table", "paired_difference",
+           "read_rows", "with_asked", "AdherenceMetrics"]

@@ -92,6 +92,7 @@ class SamplingConfig:
             raise PlanlmError(f"--sampling.top_k {self.top_k} must be >= 1")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise PlanlmError(f"--sampling.top_p {self.top_p} must be in (0, 1]")
+        self.plan_guidance = float(self.plan_guidance)  # `--plan_guidance 3` and plan_guidance=3.0: one reuse key
         if self.plan_guidance < 0:
             raise PlanlmError(f"--sampling.plan_guidance {self.plan_guidance} must be >= 0 (1 = off)")
 

@@ -12,10 +12,9 @@ from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
 from planlm.errors import PlanlmError
-from planlm.evaluate.adherence import adherence
+from planlm.evaluate.adherence import adherence, paired_difference
 from planlm.evaluate.generate import action_prior, generate, generate_text, synthetic_embed_fn
 from planlm.evaluate.generator import PlannedGenerator, SamplingConfig
-from planlm.evaluate.metrics import AdherenceMetrics
 from planlm.jsonio import fingerprint
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
 from planlm.plans.spec import PlanSpec
@@ -88,6 +87,7 @@ def test_reuse_keys_are_unchanged_without_guidance_and_bad_settings_are_one_line
     assert fingerprint(plain.reuse_key()) == fingerprint({"max_new_tokens": 12, "temperature": 1.0, "top_k": None,
                                                           "top_p": None, "use_cache": True, "stop": None})
     assert SamplingConfig(plan_guidance=2.0).reuse_key()["plan_guidance"] == 2.0
+    assert fingerprint(SamplingConfig(plan_guidance=3).reuse_key()) == fingerprint(SamplingConfig(plan_guidance=3.0).reuse_key())
     with pytest.raises(PlanlmError, match=r"--sampling.plan_guidance -1.0 must be >= 0 \(1 = off\)"):
         SamplingConfig(plan_guidance=-1.0)
     plain_lm = PlannedLM(PlannedLMConfig(tokenizer="gpt2"), tiny_gpt2())
@@ -103,11 +103,19 @@ def test_generate_and_adherence_take_the_guidance(synthetic_random, tmp_path, ca
                        sampling=SamplingConfig(max_new_tokens=30, plan_guidance=w)) for w in (1.0, 4.0)}
     first = [out[w]["token_logprobs"][0] for w in (1.0, 4.0)]  # the same prompt, the guided distribution
     assert first[0] != pytest.approx(first[1], abs=1e-4)
-    kwargs = dict(max_articles=2, outlines_per_article=1, outline_length=2, tokens_per_sentence=10,
-                  conditions=["outline"], bootstrap_samples=20, runtime=runtime)
-    plain = adherence(str(tmp_path / "oracle"), str(synthetic_random), str(tmp_path / "adh"), **kwargs)
+    kwargs = dict(max_articles=3, outlines_per_article=2, outline_length=2, tokens_per_sentence=10,
+                  conditions=["outline", "shuffled"], bootstrap_samples=20, runtime=runtime)
+    plain = adherence(str(tmp_path / "oracle"), str(synthetic_random), str(tmp_path / "plain"), **kwargs)
+    adherence(str(tmp_path / "oracle"), str(synthetic_random), str(tmp_path / "adh"), **kwargs)
     guided = adherence(str(tmp_path / "oracle"), str(synthetic_random), str(tmp_path / "adh"), plan_guidance=4.0,
                        **kwargs)  # another key: the folder is rebuilt, not reused
-    assert AdherenceMetrics.load(tmp_path / "adh").conditions["outline"].sentences == guided.conditions["outline"].sentences
     assert read_manifest(tmp_path / "adh")["config"]["sampling"]["plan_guidance"] == 4.0
-    assert "| outline |" in capsys.readouterr().out and plain.conditions["outline"].sentences
+    assert "plan guidance 4" in capsys.readouterr().out
+    # paired: a folder against itself differs by nothing; guided - plain is the difference of their means
+    same = paired_difference(tmp_path / "plain", tmp_path / "plain", str(synthetic_random), num_samples=20)
+    assert set(same) == {"outline", "shuffled", "shuffled_asked"}
+    assert all(v["mean"] == 0 and v["ci_low"] == v["ci_high"] == 0 for c in same.values() for v in c.values())
+    difference = paired_difference(tmp_path / "adh", tmp_path / "plain", str(synthetic_random), num_samples=20)
+    for condition in ("outline", "shuffled_asked"):
+        expected = guided.conditions[condition].adherence.mean - plain.conditions[condition].adherence.mean
+        assert difference[condition]["adherence"]["mean"] == pytest.approx(expected)
