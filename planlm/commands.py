@@ -48,6 +48,8 @@ RENAMED_KEYS: dict[str, dict[str, str]] = {
 API: dict[str, str] = {
     **{target.split(":")[1]: target for target in COMMANDS.values()},
     "generate_text": "planlm.evaluate.generate:generate_text",
+    "SamplingConfig": "planlm.evaluate.generator:SamplingConfig",
+    "action_prior": "planlm.evaluate.generate:action_prior",
     "PlannedGenerator": "planlm.evaluate.generator:PlannedGenerator",
     "Outline": "planlm.evaluate.outline:Outline",
     "load_plans": "planlm.plans.cache:load_plans",

@@ -9,6 +9,9 @@ the same prompts:
 - ``own``: the model's own plans (its planner; ``--own`` overrides them, e.g. a planner for an oracle model);
 - ``fixed``: the model's plans replaced by the Fixed baseline's constant action;
 - ``shuffled``: the outline of another boundary (a control: an LM that ignored its plans would score the same).
+  It is scored twice: against the true outline (the control) and, as ``shuffled_asked``, against the outline it
+  was given. The latter is steering alone: the prefix does not predict another piece's actions, so an LM that
+  writes them reads its plans, where hits on the true outline also count what the LM guesses from the prefix.
 
 Every generated sentence that is complete is embedded with the corpus's encoder and assigned its nearest codebook
 entry (as ``planlm prepare`` assigned the training sentences): **adherence** is the fraction whose action is the
@@ -43,12 +46,15 @@ from planlm.evaluate.metrics import AdherenceMetrics, ConditionAdherence, Seeded
 from planlm.evaluate.outline import Outline
 from planlm.jsonio import write_json
 from planlm.plans.spec import PlanSpec
-from planlm.stage import StageDir, config_fingerprint
+from planlm.stage import StageDir, config_fingerprint, read_manifest
 
 Condition = Literal["outline", "own", "fixed", "shuffled"]
 TOP = 5
-FIELDS = ("seed", "condition", "article", "id", "source", "boundary", "position", "requested", "realised",
+FIELDS = ("seed", "condition", "article", "id", "source", "boundary", "position", "requested", "asked", "realised",
           f"top{TOP}", "ranked", "text")
+ASKED = "shuffled_asked"
+"""The shuffled condition scored against the outline it was given (``summarise``)."""
+LABELS = {ASKED: "shuffled, scored on the outline it was given"}
 
 
 @dataclass
@@ -65,7 +71,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
               conditions: list[Condition] = ["outline", "own", "fixed"], plans: PlanSpec = PlanSpec(),
               own: PlanSpec = PlanSpec(), fixed_action: int = 0, seed: int = 0, context_length: int = 128,
               tokens_per_sentence: int = 64, temperature: float = 1.0, top_k: Optional[int] = None,
-              top_p: Optional[float] = None, bootstrap_samples: int = 1000, confidence: float = 0.95,
+              top_p: Optional[float] = None, plan_guidance: float = 1.0, bootstrap_samples: int = 1000, confidence: float = 0.95,
               runtime: Runtime = Runtime()) -> AdherenceMetrics:
     """How often a planned LM writes the action its plan asks for, against chance, its own plans and Fixed.
 
@@ -82,7 +88,8 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         max_articles: Use the first N articles (None: all).
         outlines_per_article: Outlines (sentence starts) drawn per article.
         outline_length: L, the sentences of each outline (and of every condition's continuation).
-        conditions: Of outline, own, fixed, shuffled.
+        conditions: Of outline, own, fixed, shuffled (shuffled is also reported as shuffled_asked: scored on the
+            outline it was given).
         plans: Overrides of the model's plans for every condition (e.g. --plans.planner_dir where its planner moved).
         own: Further overrides for the own condition (e.g. an oracle model's: --own.kind planner_sampled
             --own.planner_dir DIR); unset: the model's own plans.
@@ -93,6 +100,8 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         temperature: LM sampling temperature.
         top_k: Top-k sampling (None: off).
         top_p: Nucleus sampling (None: off).
+        plan_guidance: Plan guidance w of every condition (``SamplingConfig.plan_guidance``; 1: off, > 1: each
+            condition's plans, outline, own, Fixed or shuffled, steer more strongly).
         bootstrap_samples: Bootstrap resamples of the intervals.
         confidence: Confidence level.
         runtime: The device and precision of the LM, the adapter and the planner (runtime.device,
@@ -105,7 +114,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
     _check_args(outline_length, outlines_per_article, max_articles, tokens_per_sentence, conditions)
     runtime.note_unused_speed("adherence")
     sampling = SamplingConfig(max_new_tokens=outline_length * tokens_per_sentence, temperature=temperature,
-                              top_k=top_k, top_p=top_p)
+                              top_k=top_k, top_p=top_p, plan_guidance=plan_guidance)
     models = model_seeds(model_dir)
     prepared = PreparedDataset(prepared_dir)
     split_view = prepared.split(split)
@@ -114,8 +123,9 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
     key = {"models": {s: model_fingerprint(folder) for s, folder in models.items()},
            "prepared": config_fingerprint(prepared_dir), "split": split, "tasks": tasks,
            "conditions": list(conditions), "specs": {c: _spec_key(specs[c]) for c in conditions}, "seed": seed,
-           "context_length": context_length, "sampling": sampling, "bootstrap_samples": bootstrap_samples,
-           "confidence": confidence, "generation_version": GENERATION_VERSION}
+           "context_length": context_length, "sampling": sampling.reuse_key(), "bootstrap_samples": bootstrap_samples,
+           "confidence": confidence, "generation_version": GENERATION_VERSION,
+           **({"scored_asked": True} if "shuffled" in conditions else {})}  # folders before shuffled_asked: rebuilt
     with StageDir(out_dir, key) as stage:
         if stage.reused:
             return AdherenceMetrics.load(stage.path)
@@ -129,7 +139,8 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         metrics = summarise(rows, tasks, split_view, list(models), list(conditions), prepared.num_actions,
                             bootstrap_samples, confidence, seed)
         _write_outputs(stage, rows, metrics)
-    print(f"{model_dir} on {split} ({len(tasks)} outlines of {outline_length} sentences, seeds {list(models)}):")
+    guidance = f", plan guidance {plan_guidance:g}" if sampling.guided else ""
+    print(f"{model_dir} on {split} ({len(tasks)} outlines of {outline_length} sentences, seeds {list(models)}{guidance}):")
     print(table(metrics))
     return metrics
 
@@ -221,7 +232,8 @@ class _Run:
             article = self.split_view.articles[task.article]
             rows += [{"seed": model_seed, "condition": condition, "article": task.article, "id": article["id"],
                       "source": article.get("source", article["id"]), "boundary": task.boundary, "position": j,
-                      "requested": task.actions[j], "text": s["text"].strip()}
+                      "requested": task.actions[j], "asked": plan[j] if outline is not None else None,
+                      "text": s["text"].strip()}
                      for j, s in enumerate(result.sentences[:len(task.actions)]) if s["complete"]]
             bar.advance()
         return self._realised(rows)
@@ -249,6 +261,8 @@ def summarise(rows: list[dict], tasks: list[OutlineTask], split: PreparedSplit, 
               seed: int) -> AdherenceMetrics:
     """Per condition: adherence, top-5, chance, chance top-5 and adherence / chance, over documents and seeds; and
     paired (the same prompts, documents resampled together, seed by seed) outline's adherence minus each other's."""
+    if "shuffled" in conditions:  # also scored against the outline it was given: steering alone
+        rows, conditions = with_asked(rows), [*conditions, ASKED]
     articles = sorted({t.article for t in tasks})
     clusters = [split.articles[a].get("source", split.articles[a]["id"]) for a in articles]
     asked = len(tasks) * len(tasks[0].actions)
@@ -270,6 +284,51 @@ def summarise(rows: list[dict], tasks: list[OutlineTask], split: PreparedSplit, 
             outline_minus=(interval(lambda w, s: outline(w, s) - other(w, s))
                            if outline is not None and condition != "outline" else None))
     return AdherenceMetrics(measured)
+
+
+def with_asked(rows: list[dict]) -> list[dict]:
+    """``rows`` and, for each shuffled one, a copy under ``ASKED`` scored against the outline it was given."""
+    return rows + [{**r, "condition": ASKED, "requested": r["asked"], f"top{TOP}": int(r["asked"] in r["ranked"])}
+                   for r in rows if r["condition"] == "shuffled"]
+
+
+def read_rows(folder: str | Path) -> list[dict]:
+    """The rows of a finished folder's ``per_sentence.csv`` as ``summarise`` takes them."""
+    rows = []
+    with open(Path(folder) / "per_sentence.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            row = {**r, **{k: int(r[k]) for k in ("seed", "article", "boundary", "position", "requested", "realised",
+                                                   f"top{TOP}")}}
+            row["asked"] = int(r["asked"]) if r["asked"] else None
+            row["ranked"] = np.asarray([int(a) for a in r["ranked"].split()])
+            rows.append(row)
+    return rows
+
+
+def paired_difference(folder_a: str | Path, folder_b: str | Path, prepared_dir: str, num_samples: int = 2000,
+                      confidence: float = 0.95, seed: int = 0) -> dict[str, dict[str, dict]]:
+    """Two finished folders of the same outlines and seeds (e.g. two plan guidance weights), paired: per condition
+    of both (shuffled_asked too), {adherence, over_chance: a - b as ``seeded_interval`` gives it}, the documents
+    resampled together for both and the spread over seeds added."""
+    configs = [read_manifest(folder)["config"] for folder in (folder_a, folder_b)]
+    if configs[0]["tasks"] != configs[1]["tasks"] or list(configs[0]["models"]) != list(configs[1]["models"]):
+        raise PlanlmError(f"{folder_a} and {folder_b}: not the same outlines and seeds, so they cannot be paired")
+    prepared = PreparedDataset(prepared_dir)
+    split = prepared.split(configs[0]["split"])
+    tasks = [OutlineTask(**t) for t in configs[0]["tasks"]]
+    articles = sorted({t.article for t in tasks})
+    clusters = [split.articles[a].get("source", split.articles[a]["id"]) for a in articles]
+    seeds = [int(s) for s in configs[0]["models"]]
+    rows = [with_asked(read_rows(folder)) for folder in (folder_a, folder_b)]
+    shared = [c for c in dict.fromkeys(r["condition"] for r in rows[0]) if any(r["condition"] == c for r in rows[1])]
+    out = {}
+    for condition in shared:
+        stats = [_statistics([_article_tables([r for r in side if r["condition"] == condition and r["seed"] == s],
+                                              articles, prepared.num_actions) for s in seeds]) for side in rows]
+        out[condition] = {name: seeded_interval(lambda w, s, name=name: stats[0][name](w, s) - stats[1][name](w, s),
+                                                len(seeds), len(articles), num_samples, confidence, seed, clusters)
+                          for name in ("adherence", "over_chance")}
+    return out
 
 
 def _article_tables(rows: list[dict], articles: list[int], num_actions: int) -> dict[str, np.ndarray]:
@@ -314,7 +373,7 @@ def table(metrics: AdherenceMetrics) -> str:
              "sentences (per seed) |", "|---|---|---|---|---|---|---|"]
     for condition, m in metrics.conditions.items():
         minus = cell(m.outline_minus) if m.outline_minus is not None else ""
-        lines.append(f"| {condition} | {cell(m.adherence)} | {cell(m.top5)} | {cell(m.chance)} | "
+        lines.append(f"| {LABELS.get(condition, condition)} | {cell(m.adherence)} | {cell(m.top5)} | {cell(m.chance)} | "
                      f"{cell(m.over_chance, False)} | {minus} | {' / '.join(map(str, m.sentences))} of "
                      f"{m.sentences_asked} |")
     return "\n".join(lines)
@@ -331,4 +390,5 @@ def _write_outputs(stage: StageDir, rows: list[dict], metrics: AdherenceMetrics)
     stage.finish(metrics={c: m.means() for c, m in metrics.conditions.items()})
 
 
-__all__ = ["adherence", "select_outlines", "shuffled_outlines", "summarise", "model_seeds", "table"]
+__all__ = ["adherence", "select_outlines", "shuffled_outlines", "summarise", "model_seeds", "table", "paired_difference",
+           "read_rows", "with_asked", "AdherenceMetrics"]

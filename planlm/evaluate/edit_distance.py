@@ -113,7 +113,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     spec = generator.spec
     key = {**evaluation_inputs(model_dir, prepared_dir, spec.planner_dir), "split": split, "articles": num_articles,
            "max_boundaries_per_article": max_boundaries_per_article, "seed": seed, "context_length": context_length,
-           "sampling": sampling, "plan_spec": spec.cache_key(), "device_type": generator.device.type,
+           "sampling": sampling.reuse_key(), "plan_spec": spec.cache_key(), "device_type": generator.device.type,
            "precision": generator.precision, "bootstrap_samples": bootstrap_samples, "confidence": confidence,
            "generation_version": GENERATION_VERSION}
     with StageDir(out_dir, key) as stage:

@@ -80,17 +80,25 @@ def action_examples(prepared: PreparedDataset, split: str = "train") -> Callable
     return example
 
 
+def action_prior(prepared: PreparedDataset) -> np.ndarray:
+    """(C,) how often each action labels a train sentence: the null plan of plan guidance (what the LM's plans say
+    when they say nothing)."""
+    return np.bincount(np.asarray(prepared.split("train").actions), minlength=prepared.num_actions).astype(np.float64)
+
+
 def generate_text(model, tokenizer, prompt: str, *, plans: PlanSpec | None = None, planner=None,
                   embed_fn: EmbedFn | None = None, sampling: SamplingConfig | None = None, seed: int = 0,
                   device: str = "cpu", precision: str = "auto", outline: Outline | list | None = None,
-                  after_outline: AfterOutline = "planner") -> GenerationResult:
+                  after_outline: AfterOutline = "planner", action_prior: np.ndarray | None = None) -> GenerationResult:
     """Python API: continue ``prompt`` with a PlannedLM (plans from ``planner`` when ``plans`` asks; default none).
 
     ``outline``: the action ids or plain-word sentences the generated sentences should follow (an ``Outline``,
     or its items with ``after_outline``); sentences need ``embed_fn`` (the corpus's encoder) and the model's
-    codebook. Each generated sentence then records its ``requested`` action."""
+    codebook. Each generated sentence then records its ``requested`` action. ``action_prior``: the action
+    frequencies of the null plan that ``sampling.plan_guidance`` contrasts with (``action_prior(prepared)``; None:
+    uniform)."""
     generator = PlannedGenerator(model, tokenizer, plans or PlanSpec(), planner=planner, embed_fn=embed_fn,
-                                 device=device, seed=seed, precision=precision)
+                                 device=device, seed=seed, precision=precision, action_prior=action_prior)
     if outline is not None and not isinstance(outline, Outline):
         outline = Outline(list(outline), after_outline)
     return generator.generate(generator.prompt_from_text(prompt), sampling, outline=outline)
@@ -115,7 +123,8 @@ def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSp
     embed_fn = embed_fn or (encoder_embed_fn(prepared) if planner is not None else None)
     splitter = prepared.manifest.get("config", {}).get("sentences", {}).get("splitter", "sentencizer")
     generator = PlannedGenerator(model, tokenizer, spec, planner=planner, embed_fn=embed_fn, split=split_view,
-                                 sentence_splitter=splitter, device=torch_device, seed=seed, precision=precision)
+                                 sentence_splitter=splitter, device=torch_device, seed=seed, precision=precision,
+                                 action_prior=action_prior(prepared))
     return generator, prepared, split_view
 
 
@@ -138,7 +147,8 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
         article: Continue this article of --split from its sentence --boundary (the true prefix).
         boundary: With --article: how many of its sentences form the prefix (generation starts the next one).
         split: Split of --article.
-        sampling: How tokens are drawn (max_new_tokens, temperature, top_k, top_p, use_cache).
+        sampling: How tokens are drawn (max_new_tokens, temperature, top_k, top_p, use_cache; plan_guidance: > 1
+            strengthens the plans' steer, e.g. an outline's, against the null plan of the train action frequencies).
         plans: The plans (kind: none, fixed, oracle (needs --article), planner_argmax, planner_sampled; num_paths,
             horizon, temperature, seed, fixed_action, planner_dir, path_policy); unset fields: the model's own.
         context_length: With --article: prefix tokens at most.
@@ -217,4 +227,4 @@ def few_words(text: str, words: int = 8) -> str:
     return " ".join(parts[:words]) + (" ..." if len(parts) > words else "")
 
 
-__all__ = ["generate", "generate_text", "build_generator", "encoder_embed_fn", "synthetic_embed_fn", "action_examples"]
+__all__ = ["generate", "generate_text", "build_generator", "action_prior", "encoder_embed_fn", "synthetic_embed_fn", "action_examples"]

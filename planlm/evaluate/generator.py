@@ -39,7 +39,7 @@ Letters: K paths, T horizon, E sentence-embedding width, D LM width, V vocabular
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -77,6 +77,11 @@ class SamplingConfig:
     """Extend a KV cache token by token (False: re-run the window every step; same result, slower)."""
     stop: Optional[list[str]] = None
     """Stop once the generated text holds one of these strings (lm-eval's ``until``; None: max_new_tokens)."""
+    plan_guidance: float = 1.0
+    """Plan guidance w (beyond the paper: classifier-free guidance with the plan as the condition). Each token is
+    drawn from l_null + w (l_plan - l_null), where l_null are the LM's logits under the null plan (every step the
+    action prior, in expectation: a plan that tells nothing). 1: the LM as trained; > 1 strengthens what the plan
+    changes (an outline's steer); 0: the null plan alone. Doubles the LM's batch; needs a model that reads plans."""
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -87,6 +92,20 @@ class SamplingConfig:
             raise PlanlmError(f"--sampling.top_k {self.top_k} must be >= 1")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise PlanlmError(f"--sampling.top_p {self.top_p} must be in (0, 1]")
+        self.plan_guidance = float(self.plan_guidance)  # `--plan_guidance 3` and plan_guidance=3.0: one reuse key
+        if self.plan_guidance < 0:
+            raise PlanlmError(f"--sampling.plan_guidance {self.plan_guidance} must be >= 0 (1 = off)")
+
+    @property
+    def guided(self) -> bool:
+        return self.plan_guidance != 1
+
+    def reuse_key(self) -> dict:
+        """These settings as a stage's reuse key holds them: plan_guidance only when set (older keys lack it)."""
+        key = asdict(self)
+        if not self.guided:
+            del key["plan_guidance"]
+        return key
 
 
 @dataclass
@@ -134,7 +153,8 @@ class GenerationResult:
     lm_calls: int = 0
     token_ids: list = field(default_factory=list)
     token_logprobs: list = field(default_factory=list)
-    """log p(token) of every generated token under the LM (temperature 1, no top-k/top-p)."""
+    """log p(token) of every generated token under the distribution it was drawn from, before temperature, top-k and
+    top-p (the LM's; with plan guidance, the guided one)."""
     token_plan_sentence: list = field(default_factory=list)
     """For every input position (prompt + generated): the document sentence whose plan conditioned it."""
     unaligned_positions: list = field(default_factory=list)
@@ -211,7 +231,7 @@ class PlannedGenerator:
     def __init__(self, model, tokenizer, plans: PlanSpec, *, planner=None,
                  embed_fn: EmbedFn | None = None, split: PreparedSplit | None = None,
                  sentence_splitter: str = "sentencizer", device: str | torch.device = "cpu", seed: int = 0,
-                 precision: str = "auto"):
+                 precision: str = "auto", action_prior: np.ndarray | None = None):
         self.model = model.to(device).eval()
         self.precision = precision  # autocast of the LM, the adapter and the planner (auto: bf16 on CUDA)
         self.tokenizer = tokenizer
@@ -231,6 +251,8 @@ class PlannedGenerator:
         self.lm_calls = 0
         self.paths_sampled: list[int] = []  # paths per planned boundary (the path policy's counts)
         self.document: Optional[OutlineDocument] = None  # the outline of the generation under way
+        self.action_prior = action_prior  # (C,) action frequencies of the null plan (plan guidance); None: uniform
+        self._null_vector: torch.Tensor | None = None
 
     # ------------------------------------------------------------------------------ prompts
     def prompt_from_text(self, text: str, history_embeds: np.ndarray | None = None) -> Prompt:
@@ -326,6 +348,23 @@ class PlannedGenerator:
         paths = plans.action_paths if plans.action_probs is None else plans.action_paths[..., 0]  # (B, K, T)
         return paths, plans.path_mask, vectors
 
+    @torch.no_grad()
+    def null_vector(self) -> torch.Tensor:
+        """(D,) the plan vector of the null plan that plan guidance contrasts with: every path and step the action
+        prior (``action_prior``, else uniform) in expectation, so it tells the LM nothing about the next sentence."""
+        if self._null_vector is None:
+            num_actions = self.model.config.num_actions
+            prior = np.ones(num_actions) if self.action_prior is None else np.asarray(self.action_prior, np.float64)
+            if prior.shape != (num_actions,) or prior.min() < 0 or prior.sum() <= 0:
+                raise PlanlmError(f"action_prior: {num_actions} non-negative frequencies with a positive sum needed "
+                                  f"(got shape {prior.shape})")
+            shape = (1, self.spec.num_paths, self.spec.horizon, num_actions)  # (1, K, T, C)
+            paths = torch.arange(num_actions, device=self.device).expand(shape).contiguous()
+            probs = torch.as_tensor(prior / prior.sum(), dtype=torch.float32, device=self.device).expand(shape)
+            with autocast(self.device, self.precision):
+                self._null_vector = self.model.plan_vectors(paths, None, probs.contiguous()).float()[0]  # (D,)
+        return self._null_vector
+
     @property
     def _outline_spec(self) -> PlanSpec:
         """The plans of outlined sentences: the oracle path of the outline's document, with the generator's K and T."""
@@ -383,7 +422,9 @@ class PlannedGenerator:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
     @torch.no_grad()
-    def _next_logits(self, state: GenerationState, use_cache: bool) -> torch.Tensor:
+    def _next_logits(self, state: GenerationState, use_cache: bool, guidance: float = 1.0) -> torch.Tensor:
+        """(V,) logits of the next token; with plan guidance w != 1, l_null + w (l_plan - l_null) from a batch of two
+        rows (the plans, the null plan; the KV cache holds both)."""
         ids, position_plan = state.ids, state.position_plan
         if len(ids) - state.window_start > self.max_positions:  # slide by one: the last max_positions tokens
             state.window_start = len(ids) - self.max_positions
@@ -391,9 +432,14 @@ class PlannedGenerator:
         begin = state.window_start + (state.cached if use_cache else 0)
         input_ids = torch.tensor(ids[begin:], device=self.device)[None]  # (1, L)
         kwargs = {}
+        guided = guidance != 1 and bool(state.vectors)
         if state.vectors:
             table = torch.stack(state.vectors)  # (P, D) every plan made so far
             kwargs["plan_embeds"] = table[torch.tensor(position_plan[begin:], device=self.device)][None]  # (1, L, D)
+            if guided:  # row 1: the null plan at every position
+                kwargs["plan_embeds"] = torch.cat([kwargs["plan_embeds"],
+                                                   self.null_vector().expand_as(kwargs["plan_embeds"])])  # (2, L, D)
+                input_ids = input_ids.expand(2, -1)  # (2, L)
         self.lm_calls += 1
         with autocast(self.device, self.precision):
             if use_cache:
@@ -402,7 +448,8 @@ class PlannedGenerator:
                 state.cache, state.cached = out.past_key_values, len(ids) - state.window_start
             else:
                 out = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1, **kwargs)
-        return out.logits[0, -1]  # (V,)
+        logits = out.logits[:, -1].float()  # (1 or 2, V)
+        return logits[1] + guidance * (logits[0] - logits[1]) if guided else logits[0]
 
     def _add_plans(self, state: GenerationState, paths, mask, vectors, sentences: list[int],
                    contexts: list[np.ndarray]) -> list[int]:
@@ -433,6 +480,9 @@ class PlannedGenerator:
             max_sentences = stop if max_sentences is None else min(max_sentences, stop)
         if max_sentences is not None and max_sentences < 1:
             raise PlanlmError(f"max_sentences {max_sentences} must be >= 1")
+        if sampling.guided and (not self.spec.has_plans or self.model.adapter is None):
+            raise PlanlmError(f"--sampling.plan_guidance {sampling.plan_guidance}: this model reads no plans (plans "
+                              f"kind none), so there is nothing to guide; leave it at 1")
         try:
             return self._generate(prompt, sampling, max_sentences)
         finally:
@@ -471,7 +521,7 @@ class PlannedGenerator:
 
     def _step(self, state: GenerationState, prompt: Prompt, sampling: SamplingConfig) -> None:
         """Sample one token, then follow the splitter: re-plan when a sentence ended, step back when it merged."""
-        logits = self._next_logits(state, sampling.use_cache)  # (V,)
+        logits = self._next_logits(state, sampling.use_cache, sampling.plan_guidance)  # (V,)
         token = self._sample(logits, sampling)
         state.logprobs.append(float(torch.log_softmax(logits.float(), -1)[token]))
         state.ids.append(token)

@@ -13,7 +13,7 @@ from planlm.cli import main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
 from planlm.errors import PlanlmError
-from planlm.evaluate.adherence import OutlineTask, adherence, shuffled_outlines
+from planlm.evaluate.adherence import ASKED, OutlineTask, adherence, select_outlines, shuffled_outlines, summarise, table
 from planlm.evaluate.generate import generate, generate_text, synthetic_embed_fn
 from planlm.evaluate.generator import PlannedGenerator, SamplingConfig
 from planlm.evaluate.metrics import AdherenceMetrics
@@ -90,6 +90,27 @@ def test_shuffled_outlines_are_other_boundaries_outlines():
     shuffled = shuffled_outlines(tasks, seed=0)
     assert sorted(map(tuple, shuffled)) == sorted(tuple(t.actions) for t in tasks)
     assert all(s != t.actions for s, t in zip(shuffled, tasks))
+
+
+def test_the_shuffled_condition_is_also_scored_on_the_outline_it_was_given(synthetic_random):
+    # An LM that writes exactly what its plans ask for: under a shuffled outline it misses the true actions and
+    # hits every asked one; an LM that writes the truth whatever it is asked is the other way round.
+    split = PreparedDataset(synthetic_random)["test"]
+    tasks = select_outlines(split, max_articles=6, per_article=2, length=2, seed=0)
+    asked = shuffled_outlines(tasks, seed=0)
+    def rows(writes):
+        return [{"seed": 0, "condition": "shuffled", "article": t.article, "requested": t.actions[j],
+                 "asked": plan[j], "realised": writes(t.actions[j], plan[j]), "top5": 0,
+                 "ranked": np.asarray([writes(t.actions[j], plan[j])])}
+                for t, plan in zip(tasks, asked) for j in range(2)]
+    for writes, expected in ((lambda true, ask: ask, (0.0, 1.0)), (lambda true, ask: true, (1.0, 0.0))):
+        data = rows(writes)
+        hits_true = np.mean([r["requested"] == r["asked"] for r in data])  # where the two outlines agree
+        metrics = summarise(data, tasks, split, [0], ["shuffled"], split.actions.max() + 1, 50, 0.95, 0)
+        assert list(metrics.conditions) == ["shuffled", ASKED]
+        got = (metrics.conditions["shuffled"].adherence.mean, metrics.conditions[ASKED].adherence.mean)
+        assert got[expected.index(0.0)] == pytest.approx(hits_true) and got[expected.index(1.0)] == 1.0
+    assert "| shuffled, scored on the outline it was given |" in table(metrics)
 
 
 @pytest.fixture(scope="module")
