@@ -287,9 +287,10 @@ def summarise(rows: list[dict], tasks: list[OutlineTask], split: PreparedSplit, 
 
 
 def with_asked(rows: list[dict]) -> list[dict]:
-    """``rows`` and, for each shuffled one, a copy under ``ASKED`` scored against the outline it was given."""
+    """``rows`` and, for each shuffled one, a copy under ``ASKED`` scored against the outline it was given (not for
+    rows of folders written before the ``asked`` column)."""
     return rows + [{**r, "condition": ASKED, "requested": r["asked"], f"top{TOP}": int(r["asked"] in r["ranked"])}
-                   for r in rows if r["condition"] == "shuffled"]
+                   for r in rows if r["condition"] == "shuffled" and r.get("asked") is not None]
 
 
 def read_rows(folder: str | Path) -> list[dict]:
@@ -299,7 +300,7 @@ def read_rows(folder: str | Path) -> list[dict]:
         for r in csv.DictReader(f):
             row = {**r, **{k: int(r[k]) for k in ("seed", "article", "boundary", "position", "requested", "realised",
                                                    f"top{TOP}")}}
-            row["asked"] = int(r["asked"]) if r["asked"] else None
+            row["asked"] = int(r["asked"]) if r.get("asked") else None  # folders before the column: None
             row["ranked"] = np.asarray([int(a) for a in r["ranked"].split()])
             rows.append(row)
     return rows

@@ -4,6 +4,9 @@ serves both rows, and the commands take it."""
 
 from __future__ import annotations
 
+import csv
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -115,6 +118,17 @@ def test_generate_and_adherence_take_the_guidance(synthetic_random, tmp_path, ca
     same = paired_difference(tmp_path / "plain", tmp_path / "plain", str(synthetic_random), num_samples=20)
     assert set(same) == {"outline", "shuffled", "shuffled_asked"}
     assert all(v["mean"] == 0 and v["ci_low"] == v["ci_high"] == 0 for c in same.values() for v in c.values())
+    # a folder written before the asked column pairs on everything but shuffled_asked
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "plain", old)
+    with open(old / "per_sentence.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(old / "per_sentence.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "asked"], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    assert set(paired_difference(old, tmp_path / "plain", str(synthetic_random), num_samples=20)) == {"outline",
+                                                                                                       "shuffled"}
     difference = paired_difference(tmp_path / "adh", tmp_path / "plain", str(synthetic_random), num_samples=20)
     for condition in ("outline", "shuffled_asked"):
         expected = guided.conditions[condition].adherence.mean - plain.conditions[condition].adherence.mean
