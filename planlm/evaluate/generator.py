@@ -28,6 +28,10 @@ outline; the other boundaries keep the generator's own plans (a kind that reads 
 that document everywhere). With ``max_sentences`` (or an outline that ends in ``stop``) generation ends once that
 many sentences are written: the tokens of the next one are dropped.
 
+Plan guidance (``SamplingConfig.plan_guidance`` w != 1; docs/method.md) runs the LM on two rows, the plans and the
+null plan (``null_vector``: the action prior in expectation), and draws each token from
+l_null + w (l_plan - l_null); the KV cache holds both rows, and a rollback crops both.
+
 With ``use_cache`` the KV cache (``past_key_values``) is extended token by token; without it, every
 step re-runs the whole window (the reference the cache is tested against). When the sequence
 outgrows the LM's position limit, the window slides by one token per step, so that every token is predicted
