@@ -45,7 +45,8 @@ def oracle_models(run: Path, out_dir: Path, extra_seeds: list[int]) -> Path:
                     "--seeds", json.dumps(extra_seeds)], check=True)
     models = out_dir / "oracle-models"
     models.mkdir(parents=True, exist_ok=True)
-    for seed_dir in [*sorted((run / "lm/oracle").glob("seed*")), *(seeds_run / f"lm/oracle/seed{s}" for s in extra_seeds)]:
+    extra = [seeds_run / f"lm/oracle/seed{s}" for s in extra_seeds]
+    for seed_dir in [*sorted((run / "lm/oracle").glob("seed*")), *extra]:
         link = models / seed_dir.name
         if not link.exists():
             link.symlink_to(seed_dir.resolve())

@@ -71,8 +71,8 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
               conditions: list[Condition] = ["outline", "own", "fixed"], plans: PlanSpec = PlanSpec(),
               own: PlanSpec = PlanSpec(), fixed_action: int = 0, seed: int = 0, context_length: int = 128,
               tokens_per_sentence: int = 64, temperature: float = 1.0, top_k: Optional[int] = None,
-              top_p: Optional[float] = None, plan_guidance: float = 1.0, bootstrap_samples: int = 1000, confidence: float = 0.95,
-              runtime: Runtime = Runtime()) -> AdherenceMetrics:
+              top_p: Optional[float] = None, plan_guidance: float = 1.0, bootstrap_samples: int = 1000,
+              confidence: float = 0.95, runtime: Runtime = Runtime()) -> AdherenceMetrics:
     """How often a planned LM writes the action its plan asks for, against chance, its own plans and Fixed.
 
     Writes ``per_sentence.csv`` (every generated sentence: requested and realised action, top-5 hit, text),
@@ -140,7 +140,8 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
                             bootstrap_samples, confidence, seed)
         _write_outputs(stage, rows, metrics)
     guidance = f", plan guidance {plan_guidance:g}" if sampling.guided else ""
-    print(f"{model_dir} on {split} ({len(tasks)} outlines of {outline_length} sentences, seeds {list(models)}{guidance}):")
+    print(f"{model_dir} on {split} ({len(tasks)} outlines of {outline_length} sentences, seeds {list(models)}"
+          f"{guidance}):")
     print(table(metrics))
     return metrics
 
@@ -263,16 +264,14 @@ def summarise(rows: list[dict], tasks: list[OutlineTask], split: PreparedSplit, 
     paired (the same prompts, documents resampled together, seed by seed) outline's adherence minus each other's."""
     if "shuffled" in conditions:  # also scored against the outline it was given: steering alone
         rows, conditions = with_asked(rows), [*conditions, ASKED]
-    articles = sorted({t.article for t in tasks})
-    clusters = [split.articles[a].get("source", split.articles[a]["id"]) for a in articles]
+    articles, clusters = _documents(tasks, split)
     asked = len(tasks) * len(tasks[0].actions)
 
     def interval(statistic) -> SeededInterval:
         return SeededInterval.from_dict(seeded_interval(statistic, len(seeds), len(articles), num_samples,
                                                         confidence, seed, clusters))
 
-    tables = {c: [_article_tables([r for r in rows if r["condition"] == c and r["seed"] == s], articles, num_actions)
-                  for s in seeds] for c in conditions}
+    tables = {c: _seed_tables(rows, c, seeds, articles, num_actions) for c in conditions}
     outline = _statistics(tables["outline"])["adherence"] if "outline" in conditions else None
     measured = {}
     for condition in conditions:
@@ -315,21 +314,30 @@ def paired_difference(folder_a: str | Path, folder_b: str | Path, prepared_dir: 
     if configs[0]["tasks"] != configs[1]["tasks"] or list(configs[0]["models"]) != list(configs[1]["models"]):
         raise PlanlmError(f"{folder_a} and {folder_b}: not the same outlines and seeds, so they cannot be paired")
     prepared = PreparedDataset(prepared_dir)
-    split = prepared.split(configs[0]["split"])
-    tasks = [OutlineTask(**t) for t in configs[0]["tasks"]]
-    articles = sorted({t.article for t in tasks})
-    clusters = [split.articles[a].get("source", split.articles[a]["id"]) for a in articles]
+    articles, clusters = _documents([OutlineTask(**t) for t in configs[0]["tasks"]],
+                                    prepared.split(configs[0]["split"]))
     seeds = [int(s) for s in configs[0]["models"]]
     rows = [with_asked(read_rows(folder)) for folder in (folder_a, folder_b)]
     shared = [c for c in dict.fromkeys(r["condition"] for r in rows[0]) if any(r["condition"] == c for r in rows[1])]
     out = {}
     for condition in shared:
-        stats = [_statistics([_article_tables([r for r in side if r["condition"] == condition and r["seed"] == s],
-                                              articles, prepared.num_actions) for s in seeds]) for side in rows]
+        stats = [_statistics(_seed_tables(side, condition, seeds, articles, prepared.num_actions)) for side in rows]
         out[condition] = {name: seeded_interval(lambda w, s, name=name: stats[0][name](w, s) - stats[1][name](w, s),
                                                 len(seeds), len(articles), num_samples, confidence, seed, clusters)
                           for name in ("adherence", "over_chance")}
     return out
+
+
+def _documents(tasks: list[OutlineTask], split: PreparedSplit) -> tuple[list[int], list]:
+    """The articles of ``tasks`` (sorted) and the source document of each: what the bootstrap resamples together."""
+    articles = sorted({t.article for t in tasks})
+    return articles, [split.articles[a].get("source", split.articles[a]["id"]) for a in articles]
+
+
+def _seed_tables(rows: list[dict], condition: str, seeds: list[int], articles: list[int], num_actions: int) -> list:
+    """``_article_tables`` of ``condition``'s rows, one per seed."""
+    return [_article_tables([r for r in rows if r["condition"] == condition and r["seed"] == s], articles, num_actions)
+            for s in seeds]
 
 
 def _article_tables(rows: list[dict], articles: list[int], num_actions: int) -> dict[str, np.ndarray]:
@@ -374,7 +382,8 @@ def table(metrics: AdherenceMetrics) -> str:
              "sentences (per seed) |", "|---|---|---|---|---|---|---|"]
     for condition, m in metrics.conditions.items():
         minus = cell(m.outline_minus) if m.outline_minus is not None else ""
-        lines.append(f"| {LABELS.get(condition, condition)} | {cell(m.adherence)} | {cell(m.top5)} | {cell(m.chance)} | "
+        lines.append(f"| {LABELS.get(condition, condition)} | {cell(m.adherence)} | {cell(m.top5)} | "
+                     f"{cell(m.chance)} | "
                      f"{cell(m.over_chance, False)} | {minus} | {' / '.join(map(str, m.sentences))} of "
                      f"{m.sentences_asked} |")
     return "\n".join(lines)
@@ -391,5 +400,5 @@ def _write_outputs(stage: StageDir, rows: list[dict], metrics: AdherenceMetrics)
     stage.finish(metrics={c: m.means() for c, m in metrics.conditions.items()})
 
 
-__all__ = ["adherence", "select_outlines", "shuffled_outlines", "summarise", "model_seeds", "table", "paired_difference",
-           "read_rows", "with_asked", "AdherenceMetrics"]
+__all__ = ["adherence", "select_outlines", "shuffled_outlines", "summarise", "model_seeds", "table",
+           "paired_difference", "read_rows", "with_asked", "AdherenceMetrics"]

@@ -13,7 +13,8 @@ from planlm.cli import main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
 from planlm.errors import PlanlmError
-from planlm.evaluate.adherence import ASKED, OutlineTask, adherence, select_outlines, shuffled_outlines, summarise, table
+from planlm.evaluate.adherence import (ASKED, OutlineTask, adherence, select_outlines, shuffled_outlines, summarise,
+                                       table)
 from planlm.evaluate.generate import generate, generate_text, synthetic_embed_fn
 from planlm.evaluate.generator import PlannedGenerator, SamplingConfig
 from planlm.evaluate.metrics import AdherenceMetrics

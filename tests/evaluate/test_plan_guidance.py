@@ -90,7 +90,8 @@ def test_reuse_keys_are_unchanged_without_guidance_and_bad_settings_are_one_line
     assert fingerprint(plain.reuse_key()) == fingerprint({"max_new_tokens": 12, "temperature": 1.0, "top_k": None,
                                                           "top_p": None, "use_cache": True, "stop": None})
     assert SamplingConfig(plan_guidance=2.0).reuse_key()["plan_guidance"] == 2.0
-    assert fingerprint(SamplingConfig(plan_guidance=3).reuse_key()) == fingerprint(SamplingConfig(plan_guidance=3.0).reuse_key())
+    as_int, as_float = SamplingConfig(plan_guidance=3), SamplingConfig(plan_guidance=3.0)
+    assert fingerprint(as_int.reuse_key()) == fingerprint(as_float.reuse_key())
     with pytest.raises(PlanlmError, match=r"--sampling.plan_guidance -1.0 must be >= 0 \(1 = off\)"):
         SamplingConfig(plan_guidance=-1.0)
     plain_lm = PlannedLM(PlannedLMConfig(tokenizer="gpt2"), tiny_gpt2())
