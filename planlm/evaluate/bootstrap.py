@@ -115,14 +115,15 @@ def bootstrap_perplexity(nll_sums: np.ndarray, token_counts: np.ndarray, num_sam
 
 
 def bootstrap_mean(values: np.ndarray, num_samples: int = 1000, confidence: float = 0.95,
-                   seed: int = 0) -> dict[str, float]:
-    """Mean of ``values`` (N,) with a percentile bootstrap CI."""
+                   seed: int = 0, clusters: Optional[Sequence] = None) -> dict[str, float]:
+    """Mean of ``values`` (N,) with a percentile bootstrap CI that resamples their source documents ``clusters``
+    (N,) with all their items (None: every item its own document)."""
     _check(num_samples, confidence)
     values = np.asarray(values, dtype=np.float64)
     if len(values) == 0:
         raise PlanlmError("nothing to average: no evaluated item")
-    counts = _resample_counts(len(values), num_samples, seed)
-    means = counts @ values / len(values)
+    counts = _resample_counts(len(values), num_samples, seed, clusters)
+    means = counts @ values / counts.sum(axis=1)  # a resample of documents holds as many items as they have
     low, high = _interval(means, confidence)
     return {"mean": float(values.mean()), "ci_low": low, "ci_high": high, "confidence": confidence,
             "bootstrap_samples": num_samples}

@@ -6,7 +6,8 @@ generated sentence end, ``planlm.evaluate.generator``); the generated text and t
 (the next 128 true tokens of the article) are split into sentences with the corpus's splitter,
 embedded with the corpus's encoder and assigned to their nearest centroid. The score is the
 Levenshtein distance of the two action sequences (rapidfuzz), raw and divided by the reference
-length, averaged over boundaries with a bootstrap confidence interval.
+length, averaged over boundaries with a bootstrap confidence interval that resamples source documents
+(every boundary of a document's pieces together), like every interval of the evaluation.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
            "max_boundaries_per_article": max_boundaries_per_article, "seed": seed, "context_length": context_length,
            "sampling": sampling.reuse_key(), "plan_spec": spec.cache_key(), "device_type": generator.device.type,
            "precision": generator.precision, "bootstrap_samples": bootstrap_samples, "confidence": confidence,
-           "generation_version": GENERATION_VERSION}
+           "generation_version": GENERATION_VERSION, "resampled": "source documents"}
     with StageDir(out_dir, key) as stage:
         if stage.reused:
             return EditDistanceMetrics.load(stage.path)
@@ -125,8 +126,10 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
                               f"articles (every article has one sentence); raise --max_articles or use another --split")
         rows, generated_tokens, wall_time = _continue_boundaries(generator, split_view, boundaries, sampling,
                                                                  context_length, new_tokens, embed_fn, codebook)
+        articles = split_view.articles
+        sources = [str(articles[r["article"]].get("source", articles[r["article"]]["id"])) for r in rows]
         metrics = EditDistanceMetrics(
-            **_distance_summary(rows, bootstrap_samples, confidence, seed), articles=num_articles,
+            **_distance_summary(rows, bootstrap_samples, confidence, seed, sources), articles=num_articles,
             generated_tokens=generated_tokens, wall_time_s=wall_time,
             tokens_per_s=generated_tokens / max(wall_time, 1e-9), conditioning=str(spec.kind), K=spec.num_paths,
             T=spec.horizon, tau=spec.temperature, temperature=sampling.temperature, top_k=sampling.top_k,
@@ -182,10 +185,13 @@ def _reference_text(tokenizer, split_view, article: int, boundary: int, new_toke
     return tokenizer.decode([int(t) for t in split_view.input_ids[begin:min(begin + new_tokens, tokens.stop)]])
 
 
-def _distance_summary(rows: list[dict], bootstrap_samples: int, confidence: float, seed: int) -> dict:
-    """Mean raw and normalised distance over the boundaries, each with its bootstrap interval."""
-    raw = bootstrap_mean(np.array([r["distance"] for r in rows], float), bootstrap_samples, confidence, seed)
-    norm = bootstrap_mean(np.array([r["normalized"] for r in rows], float), bootstrap_samples, confidence, seed)
+def _distance_summary(rows: list[dict], bootstrap_samples: int, confidence: float, seed: int,
+                      sources: list[str]) -> dict:
+    """Mean raw and normalised distance over the boundaries, each with its bootstrap interval over the source
+    documents ``sources`` (one per row: the boundaries of one document are resampled together)."""
+    raw = bootstrap_mean(np.array([r["distance"] for r in rows], float), bootstrap_samples, confidence, seed, sources)
+    norm = bootstrap_mean(np.array([r["normalized"] for r in rows], float), bootstrap_samples, confidence, seed,
+                          sources)
     return {"edit_distance": raw["mean"], "ci_low": raw["ci_low"], "ci_high": raw["ci_high"],
             "normalized": norm["mean"], "normalized_ci_low": norm["ci_low"], "normalized_ci_high": norm["ci_high"],
             "confidence": confidence, "boundaries": len(rows)}

@@ -3,8 +3,8 @@ import pytest
 
 from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
-from planlm.evaluate.edit_distance import (action_edit_distance, edit_distance, nearest_actions, select_boundaries,
-                                           text_actions)
+from planlm.evaluate.edit_distance import (_distance_summary, action_edit_distance, edit_distance, nearest_actions,
+                                           select_boundaries, text_actions)
 from planlm.evaluate.generate import synthetic_embed_fn
 from planlm.evaluate.metrics import EditDistanceMetrics
 
@@ -88,3 +88,24 @@ def test_edit_distance_command_scores_true_reference_actions(synthetic_cycle, tm
     assert metrics.tokens_per_s > 0 and metrics.generated_tokens == 36
     with pytest.raises(PlanlmError, match="max_boundaries_per_article"):
         edit_distance(str(model_dir), str(synthetic_cycle), str(tmp_path / "x"), max_boundaries_per_article=0)
+
+
+def test_the_interval_resamples_source_documents_with_all_their_boundaries():
+    """Six documents of five boundaries each, the boundaries of a document alike: the interval is the documents'
+    (about sqrt(5) wider than one that resamples boundaries as if each were a document of its own)."""
+    rng = np.random.default_rng(0)
+    effects = rng.normal(3.0, 1.0, size=6)
+    rows, sources = [], []
+    for doc, effect in enumerate(effects):
+        for piece in range(5):
+            value = effect + rng.normal(0, 0.01)
+            rows.append({"distance": value, "normalized": value / 10})
+            sources.append(f"speech{doc}")  # the pieces "speech{doc}#{piece}" of one document
+    summary = _distance_summary(rows, 4000, 0.95, 0, sources)
+    width = summary["ci_high"] - summary["ci_low"]
+    document_means = np.array([np.mean([r["distance"] for r in rows[5 * d:5 * d + 5]]) for d in range(6)])
+    expected = 2 * 1.96 * document_means.std() / np.sqrt(6)  # the bootstrap's standard error over 6 documents
+    assert 0.75 * expected < width < 1.25 * expected
+    alone = _distance_summary(rows, 4000, 0.95, 0, [f"b{i}" for i in range(30)])
+    assert width > 1.8 * (alone["ci_high"] - alone["ci_low"])
+    assert summary["normalized_ci_high"] - summary["normalized_ci_low"] == pytest.approx(width / 10, rel=1e-9)
