@@ -8,16 +8,20 @@ the same prompts:
 - ``outline``: the plans are the outline (``planlm.evaluate.outline``), and generation stops after its L sentences;
 - ``own``: the model's own plans (its planner; ``--own`` overrides them, e.g. a planner for an oracle model);
 - ``fixed``: the model's plans replaced by the Fixed baseline's constant action;
-- ``shuffled``: the outline of another boundary (a control: an LM that ignored its plans would score the same).
-  It is scored twice: against the true outline (the control) and, as ``shuffled_asked``, against the outline it
-  was given. The latter is steering alone: the prefix does not predict another piece's actions, so an LM that
-  writes them reads its plans, where hits on the true outline also count what the LM guesses from the prefix.
+- ``shuffled``: the outline of a boundary in another source document (a control: an LM that ignored its plans
+  would score the same). It is scored twice: against the true outline (the control) and, as ``shuffled_asked``,
+  against the outline it was given. The latter is steering alone: the prefix does not predict another document's
+  actions, so an LM that writes them reads its plans, where hits on the true outline also count what the LM
+  guesses from the prefix. The other outline never comes from the same document, whose outlines could overlap
+  the true one or share its topic.
 
 Every generated sentence that is complete is embedded with the corpus's encoder and assigned its nearest codebook
 entry (as ``planlm prepare`` assigned the training sentences): **adherence** is the fraction whose action is the
 requested one, **top-5** the fraction whose 5 nearest entries hold it. **Chance** is matched to the action
 frequencies: the agreement of requested and realised actions paired at random (sum_a p_req(a) p_real(a), the
-expected agreement of Cohen's kappa; top-5 likewise), from the same condition's sentences.
+expected agreement of Cohen's kappa; top-5 likewise), from the same condition's sentences. Since only complete
+sentences are scored, a condition that finishes fewer of them is not penalised there: **of asked** is the hits
+over every sentence asked for, an unfinished sentence a miss, reported beside it.
 
 Intervals resample source documents (``planlm.evaluate.bootstrap``: a document's pieces go together) and, with
 several seeds (``--model_dir`` holding ``seed<N>/`` model folders), add the spread over seeds with a t quantile
@@ -125,7 +129,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
            "conditions": list(conditions), "specs": {c: _spec_key(specs[c]) for c in conditions}, "seed": seed,
            "context_length": context_length, "sampling": sampling.reuse_key(), "bootstrap_samples": bootstrap_samples,
            "confidence": confidence, "generation_version": GENERATION_VERSION,
-           **({"scored_asked": True} if "shuffled" in conditions else {})}  # folders before shuffled_asked: rebuilt
+           "scoring": "of_asked, shuffled from another document"}  # folders scored otherwise are rebuilt
     with StageDir(out_dir, key) as stage:
         if stage.reused:
             return AdherenceMetrics.load(stage.path)
@@ -224,7 +228,8 @@ class _Run:
         """Every task's continuation under ``condition``, one row per complete sentence of the L asked for."""
         generator, _, _ = build_generator(str(model_dir), self.prepared_dir, self.split, spec, self.runtime, self.seed,
                                           embed_fn=self.embed_fn)
-        plans = shuffled_outlines(self.tasks, self.seed) if condition == "shuffled" else [t.actions for t in self.tasks]
+        plans = (shuffled_outlines(self.tasks, self.seed, task_sources(self.tasks, self.split_view))
+                 if condition == "shuffled" else [t.actions for t in self.tasks])
         rows = []
         for task, plan in zip(self.tasks, plans):
             prompt = generator.prompt_from_article(self.split_view, task.article, task.boundary, self.context_length)
@@ -247,13 +252,25 @@ class _Run:
         return rows
 
 
-def shuffled_outlines(tasks: list[OutlineTask], seed: int) -> list[list[int]]:
-    """Each task's outline replaced by another task's (a random cycle: none keeps its own), cut to its length."""
+def task_sources(tasks: list[OutlineTask], split: PreparedSplit) -> list[str]:
+    """The source document of each task's article."""
+    return [str(split.articles[t.article].get("source", split.articles[t.article]["id"])) for t in tasks]
+
+
+def shuffled_outlines(tasks: list[OutlineTask], seed: int, sources: list[str]) -> list[list[int]]:
+    """Each task's outline replaced by that of a task from another source document (``sources``, one per task):
+    the tasks in a seeded random order, each taking the next one's outline whose document differs, cut to its
+    length."""
+    if len(set(sources)) < 2:
+        raise PlanlmError(f"the shuffled condition needs outlines from at least two source documents, but all "
+                          f"{len(tasks)} come from {sources[0]!r}; raise --max_articles or leave shuffled out")
     order = np.random.default_rng(seed + 1).permutation(len(tasks))
     out: list[list[int]] = [[] for _ in tasks]
     for k, task in enumerate(order):
-        other = tasks[order[(k + 1) % len(tasks)]].actions if len(tasks) > 1 else tasks[task].actions
-        out[task] = list(other[:len(tasks[task].actions)])
+        step = 1
+        while sources[order[(k + step) % len(tasks)]] == sources[task]:
+            step += 1
+        out[task] = list(tasks[order[(k + step) % len(tasks)]].actions[:len(tasks[task].actions)])
     return out
 
 
@@ -271,7 +288,7 @@ def summarise(rows: list[dict], tasks: list[OutlineTask], split: PreparedSplit, 
         return SeededInterval.from_dict(seeded_interval(statistic, len(seeds), len(articles), num_samples,
                                                         confidence, seed, clusters))
 
-    tables = {c: _seed_tables(rows, c, seeds, articles, num_actions) for c in conditions}
+    tables = {c: _seed_tables(rows, c, seeds, articles, num_actions, tasks) for c in conditions}
     outline = _statistics(tables["outline"])["adherence"] if "outline" in conditions else None
     measured = {}
     for condition in conditions:
@@ -308,23 +325,24 @@ def read_rows(folder: str | Path) -> list[dict]:
 def paired_difference(folder_a: str | Path, folder_b: str | Path, prepared_dir: str, num_samples: int = 2000,
                       confidence: float = 0.95, seed: int = 0) -> dict[str, dict[str, dict]]:
     """Two finished folders of the same outlines and seeds (e.g. two plan guidance weights), paired: per condition
-    of both (shuffled_asked too), {adherence, over_chance: a - b as ``seeded_interval`` gives it}, the documents
-    resampled together for both and the spread over seeds added."""
+    of both (shuffled_asked too), {adherence, of_asked, over_chance: a - b as ``seeded_interval`` gives it}, the
+    documents resampled together for both and the spread over seeds added."""
     configs = [read_manifest(folder)["config"] for folder in (folder_a, folder_b)]
     if configs[0]["tasks"] != configs[1]["tasks"] or list(configs[0]["models"]) != list(configs[1]["models"]):
         raise PlanlmError(f"{folder_a} and {folder_b}: not the same outlines and seeds, so they cannot be paired")
     prepared = PreparedDataset(prepared_dir)
-    articles, clusters = _documents([OutlineTask(**t) for t in configs[0]["tasks"]],
-                                    prepared.split(configs[0]["split"]))
+    tasks = [OutlineTask(**t) for t in configs[0]["tasks"]]
+    articles, clusters = _documents(tasks, prepared.split(configs[0]["split"]))
     seeds = [int(s) for s in configs[0]["models"]]
     rows = [with_asked(read_rows(folder)) for folder in (folder_a, folder_b)]
     shared = [c for c in dict.fromkeys(r["condition"] for r in rows[0]) if any(r["condition"] == c for r in rows[1])]
     out = {}
     for condition in shared:
-        stats = [_statistics(_seed_tables(side, condition, seeds, articles, prepared.num_actions)) for side in rows]
+        stats = [_statistics(_seed_tables(side, condition, seeds, articles, prepared.num_actions, tasks))
+                 for side in rows]
         out[condition] = {name: seeded_interval(lambda w, s, name=name: stats[0][name](w, s) - stats[1][name](w, s),
                                                 len(seeds), len(articles), num_samples, confidence, seed, clusters)
-                          for name in ("adherence", "over_chance")}
+                          for name in ("adherence", "of_asked", "over_chance")}
     return out
 
 
@@ -334,10 +352,16 @@ def _documents(tasks: list[OutlineTask], split: PreparedSplit) -> tuple[list[int
     return articles, [split.articles[a].get("source", split.articles[a]["id"]) for a in articles]
 
 
-def _seed_tables(rows: list[dict], condition: str, seeds: list[int], articles: list[int], num_actions: int) -> list:
-    """``_article_tables`` of ``condition``'s rows, one per seed."""
-    return [_article_tables([r for r in rows if r["condition"] == condition and r["seed"] == s], articles, num_actions)
-            for s in seeds]
+def _seed_tables(rows: list[dict], condition: str, seeds: list[int], articles: list[int], num_actions: int,
+                 tasks: list[OutlineTask]) -> list:
+    """``_article_tables`` of ``condition``'s rows, one per seed, each with ``asked``: the sentences asked of each
+    article (its outlines' lengths)."""
+    index = {a: i for i, a in enumerate(articles)}
+    asked = np.zeros(len(articles))
+    for task in tasks:
+        asked[index[task.article]] += len(task.actions)
+    return [{**_article_tables([r for r in rows if r["condition"] == condition and r["seed"] == s], articles,
+                               num_actions), "asked": asked} for s in seeds]
 
 
 def _article_tables(rows: list[dict], articles: list[int], num_actions: int) -> dict[str, np.ndarray]:
@@ -367,7 +391,8 @@ def _statistics(tables: list[dict]) -> dict:
     def chance(key):
         return lambda w, s: ((w @ tables[s][key]) * w).sum(1) / (w @ tables[s]["counts"]) ** 2
 
-    return {"adherence": ratio("hits"), "top5": ratio("hits_top"), "chance": chance("chance"),
+    return {"adherence": ratio("hits"), "of_asked": lambda w, s: (w @ tables[s]["hits"]) / (w @ tables[s]["asked"]),
+            "top5": ratio("hits_top"), "chance": chance("chance"),
             "chance_top5": chance("chance_top"),
             "over_chance": lambda w, s: ratio("hits")(w, s) / chance("chance")(w, s)}
 
@@ -378,11 +403,12 @@ def table(metrics: AdherenceMetrics) -> str:
         scale, unit = (100, "%") if percent else (1, "x")
         return f"{value.mean * scale:.1f}{unit} [{value.ci_low * scale:.1f}, {value.ci_high * scale:.1f}]"
 
-    lines = ["| condition | adherence [95% CI] | top-5 | chance | adherence / chance | outline - this (paired) | "
-             "sentences (per seed) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| condition | adherence [95% CI] | of asked (unfinished: a miss) | top-5 | chance | adherence / chance | "
+             "outline - this (paired) | sentences (per seed) |", "|---|---|---|---|---|---|---|---|"]
     for condition, m in metrics.conditions.items():
         minus = cell(m.outline_minus) if m.outline_minus is not None else ""
-        lines.append(f"| {LABELS.get(condition, condition)} | {cell(m.adherence)} | {cell(m.top5)} | "
+        of_asked = cell(m.of_asked) if m.of_asked is not None else "n/a"
+        lines.append(f"| {LABELS.get(condition, condition)} | {cell(m.adherence)} | {of_asked} | {cell(m.top5)} | "
                      f"{cell(m.chance)} | "
                      f"{cell(m.over_chance, False)} | {minus} | {' / '.join(map(str, m.sentences))} of "
                      f"{m.sentences_asked} |")
@@ -400,5 +426,5 @@ def _write_outputs(stage: StageDir, rows: list[dict], metrics: AdherenceMetrics)
     stage.finish(metrics={c: m.means() for c, m in metrics.conditions.items()})
 
 
-__all__ = ["adherence", "select_outlines", "shuffled_outlines", "summarise", "model_seeds", "table",
+__all__ = ["adherence", "select_outlines", "shuffled_outlines", "task_sources", "summarise", "model_seeds", "table",
            "paired_difference", "read_rows", "with_asked", "AdherenceMetrics"]

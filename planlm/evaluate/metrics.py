@@ -218,6 +218,9 @@ class ConditionAdherence(MetricsRecord):
     sentences: list[int]
     """Complete sentences written, per seed."""
     sentences_asked: int
+    of_asked: Optional[SeededInterval] = _measured(SeededInterval)
+    """Hits over the sentences asked for: a sentence left unfinished counts as a miss, so a condition cannot score
+    by writing fewer sentences."""
     outline_minus: Optional[SeededInterval] = _measured(SeededInterval)
     """Outline's adherence minus this condition's, paired (when outline is among the conditions; not on itself)."""
 

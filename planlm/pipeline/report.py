@@ -327,19 +327,32 @@ def _corpus_line(layout: RunLayout, rows: list[dict]) -> list[str]:
             f"the window**, the only tokens for which a plan can carry what the LM does not see.", ""]
 
 
+INFORMATION_SPLIT = "test"
+"""The split the report measures each planner's information on: not the validation split, which chose the
+planner's checkpoint."""
+
+
 def planner_summaries(layout: RunLayout) -> dict[str, dict]:
     """{name: summary.json} of the run's planners: ``shared`` (planner/) and each condition's own
-    (planners/<condition>/), with the planner's information per step (computed for summaries written before
-    it was stored)."""
-    from planlm.train.planner_metrics import planner_information
+    (planners/<condition>/), with the planner's information per step measured on ``INFORMATION_SPLIT`` (a
+    summary without its planner's weights or corpus keeps its own, on the split it names)."""
+    from planlm.train.planner_metrics import held_out_information, planner_information
 
     folders = {"shared": layout.planner, **{p.name: p for p in sorted((layout.root / "planners").glob("*"))}}
     summaries = {}
     for name, folder in folders.items():
         summary = _read_json(folder / "summary.json")
-        if summary:
-            summaries[name] = {**summary, "information": summary.get("information")
-                               or planner_information(summary["metrics"])}
+        if not summary:
+            continue
+        prepared = layout.prepared if (layout.prepared / "manifest.json").is_file() else Path(
+            summary.get("prepared_dir", ""))
+        if (folder / "model.safetensors").is_file() and (prepared / INFORMATION_SPLIT / "actions.npy").is_file():
+            information = held_out_information(folder, prepared, INFORMATION_SPLIT, summary.get("train_split"))
+            split = INFORMATION_SPLIT
+        else:
+            information, split = summary.get("information") or planner_information(summary["metrics"]), \
+                summary.get("eval_split")
+        summaries[name] = {**summary, "information": information, "information_split": split}
     return summaries
 
 
@@ -348,12 +361,14 @@ def _information_section(summaries: dict[str, dict]) -> list[str]:
     from planlm.train.planner_metrics import information_lines
 
     lines = ["## Planner information per horizon step", "",
-             "Information = unigram NLL - planner NLL (nats) on the evaluation split's boundaries: what the planner "
-             "knows about each step's action beyond the action frequencies; share: its fraction of the unigram NLL. "
+             f"Information = unigram NLL - planner NLL (nats) on the boundaries of the {INFORMATION_SPLIT} split (not "
+             "the validation split, which chose the planner's checkpoint): what the planner knows about each step's "
+             "action beyond the action frequencies; share: its fraction of the unigram NLL. "
              "Teacher-forced: the true actions fed to g; free-running: the planner's own argmax actions.", ""]
     for name, summary in summaries.items():
         if summary.get("information"):
-            lines += [f"Planner `{name}` (horizon {summary['horizon']}, {summary.get('dynamics', 'recurrent')} g):",
+            lines += [f"Planner `{name}` (horizon {summary['horizon']}, {summary.get('dynamics', 'recurrent')} g; "
+                      f"on the {summary['information_split']} split):",
                       "", *information_lines(summary["information"]), ""]
     return lines
 
@@ -530,8 +545,8 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
     rows = collect_results(layout.root, conditions, state, seeds)
     paired = contrast_rows(layout, rows, contrasts or [])
     summaries = planner_summaries(layout)
-    planners = {name: {"horizon": summary["horizon"], "information": summary["information"]}
-                for name, summary in summaries.items()}
+    planners = {name: {"horizon": summary["horizon"], "information": summary["information"],
+                       "information_split": summary["information_split"]} for name, summary in summaries.items()}
     layout.results_json.write_text(json.dumps({"conditions": rows, "contrasts": paired, "planners": planners, "paper": PAPER_TABLE,
                                                "stages": (state or {}).get("stages", {})}, indent=2))
     with open(layout.results_csv, "w", newline="") as f:

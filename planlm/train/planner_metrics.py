@@ -133,6 +133,23 @@ def planner_information(metrics: dict[str, dict]) -> Optional[dict]:
     return out
 
 
+def held_out_information(planner_dir: str | Path, prepared_dir: str | Path, split: str = "test",
+                         train_split: Optional[str] = None, batch_size: int = 512) -> Optional[dict]:
+    """``planner_information`` of a trained planner on ``split``, its baselines fitted on ``train_split`` (None: the
+    corpus's planner split). Published tables use the test split: the validation split chose the planner's
+    checkpoint (its lowest validation loss), so information measured there is biased upward."""
+    from planlm.data.artifacts import PreparedDataset
+
+    planner = Planner.from_pretrained(planner_dir)
+    prepared = PreparedDataset(prepared_dir)
+    evaluation = prepared.split(split)
+    horizon = planner.config.horizon
+    metrics = evaluate_planner(planner, evaluation, horizon, batch_size)
+    metrics.update(baseline_metrics(prepared.split(train_split or prepared.planner_split), evaluation, horizon,
+                                    prepared.num_actions))
+    return planner_information(metrics)
+
+
 def information_lines(information: dict) -> list[str]:
     """The markdown table of ``planner_information``: one row per horizon step."""
     lines = ["| step | unigram NLL | information, teacher-forced (share) | information, free-running (share) |",

@@ -1,4 +1,4 @@
-"""Write to a plan (issue 32): an outline is the plan of the sentences it covers (every path, for both adapters),
+"""Write to a plan: an outline is the plan of the sentences it covers (every path, for both adapters),
 the model's own plans or a stop follow it, outline sentences map to their nearest action, bad outlines are one
 line, and a tiny LM trained on oracle plans follows an outline far more often than a shuffled one
 (``planlm adherence``)."""
@@ -14,7 +14,7 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
 from planlm.errors import PlanlmError
 from planlm.evaluate.adherence import (ASKED, OutlineTask, adherence, select_outlines, shuffled_outlines, summarise,
-                                       table)
+                                       table, task_sources)
 from planlm.evaluate.generate import generate, generate_text, synthetic_embed_fn
 from planlm.evaluate.generator import PlannedGenerator, SamplingConfig
 from planlm.evaluate.metrics import AdherenceMetrics
@@ -88,9 +88,48 @@ def test_bad_outlines_are_one_line_errors(synthetic_random, tmp_path, capsys):
 
 def test_shuffled_outlines_are_other_boundaries_outlines():
     tasks = [OutlineTask(a, 1, [a, a, a]) for a in range(6)]
-    shuffled = shuffled_outlines(tasks, seed=0)
+    shuffled = shuffled_outlines(tasks, seed=0, sources=[f"d{a}" for a in range(6)])
     assert sorted(map(tuple, shuffled)) == sorted(tuple(t.actions) for t in tasks)
     assert all(s != t.actions for s, t in zip(shuffled, tasks))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_shuffled_outline_never_comes_from_the_same_source_document(seed):
+    """Three documents of three pieces with two outlines each (18 outlines): every shuffled outline is one of
+    another document's, though most outlines have five of their own document's beside them."""
+    tasks, sources = [], []
+    for document in range(3):
+        for piece in range(3):
+            for boundary in (1, 5):
+                tasks.append(OutlineTask(len(tasks), boundary, [100 * document + 10 * piece + boundary] * 2))
+                sources.append(f"speech{document}")
+    shuffled = shuffled_outlines(tasks, seed=seed, sources=sources)
+    for plan, source in zip(shuffled, sources):
+        giver = [t.actions for t in tasks].index(plan)
+        assert sources[giver] != source
+    with pytest.raises(PlanlmError, match="at least two source documents"):
+        shuffled_outlines(tasks[:6], seed=seed, sources=sources[:6])
+
+
+def test_of_asked_counts_an_unfinished_sentence_as_a_miss(synthetic_random):
+    """A condition that writes every sentence it finishes right but finishes half of them: adherence 1, of asked
+    1/2; and one that finishes all, half of them right: both 1/2."""
+    split = PreparedDataset(synthetic_random)["test"]
+    tasks = select_outlines(split, max_articles=6, per_article=2, length=2, seed=0)
+
+    def row(condition, task, j, hit):
+        wrote = task.actions[j] if hit else (task.actions[j] + 1) % 8
+        return {"seed": 0, "condition": condition, "article": task.article, "requested": task.actions[j],
+                "asked": task.actions[j], "realised": wrote, "top5": int(hit), "ranked": np.asarray([wrote])}
+
+    rows = ([row("outline", t, 0, True) for t in tasks]  # the second sentence of each outline left unfinished
+            + [row("own", t, j, j == 0) for t in tasks for j in range(2)])
+    metrics = summarise(rows, tasks, split, [0], ["outline", "own"], 8, 50, 0.95, 0)
+    outline, own = metrics.conditions["outline"], metrics.conditions["own"]
+    assert outline.adherence.mean == 1.0 and outline.of_asked.mean == pytest.approx(0.5)
+    assert own.adherence.mean == pytest.approx(0.5) and own.of_asked.mean == pytest.approx(0.5)
+    assert outline.sentences == [len(tasks)] and outline.sentences_asked == 2 * len(tasks)
+    assert "| outline | 100.0% [100.0, 100.0] | 50.0% [" in table(metrics)
 
 
 def test_the_shuffled_condition_is_also_scored_on_the_outline_it_was_given(synthetic_random):
@@ -98,7 +137,7 @@ def test_the_shuffled_condition_is_also_scored_on_the_outline_it_was_given(synth
     # hits every asked one; an LM that writes the truth whatever it is asked is the other way round.
     split = PreparedDataset(synthetic_random)["test"]
     tasks = select_outlines(split, max_articles=6, per_article=2, length=2, seed=0)
-    asked = shuffled_outlines(tasks, seed=0)
+    asked = shuffled_outlines(tasks, seed=0, sources=task_sources(tasks, split))
     def rows(writes):
         return [{"seed": 0, "condition": "shuffled", "article": t.article, "requested": t.actions[j],
                  "asked": plan[j], "realised": writes(t.actions[j], plan[j]), "top5": 0,

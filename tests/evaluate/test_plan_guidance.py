@@ -132,5 +132,7 @@ def test_generate_and_adherence_take_the_guidance(synthetic_random, tmp_path, ca
                                                                                                        "shuffled"}
     difference = paired_difference(tmp_path / "adh", tmp_path / "plain", str(synthetic_random), num_samples=20)
     for condition in ("outline", "shuffled_asked"):
-        expected = guided.conditions[condition].adherence.mean - plain.conditions[condition].adherence.mean
-        assert difference[condition]["adherence"]["mean"] == pytest.approx(expected)
+        for name in ("adherence", "of_asked"):
+            expected = (getattr(guided.conditions[condition], name).mean
+                        - getattr(plain.conditions[condition], name).mean)
+            assert difference[condition][name]["mean"] == pytest.approx(expected)

@@ -120,3 +120,32 @@ def test_contrasts_pair_two_conditions_with_seed_noise_and_a_bad_pair_is_refused
     with pytest.raises(PlanlmError, match="report.contrasts"):  # refused before any stage runs
         run(out_dir=str(tmp_path / "bad"), conditions=conditions, report={"contrasts": [["ours", "fixed"]]})
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_report_measures_a_planners_information_on_the_test_split(synthetic_cycle, tmp_path):
+    """The validation split chose the planner's checkpoint: the report measures its information on test."""
+    from planlm.data.artifacts import PreparedDataset
+    from planlm.train.planner_metrics import baseline_metrics, evaluate_planner, planner_information
+
+    from helpers import tiny_planner
+
+    layout = RunLayout(tmp_path / "run")
+    prepared = PreparedDataset(synthetic_cycle)
+    planner = tiny_planner(prepared)
+    _planner_summary(layout.planner, [4.0, 4.0, 4.0], [3.0, 3.5, 3.9])  # the summary's own: on validation
+    planner.save_pretrained(layout.planner)
+    summary = json.loads((layout.planner / "summary.json").read_text())
+    (layout.planner / "summary.json").write_text(json.dumps({**summary, "prepared_dir": str(synthetic_cycle),
+                                                             "train_split": "train"}))
+    text = write_report(layout.root, conditions=[{"name": "none"}]).read_text()
+    planners = json.loads(layout.results_json.read_text())["planners"]
+    measured = {}
+    for split in ("test", "validation"):
+        metrics = evaluate_planner(planner, prepared[split], 3)
+        metrics.update(baseline_metrics(prepared["train"], prepared[split], 3, prepared.num_actions))
+        measured[split] = planner_information(metrics)
+    assert planners["shared"]["information_split"] == "test"
+    assert planners["shared"]["information"]["teacher_forced"]["nats"] == pytest.approx(
+        measured["test"]["teacher_forced"]["nats"])
+    assert measured["test"]["teacher_forced"]["nats"] != pytest.approx(measured["validation"]["teacher_forced"]["nats"])
+    assert "Planner `shared` (horizon 3, recurrent g; on the test split)" in text
