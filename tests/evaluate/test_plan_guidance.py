@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -67,6 +68,17 @@ def test_the_null_plan_follows_the_prior_and_defaults_to_uniform(synthetic_rando
     assert not torch.allclose(uniform, one.null_vector())
     with pytest.raises(PlanlmError, match="action_prior: 8 non-negative frequencies"):
         _generator(prepared, prior=np.ones(3)).null_vector()
+
+
+def test_the_action_prior_counts_every_train_sentence_by_its_action(synthetic_random):
+    """The null plan's prior is the train split's action frequencies (generation and adherence run on the test
+    split, whose actions it must not read): each train sentence counted once, under its action."""
+    prepared = PreparedDataset(synthetic_random)
+    train, test = prepared["train"], prepared["test"]
+    by_hand = Counter(int(train.actions[s]) for s in range(train.num_sentences))
+    prior = action_prior(prepared)
+    assert prior.tolist() == [by_hand.get(a, 0) for a in range(prepared.num_actions)]
+    assert prior.sum() == train.num_sentences != test.num_sentences
 
 
 def test_guidance_one_is_plain_generation_and_the_cache_serves_both_rows(synthetic_random):
