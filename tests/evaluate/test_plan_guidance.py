@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -67,6 +68,30 @@ def test_the_null_plan_follows_the_prior_and_defaults_to_uniform(synthetic_rando
     assert not torch.allclose(uniform, one.null_vector())
     with pytest.raises(PlanlmError, match="action_prior: 8 non-negative frequencies"):
         _generator(prepared, prior=np.ones(3)).null_vector()
+
+
+def test_the_action_prior_counts_every_train_sentence_by_its_action(synthetic_random):
+    """The null plan's prior is the train split's action frequencies (generation and adherence run on the test
+    split, whose actions it must not read): each train sentence counted once, under its action."""
+    prepared = PreparedDataset(synthetic_random)
+    train, test = prepared["train"], prepared["test"]
+    by_hand = Counter(int(train.actions[s]) for s in range(train.num_sentences))
+    prior = action_prior(prepared)
+    assert prior.tolist() == [by_hand.get(a, 0) for a in range(prepared.num_actions)]
+    assert prior.sum() == train.num_sentences != test.num_sentences
+
+
+def test_a_prior_on_one_action_gives_that_action_s_plan_on_every_path_and_step_with_multipath(synthetic_random):
+    """A multipath adapter reads the order of steps (position embeddings) and attends over the K paths, so the null
+    plan must have the generator's K paths of T steps: a prior concentrated on one action is then exactly the plan
+    that takes that action on every path and step, (1, K, T)."""
+    prepared = PreparedDataset(synthetic_random)
+    one = _generator(prepared, adapter="multipath", prior=np.eye(prepared.num_actions)[5])
+    with torch.no_grad():
+        expected = one.model.plan_vectors(torch.full((1, 2, 3), 5))[0]  # K = 2 paths of T = 3 steps
+        shorter = one.model.plan_vectors(torch.full((1, 1, 1), 5))[0]
+    assert not torch.allclose(expected, shorter, atol=1e-3)  # the plan's shape matters to this adapter
+    assert float((one.null_vector() - expected).abs().max()) < 1e-5
 
 
 def test_guidance_one_is_plain_generation_and_the_cache_serves_both_rows(synthetic_random):
