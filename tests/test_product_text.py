@@ -1,6 +1,6 @@
 """planlm/ is the product: its text (docstrings, comments, ``--help``, messages) says what the code does and why,
 never the project's history. No issue number anywhere in it, and no commit hash in a docstring or a comment (a hex
-string literal in code may be data: a digest, a fixture)."""
+string literal in code may be data: a digest, a fixture). The LICENSE and CITATION.cff agree with pyproject.toml."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import io
 import re
 import tokenize
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "planlm"
@@ -49,3 +51,16 @@ def test_the_check_finds_issues_and_commits_in_prose_but_not_hex_data():
               'DATE = "20231101"  # digits alone are not a hash\n'
               '# a decade ago, deadbeef and effaced are words\n')
     assert history(source) == ["1: issue 36", "4: Issues #12", "2: c54ee7c"]
+
+
+def test_the_license_and_the_citation_match_the_package():
+    project = (ROOT / "pyproject.toml").read_text()
+    version = re.search(r'^version = "(.+)"$', project, re.M).group(1)
+    assert 'license = { text = "Apache-2.0" }' in project
+    assert (ROOT / "LICENSE").read_text().split()[:5] == ["Apache", "License", "Version", "2.0,", "January"]
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert citation["cff-version"] == "1.2.0" and citation["license"] == "Apache-2.0"
+    assert str(citation["version"]) == version  # bump both together
+    paper = citation["preferred-citation"]
+    assert paper["title"] == "Learning to Plan Long-Term for Language Modeling"
+    assert [a["family-names"] for a in paper["authors"]] == ["Mai", "Cornille", "Moens"]
