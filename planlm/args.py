@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 PRECISIONS: tuple[str, ...] = ("auto", "native", "fp32", "bf16")
 PRECISION_HELP = ("auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it natively: "
                   "CUDA or a CPU with AVX512-BF16 / AMX; fp32 elsewhere), fp32 or bf16 (refused on a CPU without it)")
-# Lightning's spellings, which the training commands took before issue 31 (None was their default: auto).
+# Lightning's spellings, which older training configs use (None was their default: auto).
 OLD_PRECISIONS: dict[Any, str] = {"bf16-mixed": "bf16", "32-true": "fp32", "32": "fp32", None: "auto"}
 
 
@@ -76,11 +76,11 @@ class Runtime:
     precision: str = "auto"
     """auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it natively: CUDA or a
     CPU with AVX512-BF16 / AMX; fp32 elsewhere), fp32 or bf16 (refused on a CPU without it); Lightning's bf16-mixed
-    and 32-true are read as bf16 and fp32. Its speed against fp32 is measured in docs/benchmarks.md."""
+    and 32-true are read as bf16 and fp32. Its speed against fp32: docs/benchmarks.md."""
     compile: bool = False
     """torch.compile the LM's transformer and the adapter (train-lm, evaluate, sweep) or the planner (train-planner).
-    When compilation is unavailable or fails for a model: one warning line, then eager. On the 2-core CPU at the
-    demo's shape it did not pay for itself (docs/benchmarks.md; bench_lm.py --speed measures it)."""
+    When compilation is unavailable or fails for a model: one warning line, then eager. Whether it pays for its
+    compile time depends on the model's size and the device (benchmarks/bench_lm.py --speed measures it)."""
     loss_chunk_size: int = 1024
     """Tokens per chunk of the LM's output projection + cross-entropy (planlm.models.lm_loss): the B x L x V logits
     are never held at once, in training, validation and evaluation. 0: the LM's own loss on all the logits."""

@@ -1,7 +1,9 @@
 """The ``planlm`` command line: a dict of typed, documented command functions (jsonargparse).
 
 Every command accepts ``--config FILE.yaml`` and ``--print_config``; ``--help`` comes from the
-function's docstring and signature, so the CLI, the Python API and the YAML presets never drift.
+function's docstring and signature, so the CLI, the Python API and the YAML presets never drift. A later
+``--config`` replaces whole sections of the earlier ones; a file written only for that (an overlay) names the
+config it goes on in a top-level ``overlay_of: BASE``, and given first it is a one-line error naming BASE.
 
 Every command also takes ``--verbose true``: the libraries' banners, bars and notices stay on the console. By
 default a command that writes a folder (``--out_dir``) shows one live bar, planlm's own lines and an end line, and
@@ -12,6 +14,7 @@ per stage, one log per stage in the run's ``logs/``; see ``planlm.console``).
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import time
 from pathlib import Path
@@ -62,6 +65,50 @@ def _read_renamed_flags(argv: list[str], command) -> list[str]:
             check_renamed(config if isinstance(config, dict) else {}, accepted, arg)
     flags = [arg[2:].split("=")[0].split(".")[0] for arg in argv if arg.startswith("--")]
     check_renamed(flags, accepted, f"planlm {argv[0]}")
+    return argv
+
+
+OVERLAY_KEY = "overlay_of"
+"""Top-level key of a config file meant as a later ``--config`` on top of another (an overlay: a second
+``--config`` replaces whole sections): the path of the config it goes on."""
+_OVERLAY_LINE = re.compile(rf"^{OVERLAY_KEY}:.*(\n|$)", re.M)
+
+
+def _read_overlays(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--config`` that declares ``overlay_of: BASE`` read without that line (it is no setting of
+    the command, so no run's settings nor reuse keys hold it). An overlay given before any other config is a
+    one-line error naming BASE, instead of the error of a half config ("conditions is empty")."""
+    import yaml
+
+    from planlm.errors import PlanlmError
+
+    argv, configs_before = list(argv), 0
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            flag, value = "--config=", arg.partition("=")[2]
+        elif i and argv[i - 1] == "--config":
+            flag, value = "", arg
+        else:
+            continue
+        try:
+            text, where = Path(value).read_text(), value
+        except OSError:  # jsonargparse reads a YAML string too
+            text, where = value, "a --config string"
+        try:
+            config = yaml.safe_load(text)
+        except yaml.YAMLError:  # jsonargparse says what is wrong with it
+            config = None
+        if isinstance(config, dict) and OVERLAY_KEY in config:
+            line, base = _OVERLAY_LINE.search(text), config[OVERLAY_KEY]
+            text = text[:line.start()] + text[line.end():] if line else text
+            if not (isinstance(base, str) and line and base in line.group()) or _OVERLAY_LINE.search(text):
+                raise PlanlmError(f"{where}: write {OVERLAY_KEY} as one top-level line, '{OVERLAY_KEY}: PATH' with "
+                                  f"the path of the config this file goes on (got {base!r})")
+            if not configs_before:
+                raise PlanlmError(f"{where} is an overlay on {base}, not a config of its own; give it after that "
+                                  f"one: planlm {argv[0]} --config {base} --config {where}")
+            argv[i] = flag + text
+        configs_before += 1
     return argv
 
 
@@ -147,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     components = {name: _with_console(name, load_command(name)) for name in names}
     try:
         if len(names) == 1:
-            argv = _read_renamed_flags(argv, components[names[0]])
+            argv = _read_overlays(_read_renamed_flags(argv, components[names[0]]))
         with releasing_stage_locks():  # a command that raised leaves no folder held
             CLI(components, args=argv, as_positional=False, fail_untyped=True,
                 description="planlm: Learning to Plan Long-Term for Language Modeling. Every command also takes "

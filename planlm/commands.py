@@ -28,9 +28,10 @@ COMMANDS: dict[str, str] = {
 }
 
 # Keys a command reads under a new name (old -> new dotted key): the CLI and `planlm run` move them, with a note
-# (``planlm.args.read_renamed``). Before issue 31, edit-distance took the sampling group flat, the inference commands
-# took device and precision flat, the trainings took them in the trainer group (train.accelerator, train.precision),
-# and the speed knobs were a group of their own (speed.*): all of these are the runtime group now.
+# (``planlm.args.read_renamed``), so configs written for the older spellings still run. Those spellings: edit-distance's
+# sampling knobs flat, the inference commands' device and precision flat, the trainings' in the trainer group
+# (train.accelerator, train.precision), and the speed knobs in a group of their own (speed.*): all of these are the
+# runtime group now.
 _SPEED = {f"speed.{knob}": f"runtime.{knob}" for knob in ("compile", "loss_chunk_size", "compile_loss",
                                                           "keep_freed_memory")}
 _FLAT_RUNTIME = {"device": "runtime.device", "precision": "runtime.precision"}

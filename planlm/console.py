@@ -35,7 +35,7 @@ from planlm.errors import PlanlmWarning
 
 HEARTBEAT_S = 120.0
 """Off a terminal, a progress line at most this often: a CI log shows the run is alive, and a run whose stages take
-under two minutes (the demo on an idle 2-core machine) stays one line per stage, about 50 lines for its 34."""
+under two minutes (such as the demo's) stays one line per stage."""
 LIBRARY_LOGGERS = ("lightning.pytorch", "lightning.fabric")
 """Loggers with a console handler of their own and propagation off (transformers' is set through its own API)."""
 

@@ -45,7 +45,7 @@ def resolve_device(device: str) -> torch.device:
 
 def autocast(device: torch.device, precision: str):
     """bf16 autocast on CUDA by default (``auto``), fp32 elsewhere; ``bf16`` asks for it on any device
-    (CPUs with AVX512-BF16 or AMX run bf16 matrix products about 3x faster; others are refused)."""
+    (CPUs with AVX512-BF16 or AMX run bf16 matrix products natively, faster than fp32; others are refused)."""
     check_bf16(precision, device.type, "--precision")
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
         import torch

@@ -1,10 +1,10 @@
 """Pretrained base LMs from GGUF files, exported once to a plain safetensors folder.
 
-transformers reads a GGUF file (``from_pretrained(dir, gguf_file=name)``) by dequantising it to fp32,
-about 11-25 s for SmolLM2-135M on 2 cores, and the model it returns refuses ``save_pretrained`` ("the
+transformers reads a GGUF file (``from_pretrained(dir, gguf_file=name)``) by dequantising it to fp32
+at every load, and the model it returns refuses ``save_pretrained`` ("the
 model is quantized with gguf"). So a ``*.gguf`` name is exported once into a cache folder: the same
 architecture rebuilt from the config without its ``quantization_config``, the dequantised state dict
-copied in, saved as safetensors next to the GGUF's tokenizer. Later loads read that folder (~1 s).
+copied in, saved as safetensors next to the GGUF's tokenizer. Later loads read that folder, without dequantising.
 
 Names that resolve here (everything else passes through to ``AutoModelForCausalLM`` unchanged):
 

@@ -79,9 +79,16 @@ def cli_parser():
 
 
 def parse_error(cli_parser, words: list[str]) -> str | None:
-    """None if the command line parses, else the parser's error line."""
+    """None if the command line parses, else the parser's error line (or planlm's, for an overlay config given
+    before its base)."""
+    from planlm.cli import _read_overlays
+    from planlm.errors import PlanlmError
+
     commands, parser = cli_parser
-    args = words[1:]
+    try:
+        args = _read_overlays(words[1:])  # as planlm.cli.main: an overlay's marker is no option of the command
+    except PlanlmError as e:
+        return str(e)
     if PLACEHOLDER in args and args[0] in commands:
         args.remove(PLACEHOLDER)
         given = {a[2:].split("=")[0] for a in args if a.startswith("--")}

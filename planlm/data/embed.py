@@ -48,7 +48,7 @@ class EmbedConfig:
     """Sentences per forward pass (the paper: 256 on GPU)."""
     precision: str = "fp32"
     """fp32, bf16 (bf16 autocast on CUDA or a CPU with AVX512-BF16 / AMX: faster, and close to the fp32 embedding,
-    measured in docs/benchmarks.md by bench_prepare.py; the actions can change), native (bf16 where it is native,
+    see docs/benchmarks.md; the actions can change), native (bf16 where it is native,
     fp32 elsewhere) or auto (bf16 on CUDA, fp32 elsewhere)."""
     device: str | None = None
     """``cpu``, ``cuda``, ``cuda:1`` ...; None picks CUDA when present."""

@@ -44,7 +44,7 @@ Design decisions the paper leaves open, made here:
   ``alphas()`` returns their values (written to the model's manifest and the report).
 - While the scalars are near zero, PT and ST receive a near-zero, mostly noisy gradient that Adam turns
   into full-size random steps; ``gated_parameters()`` names them so that training can give them a smaller
-  learning rate (``train.multipath_lr_scale``; its effect is measured in docs/results.md).
+  learning rate (``train.multipath_lr_scale``; see docs/results.md).
 - ``rezero=False`` (the paper's "no ReZero" ablation) drops both scalars *and* both skip connections
   to the Project-and-Avg solution: c^j = PT(U Emb(a)_{1:T}^j + p_{1:T}), c = ST(c^1, ..., c^K): a
   plain stack of two transformers on the action embeddings, which does not start as a no-op.
@@ -53,17 +53,17 @@ Design decisions the paper leaves open, made here:
   zero, so it learns from the first step). Set it False for the usual random init of W.
 - ``branch_init="zero"`` starts the output projections of PT's and ST's residual branches at zero (as Fixup and
   SkipInit do), so each pre-norm transformer starts as the identity: at alpha = 1, ST's term is then the path
-  vectors' mean, the plan's own scale, where PyTorch's init gives an O(sqrt(D)) random vector (issue 33).
+  vectors' mean, the plan's own scale, where PyTorch's init gives an O(sqrt(D)) random vector.
 - ``init_from_codebook`` copies the k-means centroids (A, E) into the action embedding table Emb.
 - ``center`` (opt-in) subtracts the mean (the batch's sentences in training, a running mean in evaluation,
   as batch norm does). A constant plan (Fixed) is then no plan. Without it, c's shared part is a shift of
   every token embedding that Adam moves ||Emb(a)||_1 times faster than the rate (W's gradient is rank one),
-  which costs Fixed perplexity (measured in docs/results.md, issue 21).
+  which costs Fixed perplexity (see docs/results.md).
   Project and Avg centers the mean action embedding *before* W and drops b: c = W (e - mean e). A constant
   plan then gives W an exactly zero gradient, so W stays at its no-op zero. Centering c after W (as
   multipath still does, ``plan_mean``) leaves W a rounding-level gradient that Adam scales up to full-size
   steps: W drifts at random, training never sees it (the batch mean cancels it) but evaluation does, since
-  the running mean lags the drift (experiments/probe_center.py; its numbers in docs/results.md).
+  the running mean lags the drift (see docs/results.md).
 """
 
 from __future__ import annotations
@@ -107,11 +107,11 @@ class AdapterSettings:
     branch_init: BranchInit = "default"
     """multipath: zero starts the output projections of PT's and ST's residual branches (attention and feed-forward)
     at zero, so that each transformer starts as the identity and alpha_2 x ST starts at the scale of the plan it is
-    added to, not as a random vector ~100x larger (docs/results.md, issue 33); default: PyTorch's init."""
+    added to, not as an O(sqrt(D)) random vector far larger than it (see docs/results.md); default: PyTorch's init."""
     center: bool = False
     """Subtract the mean plan vector (of the batch's sentences in training, a running mean in evaluation, as batch
     norm does): the plan channel carries only how a sentence's plan differs from the others, never a shift of
-    every token. A plan that says nothing (Fixed) is then exactly no plan (issue 21)."""
+    every token. A plan that says nothing (Fixed) is then exactly no plan."""
 
 
 @dataclass
@@ -287,8 +287,8 @@ class MultiPath(ProjectAvg):
 
         While alpha_1 and alpha_2 are near zero, the gradient that reaches PT and ST is near zero and mostly
         noise, which Adam scales up to full-size steps: the transformers drift at random, and a gate opens in
-        some seeds and not in others. At a fifth of the adapter's rate they opened in every seed on the
-        mechanism benchmark (docs/results.md, "The recipe, measured")."""
+        some seeds and not in others. A smaller rate for them (``train.multipath_lr_scale``) lets the gates open
+        reliably (see docs/results.md)."""
         if not self.config.rezero:
             return []
         return [*self.path_transformer.parameters(), *self.sample_transformer.parameters()]
@@ -297,8 +297,8 @@ class MultiPath(ProjectAvg):
                 action_probs: Tensor | None = None) -> Tensor:
         # PT and ST attend over T steps and K paths (short sequences): flash attention where the head
         # width allows it, else the plain math kernel. The memory-efficient kernel, chosen otherwise for
-        # heads over 256 wide (GPT-2 small with 2 heads: 384), spent half the adapter's GPU time in its
-        # backward pass (measured in docs/benchmarks.md).
+        # heads over 256 wide (GPT-2 small with 2 heads: 384), has a slow backward pass at these short lengths
+        # (see docs/benchmarks.md).
         with sdpa_kernel(ADAPTER_ATTENTION):
             return self._forward(action_paths, path_mask, action_probs)
 

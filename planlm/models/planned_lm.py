@@ -92,7 +92,8 @@ class PlannedLMConfig:
 
     @staticmethod
     def legacy_plan_folders(values: dict) -> dict[str, str]:
-        """The plan folders that a planned_lm.json written before issue 31 kept in its config."""
+        """The plan folders that an older planned_lm.json kept in its config (a saved model now records them in its
+        card's training block: they are the run's paths, not the model's)."""
         plans = values.get("plans") if isinstance(values.get("plans"), dict) else values
         return {key: plans[key] for key in PLAN_FOLDERS if plans.get(key)}
 
@@ -328,7 +329,7 @@ class PlannedLM(nn.Module):
 
 def recorded_plan_folders(folder: str | Path, config: dict) -> dict[str, str]:
     """The folders a saved planned LM's training plans came from: its card's training block, or the config
-    (``config``: its planned_lm.json) of a folder saved before issue 31."""
+    (``config``: its planned_lm.json) of an older folder, whose card had no training block."""
     training = (read_planlm_block(folder) or {}).get("training") or {}
     return {**PlannedLMConfig.legacy_plan_folders(config),
             **{key: training[key] for key in PLAN_FOLDERS if training.get(key)}}

@@ -18,7 +18,7 @@ from planlm.errors import PlanlmError
 from planlm.train.harness import DEFAULT_LOGGERS, check_loggers
 
 # How a reuse key spells the precision: the training commands' keys predate planlm's one vocabulary and the runtime
-# group (issue 31), and a finished stage keeps its key.
+# group, and a finished stage keeps its key.
 _KEY_PRECISION = {"auto": None, "fp32": "32-true", "bf16": "bf16-mixed", "native": "native"}
 
 
@@ -75,8 +75,8 @@ class TrainArgs:
 
     # Knobs that do not change the trained model: left out of the reuse key (a command adds its own).
     DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "loggers")
-    # Knobs a command gained when the group was shared (issue 31): out of the reuse key while at their default, so a
-    # stage finished before keeps its key.
+    # Knobs a command gained when the group became shared: out of the reuse key while at their default, so a stage
+    # finished before keeps its key.
     KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ()
     # The command's name in its error messages.
     COMMAND: ClassVar[str] = "train"
@@ -100,8 +100,8 @@ class TrainArgs:
     def reuse_key(self, runtime: Runtime) -> dict[str, Any]:
         """The knobs that change the trained model, as the stage's reuse key holds them (``DISPLAY_ONLY`` and
         ``KEYED_WHEN_SET`` at their defaults left out), with the ``runtime`` group's accelerator and precision under
-        the names and spellings the trainer group gave them before the runtime group (issue 31): a finished stage
-        keeps its key."""
+        the names and spellings the trainer group gave them before the runtime group existed: a finished stage keeps
+        its key."""
         key = {}
         for knob in fields(self):
             value = getattr(self, knob.name)

@@ -85,13 +85,12 @@ class LMTrainConfig(TrainArgs):
     on an LM that is already trained, so a higher rate lets the plan channel open within a short finetune."""
     multipath_lr_scale: float = MULTIPATH_LR_SCALE
     """The multipath adapter's PathTransformer and SampleTransformer (behind the ReZero scalars) train at this
-    fraction of adapter_lr. At 1.0 the gates opened within 3 epochs in 2 of 6 seeds on the mechanism
-    benchmark; at 0.2 in 6 of 6 (docs/results.md, "The recipe, measured")."""
+    fraction of adapter_lr: while the gates are near zero their gradient is mostly noise, which Adam turns into
+    full-size steps, so at the full rate a gate opens in some seeds and not in others (see docs/results.md)."""
     gradient_clip_scope: Literal["apart", "joint"] = "apart"
     """apart: the LM's gradient norm and the adapter's are each clipped on their own; joint: one norm over both.
     Under joint clipping the adapter's gradient (as large as the whole LM's: its plan vectors collect the gradient
-    of every token) shrinks the LM's own steps, which cost a Fixed plan most of its perplexity gap to none on the
-    demo (issue 21)."""
+    of every token) shrinks the LM's own steps, so the LM learns less next to a plan than without one."""
     resume: bool = True
     """Resume from checkpoints/last.ckpt of an interrupted run with the same config."""
 

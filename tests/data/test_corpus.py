@@ -93,6 +93,25 @@ def test_parquet_and_missing_column(tmp_path):
         ids(CorpusConfig(source=str(tmp_path / "c.parquet"), text_column="body"))
 
 
+def test_a_column_no_record_has_is_an_error_but_a_record_without_it_a_skip(tmp_path):
+    import datasets
+
+    no_ids = [{"text": a["text"], "title": a["title"]} for a in ARTICLES[:3]]
+    path = write_jsonl(tmp_path / "c.jsonl", [{"body": "Elsewhere."}, *no_ids])
+    skips = Skips()  # the first record lacks the text column, the others have it: one bad record
+    assert sorted(ids(CorpusConfig(source=str(path)), skips)) == ["c.jsonl:2", "c.jsonl:3", "c.jsonl:4"]
+    assert skips == {"missing_text": 1}  # and the default id column falls back to positions
+    with pytest.raises(PlanlmError) as e:
+        ids(CorpusConfig(source=str(path), text_column="content"))
+    assert str(e.value) == (f"{path}: no column 'content' in its records (they have: body, text, title); "
+                            f"set --corpus.text_column to one of them")
+    with pytest.raises(PlanlmError, match="no column 'doc_id' in its records .*set --corpus.id_column"):
+        ids(CorpusConfig(source=str(path), id_column="doc_id"))
+    datasets.Dataset.from_list(no_ids).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(PlanlmError, match="saved: no column 'body' in its records \\(they have: text, title\\)"):
+        ids(CorpusConfig(source=str(tmp_path / "saved"), text_column="body"))
+
+
 def test_plain_text_blank_lines_and_one_per_file(tmp_path):
     folder = tmp_path / "texts"
     folder.mkdir()

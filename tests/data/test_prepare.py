@@ -350,6 +350,21 @@ def test_cli_help_print_config_and_run(tmp_path, capsys):
     assert err.startswith("planlm: error: --actions.num_actions (500)") and "\n" not in err
 
 
+@pytest.mark.parametrize("setting, column", [("text_column", "body"), ("id_column", "doc_id")])
+def test_a_column_that_no_record_has_is_one_line_error_before_any_artifact(tmp_path, capsys, setting, column):
+    source = tiny_jsonl(tmp_path / "data.jsonl")
+    out = tmp_path / "prepared"
+    with pytest.raises(SystemExit) as e:
+        cli_main(["prepare", "--out_dir", str(out), "--corpus.source", str(source), f"--corpus.{setting}", column,
+                  "--corpus.num_validation", "2", "--corpus.num_test", "2", "--actions.num_actions", "3"])
+    assert e.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (f"planlm: error: {source}: no column {column!r} in its records (they have: id, "
+                                    f"text, title); set --corpus.{setting} to one of them")
+    assert "skipping" not in captured.out + captured.err
+    assert read_manifest(out) is None and not [p for p in out.rglob("*") if p.is_file()]
+
+
 # ---------------------------------------------------------------- token -> sentence -> plan, by hand
 
 HAND_TEXTS = ["Red blue. Water fire! Gold.", "Black white.  Gold"]

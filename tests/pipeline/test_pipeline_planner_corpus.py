@@ -27,8 +27,10 @@ def test_run_with_a_planner_corpus_overlay(tmp_path):
     base.write_text(yaml.safe_dump(config))
     # a second --config replaces whole sections: the overlay repeats prepare (as configs/demo-bigplanner.yaml does)
     planner_corpus = {"rest_of_train": True, "max_articles": 30}
-    overlay.write_text(yaml.safe_dump({"prepare": {**config["prepare"], "planner_corpus": planner_corpus}}))
+    overlay.write_text(yaml.safe_dump({"overlay_of": str(base),
+                                       "prepare": {**config["prepare"], "planner_corpus": planner_corpus}}))
     cli_main(["run", "--config", str(base), "--config", str(overlay)])
+    assert "overlay_of" not in (out / "run_state.json").read_text()  # a file's marker, no setting of the run
 
     prepared = PreparedDataset(out / "prepared")
     assert prepared.manifest["planner_origin"] == {"lm_train": 12, "rest_of_train": 30, "source": 0}
@@ -49,7 +51,8 @@ def test_the_demo_overlay_is_the_demo_plus_the_planner_corpus():
     overlay = yaml.safe_load((configs / "demo-bigplanner.yaml").read_text())
     prepare = dict(overlay["prepare"])
     assert prepare.pop("planner_corpus") == {"rest_of_train": True}
-    assert prepare == demo["prepare"] and set(overlay) == {"out_dir", "prepare", "planner"}
+    assert prepare == demo["prepare"] and set(overlay) == {"overlay_of", "out_dir", "prepare", "planner"}
+    assert overlay["overlay_of"] == "configs/demo.yaml"
     planner = overlay["planner"]  # the demo's planner recipe with the causal g (chosen by validation information),
     assert planner["model"].pop("dynamics") == "causal"  # trained 3 epochs for the budget (0.012 nats at step 1)
     assert planner["train"].pop("max_epochs") == 3 and demo["planner"]["train"].pop("max_epochs") == 6
@@ -63,5 +66,6 @@ def test_the_pretrained_overlay_is_the_pretrained_config_plus_the_planner_corpus
     big = yaml.safe_load((configs / "demo-bigplanner.yaml").read_text())
     prepare = dict(overlay["prepare"])
     assert prepare.pop("planner_corpus") == {"rest_of_train": True}
-    assert prepare == base["prepare"] and set(overlay) == {"out_dir", "prepare", "planner"}
+    assert prepare == base["prepare"] and set(overlay) == {"overlay_of", "out_dir", "prepare", "planner"}
+    assert overlay["overlay_of"] == "configs/pretrained-offline.yaml"
     assert overlay["planner"] == big["planner"]  # the recipe chosen for a planner set of this size
