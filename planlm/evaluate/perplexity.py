@@ -19,6 +19,9 @@ How the windows are computed (exact, batched):
 - A plan vector per sentence is computed *once* for the whole evaluation (planner paths -> adapter),
   then gathered onto tokens (``plan_embeds``): the LM runs once per window whatever K is.
 - At each boundary the planner sees only the true sentences before it (``planlm.plans.kinds``).
+- Beside each window's sum, its NLL per cell of ``planlm.evaluate.positions`` (the token's position in its
+  sentence x how much of its article the window leaves out) is scattered into a (B, C) table in the same pass;
+  the sums themselves are computed as without it.
 
 Letters: B windows in a batch, L input tokens, P scored positions, K paths, T horizon, D LM width,
 N sentences, V vocabulary.
@@ -41,6 +44,8 @@ from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
 from planlm.evaluate.loading import evaluation_inputs, load_checked
 from planlm.evaluate.metrics import PathCounts, PerplexityMetrics, PlanUsage
+from planlm.evaluate.positions import (NUM_CELLS, PER_ARTICLE_POSITIONS, cell_token_counts, target_cells,
+                                       write_positions)
 from planlm.jsonio import write_json
 from planlm.models.planned_lm import add_evaluation
 from planlm.plans.kinds import plan_source
@@ -96,19 +101,22 @@ def window_batches(windows: np.ndarray, batch_size: int) -> list[np.ndarray]:
 @torch.no_grad()
 def score_windows(model, split: PreparedSplit, windows: np.ndarray, plan_table: torch.Tensor | None = None,
                   batch_size: int = 32, device: str | torch.device = "cpu", precision: str = "auto",
-                  description: str = "scoring") -> np.ndarray:
+                  description: str = "scoring", cells: Optional[np.ndarray] = None):
     """Summed NLL of the scored targets of every window -> (W,) float64, on the stage's bar as ``description``.
 
     ``model`` is a PlannedLM (or any callable with its forward signature); ``plan_table`` (N_sent, D)
-    holds the plan vector of every sentence (None: no conditioning)."""
+    holds the plan vector of every sentence (None: no conditioning). With ``cells`` (N_tok,) (the cell of each
+    token as a target, ``planlm.evaluate.positions.target_cells``), also the NLL of every window per cell:
+    returns ((W,), (W, C)); the (W,) sums are the same numbers as without."""
     device = torch.device(device)
     # Token arrays on the device once: every batch is a gather there (no host work, no sync per batch).
     input_ids_all = torch.from_numpy(np.array(split.input_ids)).to(device)  # (N_tok,)
     plan_sentence_all = torch.from_numpy(np.array(split.token_plan_sentence)).to(device)  # (N_tok,)
+    cells_all = None if cells is None else torch.from_numpy(np.asarray(cells, dtype=np.int64)).to(device)  # (N_tok,)
     if plan_table is not None:
         plan_table = plan_table.to(device)
     batches = window_batches(windows, batch_size)
-    sums = []
+    sums, cell_sums = [], []
     bar = open_bar(description, len(windows), "windows")
     for rows in batches:
         start, first, end = windows[rows[0], 1], windows[rows[0], 2], windows[rows[0], 3]
@@ -122,13 +130,22 @@ def score_windows(model, split: PreparedSplit, windows: np.ndarray, plan_table: 
             kwargs["plan_embeds"] = plan_table[plan_sentence_all[positions[:, :-1]]]  # (B, L, D)
         with autocast(device, precision):
             token_nll = model.token_nll(input_ids, targets, **kwargs)  # (B, P)
-        sums.append(token_nll.double().sum(1))  # (B,)
+        token_nll = token_nll.double()  # (B, P)
+        sums.append(token_nll.sum(1))  # (B,)
+        if cells_all is not None:  # (B, C) each window's NLL per cell, beside (never into) its sum
+            cell_sums.append(token_nll.new_zeros(len(rows), NUM_CELLS).scatter_add_(
+                1, cells_all[positions[:, -num_scored:]], token_nll))
         bar.advance(len(rows))
     bar.close()
     nll = np.zeros(len(windows), dtype=np.float64)
     if batches:
         nll[np.concatenate(batches)] = torch.cat(sums).cpu().numpy()
-    return nll
+    if cells is None:
+        return nll
+    cell_nll = np.zeros((len(windows), NUM_CELLS), dtype=np.float64)
+    if batches:
+        cell_nll[np.concatenate(batches)] = torch.cat(cell_sums).cpu().numpy()
+    return nll, cell_nll
 
 
 @torch.no_grad()
@@ -152,7 +169,9 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
                    device: str | torch.device = "cpu", precision: str = "auto", plan_usage: bool = False) -> dict:
     """In-memory evaluation of the first ``num_articles`` articles -> per-article arrays and timings
     (with ``plan_usage``, also ``nll_sums_shuffled``: the same windows with the plans shuffled across
-    the evaluated sentences, untimed) and ``num_paths`` (N_sent evaluated,): the paths sampled per boundary."""
+    the evaluated sentences, untimed), ``num_paths`` (N_sent evaluated,): the paths sampled per boundary, and
+    ``cell_nll_sums`` / ``cell_tokens`` (N_art, C): each article's NLL and scored tokens per cell of
+    ``planlm.evaluate.positions`` (position in the sentence x context fallen out of the window)."""
     device = torch.device(device)
     model = model.to(device).eval()
     began = time.perf_counter()
@@ -168,8 +187,9 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
                                        precision=precision)
     plans_done = time.perf_counter()
     windows = scoring_windows(split.token_offsets, range(num_articles), context_length, stride)
-    window_nll = score_windows(model, split, windows, plan_table, batch_size, device, precision,
-                               f"scoring {split.path.name}")
+    cells = target_cells(split.token_sentence, split.token_offsets, windows, context_length)  # (N_tok,)
+    window_nll, window_cell_nll = score_windows(model, split, windows, plan_table, batch_size, device, precision,
+                                                f"scoring {split.path.name}", cells=cells)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     finished = time.perf_counter()
@@ -178,6 +198,8 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
 
     tokens = per_article(windows[:, 3] - windows[:, 2]).astype(np.int64)
     result = {"nll_sums": per_article(window_nll), "tokens": tokens, "windows": len(windows),
+              "cell_nll_sums": np.stack([per_article(window_cell_nll[:, c]) for c in range(NUM_CELLS)], 1),
+              "cell_tokens": cell_token_counts(cells, split.token_offsets, num_articles),
               "wall_time_s": finished - began, "plan_time_s": plans_done - began, "lm_time_s": finished - plans_done,
               "planner_time_s": planner_done - began, "adapter_time_s": plans_done - planner_done,
               "num_paths": spec.sampled_paths(path_counts, sentences)}
@@ -203,7 +225,9 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     Writes ``metrics.json`` (ppl, ci_low, ci_high, nll, tokens, articles, protocol, wall_time_s,
     tokens_per_s, conditioning, K, T, tau; the compute: paths sampled per boundary (paths_mean, paths_hist),
     planner_time_s, adapter_time_s, lm_time_s), ``per_article.csv`` (article, id, source, nll_sum, tokens),
-    ``num_paths.npy`` (paths of each evaluated boundary) and, last, ``manifest.json``; a complete folder for
+    ``per_article_positions.csv`` (the same NLL and tokens per position in the sentence and context fallen out of
+    the window: ``planlm.evaluate.positions``), ``num_paths.npy`` (paths of each evaluated boundary) and, last,
+    ``manifest.json``; a complete folder for
     the same settings and weights is reused.
 
     Args:
@@ -317,11 +341,14 @@ def _sources(split_view: PreparedSplit, num_articles: int) -> list[str]:
 
 def _write_evaluation(stage: StageDir, metrics: PerplexityMetrics, result: dict, split_view: PreparedSplit,
                       num_articles: int) -> None:
-    """per_article.csv, num_paths.npy, metrics.json and, last, the manifest."""
+    """per_article.csv, per_article_positions.csv, num_paths.npy, metrics.json and, last, the manifest."""
     articles, sources = split_view.articles, _sources(split_view, num_articles)
     write_per_article(stage.path / "per_article.csv", [
         {"article": a, "id": articles[a]["id"], "source": sources[a], "nll_sum": repr(float(result["nll_sums"][a])),
          "tokens": int(result["tokens"][a])} for a in range(num_articles)])
+    if "cell_nll_sums" in result:
+        write_positions(stage.path / PER_ARTICLE_POSITIONS, [articles[a]["id"] for a in range(num_articles)],
+                        result["cell_nll_sums"], result["cell_tokens"])
     np.save(stage.path / "num_paths.npy", result["num_paths"])
     write_json(stage.path / "metrics.json", metrics.to_dict())
     stage.finish(metrics=metrics.to_dict())

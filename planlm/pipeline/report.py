@@ -211,6 +211,96 @@ def _contrasts_section(contrasts: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def position_contrasts(rows: list[dict], contrasts: list[dict]) -> list[tuple[str, str]]:
+    """The pairs (b, a) the "Where plans act" section shows: every condition with plans that carry information (not
+    none, not a constant plan) against Fixed and against the paired column's reference, then the configured
+    contrasts; each pair once."""
+    done = {r["name"]: r for r in rows if r["ppl"] is not None}
+    fixed = next((r["name"] for r in done.values() if kind_flag(r["conditioning"], "constant")), None)
+    pairs = []
+    for row in done.values():
+        informed = row["conditioning"] not in (None, "none") and not kind_flag(row["conditioning"], "constant")
+        if informed:
+            pairs += [(row["name"], a) for a in (fixed, row.get("paired_reference")) if a and a != row["name"]]
+    pairs += [(c["b"], c["a"]) for c in contrasts if c["b"] in done and c["a"] in done]
+    return list(dict.fromkeys(pairs))
+
+
+def position_rows(layout: RunLayout, rows: list[dict], contrasts: list[dict]) -> list[dict]:
+    """Each pair of ``position_contrasts``: B - A in mean NLL per token by position in the sentence and by the
+    context fallen out of the window (``planlm.evaluate.positions.paired_positions``), or why it has none."""
+    from planlm.errors import PlanlmError
+    from planlm.evaluate.positions import paired_positions
+
+    out = []
+    for b, a in position_contrasts(rows, contrasts):
+        try:
+            paired = paired_positions(layout.evaluation(a), layout.evaluation(b))
+        except PlanlmError as e:  # e.g. evaluated on other articles: no paired difference to show
+            out.append({"b": b, "a": a, "error": str(e)})
+            continue
+        if "missing" in paired:
+            paired["missing"] = [_relative(Path(m), layout.root) for m in paired["missing"]]
+        out.append({"b": b, "a": a, **paired})
+    return out
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def _fmt_bin(one: dict) -> str:
+    """A bin's difference in nats per token with its interval and, with seeds, each seed's value."""
+    if one["diff"] is None:
+        return "no tokens"
+    seeds = one.get("seed_diffs") or {}
+    each = " (seeds: " + ", ".join(f"{d:+.4f}" for d in seeds.values()) + ")" if len(seeds) > 1 else ""
+    if one["ci_low"] is None:
+        return f"{one['diff']:+.4f} (one document: no interval){each}"
+    return f"{one['diff']:+.4f} [{one['ci_low']:+.4f}, {one['ci_high']:+.4f}]{each}"
+
+
+def _positions_section(positions: list[dict]) -> list[str]:
+    """"Where plans act": one row per pair, one column per bin (``planlm.evaluate.positions.BINS``)."""
+    from planlm.evaluate.positions import BEYOND, BINS, POSITIONS
+
+    if not positions:
+        return []
+    shown = next((p for p in positions if "bins" in p), None)
+    lines = ["## Where plans act", "",
+             "B - A in mean NLL per token (nats; negative: B is better; a difference d is a perplexity ratio "
+             "exp(d)), by where the scored token sits: its position in its sentence, and how much of its article "
+             "before it the LM's window no longer shows (none / under a window's length / a window's length or "
+             "more). A plan tells the LM about the next sentence, so its effect should sit in a sentence's first "
+             "tokens and where context has fallen out of the window. Paired over the same articles, the mean over "
+             "seeds with each seed's value beside it, and the 95% interval of the paired column (t on S - 1 "
+             "degrees of freedom for the seeds in quadrature with the bootstrap over documents; over documents "
+             "alone with one seed), over the documents with tokens in the bin.", ""]
+    if shown:
+        share = {name: f"{column} ({shown['bins'][name]['share']:.1%})" for name, column, _ in BINS}
+        window = (f"window of W = {shown['context_length']} tokens" if shown.get("context_length")
+                  else "window (W tokens)")
+        lines += [f"Columns, with their share of the scored tokens: the token's position in its sentence, "
+                  f"{', '.join(share[name] for name, _ in POSITIONS)}; how many tokens of its article before it the "
+                  f"{window} does not show, "
+                  f"{', '.join(share[name] for name, _ in BEYOND)}.", ""]
+    lines += ["| B - A | " + " | ".join(column for _, column, _ in BINS) + " |", "|---" * (len(BINS) + 1) + "|"]
+    for p in positions:
+        if "bins" in p:
+            lines.append(f"| {p['b']} - {p['a']} | " + " | ".join(_fmt_bin(p["bins"][name]) for name, *_ in BINS)
+                         + " |")
+        elif "missing" in p:
+            lines.append(f"| {p['b']} - {p['a']} | n/a: {', '.join(p['missing'])} evaluated before the position "
+                         f"table; remove {'it' if len(p['missing']) == 1 else 'them'} and rerun to add it"
+                         + " |" * len(BINS))
+        else:
+            lines.append(f"| {p['b']} - {p['a']} | n/a: {p['error']}" + " |" * len(BINS))
+    return lines + [""]
+
+
 def _add_oracle_shares(layout: RunLayout, rows: list[dict]) -> None:
     """For every condition whose plans a planner makes, when the run has a condition of constant plans (Fixed) and
     one whose plans read the true future (the oracle): the share of the oracle's gain it captures,
@@ -544,10 +634,12 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
     layout.figures.mkdir(parents=True, exist_ok=True)
     rows = collect_results(layout.root, conditions, state, seeds)
     paired = contrast_rows(layout, rows, contrasts or [])
+    positions = position_rows(layout, rows, paired)
     summaries = planner_summaries(layout)
     planners = {name: {"horizon": summary["horizon"], "information": summary["information"],
                        "information_split": summary["information_split"]} for name, summary in summaries.items()}
-    layout.results_json.write_text(json.dumps({"conditions": rows, "contrasts": paired, "planners": planners, "paper": PAPER_TABLE,
+    layout.results_json.write_text(json.dumps({"conditions": rows, "contrasts": paired, "positions": positions,
+                                               "planners": planners, "paper": PAPER_TABLE,
                                                "stages": (state or {}).get("stages", {})}, indent=2))
     with open(layout.results_csv, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)) or ["name"])
@@ -576,6 +668,7 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
         lines += [f"- {r['name']}: {r['error']}" for r in failed]
     lines.append("")
     lines += _contrasts_section(paired)
+    lines += _positions_section(positions)
     lines += _planner_section(layout, summaries)
     lines += _sweeps_section(layout)
     lines += _actions_section(layout, actions_shown)

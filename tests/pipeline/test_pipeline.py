@@ -58,6 +58,27 @@ def test_run_writes_every_stage_and_the_report(tiny_run):
     assert (out / "figures" / "ours-compute-paths.png").is_file()
 
 
+def test_report_shows_where_plans_act_with_intervals(tiny_run):
+    from planlm.evaluate.bootstrap import read_per_article
+    from planlm.evaluate.positions import read_positions
+
+    out, _ = tiny_run
+    totals, cells = read_per_article(out / "eval" / "ours"), read_positions(out / "eval" / "ours")
+    assert (cells["tokens"].sum(1) == totals["tokens"]).all()
+    assert cells["nll"].sum(1) == pytest.approx(totals["nll_sum"], rel=1e-9)
+    section = (out / "report.md").read_text().split("## Where plans act")[1].split("\n## ")[0]
+    rows = {line.split(" | ")[0][2:]: line for line in section.splitlines() if line.startswith("| ")}
+    # every condition whose plans carry information, against Fixed and against none
+    assert {"cornille - fixed", "cornille - none", "ours - fixed", "ours - none", "oracle - fixed",
+            "oracle - none"} <= set(rows)
+    assert rows["B - A"].startswith("| B - A | all tokens | token 1 | tokens 2-8 | tokens 9+ | none out |")
+    assert all(rows[name].count(" [") == 7 for name in ("ours - fixed", "ours - none"))  # an interval per bin
+    positions = {(p["b"], p["a"]): p for p in json.loads((out / "results.json").read_text())["positions"]}
+    ours = positions[("ours", "none")]["bins"]
+    assert sum(ours[name]["tokens"] for name in ("first", "early", "late")) == ours["all"]["tokens"]
+    assert ours["all"]["ci_low"] <= ours["all"]["diff"] <= ours["all"]["ci_high"]
+
+
 def test_rerun_reuses_every_stage(tiny_run):
     out, first_seconds = tiny_run
     before = {p: p.stat().st_mtime for p in out.glob("*/**/manifest.json")}

@@ -149,3 +149,58 @@ def test_the_report_measures_a_planners_information_on_the_test_split(synthetic_
         measured["test"]["teacher_forced"]["nats"])
     assert measured["test"]["teacher_forced"]["nats"] != pytest.approx(measured["validation"]["teacher_forced"]["nats"])
     assert "Planner `shared` (horizon 3, recurrent g; on the test split)" in text
+
+
+def write_positioned_evaluation(folder, conditioning: str, nll_per_cell: np.ndarray, tokens: np.ndarray) -> None:
+    """An evaluation folder whose per_article.csv sums its per_article_positions.csv: nll_per_cell and tokens
+    (N_art, C) each article's NLL per token and scored tokens in every cell."""
+    from planlm.evaluate.positions import PER_ARTICLE_POSITIONS, write_positions
+
+    folder.mkdir(parents=True)
+    nll = nll_per_cell * tokens
+    write_per_article(folder / "per_article.csv", [{"article": i, "id": f"doc{i}", "nll_sum": repr(float(n)),
+                                                    "tokens": int(t)} for i, (n, t) in enumerate(zip(nll.sum(1),
+                                                                                                      tokens.sum(1)))])
+    write_positions(folder / PER_ARTICLE_POSITIONS, [f"doc{i}" for i in range(len(tokens))], nll, tokens)
+    ppl = math.exp(nll.sum() / tokens.sum())
+    (folder / "metrics.json").write_text(json.dumps({
+        "ppl": ppl, "ci_low": ppl - 1, "ci_high": ppl + 1, "conditioning": conditioning, "K": 1, "T": 1, "tau": 1.0,
+        "tokens": int(tokens.sum()), "articles": len(tokens), "protocol": "test"}))
+
+
+def test_where_plans_act_shows_each_bins_paired_difference_with_seeds_and_intervals(tmp_path):
+    from planlm.evaluate.positions import CELLS
+
+    layout = RunLayout(tmp_path / "run")
+    per_cell = {("first", "inside"): 3, ("first", "near"): 2, ("early", "inside"): 10, ("early", "near"): 5,
+                ("late", "inside"): 20, ("late", "near"): 10}  # no token has a window's length fallen out
+    tokens = np.tile([per_cell.get(cell, 0) for cell in CELLS], (20, 1))  # (20 articles, C)
+    first = np.array([p == "first" for p, _ in CELLS])
+    rng = np.random.default_rng(0)
+    base = 3.0 + rng.normal(0, 0.05, tokens.shape)
+    for seed, gain in enumerate([0.24, 0.26]):  # the oracle gains only on the first token of a sentence
+        write_positioned_evaluation(layout.evaluation("none") / f"seed{seed}", "none", base, tokens)
+        write_positioned_evaluation(layout.evaluation("fixed") / f"seed{seed}", "fixed", base + 0.01, tokens)
+        write_positioned_evaluation(layout.evaluation("oracle") / f"seed{seed}", "oracle", base - gain * first, tokens)
+    (layout.evaluation("old") / "seed0").mkdir(parents=True)
+    write_per_article(layout.evaluation("old") / "seed0" / "per_article.csv", [
+        {"article": i, "id": f"doc{i}", "nll_sum": repr(float(n)), "tokens": int(t)}
+        for i, (n, t) in enumerate(zip((base * tokens).sum(1), tokens.sum(1)))])  # before the position table
+    (layout.evaluation("old") / "seed0" / "metrics.json").write_text(json.dumps({"ppl": 20.0,
+                                                                                "conditioning": "oracle"}))
+    conditions = [{"name": "none"}, {"name": "fixed"}, {"name": "oracle"}, {"name": "old"}]
+    text = write_report(layout.root, conditions=conditions, seeds=[0, 1]).read_text()
+    section = text.split("## Where plans act")[1].split("\n## ")[0]
+    rows = {line.split(" | ")[0][2:]: line for line in section.splitlines() if line.startswith("| ")}
+    assert set(rows) == {"B - A", "oracle - fixed", "oracle - none", "old - fixed", "old - none"}
+    assert "n/a: eval/old/seed0 evaluated before the position table" in rows["old - none"]
+    positions = {(p["b"], p["a"]): p for p in json.loads(layout.results_json.read_text())["positions"]}
+    bins = positions[("oracle", "none")]["bins"]
+    assert bins["first"]["diff"] == pytest.approx(-0.25) and bins["first"]["seed_diffs"] == pytest.approx(
+        {"0": -0.24, "1": -0.26})
+    assert bins["first"]["ci_low"] < -0.3 and -0.2 < bins["first"]["ci_high"] < 0  # t on 1 degree of freedom
+    assert bins["late"]["diff"] == pytest.approx(0.0, abs=1e-12) and bins["far"]["diff"] is None
+    assert bins["all"]["diff"] == pytest.approx(-0.25 * 5 / 50) and bins["first"]["share"] == pytest.approx(0.1)
+    assert "+0.0000" in rows["oracle - none"] or "-0.0000" in rows["oracle - none"]
+    assert "-0.2500 [" in rows["oracle - none"] and "(seeds: -0.2400, -0.2600)" in rows["oracle - none"]
+    assert "no tokens" in rows["oracle - none"] and "token 1 (10.0%)" in section
