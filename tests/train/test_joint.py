@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import tiny_gpt2_config, tiny_planned_lm, tiny_planner
+from helpers import tiny_gpt2_config, tiny_planned_lm, tiny_planner, tiny_run_config
 from planlm.args import Runtime
 from planlm.cli import main
 from planlm.data.artifacts import PreparedDataset
@@ -251,3 +251,25 @@ def test_the_joint_overlay_on_the_demo_validates(tmp_path, capsys):
     assert "config valid" in out and "train-planner cornille " in out and "train-planner cornille_joint" not in out
     for name in ("ours_expected", "ours_joint", "ours_joint_st", "cornille", "cornille_joint"):
         assert f"train-lm {name} seed1" in out
+
+
+@pytest.mark.slow
+def test_planlm_run_trains_and_evaluates_joint_conditions(tmp_path):
+    """`planlm run` end to end on tiny stages: Cornille et al.'s setting joint (its own T = 1 planner) and ours
+    joint straight-through, each evaluated with the planner it trained."""
+    from planlm.pipeline.run import run
+
+    out = tmp_path / "run"
+    config = tiny_run_config(out, edit_distance=None, sweeps=[], report={}, conditions=[
+        {"name": "cornille_joint", "planner": {"model": {"horizon": 1}},
+         "plans": {"kind": "planner_argmax", "num_paths": 1, "horizon": 1, "joint": True}},
+        {"name": "ours_joint_st", "adapter": {"kind": "multipath"},
+         "plans": {"kind": "planner_sampled", "num_paths": 3, "horizon": 3, "joint": True, "expectation": False}}])
+    run(**config)
+    for name, planner in (("cornille_joint", out / "planners" / "cornille_joint"), ("ours_joint_st", out / "planner")):
+        metrics = json.loads((out / "eval" / name / "metrics.json").read_text())
+        assert metrics["planner_dir"] == str(out / "lm" / name / "planner") and np.isfinite(metrics["ppl"])
+        assert file_sha256(out / "lm" / name / "planner" / "model.safetensors") != \
+            file_sha256(planner / "model.safetensors")
+    rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["conditions"]}
+    assert all(row["status"] == "done" for row in rows.values())
