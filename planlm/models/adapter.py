@@ -372,7 +372,11 @@ def _default_mask(action_paths: Tensor, path_mask: Tensor | None, action_probs: 
 def _unique_paths(action_paths: Tensor, path_mask: Tensor,
                   action_probs: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor]:
     """The distinct paths of a batch (masked steps -1): (U, T) long, or in expectation (U, T, M) long and their
-    probabilities (U, T, M); and the distinct path of each of the N*K paths, (N*K,)."""
+    probabilities (U, T, M); and the distinct path of each of the N*K paths, (N*K,).
+
+    The probabilities of a distinct path are those of its first occurrence, indexed rather than rebuilt from the
+    keys, so that they keep their gradient (a planner trained through them, ``PlanSpec.joint``). Equal keys come
+    from the same computation (a boundary's copies of one path), so that occurrence stands for all of them."""
     if action_probs is None:
         path_keys = torch.where(path_mask, action_paths, -1).flatten(0, 1)  # (N*K, T), -1 = masked step
         unique_paths, path_of = torch.unique(path_keys, dim=0, return_inverse=True)  # (U, T), (N*K,)
@@ -380,12 +384,11 @@ def _unique_paths(action_paths: Tensor, path_mask: Tensor,
     step_mask = path_mask.unsqueeze(-1)  # (N, K, T, 1)
     actions = torch.where(step_mask, action_paths, -1).flatten(0, 1)  # (N*K, T, M)
     probs = torch.where(step_mask, action_probs, 0.0).flatten(0, 1)  # (N*K, T, M)
-    keys = torch.cat([actions.flatten(1).double(), probs.flatten(1).double()], dim=1)  # (N*K, 2 T M), exact
+    keys = torch.cat([actions.flatten(1).double(), probs.detach().flatten(1).double()], dim=1)  # (N*K, 2 T M), exact
     unique_keys, path_of = torch.unique(keys, dim=0, return_inverse=True)  # (U, 2 T M), (N*K,)
-    steps = actions.shape[1] * actions.shape[2]
-    unique_paths = unique_keys[:, :steps].long().view(-1, *actions.shape[1:])  # (U, T, M)
-    unique_probs = unique_keys[:, steps:].to(action_probs.dtype).view(-1, *actions.shape[1:])  # (U, T, M)
-    return unique_paths, unique_probs, path_of
+    rows = torch.arange(len(keys), device=keys.device)
+    first = torch.full((len(unique_keys),), len(keys), device=keys.device).scatter_reduce(0, path_of, rows, "amin")
+    return actions[first], probs[first], path_of  # (U, T, M) twice, (N*K,)
 
 
 def build_adapter(config: AdapterConfig, codebook: Tensor | None = None) -> ProjectAvg:

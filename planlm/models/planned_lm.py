@@ -16,6 +16,8 @@ A saved folder::
     adapter.safetensors      the adapter's weights (absent for plans kind "none")
     codebook.safetensors     {"centroids": (A, E)} the actions the adapter was trained on
     tokenizer/               the tokenizer of the prepared corpus
+    planner/                 joint training only (``plans.joint``): the planner trained with the LM, a planner folder;
+                             the model's evaluations, generation and adherence run it
     README.md                the model card; its training block names the folders the plans came from
                              (``PlannedLM.plan_folders``: run paths, never in the config)
 """
@@ -40,11 +42,13 @@ from planlm.jsonio import to_jsonable, write_json
 from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
 from planlm.models.card import evaluation_entry, planned_lm_card, read_planlm_block, write_card
 from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
+from planlm.models.planner import WEIGHTS_FILE as PLANNER_WEIGHTS
 
 Finetune = Literal["full", "frozen", "lora"]
 LEGACY_PLAN_FIELDS = ("conditioning", "num_paths", "horizon", "temperature", "fixed_action", "seed", "planner_dir",
                       "plans_dir")
 PLAN_FOLDERS = ("planner_dir", "plans_dir")  # where a run's plans came from: the run's paths, not the model's
+JOINT_PLANNER = "planner"  # the subfolder holding the planner trained with the LM (plans.joint)
 
 
 @dataclass
@@ -328,11 +332,17 @@ class PlannedLM(nn.Module):
 
 
 def recorded_plan_folders(folder: str | Path, config: dict) -> dict[str, str]:
-    """The folders a saved planned LM's training plans came from: its card's training block, or the config
-    (``config``: its planned_lm.json) of an older folder, whose card had no training block."""
+    """The folders a saved planned LM's plans come from: its card's training block, or the config (``config``: its
+    planned_lm.json) of an older folder, whose card had no training block; a model trained with its planner
+    (``plans.joint``) names the planner in its own folder, wherever the folder has moved, not the one training
+    started from."""
     training = (read_planlm_block(folder) or {}).get("training") or {}
-    return {**PlannedLMConfig.legacy_plan_folders(config),
-            **{key: training[key] for key in PLAN_FOLDERS if training.get(key)}}
+    folders = {**PlannedLMConfig.legacy_plan_folders(config),
+               **{key: training[key] for key in PLAN_FOLDERS if training.get(key)}}
+    own = Path(folder) / JOINT_PLANNER
+    if (own / PLANNER_WEIGHTS).is_file():
+        folders["planner_dir"] = str(own)
+    return folders
 
 
 def add_evaluation(model_dir: str | Path, metrics: dict) -> bool:
@@ -354,4 +364,5 @@ def add_evaluation(model_dir: str | Path, metrics: dict) -> bool:
     return True
 
 
-__all__ = ["PlannedLM", "PlannedLMConfig", "load_causal_lm", "add_evaluation", "recorded_plan_folders"]
+__all__ = ["PlannedLM", "PlannedLMConfig", "load_causal_lm", "add_evaluation", "recorded_plan_folders",
+           "JOINT_PLANNER"]

@@ -374,6 +374,16 @@ class Planner(nn.Module):
                                                   temperature, generator)
         return out
 
+    def path_logits(self, context_embeds: torch.Tensor, context_mask: torch.Tensor,
+                    action_paths: torch.Tensor) -> torch.Tensor:
+        """The distribution of every step of given paths, each step given its own path's earlier actions (teacher
+        forcing, with gradients: joint training differentiates the plans it samples). context_embeds (B, S, E),
+        context_mask (B, S), action_paths (B, K, T) -> logits (B, K, T, A)."""
+        batch, num_paths, horizon = action_paths.shape
+        logits = self(context_embeds.repeat_interleave(num_paths, dim=0),
+                      context_mask.repeat_interleave(num_paths, dim=0), action_paths.flatten(0, 1))  # (B*K, T, A)
+        return logits.view(batch, num_paths, horizon, -1)
+
     @torch.no_grad()
     def first_step_logits(self, context_embeds: torch.Tensor, context_mask: torch.Tensor) -> torch.Tensor:
         """The logits of the first action of every path, p(a_i | t_1 .. t_{i-1}): (B, A)."""
@@ -455,6 +465,9 @@ class Planner(nn.Module):
             raise PlanlmError(f"{where}: planner was trained with codebook {info['codebook_hash'][:12]} but "
                               f"{prepared.path} has codebook {prepared.codebook_hash[:12]}; train a planner on "
                               f"this prepared corpus")
+        if info.get("encoder") and info["encoder"] != prepared.encoder_name:
+            raise PlanlmError(f"{where}: planner reads sentences embedded by {info['encoder']!r} but {prepared.path} "
+                              f"was embedded by {prepared.encoder_name!r}; train a planner on this prepared corpus")
 
 
 def _check_sampling(num_paths: int, horizon: int, temperature: float) -> None:

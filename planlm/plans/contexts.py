@@ -13,7 +13,7 @@ N_sent sentences of the split.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Iterator, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -143,6 +143,34 @@ def boundary_targets(split: PreparedSplit, sentences: np.ndarray, horizon: int) 
     return torch.from_numpy(np.where(valid, actions, IGNORE_INDEX).astype(np.int64))
 
 
+class PlannerInputs(NamedTuple):
+    """What a planner reads at B boundaries: their contexts and true actions (joint training's batches)."""
+
+    context_embeds: torch.Tensor
+    """(B, S, E) float32: the sentences before each boundary, right-padded."""
+    context_mask: torch.Tensor
+    """(B, S) bool: the real sentences."""
+    target_actions: torch.Tensor
+    """(B, T) long: the actions of sentences s .. s+T-1, IGNORE_INDEX past the article's end (the action loss)."""
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        return self._asdict()
+
+
+class ContextSource:
+    """The planner's inputs at any boundaries of a split, in place of their plans: a window batch (``collate_windows``)
+    then carries what the planner reads, and the planner runs inside the LM's training step (``PlanSpec.joint``).
+    ``planlm.plans.sources.ShuffledPlans`` shuffles them as it shuffles plans."""
+
+    def __init__(self, split: PreparedSplit, max_sentences: int, target_horizon: int, num_paths: int, horizon: int):
+        self.split, self.max_sentences, self.target_horizon = split, max_sentences, target_horizon
+        self.num_paths, self.horizon = num_paths, horizon  # of the plans the planner will make of them
+
+    def __call__(self, sentences: np.ndarray) -> PlannerInputs:
+        context_embeds, context_mask = boundary_contexts(self.split, sentences, self.max_sentences)
+        return PlannerInputs(context_embeds, context_mask, boundary_targets(self.split, sentences, self.target_horizon))
+
+
 @torch.no_grad()
 def embed_split(planner, split: PreparedSplit, batch_size: int = 64) -> np.ndarray:
     """(N_sent, E) embeddings of every sentence of the split by the planner's own (finetuned) encoder."""
@@ -212,5 +240,5 @@ def _article_batches(planner, split: PreparedSplit, sentences: np.ndarray, num_a
                                   row, bound, split=split, sentences=sentences[targets])
 
 
-__all__ = ["Boundaries", "boundary_contexts", "article_rows", "article_contexts", "boundary_targets", "embed_split",
-           "check_split", "split_batches", "IGNORE_INDEX", "MAX_ROWS"]
+__all__ = ["Boundaries", "PlannerInputs", "ContextSource", "boundary_contexts", "article_rows", "article_contexts",
+           "boundary_targets", "embed_split", "check_split", "split_batches", "IGNORE_INDEX", "MAX_ROWS"]

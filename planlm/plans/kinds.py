@@ -15,7 +15,9 @@ kind of a spec with ``plan_kind(spec.kind)`` and makes plans through ``plan`` (a
 
 The planner kinds ``draw`` (``Draw``: the paths the planner computed, before the argmax path is repeated K
 times): the plan cache stores draws (``planlm.plans.sampling``), and a live source draws the boundaries a command
-asks for into arrays of the same layout (``draw_split``, one seeded walk over the split either way).
+asks for into arrays of the same layout (``draw_split``, one seeded walk over the split either way). In joint
+training (``PlanSpec.joint``) they also make ``joint_plans``: the same draws, with step probabilities that carry the
+planner's gradient.
 
 A new kind subclasses ``PlanStrategy`` (``plan`` at least) and calls ``register_plan_kind``, in this file or in
 your own code; ``--plans.kind`` accepts its name from then on (tests/plans/test_kinds.py adds one from outside).
@@ -27,7 +29,7 @@ for, N_sent sentences of the split.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
@@ -92,6 +94,10 @@ class PlanStrategy(ABC):
 
     def check(self, spec: PlanSpec) -> None:
         """One-line errors for settings this kind cannot serve."""
+        if spec.joint:
+            raise PlanlmError(f"--plans.joint true with --plans.kind {spec.kind}: {spec.kind} plans have no planner "
+                              f"to train with the LM; set --plans.joint false or --plans.kind planner_sampled / "
+                              f"planner_argmax")
         if spec.expectation:
             raise PlanlmError(f"--plans.expectation true with --plans.kind {spec.kind}: {spec.kind} plans have no "
                               f"planner distribution to average over; set --plans.expectation false or --plans.kind "
@@ -201,12 +207,22 @@ class PlannerKind(PlanStrategy):
         pass
 
     def check(self, spec) -> None:
-        pass
+        if spec.joint and spec.plans_dir:
+            raise PlanlmError(f"--plans.joint true with --plans.plans_dir {spec.plans_dir}: joint training runs the "
+                              f"planner on every batch instead of reading a plan cache; drop --plans.plans_dir and "
+                              f"set --plans.planner_dir")
 
     def check_source(self, spec) -> None:
+        if spec.joint and not spec.planner_dir:
+            raise PlanlmError(f"--plans.joint true needs --plans.planner_dir: the planner (`planlm train-planner`) "
+                              f"to train with the LM")
         if not (spec.plans_dir or spec.planner_dir):
             raise PlanlmError(f"--plans.kind {spec.kind} needs --plans.plans_dir (a plan cache) or "
                               f"--plans.planner_dir (a planner); set one of them")
+
+    def step_temperature(self, spec) -> float:
+        """The temperature of the step distributions that plans in expectation read."""
+        return spec.temperature
 
     def article_batches(self, spec) -> bool:
         """Whether an article-level planner can draw these plans from article rows (one pass per article)."""
@@ -220,6 +236,26 @@ class PlannerKind(PlanStrategy):
         if planner is None:
             raise PlanlmError(f"plans kind {spec.kind} needs a planner (set --plans.planner_dir)")
         return self.draw(boundaries, spec, rng, planner).plans(spec.num_paths)
+
+    def joint_plans(self, boundaries: Boundaries, spec: PlanSpec, rng: Optional[torch.Generator], planner) -> Plans:
+        """The plans of B boundaries (``boundaries.context_embeds``) whose step probabilities carry the planner's
+        gradient (``PlanSpec.joint``): the paths ``draw`` gives (no gradient), then each step's distribution given
+        its path's own prefix (teacher forcing, with gradient), as the plans in expectation of the same draws hold
+        it. In expectation the adapter reads the expected embedding; otherwise the straight-through estimator: the
+        drawn action forward (the sampled plans' vector, exactly), the expected embedding's gradient backward."""
+        draw = self.draw(boundaries, replace(spec, expectation=False), rng, planner)  # paths (B, K', T)
+        logits = planner.path_logits(boundaries.context_embeds, boundaries.context_mask, draw.paths)  # (B, K', T, A)
+        ids, probs = top_distribution(logits.flatten(0, -2), self.step_temperature(spec), spec.top_actions)
+        steps = tuple(x.view(*draw.paths.shape, -1) for x in (ids, probs))  # (B, K', T, M) each
+        plans = Draw(draw.paths, draw.counts, steps).plans(spec.num_paths)
+        if spec.expectation:
+            return plans
+        drawn = draw.paths.expand(-1, spec.num_paths, -1).unsqueeze(-1)  # (B, K, T, 1)
+        soft = torch.cat([torch.zeros_like(drawn, dtype=plans.action_probs.dtype), plans.action_probs], -1)
+        hard = torch.zeros_like(soft)
+        hard[..., 0] = 1.0
+        # (B, K, T, 1+M): the drawn action at weight 1 and the top M at weight 0 forward, but their gradient backward
+        return Plans(torch.cat([drawn, plans.action_paths], -1), plans.path_mask, hard + (soft - soft.detach()))
 
     def source(self, spec, prepared, split, sentences, device, precision, batch_size) -> CachedPlans:
         """Rows of the plan cache ``spec.plans_dir``, or the planner of ``spec.planner_dir`` run now on ``sentences``
@@ -269,13 +305,16 @@ class PlannerArgmax(PlannerKind):
     def paths_drawn(self, spec) -> int:
         return 1
 
+    def step_temperature(self, spec) -> float:
+        return 1.0  # the planner's own distribution along the greedy path (tau 0 would be the path itself)
+
     def draw(self, boundaries, spec, rng, planner) -> Draw:
         """The greedy path (B, 1, T); in expectation with the planner's distribution (tau 1) at each of its steps."""
         horizon, steps = spec.horizon, None
         if boundaries.row is not None:  # article rows
             logits, greedy = planner.decode(boundaries.article_state(planner, horizon), horizon)  # (B, T, A), (B, T)
             if spec.expectation:
-                ids, probs = top_distribution(logits.flatten(0, 1), 1.0, spec.top_actions)  # (B*T, M)
+                ids, probs = top_distribution(logits.flatten(0, 1), self.step_temperature(spec), spec.top_actions)
                 steps = (ids.view(*greedy.shape, -1), probs.view(*greedy.shape, -1))
         elif spec.expectation:
             greedy, *steps = planner.expected_argmax_path(boundaries.context_embeds, boundaries.context_mask, horizon,
@@ -291,9 +330,17 @@ class PlannerSampled(PlannerKind):
     samples_paths = True
 
     def check(self, spec) -> None:
+        super().check(spec)
         if spec.expectation and spec.path_policy.adaptive:
             raise PlanlmError(f"--plans.expectation true with --plans.path_policy.kind {spec.path_policy.kind}: an "
                               f"expected plan needs no adaptive paths; drop --plans.path_policy or the expectation")
+        if spec.joint and spec.path_policy.adaptive:
+            raise PlanlmError(f"--plans.joint true with --plans.path_policy.kind {spec.path_policy.kind}: joint "
+                              f"training draws K paths at every boundary; drop --plans.path_policy")
+        if spec.joint and spec.temperature == 0:
+            raise PlanlmError("--plans.joint true with --plans.kind planner_sampled at --plans.temperature 0: the "
+                              "greedy path carries no gradient to the planner; set a temperature > 0 or --plans.kind "
+                              "planner_argmax (its distribution at tau 1)")
 
     def paths_drawn(self, spec) -> int:
         return spec.num_paths

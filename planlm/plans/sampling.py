@@ -108,6 +108,9 @@ def _cache_key(spec: PlanSpec, prepared: PreparedDataset, prepared_dir: str, spl
 def _cached_spec(plans: PlanSpec, planner_horizon: int) -> PlanSpec:
     """The resolved spec of a cache: sample-plans' defaults (planner_sampled, K = 10, the planner's T) under
     ``plans``; only a planner kind has draws to cache."""
+    if plans.joint:
+        raise PlanlmError("sample-plans: --plans.joint trains the planner inside `planlm train-lm`, without a plan "
+                          "cache; drop --plans.joint")
     spec = plans.resolve(PlanSpec(kind=PlanKind.planner_sampled, num_paths=10, horizon=planner_horizon))
     if not isinstance(spec.strategy, PlannerKind):
         raise PlanlmError(f"sample-plans: --plans.kind {spec.kind} draws nothing from a planner; use planner_sampled "

@@ -51,9 +51,12 @@ class Plans(NamedTuple):
 
 def step_probs(probs: torch.Tensor) -> torch.Tensor:
     """The top actions' probabilities (..., M) as the adapter reads them: at a plan cache's precision (float16),
-    renormalised to sum to 1 at every step, float32."""
-    probs = probs.half().float()
-    return probs / probs.sum(-1, keepdim=True).clamp(min=1e-12)
+    renormalised to sum to 1 at every step, float32. With a gradient (joint training) the rounding passes it
+    unchanged: the plans a cache would give forward, the planner's own gradient backward."""
+    rounded = probs.half().float()
+    if probs.requires_grad:
+        rounded = probs + (rounded - probs).detach()  # the same values: rounded - probs is exact
+    return rounded / rounded.sum(-1, keepdim=True).clamp(min=1e-12)
 
 
 class PlanSource(Protocol):

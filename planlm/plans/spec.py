@@ -16,6 +16,13 @@ gives the path policy its ``max_paths`` from it, and nothing downstream sets K a
 is the planner's whole next-action distribution (its ``top_actions`` most likely actions, renormalised)
 instead of the one action drawn, and the adapter reads the expected action embedding.
 
+``joint`` (planner kinds only, training only; Cornille et al.'s follow-up, "End-to-end Planner Training for Language
+Modeling"): ``train-lm`` runs the planner inside the LM's training step and the LM's loss reaches the planner's
+weights through the step distributions (``PlannerKind.joint_plans``). In expectation (the default of a joint run)
+the adapter reads the expected embedding; with ``expectation`` false, the straight-through estimator: the drawn
+action forward, the expected embedding's gradient backward. The planner fine-tuned with the LM is saved in the
+model folder and its evaluations run it; an evaluation never inherits ``joint``.
+
 Planner plans come from a plan cache (``plans_dir``, ``planlm sample-plans``) or from a planner
 (``planner_dir``): training samples (or reuses) the planner's cache, evaluation and generation run the
 planner on the boundaries they need. ``planlm.plans.kinds.plan_source`` turns a resolved spec into a ``PlanSource``.
@@ -63,6 +70,13 @@ class PlanSpec:
     top_actions: Optional[int] = None
     """expectation: the most likely actions kept per step, renormalised (default 64; >= A keeps all, so nothing is
     left out, but a plan cache stores the probabilities in float16: within about 2e-3 of the planner's)."""
+    joint: Optional[bool] = None
+    """train-lm (planner kinds; beyond the paper): finetune the planner with the LM, so that the LM's loss teaches
+    the planner which plans help it. The planner runs on each batch's boundaries (no plan cache), the adapter
+    reads its step distributions in expectation (set expectation false for the straight-through estimator: the
+    drawn action forward, the expectation's gradient backward), and the planner keeps its own action loss
+    (train.planner_loss_weight) at its own rate (train.planner_lr). The finetuned planner is saved in the model
+    folder (planner/) and evaluation, generation and adherence run it. Default false."""
 
     def __post_init__(self):
         if self.kind is not None and not isinstance(self.kind, PlanKind):
@@ -87,6 +101,8 @@ class PlanSpec:
         kind = plan_kind(values["kind"] if values["kind"] is not None else DEFAULTS["kind"])
         if self.expectation is None and not kind.uses_planner:  # a model's expectation goes with its planner
             values["expectation"] = False
+        if self.expectation is None and values["joint"]:  # joint training differentiates the expected embedding
+            values["expectation"] = True
         policy = values["path_policy"] or PathPolicy()
         if self.num_paths is None and policy.max_paths is not None:  # K from the policy's most paths
             values["num_paths"] = policy.max_paths
@@ -131,10 +147,12 @@ class PlanSpec:
 
     def cache_key(self) -> dict:
         """The settings reuse keys hold: a fixed path policy and sampled actions add nothing (older folders stay
-        valid); plans in expectation add their top_actions."""
+        valid); plans in expectation add their top_actions, joint training its flag."""
         key = policy_keyed({**asdict(self), "kind": str(self.kind)})
         if not self.expectation:
             key.pop("expectation"), key.pop("top_actions")
+        if not self.joint:
+            key.pop("joint")
         return key
 
     def sampled_paths(self, path_counts: Optional[np.ndarray], sentences: np.ndarray) -> np.ndarray:
@@ -149,12 +167,13 @@ class PlanSpec:
         """A short description, e.g. ``planner_sampled, K=5, T=5, tau=1``."""
         text = f"{self.kind}, K={self.num_paths}, T={self.horizon}, tau={self.temperature:g}"
         text += f", in expectation (top {self.top_actions})" if self.expectation else ""
+        text += (", joint" if self.expectation else ", joint straight-through") if self.joint else ""
         return text + (f", {self.path_policy.label()}" if self.path_policy.adaptive else "")
 
 
-NOT_INHERITED = ("plans_dir", "path_policy")
+NOT_INHERITED = ("plans_dir", "path_policy", "joint")  # joint: a training's; its planner is the model folder's
 DEFAULTS = {"kind": PlanKind.none, "num_paths": 1, "horizon": 1, "temperature": 1.0, "seed": 0, "fixed_action": 0,
-            "path_policy": PathPolicy(), "expectation": False, "top_actions": 64}
+            "path_policy": PathPolicy(), "expectation": False, "top_actions": 64, "joint": False}
 
 
 def trained_plans(model) -> PlanSpec:
@@ -171,6 +190,9 @@ def evaluation_spec(overrides: PlanSpec, model, model_dir: str) -> PlanSpec:
     names."""
     from pathlib import Path
 
+    if overrides.joint:
+        raise PlanlmError(f"--plans.joint trains the planner with the LM (a `planlm train-lm` setting); {model_dir} "
+                          f"is evaluated with the planner it was trained with: drop --plans.joint")
     trained = trained_plans(model)
     if overrides.plans_dir:
         overrides = _cache_overrides(overrides, plan_kind(overrides.kind or trained.kind))

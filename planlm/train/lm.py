@@ -2,7 +2,8 @@
 
 ``LightningLM`` (``lm_module.py``) holds only the steps and the optimiser; the network is
 ``planlm.models.planned_lm.PlannedLM``.
-The output folder is a ``PlannedLM`` folder (reload it with ``PlannedLM.from_pretrained(out_dir)``)
+The output folder is a ``PlannedLM`` folder (reload it with ``PlannedLM.from_pretrained(out_dir)``; a joint run,
+``--plans.joint true``, also holds the planner trained with the LM in ``planner/``, ``LightningJointLM``)
 plus ``checkpoints/`` (best + last, for resume, under ``checkpoints.fingerprint``), ``logs/`` (CSV) and
 ``tb/`` (TensorBoard; see --train.loggers), and is complete only once its ``manifest.json`` is written.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -26,7 +28,10 @@ from planlm.data.windows import WindowCollator, article_windows
 from planlm.errors import PlanlmError
 from planlm.files import file_sha256
 from planlm.models.adapter import AdapterConfig, AdapterSettings
-from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.models.planned_lm import JOINT_PLANNER, PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.models.planner import Planner
+from planlm.models.planner import planner_hash as planner_file_hash
+from planlm.plans.contexts import ContextSource
 from planlm.plans.kinds import check_cache, plan_source
 from planlm.plans.spec import PlanSpec
 from planlm.seeds import derive_seed
@@ -34,7 +39,7 @@ from planlm.speed import speed_up_lm
 from planlm.stage import StageDir, config_fingerprint
 from planlm.train.args import TrainArgs
 from planlm.train.harness import build_trainer, fit, load_best, resume_checkpoint
-from planlm.train.lm_module import MULTIPATH_LR_SCALE, LightningLM
+from planlm.train.lm_module import MULTIPATH_LR_SCALE, LightningJointLM, LightningLM
 from planlm.train.resume import EpochShuffle
 
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
@@ -91,11 +96,18 @@ class LMTrainConfig(TrainArgs):
     """apart: the LM's gradient norm and the adapter's are each clipped on their own; joint: one norm over both.
     Under joint clipping the adapter's gradient (as large as the whole LM's: its plan vectors collect the gradient
     of every token) shrinks the LM's own steps, so the LM learns less next to a plan than without one."""
+    planner_lr: float | None = None
+    """Joint training (plans.joint): the planner's learning rate (None: lr). The planner arrives trained; a lower
+    rate keeps it near the planner it was, a higher one lets the LM's loss move it further."""
+    planner_loss_weight: float = 1.0
+    """Joint training (plans.joint): the weight of the planner's own action loss (cross-entropy on the true actions,
+    its training objective) added to the LM's loss; it keeps the planner a planner of the corpus's actions while the
+    LM's loss teaches it which plans help. 0: the LM's loss alone."""
     resume: bool = True
     """Resume from checkpoints/last.ckpt of an interrupted run with the same config."""
 
     DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "resume", "loggers")
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("early_stopping_patience",)
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("early_stopping_patience", "planner_lr", "planner_loss_weight")
     COMMAND: ClassVar[str] = "train-lm"
 
     def __post_init__(self):
@@ -112,6 +124,18 @@ class LMTrainConfig(TrainArgs):
             raise PlanlmError(f"--train.multipath_lr_scale must be > 0 (got {self.multipath_lr_scale})")
         if self.gradient_clip_scope not in ("apart", "joint"):
             raise PlanlmError(f"--train.gradient_clip_scope {self.gradient_clip_scope!r}: choose apart or joint")
+        if self.planner_lr is not None and self.planner_lr <= 0:
+            raise PlanlmError(f"--train.planner_lr must be > 0 (got {self.planner_lr})")
+        if self.planner_loss_weight < 0:
+            raise PlanlmError(f"--train.planner_loss_weight must be >= 0 (got {self.planner_loss_weight})")
+
+    def check_joint(self, joint: bool) -> None:
+        """The planner's knobs are set only for a joint run (they would change the reuse key and nothing else)."""
+        if joint:
+            return
+        for knob in ("planner_lr", "planner_loss_weight"):
+            if getattr(self, knob) != getattr(LMTrainConfig, knob):
+                raise PlanlmError(f"--train.{knob} trains the planner with the LM: set --plans.joint true or drop it")
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -141,8 +165,9 @@ def _check_tokenizer(prepared: PreparedDataset, model: LMModelConfig, init_confi
 
 def _training_plans(spec: PlanSpec, prepared: PreparedDataset, splits: list[str]) -> tuple[PlanSpec, dict | None]:
     """The spec with its plan cache (sampled now, or reused, from the planner when none is given) and the cache's
-    manifest, after checking that the cache fits the spec and the corpus; other kinds need no cache."""
-    if not spec.strategy.uses_planner:
+    manifest, after checking that the cache fits the spec and the corpus; other kinds, and joint training (the
+    planner runs in the step), need no cache."""
+    if not spec.strategy.uses_planner or spec.joint:
         return spec, None
     if spec.plans_dir is None:
         from planlm.plans.sampling import sample_plans
@@ -153,16 +178,29 @@ def _training_plans(spec: PlanSpec, prepared: PreparedDataset, splits: list[str]
     return replace(spec, planner_dir=manifest.get("planner_dir") or spec.planner_dir), manifest
 
 
-def _loaders(prepared: PreparedDataset, spec: PlanSpec, train: LMTrainConfig,
-             pad_token_id: int) -> tuple[DataLoader, list[DataLoader] | None]:
-    """(training loader, validation loaders): the windows of each split with the plans of ``spec``; with plans,
-    a second validation loader holds the same windows with the plans shuffled (plan usage)."""
+def _joint_planner(spec: PlanSpec, prepared: PreparedDataset) -> Planner:
+    """The planner a joint run trains with the LM, after checking that it plans over this corpus's actions and
+    reads its sentence embeddings (one-line errors before training starts)."""
+    planner = Planner.for_corpus(spec.planner_dir, prepared)
+    if planner.config.finetune_encoder:
+        raise PlanlmError(f"{spec.planner_dir}: the planner finetunes its own sentence encoder; joint training reads "
+                          f"the prepared embeddings: give a planner trained with --model.finetune_encoder false")
+    return planner
+
+
+def _loaders(prepared: PreparedDataset, spec: PlanSpec, train: LMTrainConfig, pad_token_id: int,
+             planner: Planner | None = None) -> tuple[DataLoader, list[DataLoader] | None]:
+    """(training loader, validation loaders): the windows of each split with the plans of ``spec`` (joint training:
+    with what ``planner`` reads at their boundaries, ``ContextSource``); with plans, a second validation loader holds
+    the same windows with the plans shuffled (plan usage)."""
     loaders = {}
     for split_name, shuffle in ((train.train_split, True), (train.val_split, False)):
         split = prepared[split_name]
         windows = article_windows(split, train.context_length, train.stride)
-        loaders[split_name] = _loader(split, windows, plan_source(spec, prepared, split), train.batch_size, shuffle,
-                                      train.num_workers, pad_token_id, train.seed)
+        source = plan_source(spec, prepared, split) if planner is None else \
+            ContextSource(split, planner.config.max_sentences, planner.config.horizon, spec.num_paths, spec.horizon)
+        loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers,
+                                      pad_token_id, train.seed)
     if not len(loaders[train.train_split]):
         raise PlanlmError(f"{prepared.path / train.train_split}: no training window (articles with >= 2 tokens)")
     if not len(loaders[train.val_split]):
@@ -281,7 +319,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         out_dir: The model folder to write.
         model: Which LM to condition (pretrained, random init or a planned-LM folder) and the finetuning mode.
         plans: Where the plans come from (kind: none, fixed, oracle, planner_argmax, planner_sampled), K, T, tau,
-            seed, fixed action, planner or plan cache; unset fields take the defaults (K = T = 1, tau = 1).
+            seed, fixed action, planner or plan cache, and whether the planner trains with the LM (joint); unset
+            fields take the defaults (K = T = 1, tau = 1).
         adapter: How the adapter folds K paths into one vector (kind: project_avg or multipath, its layers).
         train: Run knobs (window, batch, optimiser, Lightning trainer).
         runtime: The accelerator and precision (runtime.precision bf16: bf16 autocast), torch.compile and the chunked
@@ -296,6 +335,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     runtime.check_training_precision("train-lm")
     spec = plans.resolve()
     spec.check_source()
+    train.check_joint(spec.joint)
     prepared = PreparedDataset(prepared_dir)
     splits = [train.train_split, train.val_split]
     for split in splits:
@@ -314,21 +354,25 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
     init_config = PlannedLM.from_pretrained(model.init_from).config if model.init_from else None
     tokenizer = _check_tokenizer(prepared, model, init_config)
     spec, plans_manifest = _training_plans(spec, prepared, splits)
-    planner_hash = (plans_manifest or {}).get("planner_hash")
+    planner = _joint_planner(spec, prepared) if spec.joint else None
+    planner_hash = planner_file_hash(spec.planner_dir) if spec.joint else (plans_manifest or {}).get("planner_hash")
 
     planned = _build_model(prepared, model, spec, adapter, tokenizer, planner_hash, train.train_split, train.seed)
     speed_up_lm(planned, runtime, "train-lm")
     L.seed_everything(derive_seed(train.seed, "dropout"), verbose=False)  # the same dropout stream in every condition
 
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    train_loader, val_loaders = _loaders(prepared, spec, train, pad_token_id)
-    trainer, best, start = _train(planned, train, runtime, out, stage.key, train_loader, val_loaders)
+    train_loader, val_loaders = _loaders(prepared, spec, train, pad_token_id, planner)
+    trainer, best, start = _train(planned, train, runtime, out, stage.key, train_loader, val_loaders, spec, planner)
     if trainer.is_global_zero:
         results = _run_results(trainer, best, start)
+        if planner is not None:  # beside the LM, before its card: evaluation finds it there (recorded_plan_folders)
+            planner.cpu().save_pretrained(out / JOINT_PLANNER)
         planned.cpu().save_pretrained(out, tokenizer=tokenizer, training=_card_training(prepared, results))
         stage.finish(prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
                      conditioning=str(spec.kind), adapter=adapter.kind if spec.has_plans else None,
                      plans_dir=spec.plans_dir, planner_dir=spec.planner_dir, planner_hash=planner_hash,
+                     **({"joint_planner": JOINT_PLANNER} if planner is not None else {}),
                      plans_manifest=plans_manifest, **results,
                      trainable_parameters=sum(p.numel() for p in planned.parameters() if p.requires_grad),
                      rezero_alphas=planned.adapter.alphas() if planned.adapter is not None else None,
@@ -345,19 +389,26 @@ def _run_config(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec,
 
 
 def _train(planned: PlannedLM, train: LMTrainConfig, runtime: Runtime, out: Path, run_config: dict,
-           train_loader: DataLoader,
-           val_loaders: list | None) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, float]:
+           train_loader: DataLoader, val_loaders: list | None, spec: PlanSpec,
+           planner: Planner | None = None) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, float]:
     """(trainer, best checkpoint, start time): train through the harness, resuming an interrupted run of the
-    same config; ``planned`` ends with the best checkpoint's weights."""
+    same config; ``planned`` (and a joint run's ``planner``) end with the best checkpoint's weights."""
     ckpt_path = resume_checkpoint(out, "checkpoints.fingerprint", run_config, resume=train.resume)
     trainer, best = build_trainer(train, runtime, out, best_filename="step{step}",
                                   log_folders={"csv": "logs", "tensorboard": "tb"}, has_val=val_loaders is not None)
-    module = LightningLM(planned, lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
-                         adapter_lr=train.adapter_lr, multipath_lr_scale=train.multipath_lr_scale,
-                         clip_apart=train.gradient_clip_scope == "apart")
+    knobs = dict(lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
+                 adapter_lr=train.adapter_lr, multipath_lr_scale=train.multipath_lr_scale,
+                 clip_apart=train.gradient_clip_scope == "apart")
+    if planner is None:
+        module = LightningLM(planned, **knobs)
+    else:
+        module = LightningJointLM(planned, planner, spec, planner_lr=train.planner_lr,
+                                  action_loss_weight=train.planner_loss_weight, **knobs)
     start = time.time()
     if any(p.requires_grad for p in planned.parameters()):
-        fit(trainer, module, train_loader, val_loaders, ckpt_path)
+        with warnings.catch_warnings():  # a joint run's planner trains in eval mode, by design (LightningJointLM)
+            warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training.*")
+            fit(trainer, module, train_loader, val_loaders, ckpt_path)
     elif val_loaders:  # a frozen pretrained LM without conditioning: nothing to train, its validation loss only
         trainer.validate(module, val_loaders, verbose=False)
     load_best(module, best)

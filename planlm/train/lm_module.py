@@ -1,4 +1,5 @@
-"""``LightningLM``: the training/validation steps and the optimiser of a ``PlannedLM``.
+"""``LightningLM``: the training/validation steps and the optimiser of a ``PlannedLM``; ``LightningJointLM``: the
+same with the planner trained inside the step (``plans.joint``).
 
 Validation reports the perplexity of the whole split (total NLL / total tokens) and, for models with
 plans, the plan usage: the loss with the plans shuffled across the split's sentences minus the loss.
@@ -11,7 +12,13 @@ import torch
 
 from planlm.data.windows import IGNORE_INDEX
 from planlm.models.planned_lm import PlannedLM
+from planlm.models.planner import Planner
+from planlm.plans.contexts import Boundaries, PlannerInputs
+from planlm.plans.kinds import plan_kind
+from planlm.plans.spec import PlanSpec
+from planlm.seeds import derive_seed
 from planlm.train.harness import warmup_schedule
+from planlm.train.planner_module import action_loss, trim_horizon
 
 
 MULTIPATH_LR_SCALE = 0.2
@@ -78,15 +85,13 @@ class LightningLM(L.LightningModule):
 
         Lightning also refuses to clip for a fused optimizer under mixed precision, in case the gradients were still
         loss-scaled; bf16 has no loss scaling (and fp16 gets no fused optimizer), so torch clips them."""
-        adapter = self.model.adapter
-        apart = self.clip_apart and adapter is not None
+        apart = self.clip_apart and self.model.adapter is not None
         fused = optimizer is not None and optimizer.param_groups[0].get("fused")
         if not gradient_clip_val or gradient_clip_algorithm not in (None, "norm") or not (apart or fused):
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
         if apart:
-            in_adapter = {id(p) for p in adapter.parameters()}
-            groups = [[p for p in self.model.parameters() if id(p) not in in_adapter], list(adapter.parameters())]
+            groups = self.clip_groups()
         else:
             groups = [[p for g in optimizer.param_groups for p in g["params"]]]
         for params in groups:
@@ -94,19 +99,92 @@ class LightningLM(L.LightningModule):
             if params:
                 torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
-    def configure_optimizers(self):
-        """AdamW over three groups: the LM (lr), the adapter (adapter_lr) and the transformers behind the
-        adapter's ReZero gates (adapter_lr x multipath_lr_scale); a group with nothing to train is left out."""
+    def clip_groups(self) -> list[list[torch.nn.Parameter]]:
+        """The parameters whose gradient norm is clipped on its own (``clip_apart``): the LM's, the adapter's."""
+        adapter = self.model.adapter
+        in_adapter = {id(p) for p in adapter.parameters()}
+        return [[p for p in self.model.parameters() if id(p) not in in_adapter], list(adapter.parameters())]
+
+    def param_groups(self) -> list[dict]:
+        """The optimiser's groups: the LM (lr), the adapter (adapter_lr) and the transformers behind the adapter's
+        ReZero gates (adapter_lr x multipath_lr_scale)."""
         adapter = self.model.adapter
         gated = adapter.gated_parameters() if adapter is not None else []
         adapter_params = list(adapter.parameters()) if adapter is not None else []
         in_gated, in_adapter = {id(p) for p in gated}, {id(p) for p in adapter_params}
-        groups = [{"params": [p for p in self.model.parameters() if id(p) not in in_adapter], "lr": self.lr},
-                  {"params": [p for p in adapter_params if id(p) not in in_gated], "lr": self.adapter_lr},
-                  {"params": gated, "lr": self.adapter_lr * self.multipath_lr_scale}]
-        groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in groups]
+        return [{"params": [p for p in self.model.parameters() if id(p) not in in_adapter], "lr": self.lr},
+                {"params": [p for p in adapter_params if id(p) not in in_gated], "lr": self.adapter_lr},
+                {"params": gated, "lr": self.adapter_lr * self.multipath_lr_scale}]
+
+    def configure_optimizers(self):
+        """AdamW over ``param_groups``; a group with nothing to train is left out."""
+        groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in self.param_groups()]
         precision = str(self._trainer.precision) if self._trainer is not None else ""  # no trainer: a bare loop
         fused = self.device.type in ("cpu", "cuda") and not precision.startswith("16")
         optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=self.weight_decay,
                                       fused=fused or None)  # one kernel per step; fp16's loss scaling: not fused
         return {"optimizer": optimizer, "lr_scheduler": warmup_schedule(optimizer, self.warmup_steps)}
+
+
+class LightningJointLM(LightningLM):
+    """The steps of a PlannedLM trained jointly with its planner (``PlanSpec.joint``).
+
+    A batch carries the planner's inputs at its sentence boundaries (``planlm.plans.contexts.PlannerInputs``)
+    instead of plans; each step the planner makes the plans (``PlannerKind.joint_plans``), so the LM's loss reaches
+    the planner through their step probabilities. Training adds the planner's own action loss (teacher forcing on
+    the true actions) times ``action_loss_weight``, so that it stays a planner; the planner trains at
+    ``planner_lr``, its gradient norm clipped apart from the LM's and the adapter's. The paths are drawn from a
+    generator seeded per batch (the run's plan seed, the epoch and the batch), so a resumed run draws what the
+    interrupted one would have, and every validation the same paths.
+
+    The planner runs without dropout throughout: the LM trains on the plans it will be evaluated with, and the
+    plans of an unchanged planner are exactly those of the frozen plans in expectation (tested)."""
+
+    def __init__(self, model: PlannedLM, planner: Planner, spec: PlanSpec, planner_lr: float | None = None,
+                 action_loss_weight: float = 1.0, **kwargs):
+        super().__init__(model, **kwargs)
+        self.planner, self.spec = planner, spec
+        self.planner_lr = self.lr if planner_lr is None else planner_lr
+        self.action_loss_weight = action_loss_weight
+
+    def train(self, mode: bool = True) -> LightningJointLM:
+        super().train(mode)
+        self.planner.eval()  # no dropout in the planner (see the class docstring)
+        return self
+
+    def with_plans(self, batch: dict, stream: str) -> tuple[dict, PlannerInputs]:
+        """The batch with the planner's plans of its boundaries in place of their inputs (which come back too)."""
+        inputs = PlannerInputs(*(batch[name] for name in PlannerInputs._fields))
+        boundaries = Boundaries(len(inputs.context_embeds), self.planner.config.num_actions, inputs.context_embeds,
+                                inputs.context_mask)
+        generator = torch.Generator(device=self.device).manual_seed(derive_seed(self.spec.seed, f"joint/{stream}"))
+        plans = plan_kind(self.spec.kind).joint_plans(boundaries, self.spec, generator, self.planner)
+        rest = {name: value for name, value in batch.items() if name not in PlannerInputs._fields}
+        return {**rest, **plans.inputs()}, inputs
+
+    def action_loss(self, inputs: PlannerInputs) -> torch.Tensor:
+        """The planner's own loss at the batch's boundaries (its training objective, over its trained horizon)."""
+        targets = trim_horizon(inputs.target_actions)
+        return action_loss(self.planner(inputs.context_embeds, inputs.context_mask, targets), targets)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        batch, inputs = self.with_plans(batch, f"train/{self.current_epoch}/{batch_idx}")
+        loss = super().training_step(batch, batch_idx)  # the LM's loss, logged as train/loss
+        if not self.action_loss_weight:
+            return loss
+        planner_loss = self.action_loss(inputs)
+        self.log("train/action_loss", planner_loss, batch_size=batch["input_ids"].shape[0])
+        return loss + self.action_loss_weight * planner_loss
+
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        batch, inputs = self.with_plans(batch, f"validation/{batch_idx}")
+        super().validation_step(batch, batch_idx, dataloader_idx)
+        if dataloader_idx == 0:
+            self.log("val/action_loss", self.action_loss(inputs), batch_size=len(inputs.target_actions),
+                     sync_dist=True, add_dataloader_idx=False)
+
+    def clip_groups(self) -> list[list[torch.nn.Parameter]]:
+        return [*super().clip_groups(), list(self.planner.parameters())]
+
+    def param_groups(self) -> list[dict]:
+        return [*super().param_groups(), {"params": list(self.planner.parameters()), "lr": self.planner_lr}]

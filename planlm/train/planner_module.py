@@ -31,6 +31,10 @@ def trim_horizon(targets: torch.Tensor) -> torch.Tensor:
     return targets[:, :max(valid_steps, 1)]
 
 
+def action_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The planner's loss: the mean cross-entropy of its logits (..., T, A) over the valid steps of targets (..., T)."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+
 
 class LightningPlanner(L.LightningModule):
     """Holds the training/validation steps and the optimiser of a Planner."""
@@ -52,8 +56,7 @@ class LightningPlanner(L.LightningModule):
             targets = targets.flatten(0, 1)  # (B, T)
         else:
             logits = self.planner(context_embeds, batch["context_mask"], targets)  # (B, T, A)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
-        return loss, logits, targets, context_embeds
+        return action_loss(logits, targets), logits, targets, context_embeds
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, _, targets, _ = self.model_step(batch)
