@@ -108,3 +108,20 @@ def test_seeded_interval_follows_the_skew_of_any_statistic_like_the_paired_one()
     assert result["mean"] == pytest.approx(values.mean() + 0.0005)
     assert result["ci_high"] - result["mean"] > 1.2 * (result["mean"] - result["ci_low"])  # the outlier's side
 
+
+def test_the_simulation_writes_its_table(tmp_path):
+    """The coverage simulation's entry point: one row per scenario and number of seeds, the command in the header,
+    and --append adds a table under it; --alternatives gives the five-interval comparison."""
+    from experiments.sim_interval_coverage import SCENARIOS, main
+
+    out = tmp_path / "coverage.md"
+    lines = main(["--replicates", "2", "--samples", "30", "--seeds", "4", "--documents", "17", "--out", str(out)])
+    rows = [line for line in lines if line.startswith("| ") and "| 17 | 4 |" in line]
+    assert len(rows) == len(SCENARIOS) and any("divergent seeds" in r for r in rows)
+    assert all(r.count("%") >= 9 for r in rows)  # coverage, its s.e. and both sides' misses, three intervals
+    main(["--replicates", "1", "--samples", "30", "--seeds", "2", "--documents", "5", "--append", "--out", str(out)])
+    text = out.read_text()
+    assert text.count("# Coverage") == 1 and text.count("python experiments/sim_interval_coverage.py") == 2
+    assert "--documents 5 --append" in text and "| 5 | 2 |" in text
+    legacy = main(["--alternatives", "--replicates", "1", "--samples", "30", "--seeds", "2", "--documents", "6"])
+    assert sum(line.startswith("| seeds dominate") for line in legacy) == 1 and "Welch t" in legacy[2]
