@@ -21,8 +21,12 @@ per-seed differences, d = mean_s d_s, with half-width sqrt((t_{S-1} * s_seed / s
 (t_{G-1} * se_doc)^2), where s_seed is the standard deviation of the per-seed differences, se_doc the
 standard deviation of d over document resamples (one draw shared by every seed: the test documents are the
 same for all of them) and G the number of documents: each source of noise with the t quantile of its own
-degrees of freedom, added in quadrature. docs/evaluation.md shows its coverage by simulation. With one
-seed, seed noise cannot be estimated and the interval is over documents alone.
+degrees of freedom, added in quadrature. Per-document gains may be skewed (a few documents gain much more
+than the rest), and then the symmetric document part undercovers on the side of the skew; so on that side its
+t_{G-1} is lengthened by the skew of a bootstrap-t over documents (studentised by the jackknife within each
+resample), and the interval is never shorter than the symmetric one. docs/evaluation.md ("Assumptions of the
+interval") shows its coverage by simulation, within and beyond the normal model. With one seed, seed noise
+cannot be estimated and the interval is over documents alone.
 """
 
 from __future__ import annotations
@@ -192,10 +196,14 @@ def seeded_paired_bootstrap(nll_a: np.ndarray, nll_b: np.ndarray, token_counts: 
 
 
 def _document_resamples(nlls: list[np.ndarray], token_counts: np.ndarray, num_samples: int, seed: int,
-                        clusters: Optional[Sequence]) -> tuple[np.ndarray, np.ndarray, int]:
+                        clusters: Optional[Sequence], counts: Optional[np.ndarray] = None
+                        ) -> tuple[np.ndarray, np.ndarray, int]:
     """Each condition's per-seed perplexity, observed (C, S) and on every document resample (C, R, S) (one draw
-    shared by all conditions and seeds), and the number of documents. nlls: C arrays (S, N_art)."""
-    counts = _resample_counts(len(token_counts), num_samples, seed, clusters)  # (R, N_art)
+    shared by all conditions and seeds), and the number of documents. nlls: C arrays (S, N_art); ``counts``
+    (R, N_art): the draw of ``_resample_counts`` when the caller already made it (its resamples without a scored
+    token are left out here too)."""
+    if counts is None:
+        counts = _resample_counts(len(token_counts), num_samples, seed, clusters)  # (R, N_art)
     tokens = counts @ token_counts  # (R,)
     keep = tokens > 0
     observed = np.stack([np.exp(nll.sum(1) / token_counts.sum()) for nll in nlls])  # (C, S)
@@ -216,18 +224,111 @@ def _seed_and_document_covariance(per_seed: np.ndarray, resampled: np.ndarray, d
 
 
 def _quantiles(confidence: float, num_seeds: int, documents: int) -> tuple[float, float]:
-    """Two-sided t quantiles at ``confidence`` on S - 1 (the seeds) and G - 1 (the documents) degrees of freedom."""
-    from scipy.stats import t
+    """Two-sided t quantiles at ``confidence`` on S - 1 (the seeds) and G - 1 (the documents) degrees of freedom
+    (``stdtrit`` is what ``scipy.stats.t.ppf`` computes, without its argument checks: ``_p_value`` calls it often)."""
+    from scipy.special import stdtrit
 
     level = 0.5 + confidence / 2
-    return (float(t.ppf(level, num_seeds - 1)) if num_seeds > 1 else 0.0,
-            float(t.ppf(level, documents - 1)) if documents > 1 else 0.0)
+    return (float(stdtrit(num_seeds - 1, level)) if num_seeds > 1 else 0.0,
+            float(stdtrit(documents - 1, level)) if documents > 1 else 0.0)
 
 
-def _half_width(confidence: float, seed_var: float, num_seeds: int, document_var: float, documents: int) -> float:
-    """sqrt((t_{S-1} * seed_se)^2 + (t_{G-1} * document_se)^2): each part at its own degrees of freedom."""
+def _half_widths(confidence: float, seed_var: float, num_seeds: int, document_var: float, documents: int,
+                 studentized: Optional[np.ndarray] = None) -> tuple[float, float]:
+    """The half-widths below and above the estimate: sqrt((t_{S-1} * seed_se)^2 + (q * document_se)^2), the seed
+    part at the t quantile of S - 1 degrees of freedom, the document part at q = t_{G-1} * max(1, r), r the skew of
+    the bootstrap-t distribution on that side: its quantile on that side over its half-range, (q_hi - q_lo) / 2.
+    So the document part is the normal-theory t_{G-1} on the short side and lengthened by the skew on the long side
+    (never shortened: the bootstrap-t's own scale is noisy and wide at a few documents; its shape is what it adds).
+    ``studentized`` (R',): the sorted bootstrap-t statistics of the document resamples (``_studentized``); None or
+    empty: t_{G-1} on both sides (the normal-theory interval)."""
     seed_t, document_t = _quantiles(confidence, num_seeds, documents)
-    return float(np.sqrt(seed_t ** 2 * seed_var + document_t ** 2 * document_var))
+    below = above = document_t
+    if studentized is not None and len(studentized) and documents > 1:
+        low, high = _sorted_quantiles(studentized, (0.5 - confidence / 2, 0.5 + confidence / 2))
+        spread = (high - low) / 2
+        if spread > 0:  # the bootstrap-t interval is d - q * se: its upper quantile sets the part below d
+            below, above = document_t * max(1.0, high / spread), document_t * max(1.0, -low / spread)
+    seed_part = seed_t ** 2 * seed_var
+    return float(np.sqrt(seed_part + below ** 2 * document_var)), float(np.sqrt(seed_part + above ** 2 * document_var))
+
+
+def _sorted_quantiles(values: np.ndarray, levels: Sequence[float]) -> list[float]:
+    """Quantiles of the sorted ``values`` (R,) at ``levels``, interpolated linearly (``np.quantile``'s default
+    method, without sorting again: ``_p_value`` asks for many)."""
+    out = []
+    for level in levels:
+        position = (len(values) - 1) * level
+        below = int(np.floor(position))
+        above = min(below + 1, len(values) - 1)
+        out.append(float(values[below] + (position - below) * (values[above] - values[below])))
+    return out
+
+
+def _document_index(num_articles: int, clusters: Optional[Sequence]) -> tuple[np.ndarray, int]:
+    """(N_art,) the document of each article and the number of documents G (None: every article its own)."""
+    index = np.arange(num_articles) if clusters is None else cluster_index(clusters)
+    return index, int(index.max()) + 1 if len(index) else 0
+
+
+def _drawn_documents(counts: np.ndarray, index: np.ndarray, documents: int) -> np.ndarray:
+    """(R, G) how often each document is drawn, from the article counts (R, N_art) of ``_resample_counts``."""
+    _, first = np.unique(index, return_index=True)  # an article of each document 0 .. G - 1: all drawn alike
+    return counts[:, first]
+
+
+def _studentized(resampled: np.ndarray, observed: float, jackknife: np.ndarray, drawn: np.ndarray) -> np.ndarray:
+    """The bootstrap-t statistics (resampled - observed) / se* of the document resamples, sorted, se* the jackknife
+    standard error within each resample: its G drawn copies of documents left out one at a time.
+
+    resampled (R,) the statistic on each resample; jackknife (R, G) it with one drawn copy of document g left out
+    (read only where g is drawn); drawn (R, G) how often each document is drawn. A resample whose se* is 0 or not
+    finite (a single document drawn G times) has no such statistic and is left out."""
+    documents = drawn.shape[1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        jackknife = np.where(drawn > 0, jackknife, 0.0)
+        centre = (drawn * jackknife).sum(1) / documents  # (R,)
+        variance = (documents - 1) / documents * (drawn * (jackknife - centre[:, None]) ** 2).sum(1)
+        se = np.sqrt(variance)
+        keep = np.isfinite(se) & (se > 0) & np.isfinite(resampled)
+        return np.sort((resampled[keep] - observed) / se[keep])
+
+
+def _paired_jackknife(nll_a: np.ndarray, nll_b: np.ndarray, token_counts: np.ndarray, counts: np.ndarray,
+                      index: np.ndarray, documents: int) -> np.ndarray:
+    """(R, G) the seed mean of ppl(B_s) - ppl(A_s) on each resample (counts (R, N_art)) with one drawn copy of
+    document g left out: the resample's sums less that document's. Blocks of resamples keep it to a few MB."""
+    def document_sums(values: np.ndarray) -> np.ndarray:  # (S, N_art) -> (G, S)
+        sums = np.zeros((documents, values.shape[0]))
+        np.add.at(sums, index, values.T)
+        return sums
+
+    sums_a, sums_b = document_sums(nll_a), document_sums(nll_b)
+    document_tokens = np.bincount(index, weights=token_counts, minlength=documents)  # (G,)
+    block = max(1, 250_000 // (documents * nll_a.shape[0]))
+    out = []
+    for start in range(0, len(counts), block):
+        rows = counts[start:start + block]
+        tokens = (rows @ token_counts)[:, None] - document_tokens[None]  # (r, G)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            ppl_a = np.exp(((rows @ nll_a.T)[:, None, :] - sums_a[None]) / tokens[..., None])  # (r, G, S)
+            ppl_b = np.exp(((rows @ nll_b.T)[:, None, :] - sums_b[None]) / tokens[..., None])
+        out.append((ppl_b - ppl_a).mean(2))
+    return np.concatenate(out) if out else np.zeros((0, documents))
+
+
+def _statistic_jackknife(statistic: Callable[[np.ndarray, int], np.ndarray], num_seeds: int, counts: np.ndarray,
+                         index: np.ndarray, drawn: np.ndarray) -> np.ndarray:
+    """(R, G) the seed mean of ``statistic`` on each resample (counts (R, N_art)) with one drawn copy of document g
+    left out (NaN where g is not drawn): ``seeded_interval``'s statistic, called with those weights."""
+    out = np.full(drawn.shape, np.nan)
+    for document in range(drawn.shape[1]):
+        rows = np.flatnonzero(drawn[:, document] > 0)
+        if len(rows):
+            weights = counts[rows] - (index == document)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[rows, document] = np.mean([statistic(weights, s) for s in range(num_seeds)], 0)
+    return out
 
 
 def seeded_paired_interval(nll_a: np.ndarray, nll_b: np.ndarray, token_counts: np.ndarray,
@@ -241,37 +342,53 @@ def seeded_paired_interval(nll_a: np.ndarray, nll_b: np.ndarray, token_counts: n
     d_s over seeds, se_doc the standard deviation of the seed-mean difference over document resamples (one draw
     for every seed: they scored the same documents, so that noise does not average out over seeds), G the
     number of documents. Each source of noise gets the t quantile of its own degrees of freedom, and their
-    half-widths add in quadrature (docs/evaluation.md: why not Welch-Satterthwaite, and the coverage).
-    ``p_value`` is 1 - the largest confidence whose interval excludes 0. Needs S >= 2."""
+    half-widths add in quadrature (docs/evaluation.md: why not Welch-Satterthwaite, and the coverage). On the
+    side where the documents' bootstrap-t distribution is skewed, t_{G-1} is lengthened by that skew
+    (``_half_widths``), so the interval may reach further on one side; it is never shorter than the symmetric
+    one. ``p_value`` is 1 - the largest confidence whose interval excludes 0. Needs S >= 2."""
     _check(num_samples, confidence)
     nll_a, nll_b = np.atleast_2d(np.asarray(nll_a, np.float64)), np.atleast_2d(np.asarray(nll_b, np.float64))
     token_counts = np.asarray(token_counts, np.float64)
     num_seeds = nll_a.shape[0]
     if num_seeds < 2:
         raise PlanlmError("a seed-noise interval needs >= 2 training seeds")
-    observed, resampled, documents = _document_resamples([nll_a, nll_b], token_counts, num_samples, seed, clusters)
+    counts = _resample_counts(len(token_counts), num_samples, seed, clusters)  # (R, N_art)
+    observed, resampled, documents = _document_resamples([nll_a, nll_b], token_counts, num_samples, seed, clusters,
+                                                         counts)
     per_seed = observed[1] - observed[0]  # (S,)
     seed_cov, document_cov = _seed_and_document_covariance(per_seed[:, None],
                                                            (resampled[1] - resampled[0])[..., None], documents)
     seed_var, document_var = float(seed_cov[0, 0]), float(document_cov[0, 0])
     diff = float(per_seed.mean())
-    half = _half_width(confidence, seed_var, num_seeds, document_var, documents)
-    return {"diff": diff, "ci_low": diff - half, "ci_high": diff + half,
-            "p_value": _p_value(diff, seed_var, num_seeds, document_var, documents),
+    counts = counts[counts @ token_counts > 0]  # the resamples _document_resamples kept
+    index, _ = _document_index(len(token_counts), clusters)
+    drawn = _drawn_documents(counts, index, documents)
+    studentized = _studentized((resampled[1] - resampled[0]).mean(1), diff,
+                               _paired_jackknife(nll_a, nll_b, token_counts, counts, index, documents), drawn)
+    below, above = _half_widths(confidence, seed_var, num_seeds, document_var, documents, studentized)
+    return {"diff": diff, "ci_low": diff - below, "ci_high": diff + above,
+            "p_value": _p_value(diff, seed_var, num_seeds, document_var, documents, studentized),
             "confidence": confidence, "bootstrap_samples": num_samples, "seed_std": float(per_seed.std(ddof=1)),
             "seed_se": float(np.sqrt(seed_var)), "document_se": float(np.sqrt(document_var)), "documents": documents}
 
 
-def _p_value(diff: float, seed_var: float, num_seeds: int, document_var: float, documents: int) -> float:
-    """1 - the confidence at which the interval of ``_half_width`` just reaches 0 (bisection: it widens with it)."""
+def _p_value(diff: float, seed_var: float, num_seeds: int, document_var: float, documents: int,
+             studentized: Optional[np.ndarray] = None) -> float:
+    """1 - the confidence at which the interval of ``_half_widths`` just reaches 0 (bisection: it widens with it);
+    the half-width on the side of 0."""
     if diff == 0:
         return 1.0
-    if _half_width(1 - 1e-12, seed_var, num_seeds, document_var, documents) < abs(diff):
+    side = 0 if diff > 0 else 1  # below the estimate when it is positive
+
+    def half(confidence: float) -> float:
+        return _half_widths(confidence, seed_var, num_seeds, document_var, documents, studentized)[side]
+
+    if half(1 - 1e-12) < abs(diff):
         return 0.0
     low, high = 0.0, 1 - 1e-12  # confidences whose half-width is below / reaches |diff|
     for _ in range(60):
         middle = (low + high) / 2
-        if _half_width(middle, seed_var, num_seeds, document_var, documents) < abs(diff):
+        if half(middle) < abs(diff):
             low = middle
         else:
             high = middle
@@ -283,7 +400,8 @@ def seeded_interval(statistic: Callable[[np.ndarray, int], np.ndarray], num_seed
                     clusters: Optional[Sequence] = None) -> dict:
     """Any statistic of per-article results, averaged over training seeds, with the interval of
     ``seeded_paired_interval``: t_{S-1} times its spread over seeds, in quadrature with t_{G-1} times its standard
-    deviation over document resamples (one draw shared by every seed).
+    deviation over document resamples (one draw shared by every seed), t_{G-1} lengthened on the side of the
+    documents' skew (a bootstrap-t, the statistic recomputed with each drawn document left out in turn).
 
     ``statistic(weights, s)``: the statistic of seed s with the articles weighted by ``weights`` (R, N_art) (a
     resample's counts; a row of ones is the observed value) -> (R,). Resamples where some seed's statistic is not
@@ -293,12 +411,17 @@ def seeded_interval(statistic: Callable[[np.ndarray, int], np.ndarray], num_seed
     observed = np.array([float(statistic(np.ones((1, num_articles)), s)[0]) for s in range(num_seeds)])  # (S,)
     with np.errstate(invalid="ignore", divide="ignore"):
         resampled = np.stack([statistic(counts, s) for s in range(num_seeds)], 1)  # (R, S)
-    resampled = resampled[np.isfinite(resampled).all(1)]
-    documents = num_articles if clusters is None else int(cluster_index(clusters).max()) + 1
+    finite = np.isfinite(resampled).all(1)
+    resampled, counts = resampled[finite], counts[finite]
+    index, documents = _document_index(num_articles, clusters)
     seed_cov, document_cov = _seed_and_document_covariance(observed[:, None], resampled[..., None], documents)
     mean = float(observed.mean())
-    half = _half_width(confidence, float(seed_cov[0, 0]), num_seeds, float(document_cov[0, 0]), documents)
-    return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "seeds": observed.tolist(),
+    drawn = _drawn_documents(counts, index, documents)
+    studentized = _studentized(resampled.mean(1), mean,
+                               _statistic_jackknife(statistic, num_seeds, counts, index, drawn), drawn)
+    below, above = _half_widths(confidence, float(seed_cov[0, 0]), num_seeds, float(document_cov[0, 0]), documents,
+                                studentized)
+    return {"mean": mean, "ci_low": mean - below, "ci_high": mean + above, "seeds": observed.tolist(),
             "seed_se": float(np.sqrt(seed_cov[0, 0])), "document_se": float(np.sqrt(document_cov[0, 0])),
             "documents": documents, "confidence": confidence, "bootstrap_samples": num_samples}
 
