@@ -48,6 +48,25 @@ def test_the_pages_examples_run(registries, tmp_path, monkeypatch):
     assert len(namespace["articles"]) == 3
 
 
+def test_an_adapter_of_the_page_trains_and_reloads_through_train_lm(registries, synthetic_cycle, tmp_path):
+    from helpers import tiny_gpt2_config
+    from planlm.models.adapter import AdapterSettings
+    from planlm.models.planned_lm import PlannedLM
+    from planlm.plans.spec import PlanSpec
+    from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
+
+    adapter_block = next(block for block in python_blocks() if "class GatedMean" in block)
+    namespace = {"__name__": "extending", "torch": torch}
+    exec(compile(adapter_block, str(PAGE), "exec"), namespace)
+    train = LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1,
+                          progress_bar=False, log_every_n_steps=1)
+    model_dir = train_lm(str(synthetic_cycle), str(tmp_path / "lm"), LMModelConfig(model_config=tiny_gpt2_config()),
+                         plans=PlanSpec(kind="oracle", num_paths=2, horizon=2),
+                         adapter=AdapterSettings(kind="gated_mean"), train=train)
+    model = PlannedLM.from_pretrained(model_dir)
+    assert model.config.adapter.kind == "gated_mean" and type(model.adapter) is namespace["GatedMean"]
+
+
 def test_an_unknown_adapter_kind_is_a_one_line_error_naming_the_registered_ones():
     with pytest.raises(PlanlmError, match=r"^--adapter.kind 'mean': choose one of project_avg, multipath$"):
         AdapterConfig(kind="mean")
