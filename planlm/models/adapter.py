@@ -3,12 +3,18 @@
 Letters: N sentences (flattened, one plan each), K paths, T horizon (steps per path), A actions,
 E action-embedding width, D the LM's width (hidden_size).
 
-Both adapters map ``action_paths (N, K, T) long, path_mask (N, K, T) bool -> plan_embeds (N, D)``.
+Every adapter maps ``action_paths (N, K, T) long, path_mask (N, K, T) bool -> plan_embeds (N, D)``.
 ``path_mask`` is True for real steps (a path is cut where the article ends for oracle actions).
 Plans in expectation (beyond the paper; ``PlanSpec.expectation``) give each step as a distribution instead:
 ``action_paths (N, K, T, M)`` its M most likely actions, ``action_probs (N, K, T, M)`` their probabilities; the
 step's embedding is then the expected one, sum_m p_m Emb(a_m) (``step_embeddings``), everywhere the
 formulas below read Emb(a_t^j), PT's input included (M letters the actions of a step).
+
+Adapters are classes in one registry, as plan kinds are strategies in theirs (``planlm.plans.kinds``): an
+``Adapter`` subclass sets ``name``, implements ``forward`` (and ``check``, ``alphas``, ``gated_parameters`` where
+it has them), and ``register_adapter`` adds it, in this file or in your own code. ``AdapterConfig.kind``
+(``--adapter.kind``) then names it, ``build_adapter`` builds it, and a saved model records the kind in its
+planned_lm.json and is rebuilt through the registry when loaded (docs/extending.md adds one). Built in:
 
 ``project_avg`` (the paper's "Project and Avg"; with T = K = 1 the Cornille et al. adapter)::
 
@@ -77,7 +83,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from planlm.errors import PlanlmError
 
-AdapterKind = Literal["project_avg", "multipath"]
 BranchInit = Literal["default", "zero"]
 ADAPTER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
@@ -86,8 +91,9 @@ ADAPTER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 class AdapterSettings:
     """The adapter as a user chooses it (``train-lm --adapter.*``); its sizes come from the data and the LM."""
 
-    kind: AdapterKind = "project_avg"
-    """project_avg (Project and Avg) or multipath (PathTransformer + SampleTransformer + ReZero)."""
+    kind: str = "project_avg"
+    """project_avg (Project and Avg), multipath (PathTransformer + SampleTransformer + ReZero), or a registered
+    adapter (planlm.models.adapter)."""
     action_dim: int | None = None
     """E: width of the action embedding table (None: the codebook width; needed to initialise from it)."""
     num_layers: int = 1
@@ -137,17 +143,15 @@ class AdapterConfig(AdapterSettings):
         return cls(**values, num_actions=num_actions, hidden_size=hidden_size, horizon=horizon)
 
     def __post_init__(self):
-        if self.kind not in ("project_avg", "multipath"):
-            raise PlanlmError(f"--adapter.kind {self.kind!r}: choose project_avg or multipath")
+        cls = adapter_class(self.kind)  # one-line error naming the adapters
         for name in ("num_actions", "action_dim", "hidden_size", "horizon", "num_layers", "num_heads"):
             if getattr(self, name) < 1:
                 raise PlanlmError(f"adapter {name} must be >= 1 (got {getattr(self, name)})")
-        if self.kind == "multipath" and self.hidden_size % self.num_heads:
-            raise PlanlmError(f"--adapter.num_heads {self.num_heads} must divide the LM width {self.hidden_size}")
         if self.branch_init not in ("default", "zero"):
             raise PlanlmError(f"--adapter.branch_init {self.branch_init!r}: choose default or zero")
         if not 0.0 <= self.dropout < 1.0:
             raise PlanlmError(f"--adapter.dropout must be in [0, 1) (got {self.dropout})")
+        cls.check(self)
 
 
 def gather_rows(table: Tensor, index: Tensor) -> Tensor:
@@ -178,12 +182,46 @@ def _encoder(config: AdapterConfig) -> nn.TransformerEncoder:
     return nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
 
 
-class ProjectAvg(nn.Module):
-    """c = W Emb(a) + b, averaged over the valid steps of each path, then over the valid paths."""
+class Adapter(nn.Module):
+    """One kind of adapter: ``forward(action_paths, path_mask, action_probs) -> (N, D)`` plan vectors, one per
+    sentence, added to the token embeddings of its sentence. A subclass sets ``name``, builds its modules from
+    ``config`` (an ``AdapterConfig``: the settings and the sizes A, E, D, T) in ``__init__`` (``codebook``: the
+    (A, E) k-means centroids, for an embedding table initialised from them) and implements ``forward``; a fresh
+    one should be a no-op (zero plan vectors, the LM unchanged) so that conditioning starts from the base LM.
+    ``register_adapter`` makes it a choice of ``--adapter.kind``."""
+
+    name: str = ""
 
     def __init__(self, config: AdapterConfig, codebook: Tensor | None = None):
         super().__init__()
         self.config = config
+
+    @classmethod
+    def check(cls, config: AdapterConfig) -> None:
+        """One-line errors for settings this adapter cannot serve (called when a config of its kind is made)."""
+
+    def alphas(self) -> dict[str, float] | None:
+        """Learned gate scalars to report (written to the model's manifest and the report); None: none."""
+        return None
+
+    def gated_parameters(self) -> list[nn.Parameter]:
+        """The parameters behind gates (trained at ``train.multipath_lr_scale`` of the adapter's rate)."""
+        return []
+
+    def forward(self, action_paths: Tensor, path_mask: Tensor | None = None,
+                action_probs: Tensor | None = None) -> Tensor:
+        """action_paths (N, K, T) long, path_mask (N, K, T) bool (None: all valid); in expectation action_paths and
+        action_probs (N, K, T, M) -> plan vectors (N, D)."""
+        raise NotImplementedError
+
+
+class ProjectAvg(Adapter):
+    """c = W Emb(a) + b, averaged over the valid steps of each path, then over the valid paths."""
+
+    name = "project_avg"
+
+    def __init__(self, config: AdapterConfig, codebook: Tensor | None = None):
+        super().__init__(config, codebook)
         self.action_embedding = nn.Embedding(config.num_actions, config.action_dim)  # Emb
         self.projection = nn.Linear(config.action_dim, config.hidden_size)  # W, b
         if config.center:
@@ -202,14 +240,6 @@ class ProjectAvg(nn.Module):
         if self.config.init_no_op:
             nn.init.zeros_(self.projection.weight)
             nn.init.zeros_(self.projection.bias)
-
-    def alphas(self) -> dict[str, float] | None:
-        """The ReZero scalars of a multipath adapter; Project and Avg has none."""
-        return None
-
-    def gated_parameters(self) -> list[nn.Parameter]:
-        """The parameters behind ReZero gates (trained at ``train.multipath_lr_scale`` of the adapter's rate)."""
-        return []
 
     def step_vectors(self, action_paths: Tensor, action_probs: Tensor | None = None) -> Tensor:
         """(N, K, T) long [or (N, K, T, M) with their probabilities] -> c_t^j (N, K, T, D)."""
@@ -244,6 +274,13 @@ class MultiPath(ProjectAvg):
 
     Shares ``action_embedding`` and ``projection`` with ``ProjectAvg`` (same parameter names), so a
     ProjectAvg state dict loads into it with ``strict=False``."""
+
+    name = "multipath"
+
+    @classmethod
+    def check(cls, config: AdapterConfig) -> None:
+        if config.hidden_size % config.num_heads:
+            raise PlanlmError(f"--adapter.num_heads {config.num_heads} must divide the LM width {config.hidden_size}")
 
     def __init__(self, config: AdapterConfig, codebook: Tensor | None = None):
         nn.Module.__init__(self)
@@ -391,7 +428,39 @@ def _unique_paths(action_paths: Tensor, path_mask: Tensor,
     return actions[first], probs[first], path_of  # (U, T, M) twice, (N*K,)
 
 
-def build_adapter(config: AdapterConfig, codebook: Tensor | None = None) -> ProjectAvg:
+# --------------------------------------------------------------------------------------------- the registry
+ADAPTERS: dict[str, type[Adapter]] = {}
+
+
+def register_adapter(cls: type[Adapter]) -> type[Adapter]:
+    """Add an adapter class under ``cls.name`` (a class decorator too; registering the same class again replaces
+    it, another class under a taken name is an error)."""
+    name = str(cls.name)
+    if not name:
+        raise PlanlmError(f"{cls.__name__}: an adapter needs a name (set the class's name)")
+    taken = ADAPTERS.get(name)
+    if taken is not None and (taken.__module__, taken.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise PlanlmError(f"adapter {name!r} is already registered ({taken.__name__}); choose another name")
+    ADAPTERS[name] = cls
+    return cls
+
+
+def adapter_class(name: str) -> type[Adapter]:
+    """The class of a registered adapter kind; one-line error naming the kinds."""
+    try:
+        return ADAPTERS[str(name)]
+    except KeyError:
+        raise PlanlmError(f"--adapter.kind {str(name)!r}: choose one of {', '.join(ADAPTERS)}") from None
+
+
+for _cls in (ProjectAvg, MultiPath):
+    register_adapter(_cls)
+
+
+def build_adapter(config: AdapterConfig, codebook: Tensor | None = None) -> Adapter:
     """The adapter named by ``config.kind``, Emb initialised from ``codebook`` when asked."""
-    cls = {"project_avg": ProjectAvg, "multipath": MultiPath}[config.kind]
-    return cls(config, codebook)
+    return adapter_class(config.kind)(config, codebook)
+
+
+__all__ = ["Adapter", "AdapterSettings", "AdapterConfig", "ProjectAvg", "MultiPath", "ADAPTERS", "register_adapter",
+           "adapter_class", "build_adapter", "masked_mean", "gather_rows"]

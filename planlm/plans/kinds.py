@@ -20,7 +20,7 @@ training (``PlanSpec.joint``) they also make ``joint_plans``: the same draws, wi
 planner's gradient.
 
 A new kind subclasses ``PlanStrategy`` (``plan`` at least) and calls ``register_plan_kind``, in this file or in
-your own code; ``--plans.kind`` accepts its name from then on (tests/plans/test_kinds.py adds one from outside).
+your own code; ``--plans.kind`` accepts its name from then on (docs/extending.md adds one).
 
 Letters: B boundaries, K paths (K' drawn: 1 for the argmax path), T horizon, M top actions, N boundaries asked
 for, N_sent sentences of the split.

@@ -321,7 +321,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         plans: Where the plans come from (kind: none, fixed, oracle, planner_argmax, planner_sampled), K, T, tau,
             seed, fixed action, planner or plan cache, and whether the planner trains with the LM (joint); unset
             fields take the defaults (K = T = 1, tau = 1).
-        adapter: How the adapter folds K paths into one vector (kind: project_avg or multipath, its layers).
+        adapter: How the adapter folds K paths into one vector (kind: project_avg, multipath or a registered adapter;
+            its layers).
         train: Run knobs (window, batch, optimiser, Lightning trainer).
         runtime: The accelerator and precision (runtime.precision bf16: bf16 autocast), torch.compile and the chunked
             loss (the same model, trained faster; not part of the reuse key).
