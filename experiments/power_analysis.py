@@ -33,7 +33,13 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from planlm.evaluate.bootstrap import _half_width, _quantiles
+from planlm.evaluate.bootstrap import _half_widths, _quantiles
+
+
+def _half_width(confidence: float, seed_var: float, num_seeds: int, document_var: float, documents: int) -> float:
+    """The product's half-width with a symmetric document part (no bootstrap-t skew: the simulation draws normal
+    document errors, where the skew correction is 1)."""
+    return _half_widths(confidence, seed_var, num_seeds, document_var, documents)[0]
 
 CONFIDENCE = 0.95
 DOCUMENTS = 17  # test source documents of the demo corpus: 50 pieces of about 17 speeches (configs/demo.yaml, docs/results.md)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.power_analysis import document_se, power_curve, seeds_needed
-from planlm.evaluate.bootstrap import _half_width
+from experiments.power_analysis import _half_width, document_se, power_curve, seeds_needed
 
 
 def test_a_huge_effect_needs_two_seeds():
