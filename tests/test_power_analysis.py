@@ -3,9 +3,13 @@ known answer. Seconds."""
 
 from __future__ import annotations
 
+import pytest
+
 import numpy as np
 
 from experiments.power_analysis import _half_width, document_se, power_curve, seeds_needed
+
+pytestmark = pytest.mark.lab  # a research script of experiments/: `pytest -m lab`
 
 
 def test_a_huge_effect_needs_two_seeds():

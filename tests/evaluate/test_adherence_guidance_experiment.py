@@ -13,6 +13,8 @@ from planlm.stage import read_manifest
 
 from helpers import chatty_planned_lm
 
+pytestmark = pytest.mark.lab  # a research script of experiments/: `pytest -m lab`
+
 
 def test_the_rule_counts_hits_over_sentences_asked_and_picks_the_best_weight(synthetic_random, tmp_path):
     chatty_planned_lm(PreparedDataset(synthetic_random)).save_pretrained(tmp_path / "oracle")

@@ -109,6 +109,7 @@ def test_seeded_interval_follows_the_skew_of_any_statistic_like_the_paired_one()
     assert result["ci_high"] - result["mean"] > 1.2 * (result["mean"] - result["ci_low"])  # the outlier's side
 
 
+@pytest.mark.lab  # a research script of experiments/
 def test_the_simulation_writes_its_table(tmp_path):
     """The coverage simulation's entry point: one row per scenario and number of seeds, the command in the header,
     and --append adds a table under it; --alternatives gives the five-interval comparison."""

@@ -10,6 +10,8 @@ import pytest
 
 from helpers import report_target
 
+pytestmark = pytest.mark.lab  # a research script of experiments/: `pytest -m lab`
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--train_articles", "12", "--validation_articles", "4", "--test_articles", "6", "--seeds", "0",
         "--base_epochs", "1", "--epochs", "1", "--planner_epochs", "1", "--n_embd", "16", "--planner_d_model", "16",

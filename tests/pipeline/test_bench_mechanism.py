@@ -10,6 +10,8 @@ import pytest
 
 from helpers import report_target
 
+pytestmark = pytest.mark.lab  # a research script of experiments/: `pytest -m lab`
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

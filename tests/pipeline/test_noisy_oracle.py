@@ -10,6 +10,8 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.plans.kinds import KINDS, plan_source, register_plan_kind
 from planlm.plans.spec import PlanSpec
 
+pytestmark = pytest.mark.lab  # a research script of experiments/: `pytest -m lab`
+
 
 def test_information_rises_with_keep_from_zero_to_the_unigram_entropy(synthetic_random):
     prepared = PreparedDataset(synthetic_random)
