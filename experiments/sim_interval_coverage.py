@@ -52,7 +52,11 @@ from pathlib import Path
 
 import numpy as np
 
-from planlm.evaluate.bootstrap import _quantiles, seeded_paired_bootstrap, seeded_paired_interval
+try:
+    from experiments.two_level_bootstrap import seeded_paired_bootstrap
+except ImportError:  # run as a script (python experiments/sim_interval_coverage.py): its folder is sys.path[0]
+    from two_level_bootstrap import seeded_paired_bootstrap
+from planlm.evaluate.bootstrap import _quantiles, seeded_paired_interval
 
 # (name, seed_sd, doc_sd, piece_sd, seed_doc_sd in nats per token, seed noise, document gains)
 NORMAL = (("seeds dominate", 0.02, 0.01, 0.01, 0.01, "normal", "normal"),

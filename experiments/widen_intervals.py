@@ -27,8 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from planlm.evaluate.bootstrap import (compare_evaluations, evaluation_arrays, paired_bootstrap,
-                                       seeded_paired_bootstrap)
+from planlm.evaluate.bootstrap import compare_evaluations, evaluation_arrays, paired_bootstrap
+
+try:
+    from experiments.two_level_bootstrap import seeded_paired_bootstrap
+except ImportError:  # run as a script (python experiments/widen_intervals.py): its folder is sys.path[0]
+    from two_level_bootstrap import seeded_paired_bootstrap
 from planlm.pipeline.layout import RunLayout
 
 

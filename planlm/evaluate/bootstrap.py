@@ -14,8 +14,8 @@ as its own document. Resamples are drawn as multinomial counts over documents, e
 pieces, (R, N_art) integers, so one resample is one matrix-vector product.
 
 Runs with several training seeds add a second source of noise: the same recipe trained again gives
-another model. With 2 or 3 seeds a percentile bootstrap over seeds (``seeded_paired_bootstrap``, kept
-for comparison) never reaches past the range of the per-seed results, so it undercovers.
+another model. With 2 or 3 seeds a percentile bootstrap over seeds never reaches past the range of the
+per-seed results, so it undercovers.
 ``seeded_paired_interval`` is the interval ``compare`` and the report show: the mean over seeds of the
 per-seed differences, d = mean_s d_s, with half-width sqrt((t_{S-1} * s_seed / sqrt(S))^2 +
 (t_{G-1} * se_doc)^2), where s_seed is the standard deviation of the per-seed differences, se_doc the
@@ -164,35 +164,6 @@ def _paired_summary(diff: np.ndarray, observed: float, confidence: float) -> dic
         p_value = min(1.0, 2.0 * float(np.mean(np.sign(diff) != np.sign(observed))))
     return {"diff": observed, "ci_low": low, "ci_high": high, "p_value": p_value,
             "fraction_b_better": float(np.mean(diff < 0)), "confidence": confidence, "bootstrap_samples": len(diff)}
-
-
-def seeded_paired_bootstrap(nll_a: np.ndarray, nll_b: np.ndarray, token_counts: np.ndarray,
-                            num_samples: int = 1000, confidence: float = 0.95, seed: int = 0,
-                            clusters: Optional[Sequence] = None) -> dict[str, float]:
-    """Paired two-level percentile bootstrap of ppl(B) - ppl(A) over training seeds and source documents.
-
-    nll_a, nll_b (S, N_art): each seed's per-article NLL sums; token_counts (N_art,); clusters (N_art,) each
-    article's source document (None: articles resampled alone). The statistic is the difference of the
-    perplexities of the seed-mean NLL; each resample draws S seeds and the documents with replacement (the
-    same document draw for every drawn seed). Needs S >= 2. At 2-3 seeds it undercovers (it cannot reach past
-    the per-seed range): ``seeded_paired_interval`` is the interval to report; this one stays for comparison."""
-    _check(num_samples, confidence)
-    nll_a, nll_b = np.asarray(nll_a, np.float64), np.asarray(nll_b, np.float64)
-    token_counts = np.asarray(token_counts, np.float64)
-    num_seeds = nll_a.shape[0]
-    if num_seeds < 2:
-        raise PlanlmError("a seed-noise interval needs >= 2 training seeds")
-    seed_counts = _resample_counts(num_seeds, num_samples, seed + 1)  # (R, S)
-    counts = _resample_counts(len(token_counts), num_samples, seed, clusters)  # (R, N_art)
-    tokens = counts @ token_counts  # (R,)
-    keep = tokens > 0
-
-    def resampled_ppl(nll: np.ndarray) -> np.ndarray:
-        per_seed = counts[keep] @ nll.T  # (R', S) each drawn article set's NLL under each seed
-        return np.exp((seed_counts[keep] * per_seed).sum(1) / num_seeds / tokens[keep])  # (R',)
-
-    observed = perplexity(nll_b.mean(0), token_counts) - perplexity(nll_a.mean(0), token_counts)
-    return _paired_summary(resampled_ppl(nll_b) - resampled_ppl(nll_a), observed, confidence)
 
 
 def _document_resamples(nlls: list[np.ndarray], token_counts: np.ndarray, num_samples: int, seed: int,
