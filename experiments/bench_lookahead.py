@@ -1,6 +1,6 @@
 """The paper's Table 1 on a corpus with a known answer where the future shapes the present.
 
-The corpus (``planlm.testing.lookahead``): 8 sentence types under the mechanism benchmark's lag rule (the type
+The corpus (``experiments/lookahead_corpus.py``): 8 sentence types under the mechanism benchmark's lag rule (the type
 of sentence j is t + 1 or t + 2 of the type t of sentence j - 6, beyond the LM's window), and every sentence
 ends in three words chosen by the types of the next three sentences (one Gray-code bit each of types i + 1,
 i + 2, i + 3). Only a plan of T >= 2, 3, 4 steps tells those words; the planner knows each bit 3 times in 4
@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                             epochs=1, planner_epochs=5, horizons=[1, 3], k_sweep=[1, 10],
                             rows=["fixed", "cornille", "ours-T1-K10", "ours-T3-K10"])
         args = parser.parse_args(argv)
-    from planlm.testing.lookahead import max_context_length
+    from experiments.lookahead_corpus import max_context_length
 
     args.tag = ""
     args.seeds = args.seeds or [0, 1, 2]
@@ -143,7 +143,7 @@ def grid(args, every_row: bool = False) -> dict[str, dict]:
 
 def prepare(args, out: Path) -> tuple[str, dict]:
     """The corpus as a prepared folder (rewritten only when its settings change): (folder, true types by id)."""
-    from planlm.testing.lookahead import make_lookahead_prepared
+    from experiments.lookahead_corpus import make_lookahead_prepared
 
     folder = out / "prepared"
     counts = {"train": args.train_articles, "validation": args.validation_articles, "test": args.test_articles}

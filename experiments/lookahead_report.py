@@ -47,7 +47,7 @@ def planner_lines(args, prepared, say, horizons: list[int]) -> None:
 
 
 def report(args, prepared, types: dict, rows: dict, clock, planner_horizons: list[int]) -> None:
-    from planlm.testing.lookahead import ideal_split_nll
+    from experiments.lookahead_corpus import ideal_split_nll
 
     out, seeds, lines, targets = Path(args.out_dir), args.seeds, [], []
     say = lines.append

@@ -7,11 +7,13 @@ import json
 import numpy as np
 import pytest
 
+from experiments.lookahead_corpus import (ANNOUNCE, GRAY, TOKENS_PER_SENTENCE, TOPICS, ideal_split_nll,
+                                          ideal_token_nll, make_articles, make_lookahead_prepared, max_context_length,
+                                          sample_types)
 from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
-from planlm.testing.lookahead import (ANNOUNCE, GRAY, TOKENS_PER_SENTENCE, TOPICS, ideal_split_nll,
-                                      ideal_token_nll, make_articles, make_lookahead_prepared, max_context_length,
-                                      sample_types)
+
+pytestmark = pytest.mark.lab  # the corpus of experiments/bench_lookahead.py: `pytest -m lab`
 
 
 def word_sets(types: np.ndarray, sentence: int, slot: int) -> list:
