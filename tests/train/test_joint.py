@@ -244,7 +244,7 @@ def test_the_joint_overlay_on_the_demo_validates(tmp_path, capsys):
     """configs/demo-joint.yaml: the five conditions, the joint ones with the planner of their frozen twin."""
     root = Path(__file__).resolve().parents[2]
     overlay = root / "configs" / "demo-joint.yaml"
-    assert overlay.read_text().startswith("# An overlay on configs/demo.yaml")
+    assert overlay.read_text().startswith("# Overlay on configs/demo.yaml")
     main(["run", "--config", str(root / "configs" / "demo.yaml"), "--config", str(overlay), "--out_dir",
           str(tmp_path / "run"), "--dry_run", "true"])
     out = capsys.readouterr().out
