@@ -14,7 +14,8 @@ that reads them::
     run_state.json, report.md, results.json, results.csv, figures/
 
 With ``seeds``, the folders of the base LM and of each condition's LM, evaluation and edit distance hold
-one ``seed<N>/`` folder per seed.
+one ``seed<N>/`` folder per seed; with ``seed_draws: method`` the planners' folders (planner/,
+planners/<condition>/) and the sweeps' (sweeps/<condition>-<kind>/) do too.
 """
 
 from __future__ import annotations
@@ -41,8 +42,12 @@ class RunLayout:
         """The planner shared by the conditions without a planner section of their own."""
         return self.root / "planner"
 
-    def own_planner(self, condition: str) -> Path:
-        return self.root / "planners" / condition
+    def planner_at(self, seed: Optional[int] = None) -> Path:
+        """The shared planner of one seed (``seed_draws: method``), or the one shared by every seed (None)."""
+        return _seed_dir(self.planner, seed)
+
+    def own_planner(self, condition: str, seed: Optional[int] = None) -> Path:
+        return _seed_dir(self.root / "planners" / condition, seed)
 
     def lm(self, condition: str, seed: Optional[int] = None) -> Path:
         return _seed_dir(self.root / "lm" / condition, seed)
@@ -57,8 +62,8 @@ class RunLayout:
     def sweeps(self) -> Path:
         return self.root / "sweeps"
 
-    def sweep(self, condition: str, kind: str) -> Path:
-        return self.sweeps / f"{condition}-{kind}"
+    def sweep(self, condition: str, kind: str, seed: Optional[int] = None) -> Path:
+        return _seed_dir(self.sweeps / f"{condition}-{kind}", seed)
 
     @property
     def actions(self) -> Path:

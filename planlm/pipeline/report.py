@@ -422,18 +422,32 @@ INFORMATION_SPLIT = "test"
 planner's checkpoint."""
 
 
+def _first_seed_folder(folder: Path) -> tuple[Path, Optional[int]]:
+    """``folder`` itself when it holds a planner, else its lowest ``seed<N>/`` folder that does (the planners of
+    a run with ``seed_draws: method``), with that seed."""
+    if (folder / "summary.json").is_file():
+        return folder, None
+    seeds = sorted(int(p.name[4:]) for p in folder.glob("seed*")
+                   if p.name[4:].isdigit() and (p / "summary.json").is_file())
+    return (folder / f"seed{seeds[0]}", seeds[0]) if seeds else (folder, None)
+
+
 def planner_summaries(layout: RunLayout) -> dict[str, dict]:
     """{name: summary.json} of the run's planners: ``shared`` (planner/) and each condition's own
     (planners/<condition>/), with the planner's information per step measured on ``INFORMATION_SPLIT`` (a
-    summary without its planner's weights or corpus keeps its own, on the split it names)."""
+    summary without its planner's weights or corpus keeps its own, on the split it names). In a run whose seeds
+    train their own planners (``seed<N>/`` folders) each is the first seed's, ``seed`` naming it."""
     from planlm.train.planner_metrics import held_out_information, planner_information
 
     folders = {"shared": layout.planner, **{p.name: p for p in sorted((layout.root / "planners").glob("*"))}}
     summaries = {}
     for name, folder in folders.items():
+        folder, seed = _first_seed_folder(folder)
         summary = _read_json(folder / "summary.json")
         if not summary:
             continue
+        if seed is not None:
+            summary["seed"] = seed
         prepared = layout.prepared if (layout.prepared / "manifest.json").is_file() else Path(
             summary.get("prepared_dir", ""))
         if (folder / "model.safetensors").is_file() and (prepared / INFORMATION_SPLIT / "actions.npy").is_file():
@@ -457,7 +471,8 @@ def _information_section(summaries: dict[str, dict]) -> list[str]:
              "Teacher-forced: the true actions fed to g; free-running: the planner's own argmax actions.", ""]
     for name, summary in summaries.items():
         if summary.get("information"):
-            lines += [f"Planner `{name}` (horizon {summary['horizon']}, {summary.get('dynamics', 'recurrent')} g; "
+            seed = f"seed {summary['seed']}'s, " if summary.get("seed") is not None else ""
+            lines += [f"Planner `{name}` ({seed}horizon {summary['horizon']}, {summary.get('dynamics', 'recurrent')} g; "
                       f"on the {summary['information_split']} split):",
                       "", *information_lines(summary["information"]), ""]
     return lines
@@ -471,8 +486,9 @@ def _planner_section(layout: RunLayout, summaries: dict[str, dict]) -> list[str]
         return info
     metrics = summary["metrics"]
     names = list(metrics)
+    seed = f"Seed {summary['seed']}'s planner: " if summary.get("seed") is not None else ""
     lines = info + ["## Planner: next-action accuracy per horizon step", "",
-             f"{summary.get('num_boundaries')} boundaries of the {summary.get('eval_split')} split, "
+             f"{seed}{summary.get('num_boundaries')} boundaries of the {summary.get('eval_split')} split, "
              f"{summary.get('num_actions')} actions, {summary.get('dynamics', 'recurrent')} dynamics g; baselines "
              f"fitted on {summary.get('train_split')}.", "",
              "| step | " + " | ".join(f"{n} top-1" for n in names) + " |", "|---" * (len(names) + 1) + "|"]
@@ -500,11 +516,92 @@ def _planner_section(layout: RunLayout, summaries: dict[str, dict]) -> list[str]
     return lines + ["", "![planner accuracy](figures/planner_accuracy.png)", ""]
 
 
-def _sweeps_section(layout: RunLayout) -> list[str]:
+def _read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def seeded_sweeps(layout: RunLayout, num_samples: int = 1000) -> list[dict]:
+    """The K and tau sweeps run on every seed (``seed_draws: method``: sweeps/<condition>-<kind>/seed<N>/): each
+    point's perplexity per seed and its paired difference from the reference point (K = 1; tau = 1), the mean
+    over seeds with the seed-noise interval of the contrasts (``seeded_paired_interval``: seeds and documents)
+    when two or more seeds were swept, else the first seed's interval over documents alone."""
+    from planlm.evaluate.bootstrap import check_seeds_scored_alike, read_per_article, seeded_paired_interval
+
+    found = []
+    for folder in sorted(layout.sweeps.glob("*")) if layout.sweeps.is_dir() else []:
+        seed_dirs = {int(p.name[4:]): p for p in sorted(folder.glob("seed*")) if p.name[4:].isdigit()}
+        names = sorted({c.name for p in seed_dirs.values() for c in p.glob("sweep_*.csv")} - {"sweep_compute.csv"})
+        for csv_name in names:
+            tables = {s: _read_csv(d / csv_name) for s, d in sorted(seed_dirs.items()) if (d / csv_name).is_file()}
+            tables = {s: rows for s, rows in tables.items() if rows}
+            if not tables:
+                continue
+            seeds, kind = list(tables), csv_name[len("sweep_"):-len(".csv")]
+            first = tables[seeds[0]]
+            reference = first[0]["reference"]
+            sweep = {"sweep": folder.name, "kind": kind, "seeds": seeds, "reference": reference,
+                     "interval": "seeds and articles" if len(seeds) > 1 else "articles", "points": []}
+            for row in first:
+                value = row["value"]
+                each = {s: next((r for r in rows if r["value"] == value), None) for s, rows in tables.items()}
+                if any(r is None for r in each.values()):
+                    continue
+                point = {"value": value, "K": row["K"], "T": row["T"], "tau": row["tau"],
+                         "seed_ppls": {s: float(r["ppl"]) for s, r in each.items()},
+                         "seed_diffs": {s: float(r["paired_diff"]) for s, r in each.items()}}
+                point["ppl"] = sum(point["seed_ppls"].values()) / len(seeds)
+                if len(seeds) == 1:
+                    point.update(diff=float(row["paired_diff"]), ci_low=float(row["paired_ci_low"]),
+                                 ci_high=float(row["paired_ci_high"]))
+                elif float(value) == float(reference):
+                    point.update(diff=0.0, ci_low=0.0, ci_high=0.0)
+                else:
+                    dirs = {s: (seed_dirs[s] / f"{kind}-{float(reference):g}", seed_dirs[s] / f"{kind}-{float(value):g}")
+                            for s in seeds}
+                    ref_tables = [read_per_article(a) for a, _ in dirs.values()]
+                    point_tables = [read_per_article(b) for _, b in dirs.values()]
+                    check_seeds_scored_alike({s: a for s, (a, _) in dirs.items()}, ref_tables)
+                    check_seeds_scored_alike({s: b for s, (_, b) in dirs.items()}, point_tables)
+                    result = seeded_paired_interval(
+                        [t["nll_sum"] for t in ref_tables], [t["nll_sum"] for t in point_tables],
+                        ref_tables[0]["tokens"], num_samples, clusters=ref_tables[0]["source"])
+                    point.update(diff=result["diff"], ci_low=result["ci_low"], ci_high=result["ci_high"],
+                                 p_value=result["p_value"])
+                sweep["points"].append(point)
+            found.append(sweep)
+    return found
+
+
+def _seeded_sweeps_section(layout: RunLayout, sweeps: list[dict]) -> list[str]:
+    """The sweeps run on every seed: per point, the mean over seeds and the paired difference from the reference
+    with the interval of the contrasts; each seed's compute sweep is named where it lies."""
+    lines = []
+    for sweep in sweeps:
+        reference, seeds = _short(sweep["reference"]), sweep["seeds"]
+        lines += [f"### {sweep['sweep']}: sweep {sweep['kind'].replace('_', ' ')} over seeds {seeds}", "",
+                  f"Paired: each point minus {reference} on the same articles, seed by seed (each seed's difference "
+                  f"in brackets), the interval over {sweep['interval']} as in the contrasts.", "",
+                  f"| value | PPL mean over seeds (each seed) | paired PPL - PPL at {reference} [95% CI] (seeds) | "
+                  f"K | T | tau |", "|---|---|---|---|---|---|"]
+        for p in sweep["points"]:
+            each = ", ".join(f"{v:.2f}" for v in p["seed_ppls"].values())
+            diffs = _fmt_seed_diffs({"paired_seed_diffs": p["seed_diffs"]})
+            lines.append(f"| {_short(p['value'])} | {p['ppl']:.2f} ({each}) | "
+                         f"{_fmt_ci(p['diff'], p['ci_low'], p['ci_high'])}{diffs} | {p['K']} | {p['T']} | "
+                         f"{_short(p['tau'])} |")
+        lines.append("")
+    for compute in sorted(layout.sweeps.glob("*/seed*/sweep_compute.csv")):
+        lines += [f"Compute sweep of {compute.parent.parent.name}, {compute.parent.name}: "
+                  f"{compute.relative_to(layout.root)} (per seed, not pooled here).", ""]
+    return lines
+
+
+def _sweeps_section(layout: RunLayout, seeded: Optional[list[dict]] = None) -> list[str]:
     sweeps, figures = layout.sweeps, layout.figures
     if not sweeps.is_dir():
         return []
-    lines = ["## Sweeps at inference", ""]
+    lines = ["## Sweeps at inference", ""] + _seeded_sweeps_section(layout, seeded or [])
     for csv_path in sorted(sweeps.glob("*/sweep_*.csv")):
         with open(csv_path) as f:
             rows = list(csv.DictReader(f))
@@ -636,11 +733,15 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
     paired = contrast_rows(layout, rows, contrasts or [])
     positions = position_rows(layout, rows, paired)
     summaries = planner_summaries(layout)
+    seeded = seeded_sweeps(layout)
     planners = {name: {"horizon": summary["horizon"], "information": summary["information"],
-                       "information_split": summary["information_split"]} for name, summary in summaries.items()}
+                       "information_split": summary["information_split"],
+                       **({"seed": summary["seed"]} if summary.get("seed") is not None else {})}
+                for name, summary in summaries.items()}
     layout.results_json.write_text(json.dumps({"conditions": rows, "contrasts": paired, "positions": positions,
                                                "planners": planners, "paper": PAPER_TABLE,
-                                               "stages": (state or {}).get("stages", {})}, indent=2))
+                                               "stages": (state or {}).get("stages", {}),
+                                               **({"sweeps": seeded} if seeded else {})}, indent=2))
     with open(layout.results_csv, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)) or ["name"])
         writer.writeheader()
@@ -670,7 +771,7 @@ def write_report(run_dir: str | Path, *, conditions: list[dict], state: Optional
     lines += _contrasts_section(paired)
     lines += _positions_section(positions)
     lines += _planner_section(layout, summaries)
-    lines += _sweeps_section(layout)
+    lines += _sweeps_section(layout, seeded)
     lines += _actions_section(layout, actions_shown)
     stage_info = (state or {}).get("stages", {})
     if stage_info:

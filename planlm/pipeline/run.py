@@ -9,7 +9,8 @@ evaluate and edit-distance (optional) per condition, the sweeps (optional) and t
 
 With ``seeds: [0, 1, 2]`` the base LM and every condition are trained and evaluated once per seed,
 each in ``seed<N>/`` under its folders; the prepared corpus and the planners are shared by all seeds, and
-the sweeps use the first seed's models. Within a seed the conditions are paired (same start weights, data
+the sweeps use the first seed's models. With ``seed_draws: method`` each seed also trains its own planners
+(``planner.train.seed`` = the seed) and runs every sweep on its own models. Within a seed the conditions are paired (same start weights, data
 order and dropout: see train-lm).
 
 While it runs, `planlm run` holds its run folder: a second `planlm run` on the same folder is refused
@@ -203,18 +204,26 @@ def _check_conditions(conditions: list[dict], where: str) -> list[str]:
 
 
 def _planner_stages(layout: RunLayout, planner: dict, lm: dict, conditions: list[dict], sweeps: Optional[list[dict]],
-                    where: str) -> tuple[list[Stage], dict[str, tuple[str, Path]]]:
+                    where: str, seed: Optional[int] = None) -> tuple[list[Stage], dict[str, tuple[str, Path]]]:
     """The planner stages and, for each condition with plans, (its planner stage, its planner folder).
 
     A condition's own ``planner`` section (merged over ``planner``) trains into planners/<condition>/;
     conditions whose merged sections are equal share one planner (e.g. one per horizon), and one equal
-    to the shared section uses planner/."""
+    to the shared section uses planner/. With ``seed`` (``seed_draws: method``) every planner is trained with
+    ``train.seed`` = ``seed`` into the ``seed<N>/`` folder under its own, and its stages are named with it."""
     from planlm.jsonio import fingerprint
+
+    def seeded(section: dict) -> dict:
+        if seed is None:
+            return section
+        section = deep_merge(section, {})
+        section.setdefault("train", {})["seed"] = seed
+        return section
 
     def wants_planner(cond: dict) -> bool:  # a kind no code here registered fails later, where its section is bound
         return kind_flag(deep_merge(lm, cond).get("plans", {}).get("kind", "none"), "uses_planner")
 
-    shared = ("train-planner", layout.planner)
+    shared = ("train-planner" + ("" if seed is None else f" seed{seed}"), layout.planner_at(seed))
     trained: dict[str, tuple[str, Path]] = {fingerprint(planner): shared}
     stages, used, planner_of = [], set(), {}
     for cond in conditions:
@@ -224,17 +233,17 @@ def _planner_stages(layout: RunLayout, planner: dict, lm: dict, conditions: list
         key = fingerprint(section)
         if key not in trained:
             name = cond["name"]
-            trained[key] = (f"train-planner {name}", layout.own_planner(name))
+            trained[key] = (_stage_name("train-planner", name, seed), layout.own_planner(name, seed))
             stages.append(Stage(trained[key][0], "train_planner", {
                 "prepared_dir": str(layout.prepared), "out_dir": str(trained[key][1]),
-                **_bind("train_planner", section, f"{where}: conditions[{name}].planner")},
-                condition=name, needs=["prepare"]))
+                **_bind("train_planner", seeded(section), f"{where}: conditions[{name}].planner")},
+                condition=name, seed=seed, needs=["prepare"]))
         planner_of[cond["name"]] = trained[key]
         used.add(trained[key][0])
-    if "train-planner" in used or sweeps:
-        stages.insert(0, Stage("train-planner", "train_planner", {
+    if shared[0] in used or sweeps:
+        stages.insert(0, Stage(shared[0], "train_planner", {
             "prepared_dir": str(layout.prepared), "out_dir": str(shared[1]),
-            **_bind("train_planner", planner, f"{where}: planner")}, needs=["prepare"]))
+            **_bind("train_planner", seeded(planner), f"{where}: planner")}, seed=seed, needs=["prepare"]))
     return stages, planner_of
 
 
@@ -282,8 +291,9 @@ def _condition_stages(layout: RunLayout, cond: dict, lm: dict, evaluate: dict, e
 
 
 def _sweep_stages(layout: RunLayout, sweeps: Optional[list[dict]], names: list[str], seed: Optional[int],
-                  where: str) -> list[Stage]:
-    """The sweeps at inference, on the models of ``seed`` (the first seed)."""
+                  where: str, per_seed: bool = False) -> list[Stage]:
+    """The sweeps at inference, on the models of ``seed``: the first seed's into sweeps/<condition>-<kind>/, or
+    with ``per_seed`` (``seed_draws: method``) this seed's into its ``seed<N>/`` folder."""
     stages = []
     for index, sweep in enumerate(sweeps or []):
         sweep = dict(sweep)
@@ -291,30 +301,55 @@ def _sweep_stages(layout: RunLayout, sweeps: Optional[list[dict]], names: list[s
         if target not in names:
             raise PlanlmError(f"{where}: sweeps[{index}].condition {target!r} is not one of the conditions {names}")
         kind = sweep.get("kind", "num_paths")
-        stages.append(Stage(f"sweep {kind} {target}", "sweep", {
+        stages.append(Stage(_stage_name("sweep", f"{kind} {target}", seed if per_seed else None), "sweep", {
             "model_dir": str(layout.lm(target, seed)), "prepared_dir": str(layout.prepared),
-            "out_dir": str(layout.sweep(target, kind)), **_bind("sweep", sweep, f"{where}: sweeps[{index}]")},
-            condition=target, needs=[_stage_name("train-lm", target, seed)]))
+            "out_dir": str(layout.sweep(target, kind, seed if per_seed else None)),
+            **_bind("sweep", sweep, f"{where}: sweeps[{index}]")},
+            condition=target, seed=seed if per_seed else None, needs=[_stage_name("train-lm", target, seed)]))
     return stages
+
+
+SEED_DRAWS = ("lm", "method")
+"""What a seed of ``seeds`` draws: ``lm`` the LMs' training alone (the corpus and planners shared by every seed,
+the sweeps on the first seed), ``method`` the planners' training as well (each seed's own planners, its LMs
+reading them, and the sweeps on every seed)."""
+
+
+def _check_seed_draws(seed_draws: str, seeds: Optional[list[int]], where: str) -> bool:
+    """Whether each seed draws the whole method (``seed_draws: method``)."""
+    if seed_draws not in SEED_DRAWS:
+        raise PlanlmError(f"{where}: seed_draws {seed_draws!r} is not one of {list(SEED_DRAWS)}")
+    if seed_draws == "method" and seeds is None:
+        raise PlanlmError(f"{where}: seed_draws: method needs seeds (e.g. seeds: [0, 1, 2]); leave it at lm for one "
+                          f"run with lm.train.seed and planner.train.seed")
+    return seed_draws == "method"
 
 
 def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Optional[dict], conditions: list[dict],
                 evaluate: dict, edit_distance: Optional[dict], sweeps: Optional[list[dict]], where: str,
-                seeds: Optional[list[int]] = None) -> list[Stage]:
+                seeds: Optional[list[int]] = None, seed_draws: str = "lm") -> list[Stage]:
     """Validate every section and return the stages in order (nothing runs here)."""
     layout = RunLayout(Path(out))
     names = _check_conditions(conditions, where)
     run_seeds = _check_seeds(seeds, where)
+    per_seed = _check_seed_draws(seed_draws, seeds, where)
     stages = [Stage("prepare", "prepare", {"out_dir": str(layout.prepared),
                                            **_bind("prepare", prepare, f"{where}: prepare")})]
-    planner_stages, planner_of = _planner_stages(layout, planner, lm, conditions, sweeps, where)
-    stages += planner_stages
+    if not per_seed:
+        planner_stages, planner_of = _planner_stages(layout, planner, lm, conditions, sweeps, where)
+        stages += planner_stages
     for seed in run_seeds:
+        if per_seed:
+            planner_stages, planner_of = _planner_stages(layout, planner, lm, conditions, sweeps, where, seed)
+            stages += planner_stages
         base = _base_lm_stage(layout, lm, base_lm, seed, where) if base_lm else None
         stages += [base] if base else []
         for cond in conditions:
             stages += _condition_stages(layout, cond, lm, evaluate, edit_distance, planner_of.get(cond["name"]), base,
                                         seed, where)
+    if per_seed:
+        return stages + [stage for seed in run_seeds
+                         for stage in _sweep_stages(layout, sweeps, names, seed, where, per_seed=True)]
     return stages + _sweep_stages(layout, sweeps, names, run_seeds[0], where)
 
 
@@ -427,7 +462,8 @@ def _run_stages(stages: list[Stage], state: dict, layout: RunLayout) -> None:
 def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Optional[dict] = None,
         lm: Optional[dict] = None, base_lm: Optional[dict] = None, conditions: Optional[list[dict]] = None,
         evaluate: Optional[dict] = None, edit_distance: Optional[dict] = None, sweeps: Optional[list[dict]] = None,
-        seeds: Optional[list[int]] = None, report: Optional[dict] = None, dry_run: bool = False) -> Path:
+        seeds: Optional[list[int]] = None, seed_draws: str = "lm", report: Optional[dict] = None,
+        dry_run: bool = False) -> Path:
     """Run the whole pipeline: prepare, train the planner, train one LM per condition, evaluate, report.
 
     Every section holds the arguments of the command it feeds (see `planlm CMD --help`); paths between
@@ -452,6 +488,12 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
         seeds: Training seeds, e.g. [0, 1, 2]: the base LM and every condition are trained and evaluated once
             per seed (lm/<condition>/seed<N>/, eval/<condition>/seed<N>/ ...) and the report gives the mean and
             spread over seeds; adding a seed trains only the new one. Unset: one run with lm.train.seed.
+        seed_draws: What a seed draws. ``lm``: the LMs' training alone; the prepared corpus and the planners are
+            shared by every seed and the sweeps run on the first seed's models. ``method``: the planners'
+            training too: each seed trains its own planners with planner.train.seed = the seed
+            (planner/seed<N>/, planners/<condition>/seed<N>/), its LMs read that seed's planners, and every
+            sweep runs on every seed (sweeps/<condition>-<kind>/seed<N>/), the report pairing each point with
+            the reference point with the seed-noise interval of the contrasts. Needs seeds.
         report: Options of the report: {actions_shown: int, contrasts: [[b, a], ...]} (each pair's paired
             difference ppl(b) - ppl(a) gets a row, e.g. [ours, cornille]).
         dry_run: Validate every section and list the stages without running anything.
@@ -463,7 +505,7 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
     check_contrasts((report or {}).get("contrasts") or [], [c.get("name") for c in conditions],
                     where=f"run {layout.root}: report.contrasts")
     stages = plan_stages(layout.root, prepare or {}, planner or {}, lm or {}, base_lm, conditions, evaluate or {},
-                         edit_distance, sweeps, where=f"run {layout.root}", seeds=seeds)
+                         edit_distance, sweeps, where=f"run {layout.root}", seeds=seeds, seed_draws=seed_draws)
     if dry_run:
         for i, stage in enumerate(stages):
             print(f"{i + 1:>2}. {stage.name}  ->  {stage.kwargs.get('out_dir', '')}")
@@ -473,6 +515,8 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
     state = {"stages": {}, "config": {"prepare": prepare, "planner": planner, "lm": lm, "base_lm": base_lm,
                                       "conditions": conditions, "evaluate": evaluate, "edit_distance": edit_distance,
                                       "sweeps": sweeps, "seeds": seeds, "report": report}}
+    if seed_draws != "lm":  # the default leaves run_state.json as it was
+        state["config"]["seed_draws"] = seed_draws
     with releasing_stage_locks():
         lock_stage_dir(layout.root)  # a second `planlm run` on this folder is refused with our pid
         _run_stages(stages, state, layout)
