@@ -25,7 +25,7 @@ counted), against a bare PyTorch loop over the same training batches (the same l
 precision, loss and gradient clipping). The target of the training-speed issue: stage >= 0.85x the loop's
 tokens/s.
 
-    python benchmarks/bench_stages.py --stage_vs_loop --articles 150 --device cpu
+    python benchmarks/bench_stages.py --stage_vs_loop --articles 150 --device cpu [--stage_lm near_zero]
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("--stage_vs_loop", action="store_true", help="the train_lm stage against a bare loop")
     parser.add_argument("--precision", default=None, help="--stage_vs_loop: precision (auto, native, fp32, bf16)")
     parser.add_argument("--loss_chunk_size", type=int, default=None, help="--stage_vs_loop: speed.loss_chunk_size")
+    parser.add_argument("--stage_lm", choices=sorted(STAGE_LMS), default="demo",
+                        help="--stage_vs_loop: the demo's LM, or a near-zero-compute one that exposes per-step "
+                             "overhead")
     args = parser.parse_args()
     if args.stage_vs_loop:
         with tempfile.TemporaryDirectory() as tmp:
@@ -118,6 +121,12 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     return rows
 
 
+# --stage_vs_loop's LMs: the demo's, and one whose steps cost almost nothing, so that what the stage adds per step
+# (logging, host syncs, collation) is not hidden behind the model's compute.
+STAGE_LMS = {"demo": {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128},
+             "near_zero": {"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 1, "n_positions": 128}}
+
+
 def stage_vs_loop(root: Path, args) -> None:
     """Tokens/s of one train_lm epoch, timed whole, against a bare loop over the same batches."""
     from planlm.models.adapter import AdapterSettings
@@ -129,10 +138,10 @@ def stage_vs_loop(root: Path, args) -> None:
     prepared_dir = make_synthetic_prepared(root / "prepared", num_actions=16, embedding_dim=384, rule="skip",
                                            num_articles=counts, min_sentences=12, max_sentences=20,
                                            sentence_words=(18, 34))
-    demo = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
+    lm_config = STAGE_LMS[args.stage_lm]
     chunk = {} if args.loss_chunk_size is None else {"loss_chunk_size": args.loss_chunk_size}
     runtime = Runtime(device=args.device, precision=args.precision or "auto", **chunk)
-    kwargs = dict(model=LMModelConfig(model_config=demo), plans=PlanSpec(kind="oracle", num_paths=1, horizon=1),
+    kwargs = dict(model=LMModelConfig(model_config=lm_config), plans=PlanSpec(kind="oracle", num_paths=1, horizon=1),
                   adapter=AdapterSettings(kind="project_avg"), runtime=runtime,
                   train=LMTrainConfig(batch_size=16, lr=1e-3, max_epochs=1, warmup_steps=5, log_every_n_steps=10))
     loop_s, tokens = bare_loop(prepared_dir, kwargs)  # first: it pays the one-time imports and page-ins
@@ -140,8 +149,8 @@ def stage_vs_loop(root: Path, args) -> None:
     out = train_lm(str(prepared_dir), str(root / "lm"), **kwargs)
     stage_s = time.perf_counter() - began
     fit_s = read_manifest(out)["train_wall_time_s"]
-    print(f"train_lm, one epoch of {tokens:,} training tokens (demo LM, batch 16 x 128, oracle plans, precision "
-          f"{runtime.precision}, loss chunk {runtime.loss_chunk_size}; under load if the machine is "
+    print(f"train_lm, one epoch of {tokens:,} training tokens ({args.stage_lm} LM, batch 16 x 128, oracle plans, "
+          f"precision {runtime.precision}, loss chunk {runtime.loss_chunk_size}; under load if the machine is "
           f"shared)")
     print(f"| {'run':<46} | {'seconds':>8} | {'tokens/s':>9} | vs loop |")
     print(f"|{'-' * 48}|{'-' * 10}|{'-' * 11}|---------|")
