@@ -214,8 +214,8 @@ class PlannerKind(PlanStrategy):
 
     def check_source(self, spec) -> None:
         if spec.joint and not spec.planner_dir:
-            raise PlanlmError(f"--plans.joint true needs --plans.planner_dir: the planner (`planlm train-planner`) "
-                              f"to train with the LM")
+            raise PlanlmError("--plans.joint true needs --plans.planner_dir: the planner (`planlm train-planner`) "
+                              "to train with the LM")
         if not (spec.plans_dir or spec.planner_dir):
             raise PlanlmError(f"--plans.kind {spec.kind} needs --plans.plans_dir (a plan cache) or "
                               f"--plans.planner_dir (a planner); set one of them")
