@@ -603,8 +603,7 @@ def _sweeps_section(layout: RunLayout, seeded: Optional[list[dict]] = None) -> l
         return []
     lines = ["## Sweeps at inference", ""] + _seeded_sweeps_section(layout, seeded or [])
     for csv_path in sorted(sweeps.glob("*/sweep_*.csv")):
-        with open(csv_path) as f:
-            rows = list(csv.DictReader(f))
+        rows = _read_csv(csv_path)
         if not rows:
             continue
         if csv_path.name == "sweep_compute.csv":
