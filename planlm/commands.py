@@ -14,6 +14,7 @@ from typing import Any, Callable
 COMMANDS: dict[str, str] = {
     "prepare": "planlm.data.prepare:prepare",
     "actions": "planlm.data.actions:actions",
+    "codebook": "planlm.data.codebook:codebook",
     "train-planner": "planlm.train.planner:train_planner",
     "sample-plans": "planlm.plans.sampling:sample_plans",
     "train-lm": "planlm.train.lm:train_lm",

@@ -33,6 +33,19 @@ def bf16_allowed(monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def wiki_slice(tmp_path_factory):
+    """``planlm prepare`` of 30 articles of the embedded Wikipedia corpus, 4 actions, chunked embedding (read only)."""
+    from planlm.data.corpus import CorpusConfig
+    from planlm.data.embed import EmbedConfig
+    from planlm.data.kmeans import ActionsConfig
+    from planlm.data.prepare import prepare
+
+    out = tmp_path_factory.mktemp("wiki") / "prepared"
+    return prepare(str(out), corpus=CorpusConfig(source="wiki-offline", num_train=24, num_validation=3, num_test=3),
+                   embedding=EmbedConfig(chunk_size=32), actions=ActionsConfig(num_actions=4), progress=False)
+
+
+@pytest.fixture(scope="session")
 def synthetic_cycle(tmp_path_factory):
     """8 actions, a_{i+1} = a_i + 1 mod 8; 200/20/20 articles of 4-9 sentences; 16-d embeddings."""
     return make_synthetic_prepared(tmp_path_factory.mktemp("synthetic_cycle"), rule="cycle", seed=0)

@@ -227,6 +227,7 @@ def write_split(split_dir: str | Path, articles: list[dict], arrays: dict[str, n
         arrays["token_plan_sentence"] = token_plan_sentence(arrays["token_sentence"], arrays["token_offsets"])
     if "token_actions" not in arrays:
         arrays["token_actions"] = np.asarray(arrays["actions"])[arrays["token_plan_sentence"]]
+    (split_dir / "articles.jsonl").unlink(missing_ok=True)  # a new file, never written into: it may be a hard link
     with open(split_dir / "articles.jsonl", "w") as f:
         for art in articles:
             source = {"source": art["source"]} if art.get("source", art["id"]) != art["id"] else {}
@@ -235,4 +236,5 @@ def write_split(split_dir: str | Path, articles: list[dict], arrays: dict[str, n
         if name not in arrays and (split_dir / f"{name}.npy").is_file():
             continue
         dtype = np.float32 if name == "embeddings" else np.int64
+        (split_dir / f"{name}.npy").unlink(missing_ok=True)
         np.save(split_dir / f"{name}.npy", np.ascontiguousarray(arrays[name], dtype=dtype))

@@ -138,6 +138,7 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
     if not resumable:
         record = {"key": fingerprint(key), "done": 0, "num_sentences": num_sentences, "dim": dim}
         write_json(progress_path, {})  # not resumable until the known rows are in
+        out_path.unlink(missing_ok=True)  # a new file, never written into: a codebook folder may link the old one
         out = np.lib.format.open_memmap(out_path, mode="w+", dtype=np.float32, shape=(num_sentences, dim))
         _copy_known(known, out, dim, config.chunk_size)
         write_json(progress_path, record)

@@ -2,6 +2,7 @@
 that reads them::
 
     prepared/                  planlm prepare
+    codebooks/seed<N>/         planlm codebook: prepared/ with one seed's codebook (seed_draws: method)
     planner/                   planlm train-planner (+ planner/plans/... caches, planlm sample-plans)
     planners/<condition>/      a condition's own planner (optional)
     lm/_base/                  a plain LM pretrained once, the start of every condition (optional)
@@ -15,7 +16,8 @@ that reads them::
 
 With ``seeds``, the folders of the base LM and of each condition's LM, evaluation and edit distance hold
 one ``seed<N>/`` folder per seed; with ``seed_draws: method`` the planners' folders (planner/,
-planners/<condition>/) and the sweeps' (sweeps/<condition>-<kind>/) do too.
+planners/<condition>/) and the sweeps' (sweeps/<condition>-<kind>/) do too, and every stage of a seed reads its
+own codebook (codebooks/seed<N>/).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class RunLayout:
     def planner(self) -> Path:
         """The planner shared by the conditions without a planner section of their own."""
         return self.root / "planner"
+
+    def codebook(self, seed: int) -> Path:
+        """The prepared corpus with one seed's codebook (``seed_draws: method``; ``planlm codebook``)."""
+        return self.root / "codebooks" / f"seed{seed}"
 
     def planner_at(self, seed: Optional[int] = None) -> Path:
         """The shared planner of one seed (``seed_draws: method``), or the one shared by every seed (None)."""

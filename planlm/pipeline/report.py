@@ -448,8 +448,9 @@ def planner_summaries(layout: RunLayout) -> dict[str, dict]:
             continue
         if seed is not None:
             summary["seed"] = seed
-        prepared = layout.prepared if (layout.prepared / "manifest.json").is_file() else Path(
-            summary.get("prepared_dir", ""))
+        prepared = layout.prepared if seed is None else layout.codebook(seed)  # the planner's own codebook
+        if not (prepared / "manifest.json").is_file():
+            prepared = Path(summary.get("prepared_dir", ""))
         if (folder / "model.safetensors").is_file() and (prepared / INFORMATION_SPLIT / "actions.npy").is_file():
             information = held_out_information(folder, prepared, INFORMATION_SPLIT, summary.get("train_split"))
             split = INFORMATION_SPLIT

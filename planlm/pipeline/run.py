@@ -9,8 +9,9 @@ evaluate and edit-distance (optional) per condition, the sweeps (optional) and t
 
 With ``seeds: [0, 1, 2]`` the base LM and every condition are trained and evaluated once per seed,
 each in ``seed<N>/`` under its folders; the prepared corpus and the planners are shared by all seeds, and
-the sweeps use the first seed's models. With ``seed_draws: method`` each seed also trains its own planners
-(``planner.train.seed`` = the seed) and runs every sweep on its own models. Within a seed the conditions are paired (same start weights, data
+the sweeps use the first seed's models. With ``seed_draws: method`` each seed also draws its own codebook (k-means
+seeded with it, ``planlm codebook``), trains its own planners (``planner.train.seed`` = the seed) and runs every
+sweep on its own models. Within a seed the conditions are paired (same start weights, data
 order and dropout: see train-lm).
 
 While it runs, `planlm run` holds its run folder: a second `planlm run` on the same folder is refused
@@ -204,13 +205,14 @@ def _check_conditions(conditions: list[dict], where: str) -> list[str]:
 
 
 def _planner_stages(layout: RunLayout, planner: dict, lm: dict, conditions: list[dict], sweeps: Optional[list[dict]],
-                    where: str, seed: Optional[int] = None) -> tuple[list[Stage], dict[str, tuple[str, Path]]]:
+                    where: str, seed: Optional[int], prepared: tuple[str, Path]) -> tuple[list[Stage], dict[str, tuple[str, Path]]]:
     """The planner stages and, for each condition with plans, (its planner stage, its planner folder).
 
     A condition's own ``planner`` section (merged over ``planner``) trains into planners/<condition>/;
     conditions whose merged sections are equal share one planner (e.g. one per horizon), and one equal
     to the shared section uses planner/. With ``seed`` (``seed_draws: method``) every planner is trained with
-    ``train.seed`` = ``seed`` into the ``seed<N>/`` folder under its own, and its stages are named with it."""
+    ``train.seed`` = ``seed`` into the ``seed<N>/`` folder under its own, and its stages are named with it.
+    ``prepared``: (the stage that writes it, the prepared folder the planners read)."""
     from planlm.jsonio import fingerprint
 
     def seeded(section: dict) -> dict:
@@ -235,37 +237,38 @@ def _planner_stages(layout: RunLayout, planner: dict, lm: dict, conditions: list
             name = cond["name"]
             trained[key] = (_stage_name("train-planner", name, seed), layout.own_planner(name, seed))
             stages.append(Stage(trained[key][0], "train_planner", {
-                "prepared_dir": str(layout.prepared), "out_dir": str(trained[key][1]),
+                "prepared_dir": str(prepared[1]), "out_dir": str(trained[key][1]),
                 **_bind("train_planner", seeded(section), f"{where}: conditions[{name}].planner")},
-                condition=name, seed=seed, needs=["prepare"]))
+                condition=name, seed=seed, needs=[prepared[0]]))
         planner_of[cond["name"]] = trained[key]
         used.add(trained[key][0])
     if shared[0] in used or sweeps:
         stages.insert(0, Stage(shared[0], "train_planner", {
-            "prepared_dir": str(layout.prepared), "out_dir": str(shared[1]),
-            **_bind("train_planner", seeded(planner), f"{where}: planner")}, seed=seed, needs=["prepare"]))
+            "prepared_dir": str(prepared[1]), "out_dir": str(shared[1]),
+            **_bind("train_planner", seeded(planner), f"{where}: planner")}, seed=seed, needs=[prepared[0]]))
     return stages, planner_of
 
 
-def _base_lm_stage(layout: RunLayout, lm: dict, base_lm: dict, seed: Optional[int], where: str) -> Stage:
+def _base_lm_stage(layout: RunLayout, lm: dict, base_lm: dict, seed: Optional[int], where: str,
+                   prepared: tuple[str, Path]) -> Stage:
     """The plain LM pretrained once per seed, the start of every condition."""
     section = deep_merge(lm, base_lm)
     section["plans"] = {"kind": "none"}
     if seed is not None:
         section.setdefault("train", {})["seed"] = seed
     return Stage(_stage_name("train-lm", BASE_LM, seed), "train_lm", {
-        "prepared_dir": str(layout.prepared), "out_dir": str(layout.lm(BASE_LM, seed)),
-        **_bind("train_lm", section, f"{where}: base_lm")}, seed=seed, needs=["prepare"])
+        "prepared_dir": str(prepared[1]), "out_dir": str(layout.lm(BASE_LM, seed)),
+        **_bind("train_lm", section, f"{where}: base_lm")}, seed=seed, needs=[prepared[0]])
 
 
 def _condition_stages(layout: RunLayout, cond: dict, lm: dict, evaluate: dict, edit_distance: Optional[dict],
                       planner: Optional[tuple[str, Path]], base: Optional[Stage], seed: Optional[int],
-                      where: str) -> list[Stage]:
-    """train-lm, evaluate and edit-distance of one condition and one seed."""
-    name, prepared_dir = cond["name"], str(layout.prepared)
+                      where: str, prepared: tuple[str, Path]) -> list[Stage]:
+    """train-lm, evaluate and edit-distance of one condition and one seed, on ``prepared`` (its stage, its folder)."""
+    name, prepared_dir = cond["name"], str(prepared[1])
     section = deep_merge(lm, {k: v for k, v in cond.items() if k in ("model", "plans", "adapter", "train", "runtime")})
     plans = section.setdefault("plans", {})
-    needs = ["prepare"]
+    needs = [prepared[0]]
     if planner is not None and not plans.get("plans_dir"):
         plans.setdefault("planner_dir", str(planner[1]))
         needs.append(planner[0])
@@ -291,7 +294,7 @@ def _condition_stages(layout: RunLayout, cond: dict, lm: dict, evaluate: dict, e
 
 
 def _sweep_stages(layout: RunLayout, sweeps: Optional[list[dict]], names: list[str], seed: Optional[int],
-                  where: str, per_seed: bool = False) -> list[Stage]:
+                  where: str, prepared: Path, per_seed: bool = False) -> list[Stage]:
     """The sweeps at inference, on the models of ``seed``: the first seed's into sweeps/<condition>-<kind>/, or
     with ``per_seed`` (``seed_draws: method``) this seed's into its ``seed<N>/`` folder."""
     stages = []
@@ -302,7 +305,7 @@ def _sweep_stages(layout: RunLayout, sweeps: Optional[list[dict]], names: list[s
             raise PlanlmError(f"{where}: sweeps[{index}].condition {target!r} is not one of the conditions {names}")
         kind = sweep.get("kind", "num_paths")
         stages.append(Stage(_stage_name("sweep", f"{kind} {target}", seed if per_seed else None), "sweep", {
-            "model_dir": str(layout.lm(target, seed)), "prepared_dir": str(layout.prepared),
+            "model_dir": str(layout.lm(target, seed)), "prepared_dir": str(prepared),
             "out_dir": str(layout.sweep(target, kind, seed if per_seed else None)),
             **_bind("sweep", sweep, f"{where}: sweeps[{index}]")},
             condition=target, seed=seed if per_seed else None, needs=[_stage_name("train-lm", target, seed)]))
@@ -310,9 +313,9 @@ def _sweep_stages(layout: RunLayout, sweeps: Optional[list[dict]], names: list[s
 
 
 SEED_DRAWS = ("lm", "method")
-"""What a seed of ``seeds`` draws: ``lm`` the LMs' training alone (the corpus and planners shared by every seed,
-the sweeps on the first seed), ``method`` the planners' training as well (each seed's own planners, its LMs
-reading them, and the sweeps on every seed)."""
+"""What a seed of ``seeds`` draws: ``lm`` the LMs' training alone (the corpus, codebook and planners shared by every
+seed, the sweeps on the first seed), ``method`` the codebook and the planners' training as well (each seed's own
+k-means codebook and planners, its LMs reading them, and the sweeps on every seed)."""
 
 
 def _check_seed_draws(seed_draws: str, seeds: Optional[list[int]], where: str) -> bool:
@@ -335,22 +338,34 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
     per_seed = _check_seed_draws(seed_draws, seeds, where)
     stages = [Stage("prepare", "prepare", {"out_dir": str(layout.prepared),
                                            **_bind("prepare", prepare, f"{where}: prepare")})]
+    shared = ("prepare", layout.prepared)
     if not per_seed:
-        planner_stages, planner_of = _planner_stages(layout, planner, lm, conditions, sweeps, where)
+        planner_stages, planner_of = _planner_stages(layout, planner, lm, conditions, sweeps, where, None, shared)
         stages += planner_stages
     for seed in run_seeds:
+        prepared = _codebook_stage(layout, seed) if per_seed else None
+        stages += [prepared] if prepared else []
+        prepared = (prepared.name, layout.codebook(seed)) if prepared else shared
         if per_seed:
-            planner_stages, planner_of = _planner_stages(layout, planner, lm, conditions, sweeps, where, seed)
+            planner_stages, planner_of = _planner_stages(layout, planner, lm, conditions, sweeps, where, seed,
+                                                         prepared)
             stages += planner_stages
-        base = _base_lm_stage(layout, lm, base_lm, seed, where) if base_lm else None
+        base = _base_lm_stage(layout, lm, base_lm, seed, where, prepared) if base_lm else None
         stages += [base] if base else []
         for cond in conditions:
             stages += _condition_stages(layout, cond, lm, evaluate, edit_distance, planner_of.get(cond["name"]), base,
-                                        seed, where)
+                                        seed, where, prepared)
     if per_seed:
-        return stages + [stage for seed in run_seeds
-                         for stage in _sweep_stages(layout, sweeps, names, seed, where, per_seed=True)]
-    return stages + _sweep_stages(layout, sweeps, names, run_seeds[0], where)
+        return stages + [stage for seed in run_seeds for stage in
+                         _sweep_stages(layout, sweeps, names, seed, where, layout.codebook(seed), per_seed=True)]
+    return stages + _sweep_stages(layout, sweeps, names, run_seeds[0], where, layout.prepared)
+
+
+def _codebook_stage(layout: RunLayout, seed: int) -> Stage:
+    """The codebook of one seed (``seed_draws: method``): the prepared corpus with k-means drawn from ``seed``."""
+    return Stage(f"codebook seed{seed}", "codebook", {"prepared_dir": str(layout.prepared), "seed": seed,
+                                                      "out_dir": str(layout.codebook(seed))},
+                 seed=seed, needs=["prepare"])
 
 
 def _run_stage(stage: Stage, state: dict, layout: RunLayout) -> tuple[str, str]:
@@ -489,9 +504,10 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
             per seed (lm/<condition>/seed<N>/, eval/<condition>/seed<N>/ ...) and the report gives the mean and
             spread over seeds; adding a seed trains only the new one. Unset: one run with lm.train.seed.
         seed_draws: What a seed draws. ``lm``: the LMs' training alone; the prepared corpus and the planners are
-            shared by every seed and the sweeps run on the first seed's models. ``method``: the planners'
-            training too: each seed trains its own planners with planner.train.seed = the seed
-            (planner/seed<N>/, planners/<condition>/seed<N>/), its LMs read that seed's planners, and every
+            shared by every seed and the sweeps run on the first seed's models. ``method``: the codebook and the
+            planners too: each seed draws its own codebook (k-means seeded with it, codebooks/seed<N>/), trains
+            its own planners with planner.train.seed = the seed (planner/seed<N>/, planners/<condition>/seed<N>/),
+            its LMs read that seed's codebook and planners, and every
             sweep runs on every seed (sweeps/<condition>-<kind>/seed<N>/), the report pairing each point with
             the reference point with the seed-noise interval of the contrasts. Needs seeds.
         report: Options of the report: {actions_shown: int, contrasts: [[b, a], ...]} (each pair's paired

@@ -46,13 +46,6 @@ def tiny_config(source, **actions) -> dict:
                 progress=False)
 
 
-@pytest.fixture(scope="module")
-def wiki_slice(tmp_path_factory):
-    """30 articles of the embedded Wikipedia corpus, 4 actions, chunked embedding."""
-    out = tmp_path_factory.mktemp("wiki") / "prepared"
-    return prepare(str(out), corpus=CorpusConfig(source="wiki-offline", num_train=24, num_validation=3, num_test=3),
-                   embedding=EmbedConfig(chunk_size=32), actions=ActionsConfig(num_actions=4), progress=False)
-
 
 def test_manifest_counts_and_codebook(wiki_slice):
     ds = PreparedDataset(wiki_slice)

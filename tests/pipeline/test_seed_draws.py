@@ -1,5 +1,6 @@
-"""`seed_draws`: what a seed of `planlm run` draws. ``lm`` (the default) trains the LMs per seed with the planners
-and the sweeps shared; ``method`` trains each seed's own planners and sweeps every seed."""
+"""`seed_draws`: what a seed of `planlm run` draws. ``lm`` (the default) trains the LMs per seed with the codebook,
+the planners and the sweeps shared; ``method`` draws each seed's own codebook, trains its own planners and sweeps
+every seed."""
 
 from __future__ import annotations
 
@@ -53,8 +54,17 @@ def test_method_draws_the_planners_and_the_sweeps_per_seed(tmp_path):
                         "train-planner cornille seed5": ("planners/cornille/seed5", 5)}
     lms = {s.name: (Path(s.kwargs["plans"].planner_dir).relative_to(tmp_path).as_posix(), s.needs) for s in stages
            if s.command == "train_lm" and s.kwargs["plans"].planner_dir}
-    assert lms["train-lm ours seed5"] == ("planner/seed5", ["prepare", "train-planner seed5"])
-    assert lms["train-lm cornille seed3"] == ("planners/cornille/seed3", ["prepare", "train-planner cornille seed3"])
+    assert lms["train-lm ours seed5"] == ("planner/seed5", ["codebook seed5", "train-planner seed5"])
+    assert lms["train-lm cornille seed3"] == ("planners/cornille/seed3",
+                                              ["codebook seed3", "train-planner cornille seed3"])
+    codebooks = [(s.name, s.kwargs["seed"], Path(s.kwargs["out_dir"]).relative_to(tmp_path).as_posix(), s.needs)
+                 for s in stages if s.command == "codebook"]
+    assert codebooks == [("codebook seed3", 3, "codebooks/seed3", ["prepare"]),
+                         ("codebook seed5", 5, "codebooks/seed5", ["prepare"])]
+    for stage in stages:  # every stage of a seed reads that seed's codebook
+        if stage.command != "prepare" and "prepared_dir" in stage.kwargs:
+            expected = "prepared" if stage.command == "codebook" else f"codebooks/seed{stage.seed}"
+            assert Path(stage.kwargs["prepared_dir"]).relative_to(tmp_path).as_posix() == expected, stage.name
     sweeps = [(s.name, Path(s.kwargs["out_dir"]).relative_to(tmp_path).as_posix(),
                Path(s.kwargs["model_dir"]).relative_to(tmp_path).as_posix()) for s in stages if s.command == "sweep"]
     assert ("sweep num_paths ours seed5", "sweeps/ours-num_paths/seed5", "lm/ours/seed5") in sweeps and len(sweeps) == 4
@@ -73,6 +83,8 @@ def test_method_run_trains_a_planner_per_seed_and_sweeps_every_seed(tmp_path):
     config["conditions"] = [c for c in config["conditions"] if c["name"] in ("fixed", "ours")]
     config["sweeps"] = config["sweeps"][:1]
     run(**config)
+    codebooks = [load_file(out / "codebooks" / f"seed{s}" / "codebook.safetensors")["centroids"] for s in (0, 1)]
+    assert (codebooks[0] != codebooks[1]).any()  # each seed drew its own codebook
     weights = [load_file(out / "planner" / f"seed{s}" / "model.safetensors") for s in (0, 1)]
     assert not (out / "planner" / "model.safetensors").exists()
     assert any((weights[0][k] != weights[1][k]).any() for k in weights[0])  # each seed drew its own planner
@@ -80,6 +92,8 @@ def test_method_run_trains_a_planner_per_seed_and_sweeps_every_seed(tmp_path):
         lm = out / "lm" / "ours" / f"seed{seed}"
         folders = recorded_plan_folders(lm, json.loads((lm / "planned_lm.json").read_text()))
         assert Path(folders["planner_dir"]).resolve() == (out / "planner" / f"seed{seed}").resolve()
+        summary = json.loads((out / "planner" / f"seed{seed}" / "summary.json").read_text())
+        assert Path(summary["prepared_dir"]).resolve() == (out / "codebooks" / f"seed{seed}").resolve()
     results = json.loads((out / "results.json").read_text())
     assert results["planners"]["shared"]["seed"] == 0
     (sweep,) = results["sweeps"]
