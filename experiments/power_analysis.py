@@ -49,7 +49,7 @@ SEED_RANGE = tuple(range(2, 17))
 
 # --- the data, each with its source -------------------------------------------------------------------------------
 
-README_DEMO = "README demo table (configs/demo.yaml, 2 seeds, experiments/results/demo_report_9b5644b.md)"
+README_DEMO = "README demo table (configs/demo.yaml, 2 seeds, experiments/results/demo_report.md)"
 README_BIG = "README, the demo with the 9x planner (configs/demo-bigplanner.yaml), run {n}"
 ORACLE_SEEDS = "docs/results.md: oracle - Fixed at seeds 2 and 3 (experiments/demo_oracle_seeds.yaml)"
 

@@ -16,7 +16,7 @@ It reads only eval/<condition>/[seed<N>/]per_article.csv, so it runs in seconds 
 Without a run folder, ``--report`` reads a stored report.md's per-seed differences ("(seeds: a, b)") and gives
 what the seed part alone implies, a lower bound on the new interval (its document part only adds to it):
 
-    python experiments/widen_intervals.py --report experiments/results/demo_report_3seeds.md
+    python experiments/widen_intervals.py --report lab/results/demo_report_3seeds.md
 """
 
 from __future__ import annotations
