@@ -197,18 +197,34 @@ def _contrasts_section(contrasts: list[dict]) -> list[str]:
         return []
     lines = ["## Paired contrasts", "",
              "ppl(B) - ppl(A) on the same articles (negative: B is better), the interval as in the paired column; "
-             "relative: the difference of the seed-mean NLL's perplexities over A's.", "",
-             "| B - A | PPL difference [95% CI] | relative | interval over | alpha_1 / alpha_2 of B | of A |",
-             "|---|---|---|---|---|---|"]
+             "relative: the difference of the seed-mean NLL's perplexities over A's; decided: the interval excludes "
+             "0.", "",
+             "| B - A | PPL difference [95% CI] | relative | decided | interval over | alpha_1 / alpha_2 of B | of A |",
+             "|---|---|---|---|---|---|---|"]
     for c in contrasts:
         if c["diff"] is None:
-            lines.append(f"| {c['b']} - {c['a']} | n/a {c.get('error', '(not evaluated)')} | | | | |")
+            lines.append(f"| {c['b']} - {c['a']} | n/a {c.get('error', '(not evaluated)')} | | | | | |")
             continue
         seeds = _fmt_seed_diffs({"paired_seed_diffs": c["seed_diffs"]})
         lines.append(f"| {c['b']} - {c['a']} | {_fmt_ci(c['diff'], c['ci_low'], c['ci_high'])}{seeds} | "
-                     f"{100 * c['relative']:+.2f}% | {c['interval']} | {_fmt_alphas(c['alphas_b'])} | "
-                     f"{_fmt_alphas(c['alphas_a'])} |")
+                     f"{100 * c['relative']:+.2f}% | {decision(c)} | {c['interval']} | "
+                     f"{_fmt_alphas(c['alphas_b'])} | {_fmt_alphas(c['alphas_a'])} |")
+    measured = [c for c in contrasts if c["diff"] is not None]
+    decided = [f"{c['b']} - {c['a']}" for c in measured if decision(c) != "no"]
+    lines += ["", f"This run decides {len(decided)} of its {len(measured)} contrasts"
+              + (f" ({', '.join(decided)})" if decided else "")
+              + ". An undecided contrast needs more seeds or documents, not a reading of its sign: the pre-registered "
+                "evidence run (`configs/evidence.yaml`, docs/evidence.md) is sized to decide the paper's claims."]
     return lines + [""]
+
+
+def decision(contrast: dict) -> str:
+    """Whether a contrast's interval excludes 0, and which side it favours: "B better", "A better" or "no"."""
+    if contrast["ci_high"] < 0:
+        return f"{contrast['b']} better"
+    if contrast["ci_low"] > 0:
+        return f"{contrast['a']} better"
+    return "no"
 
 
 def position_contrasts(rows: list[dict], contrasts: list[dict]) -> list[tuple[str, str]]:

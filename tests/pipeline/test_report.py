@@ -115,11 +115,20 @@ def test_contrasts_pair_two_conditions_with_seed_noise_and_a_bad_pair_is_refused
     assert contrast["ci_low"] <= contrast["seed_diffs"]["0"] < contrast["seed_diffs"]["1"] < contrast["ci_high"] < 0
     assert contrast["relative"] == pytest.approx(math.exp(-0.0425) - 1, abs=2e-3)
     assert "## Paired contrasts" in text and "| ours - cornille |" in text
+    assert "| ours better |" in text and "This run decides 1 of its 1 contrasts (ours - cornille)." in text
     with pytest.raises(PlanlmError, match=r"\['ours', 'fixed'\] is not a pair"):
         write_report(layout.root, conditions=conditions, seeds=[0, 1], contrasts=[["ours", "fixed"]])
     with pytest.raises(PlanlmError, match="report.contrasts"):  # refused before any stage runs
         run(out_dir=str(tmp_path / "bad"), conditions=conditions, report={"contrasts": [["ours", "fixed"]]})
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_contrast_is_decided_when_its_interval_excludes_0():
+    from planlm.pipeline.report import decision
+
+    assert decision({"b": "ours", "a": "fixed", "ci_low": -2.0, "ci_high": -0.1}) == "ours better"
+    assert decision({"b": "ours", "a": "fixed", "ci_low": 0.1, "ci_high": 2.0}) == "fixed better"
+    assert decision({"b": "ours", "a": "fixed", "ci_low": -2.0, "ci_high": 0.5}) == "no"
 
 
 def test_the_report_measures_a_planners_information_on_the_test_split(synthetic_cycle, tmp_path):
