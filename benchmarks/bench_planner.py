@@ -9,7 +9,7 @@ like the offline default (384-d embeddings, 128 actions, articles of 2-15 senten
     python benchmarks/bench_planner.py [--prepared_dir DIR [--planner_dir DIR]] [--d_model 256] [--boundaries 256]
         [--dynamics recurrent causal]
 
-``--encoders`` prints instead the article-level encoder's table (issue 34): one training epoch (the real
+``--encoders`` prints instead the article-level encoder's table: one training epoch (the real
 ``train-planner`` loader, forward, backward, AdamW) and ``sample-plans``' work on a split (K = 5, T = 5, with the
 argmax paths), each row against the current code (the paper's per-boundary encoder and recurrent g) timed in
 the same run, on the demo's planner shape and articles of ``--article_sentences`` sentences:

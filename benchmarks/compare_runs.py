@@ -1,6 +1,6 @@
 """Compare the numbers of two `planlm run` folders, timings and paths left out.
 
-Used to check that a change of code keeps behaviour (issue 11: the same config before and after must give
+Used to check that a change of code keeps behaviour (the same config before and after must give
 the same perplexities to the last printed digit):
 
     python benchmarks/compare_runs.py RUN_BEFORE RUN_AFTER

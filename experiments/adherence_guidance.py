@@ -1,4 +1,4 @@
-"""Does plan guidance make the demo's LMs write to their outline (issue 32)? Chosen on validation, measured on test.
+"""Does plan guidance make the demo's LMs write to their outline? Chosen on validation, measured on test.
 
 1. More seeds of the oracle LM: ``configs/demo.yaml`` with ``experiments/demo_oracle_seeds.yaml`` (oracle and Fixed
    only), seeds 2 and 3, in ``<run>-seeds`` beside the finished demo run (its prepared corpus and planner linked),

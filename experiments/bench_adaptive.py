@@ -1,4 +1,4 @@
-"""Adaptive planning compute (issue 14): paths only where the planner is unsure, at the perplexity of fixed K = 50.
+"""Adaptive planning compute: paths only where the planner is unsure, at the perplexity of fixed K = 50.
 
 It reads finished runs (their prepared data, planner and trained LMs) and runs only the library's commands:
 

@@ -33,7 +33,7 @@ Everything after the corpus goes through the real stages:
 4. ``planlm.sweep``: K = 1, 2, 5, 10, 20 of the sampled model at inference, paired against K = 1 and
    against the previous K.
 
-Targets (issue 12, item 9), each printed PASS/FAIL: planner step-1 NLL within 10% of the optimum;
+Targets, each printed PASS/FAIL: planner step-1 NLL within 10% of the optimum;
 oracle < sampled < argmax < none with every pooled paired interval excluding 0; the K sweep never
 significantly worse from one K to the next up to K = 20; the whole run under 30 minutes on 2 cores.
 
@@ -379,7 +379,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping of the conditions (0: none)")
     parser.add_argument("--center", action="store_true",
-                        help="centered plan vectors (adapter.center: a constant plan is no plan; issue 21)")
+                        help="centered plan vectors (adapter.center: a constant plan is no plan)")
     parser.add_argument("--adapter_lr", type=float, default=None, help="the adapter's learning rate (default: --lr)")
     parser.add_argument("--multipath_lr_scale", type=float, default=None,
                         help="rate of the multipath adapter's transformers / the adapter's (default: the library's)")

@@ -1,4 +1,4 @@
-"""Why the ReZero gates stay shut (issue 33): the gradient that reaches alpha_1 and alpha_2, batch by batch.
+"""Why the ReZero gates stay shut: the gradient that reaches alpha_1 and alpha_2, batch by batch.
 
 Adam moves a parameter by about lr x m / sqrt(v) per step, where m and v are running means of its gradient and
 of its square. For one scalar such as a gate that is lr x E[g] / sqrt(E[g^2]): a gradient whose sign holds from

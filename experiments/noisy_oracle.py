@@ -1,4 +1,4 @@
-"""How the LM's gain follows the information of its plans, with a known answer: noisy oracle plans (issue 36).
+"""How the LM's gain follows the information of its plans, with a known answer: noisy oracle plans.
 
 A planner's information (unigram NLL - planner NLL of the next action) is what it knows beyond the action
 frequencies. Does the LM's gain over Fixed follow it? This experiment builds plans whose information is known and

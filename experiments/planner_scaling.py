@@ -1,4 +1,4 @@
-"""The planner's information against the text it reads, and its recipe measured on the larger set (issue 36).
+"""The planner's information against the text it reads, and its recipe measured on the larger set.
 
 One prepared folder whose planner split holds more documents than the LM's (``prepare.planner_corpus``, e.g.
 ``configs/demo-bigplanner.yaml``'s ``runs/demo-bigplanner/prepared``): its ``planner_train`` split starts with the

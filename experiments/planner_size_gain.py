@@ -1,4 +1,4 @@
-"""How the LM's gain follows the planner's information: the same demo run with planners of two sizes (issue 36).
+"""How the LM's gain follows the planner's information: the same demo run with planners of two sizes.
 
 Two (or more) finished ``planlm run`` folders of one recipe that differ only in what their planners read, e.g.
 ``configs/demo.yaml`` (planners on the LM's 260 training pieces) and ``configs/demo.yaml`` +

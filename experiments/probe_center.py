@@ -1,4 +1,4 @@
-"""Why a centered Fixed plan cost perplexity on long documents (issue 21), and what fixes it.
+"""Why a centered Fixed plan cost perplexity on long documents, and what fixes it.
 
 A Fixed adapter (one action for every sentence) with centered plans is trained against a random upstream
 gradient (what the LM sends back) and then evaluated. Centering c after W (c - mean c) makes the output 0 in

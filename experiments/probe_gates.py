@@ -1,4 +1,4 @@
-"""Why the multipath adapter's ReZero gates stay shut on real text (issue 33): what its transformers would add.
+"""Why the multipath adapter's ReZero gates stay shut on real text: what its transformers would add.
 
 A trained multipath LM (e.g. the demo's ``lm/ours/seed0``) is scored on a split with its own plans while its
 gates alpha_1 (PathTransformer) and alpha_2 (SampleTransformer) are forced to chosen values: 0 is Project and Avg

@@ -3,7 +3,7 @@
 For every condition of a run folder, its paired difference from the report's reference (`none`, else the first
 condition) and, with a `fixed` condition, from Fixed:
 
-- old: the interval the report showed before issue 36: with seeds, the two-level percentile bootstrap over seeds
+- old: the interval the report showed before the seed-noise interval: with seeds, the two-level percentile bootstrap over seeds
   and articles, each article resampled alone (``seeded_paired_bootstrap`` without clusters); with one seed, the
   paired bootstrap over articles;
 - documents: the same, resampling source documents with all their pieces (only the document fix);
