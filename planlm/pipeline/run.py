@@ -45,7 +45,6 @@ from planlm.jsonio import to_jsonable, write_json
 from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.pipeline.sections import bind_section, deep_merge
 from planlm.plans.kinds import kind_flag
-from planlm.plans.spec import check_renamed
 from planlm.stage import lock_stage_dir, read_manifest, releasing_stage_locks
 
 TERMINATED = 128 + 15  # the exit status of `planlm run` stopped by SIGTERM (a scheduler's preemption, `kill`)
@@ -195,7 +194,6 @@ def _check_conditions(conditions: list[dict], where: str) -> list[str]:
     if any(not isinstance(n, str) or not n or n.startswith("_") for n in names) or len(set(names)) != len(names):
         raise PlanlmError(f"{where}: conditions need unique names not starting with '_' (got {names})")
     for cond in conditions:
-        check_renamed(cond, CONDITION_KEYS, f"{where}: conditions[{cond['name']}]")
         unknown = sorted(set(cond) - CONDITION_KEYS)
         if unknown:
             raise PlanlmError(f"{where}: conditions[{cond['name']}] has unknown key(s) {unknown}; use "

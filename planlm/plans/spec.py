@@ -231,23 +231,4 @@ def _cache_overrides(overrides: PlanSpec, kind: PlanStrategy) -> PlanSpec:
     return replace(overrides, planner_dir=None, num_paths=num_paths, path_policy=cached)
 
 
-# Settings that moved into the ``plans`` group (or were renamed): the one-line error names the new key.
-RENAMED = {
-    "conditioning": "plans (kind, num_paths, horizon, temperature, seed, fixed_action, planner_dir, plans_dir, "
-                    "path_policy) and adapter (kind, rezero, num_layers, ...)",
-    "num_paths": "plans.num_paths", "horizon": "plans.horizon", "temperature": "plans.temperature",
-    "plan_temperature": "plans.temperature", "fixed_num_paths": "plans.num_paths", "seed": "plans.seed",
-    "plan_seed": "plans.seed", "fixed_action": "plans.fixed_action", "planner_dir": "plans.planner_dir",
-    "plans_dir": "plans.plans_dir", "path_policy": "plans.path_policy", "expectation": "plans.expectation",
-    "top_actions": "plans.top_actions",
-}
-
-
-def check_renamed(keys, command_keys: set[str], where: str) -> None:
-    """A key that ``command`` no longer takes because it moved into ``plans``: one line naming the new key."""
-    for key in keys:
-        if key in RENAMED and key not in command_keys:
-            raise PlanlmError(f"{where}: {key!r} is now {RENAMED[key]}; rename it in your config or command line")
-
-
-__all__ = ["PlanKind", "PlanSpec", "trained_plans", "evaluation_spec", "check_renamed", "RENAMED"]
+__all__ = ["PlanKind", "PlanSpec", "trained_plans", "evaluation_spec"]
