@@ -45,8 +45,6 @@ from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
 from planlm.models.planner import WEIGHTS_FILE as PLANNER_WEIGHTS
 
 Finetune = Literal["full", "frozen", "lora"]
-LEGACY_PLAN_FIELDS = ("conditioning", "num_paths", "horizon", "temperature", "fixed_action", "seed", "planner_dir",
-                      "plans_dir")
 PLAN_FOLDERS = ("planner_dir", "plans_dir")  # where a run's plans came from: the run's paths, not the model's
 JOINT_PLANNER = "planner"  # the subfolder holding the planner trained with the LM (plans.joint)
 
@@ -82,24 +80,8 @@ class PlannedLMConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> PlannedLMConfig:
-        """From planned_lm.json; folders written before the ``plans`` group kept its fields at the top level."""
-        values = dict(values)
-        if "conditioning" in values:
-            legacy = {name: values.pop(name) for name in LEGACY_PLAN_FIELDS if name in values}
-            legacy["kind"] = legacy.pop("conditioning")
-            values["plans"] = legacy
-        if isinstance(values.get("adapter"), dict) and "adapter" in values["adapter"]:
-            adapter = dict(values["adapter"])
-            adapter["kind"] = adapter.pop("adapter")
-            values["adapter"] = adapter
+        """From planned_lm.json."""
         return cls(**values)
-
-    @staticmethod
-    def legacy_plan_folders(values: dict) -> dict[str, str]:
-        """The plan folders that an older planned_lm.json kept in its config (a saved model now records them in its
-        card's training block: they are the run's paths, not the model's)."""
-        plans = values.get("plans") if isinstance(values.get("plans"), dict) else values
-        return {key: plans[key] for key in PLAN_FOLDERS if plans.get(key)}
 
 
 def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None,
@@ -312,7 +294,7 @@ class PlannedLM(nn.Module):
             with reading(folder / "adapter.safetensors", fix):
                 model.adapter.load_state_dict(load_safetensors(folder / "adapter.safetensors", fix))
         model.folder = folder
-        model.plan_folders = recorded_plan_folders(folder, values)
+        model.plan_folders = recorded_plan_folders(folder)
         return model.to(map_location)
 
     def push_to_hub(self, repo_id: str, **kwargs) -> str:
@@ -331,14 +313,12 @@ class PlannedLM(nn.Module):
         return load_tokenizer(str(path) if path.is_dir() else self.config.tokenizer)
 
 
-def recorded_plan_folders(folder: str | Path, config: dict) -> dict[str, str]:
-    """The folders a saved planned LM's plans come from: its card's training block, or the config (``config``: its
-    planned_lm.json) of an older folder, whose card had no training block; a model trained with its planner
+def recorded_plan_folders(folder: str | Path) -> dict[str, str]:
+    """The folders a saved planned LM's plans come from: its card's training block; a model trained with its planner
     (``plans.joint``) names the planner in its own folder, wherever the folder has moved, not the one training
     started from."""
     training = (read_planlm_block(folder) or {}).get("training") or {}
-    folders = {**PlannedLMConfig.legacy_plan_folders(config),
-               **{key: training[key] for key in PLAN_FOLDERS if training.get(key)}}
+    folders = {key: training[key] for key in PLAN_FOLDERS if training.get(key)}
     own = Path(folder) / JOINT_PLANNER
     if (own / PLANNER_WEIGHTS).is_file():
         folders["planner_dir"] = str(own)

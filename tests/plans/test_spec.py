@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ import torch
 
 from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
-from planlm.models.planned_lm import PlannedLMConfig
 from planlm.plans.kinds import plan_source
 from planlm.plans.policy import PathPolicy
 from planlm.plans.sources import CachedPlans, FixedPlans, OraclePlans, ShuffledPlans
@@ -62,17 +60,6 @@ def test_kind_is_an_enum_parsed_from_text_and_written_as_text():
     assert json.loads(json.dumps(key))["kind"] == "oracle" and "path_policy" not in key  # fixed: not in the key
     with pytest.raises(PlanlmError, match="needs --plans.plans_dir"):
         PlanSpec(kind="planner_sampled").resolve().check_source()
-
-
-def test_a_model_folder_of_the_old_format_loads():
-    old = {"conditioning": "planner_argmax", "num_paths": 1, "horizon": 1, "temperature": 1.0, "fixed_action": 0,
-           "seed": 0, "planner_dir": "planner", "plans_dir": "cache", "tokenizer": "gpt2", "num_actions": 8,
-           "adapter": {"adapter": "project_avg", "num_actions": 8, "action_dim": 4, "hidden_size": 8, "horizon": 1}}
-    config = PlannedLMConfig.from_dict(old)
-    model = SimpleNamespace(config=config, plan_folders=PlannedLMConfig.legacy_plan_folders(old))
-    assert trained_plans(model).kind is PlanKind.planner_argmax and trained_plans(model).planner_dir == "planner"
-    assert trained_plans(model).temperature == 0.0 and config.adapter.kind == "project_avg"
-    assert "planner_dir" not in config.plans  # a model config holds no run paths (issue 31)
 
 
 def test_sources_of_each_kind(synthetic_random, tmp_path):
