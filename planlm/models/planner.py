@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Optional
+from typing import Any, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -123,14 +123,9 @@ class PlannerConfig(PlannerShape):
     encoder_name: Optional[str] = None
     """SentenceTransformer name or folder for finetune_encoder (the prepared corpus's encoder)."""
 
-    # Fields added after planners were trained and published: out of a planner folder's reuse key while at their
-    # default, so a finished planner keeps its key.
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("norm_first",)
-
     def reuse_key(self) -> dict[str, Any]:
-        """The config as a planner folder's reuse key holds it."""
-        return {name: value for name, value in asdict(self).items()
-                if not (name in self.KEYED_WHEN_SET and value == getattr(PlannerConfig, name))}
+        """The config as a planner folder's reuse key holds it: every field."""
+        return asdict(self)
 
     def __post_init__(self):
         super().__post_init__()

@@ -75,9 +75,6 @@ class TrainArgs:
 
     # Knobs that do not change the trained model: left out of the reuse key (a command adds its own).
     DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "loggers")
-    # Knobs a command gained when the group became shared: out of the reuse key while at their default, so a stage
-    # finished before keeps its key.
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ()
     # The command's name in its error messages.
     COMMAND: ClassVar[str] = "train"
 
@@ -98,14 +95,13 @@ class TrainArgs:
             raise PlanlmError(f"{self.COMMAND}: --train.{name} must be >= {low} (got {getattr(self, name)})")
 
     def reuse_key(self, runtime: Runtime) -> dict[str, Any]:
-        """The knobs that change the trained model, as the stage's reuse key holds them (``DISPLAY_ONLY`` and
-        ``KEYED_WHEN_SET`` at their defaults left out), with the ``runtime`` group's accelerator and precision under
-        the names and spellings the trainer group gave them before the runtime group existed: a finished stage keeps
-        its key."""
+        """The knobs that change the trained model, as the stage's reuse key holds them (``DISPLAY_ONLY`` left out),
+        with the ``runtime`` group's accelerator and precision as ``accelerator`` and ``precision`` (Lightning's
+        spelling)."""
         key = {}
         for knob in fields(self):
             value = getattr(self, knob.name)
-            if knob.name in self.DISPLAY_ONLY or (knob.name in self.KEYED_WHEN_SET and value == _default(knob)):
+            if knob.name in self.DISPLAY_ONLY:
                 continue
             key[knob.name] = list(value) if isinstance(value, (list, tuple)) else value
         key["accelerator"] = runtime.accelerator()
@@ -120,10 +116,6 @@ def recorded_runtime(key: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     spelling = {keyed: precision for precision, keyed in _KEY_PRECISION.items()}
     train = {name: value for name, value in key.items() if name not in ("accelerator", "precision")}
     return train, {"device": key.get("accelerator", "auto"), "precision": spelling[key.get("precision")]}
-
-
-def _default(knob) -> Any:
-    return knob.default_factory() if callable(knob.default_factory) else knob.default
 
 
 __all__ = ["TrainArgs", "recorded_runtime"]

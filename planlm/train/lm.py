@@ -107,7 +107,6 @@ class LMTrainConfig(TrainArgs):
     """Resume from checkpoints/last.ckpt of an interrupted run with the same config."""
 
     DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "resume", "loggers")
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("early_stopping_patience", "planner_lr", "planner_loss_weight")
     COMMAND: ClassVar[str] = "train-lm"
 
     def __post_init__(self):
