@@ -16,7 +16,7 @@ from planlm.commands import COMMANDS, load_command
 from planlm.errors import PlanlmError, PlanlmWarning
 from planlm.evaluate.edit_distance import edit_distance
 from planlm.pipeline.sections import bind_section
-from planlm.train.args import TrainArgs
+from planlm.train.args import TrainArgs, recorded_runtime
 from planlm.jsonio import fingerprint
 from planlm.train.lm import LMTrainConfig
 from planlm.train.planner import PlannerTrainArgs
@@ -51,11 +51,13 @@ def test_both_trainings_share_one_trainer_group_and_keep_their_recipes():
 
 
 def test_reuse_keys_hold_every_knob_but_the_display_only_ones():
-    """The runtime's accelerator and precision are keyed as ``accelerator`` and ``precision`` (Lightning's spelling),
+    """The runtime's accelerator and precision are keyed as ``accelerator`` and ``precision`` (planlm's vocabulary),
     and every knob that changes the trained model is in the key, at its default too. The fingerprints pin the keys."""
     runtime = Runtime()
-    assert LMTrainConfig().reuse_key(runtime)["precision"] is None
-    assert LMTrainConfig().reuse_key(Runtime(precision="bf16"))["precision"] == "bf16-mixed"
+    assert LMTrainConfig().reuse_key(runtime)["precision"] == "auto"
+    assert LMTrainConfig().reuse_key(Runtime(precision="bf16"))["precision"] == "bf16"
+    assert recorded_runtime(LMTrainConfig().reuse_key(Runtime(device="cpu", precision="bf16")))[1] == {
+        "device": "cpu", "precision": "bf16"}
     assert LMTrainConfig().reuse_key(runtime)["early_stopping_patience"] is None
     assert LMTrainConfig(early_stopping_patience=2).reuse_key(runtime)["early_stopping_patience"] == 2
     planner = PlannerTrainArgs().reuse_key(runtime)
@@ -66,7 +68,7 @@ def test_reuse_keys_hold_every_knob_but_the_display_only_ones():
             fingerprint(LMTrainConfig().reuse_key(Runtime(device="cpu", precision="bf16"))),
             fingerprint(PlannerTrainArgs().reuse_key(runtime)),
             fingerprint(PlannerTrainArgs().reuse_key(Runtime(precision="native")))] == [
-        "ce641d7f133fb273", "43d325ef4b0f297e", "c4edb8c5ea645038", "c8a1260fb25ec5b6"]
+        "7b4ff4589cfb47a9", "20ed75ca5ea15746", "43ce8a3e15c04694", "c8a1260fb25ec5b6"]
 
 
 def test_every_command_that_runs_a_network_takes_the_one_runtime_group():

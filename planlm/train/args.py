@@ -17,11 +17,6 @@ from planlm.args import Runtime
 from planlm.errors import PlanlmError
 from planlm.train.harness import DEFAULT_LOGGERS, check_loggers
 
-# How a reuse key spells the precision: the training commands' keys predate planlm's one vocabulary and the runtime
-# group, and a finished stage keeps its key.
-_KEY_PRECISION = {"auto": None, "fp32": "32-true", "bf16": "bf16-mixed", "native": "native"}
-
-
 @dataclass
 class TrainArgs:
     """The trainer and optimiser knobs of a training command (Lightning Trainer, AdamW)."""
@@ -96,8 +91,7 @@ class TrainArgs:
 
     def reuse_key(self, runtime: Runtime) -> dict[str, Any]:
         """The knobs that change the trained model, as the stage's reuse key holds them (``DISPLAY_ONLY`` left out),
-        with the ``runtime`` group's accelerator and precision as ``accelerator`` and ``precision`` (Lightning's
-        spelling)."""
+        with the ``runtime`` group's accelerator and precision."""
         key = {}
         for knob in fields(self):
             value = getattr(self, knob.name)
@@ -105,17 +99,16 @@ class TrainArgs:
                 continue
             key[knob.name] = list(value) if isinstance(value, (list, tuple)) else value
         key["accelerator"] = runtime.accelerator()
-        key["precision"] = _KEY_PRECISION[runtime.precision]
+        key["precision"] = runtime.precision
         return key
 
 
 def recorded_runtime(key: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(trainer group, runtime group) of a training, from the ``train`` part of its reuse key as a stage's manifest
     records it (``TrainArgs.reuse_key``): the trainer knobs without the runtime's accelerator and precision, and
-    those two in the runtime group's names and spelling (device, precision)."""
-    spelling = {keyed: precision for precision, keyed in _KEY_PRECISION.items()}
+    those two as the runtime group's device and precision."""
     train = {name: value for name, value in key.items() if name not in ("accelerator", "precision")}
-    return train, {"device": key.get("accelerator", "auto"), "precision": spelling[key.get("precision")]}
+    return train, {"device": key.get("accelerator", "auto"), "precision": key.get("precision", "auto")}
 
 
 __all__ = ["TrainArgs", "recorded_runtime"]
