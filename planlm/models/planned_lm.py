@@ -11,7 +11,8 @@ an index into the N plans, or -1 for "no conditioning" (padding, or the ``none``
 
 A saved folder::
 
-    planned_lm.json          PlannedLMConfig (the plans' settings, adapter shape, hashes of the plans' sources)
+    planned_lm.json          PlannedLMConfig (the plans' settings, adapter shape, hashes of the plans' sources) and
+                             planlm's format_version (``planlm.stage.integrity.FORMAT_VERSION``)
     lm/                      the HF model's save_pretrained (safetensors; LoRA merged in)
     adapter.safetensors      the adapter's weights (absent for plans kind "none")
     codebook.safetensors     {"centroids": (A, E)} the actions the adapter was trained on
@@ -43,6 +44,7 @@ from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
 from planlm.models.card import evaluation_entry, planned_lm_card, read_planlm_block, write_card
 from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
 from planlm.models.planner import WEIGHTS_FILE as PLANNER_WEIGHTS
+from planlm.stage.integrity import FORMAT_KEY, with_format
 
 Finetune = Literal["full", "frozen", "lora"]
 PLAN_FOLDERS = ("planner_dir", "plans_dir")  # where a run's plans came from: the run's paths, not the model's
@@ -80,8 +82,8 @@ class PlannedLMConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> PlannedLMConfig:
-        """From planned_lm.json."""
-        return cls(**values)
+        """From planned_lm.json (its format checked by the loader)."""
+        return cls(**{key: value for key, value in values.items() if key != FORMAT_KEY})
 
 
 def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None,
@@ -261,7 +263,7 @@ class PlannedLM(nn.Module):
             save_safetensors({"centroids": self.codebook.detach().cpu().contiguous()}, folder / "codebook.safetensors")
         if tokenizer is not None:
             tokenizer.save_pretrained(str(folder / "tokenizer"))
-        write_json(folder / "planned_lm.json", to_jsonable(self.config))
+        write_json(folder / "planned_lm.json", with_format(to_jsonable(self.config)))
         write_card(folder, planned_lm_card(self.config, {**self.plan_folders, **(training or {})}))
         self.folder = folder
         return folder
@@ -272,7 +274,7 @@ class PlannedLM(nn.Module):
         from transformers import AutoModelForCausalLM
 
         from planlm.hub import local_folder
-        from planlm.stage.integrity import fix_for, load_json, load_safetensors, reading, stage_manifest
+        from planlm.stage.integrity import check_format, fix_for, load_json, load_safetensors, reading, stage_manifest
 
         folder = local_folder(folder, "planned LM")
         config_path = folder / "planned_lm.json"
@@ -283,6 +285,7 @@ class PlannedLM(nn.Module):
         fix = fix_for(folder)
         with reading(config_path, fix):
             values = load_json(config_path, fix)
+            check_format(values, config_path, folder)
             config = PlannedLMConfig.from_dict(values)
         with reading(folder / "lm", fix):
             lm = AutoModelForCausalLM.from_pretrained(str(folder / "lm"))

@@ -34,6 +34,7 @@ from planlm.files import file_sha256, honour_umask
 from planlm.jsonio import write_json
 from planlm.models.dynamics import Dynamics, RecurrentDynamics, top_distribution
 from planlm.models.dynamics_causal import CausalDynamics
+from planlm.stage.integrity import with_format
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -401,7 +402,8 @@ class Planner(nn.Module):
 
     # ---- persistence -------------------------------------------------------------------------------
     def save_pretrained(self, folder: str | Path) -> Path:
-        """Write model.safetensors + config.json + prepared.json and, last, the model card into ``folder``."""
+        """Write model.safetensors + config.json (with planlm's format_version) + prepared.json and, last, the model
+        card into ``folder``."""
         from safetensors.torch import save_model
 
         from planlm.models.card import planner_card, write_card
@@ -410,7 +412,7 @@ class Planner(nn.Module):
         folder.mkdir(parents=True, exist_ok=True)
         save_model(self, str(folder / WEIGHTS_FILE))
         honour_umask(folder / WEIGHTS_FILE)  # safetensors writes 0600
-        write_json(folder / CONFIG_FILE, asdict(self.config))
+        write_json(folder / CONFIG_FILE, with_format(asdict(self.config)))
         write_json(folder / PREPARED_FILE, self.prepared_info)
         write_card(folder, planner_card(self.config, self.prepared_info))  # last: a folder with a card is complete
         return folder
@@ -421,7 +423,7 @@ class Planner(nn.Module):
         from safetensors.torch import load_model
 
         from planlm.hub import local_folder
-        from planlm.stage.integrity import load_json, reading, stage_manifest
+        from planlm.stage.integrity import check_format, load_json, reading, stage_manifest
 
         folder = local_folder(folder, "planner")
         for name in (CONFIG_FILE, WEIGHTS_FILE):
@@ -432,7 +434,9 @@ class Planner(nn.Module):
         fix = (f"retrain it: rerun `planlm train-planner --out_dir {folder}` or the `planlm run` that made it (it "
                f"rebuilds a damaged stage)")
         with reading(folder / CONFIG_FILE, fix):
-            planner = cls(PlannerConfig.from_dict(load_json(folder / CONFIG_FILE, fix)))
+            values = load_json(folder / CONFIG_FILE, fix)
+            check_format(values, folder / CONFIG_FILE, folder)
+            planner = cls(PlannerConfig.from_dict(values))
         with reading(folder / WEIGHTS_FILE, fix):
             load_model(planner, str(folder / WEIGHTS_FILE), device=str(map_location))
         if (folder / PREPARED_FILE).is_file():
