@@ -423,20 +423,11 @@ class Planner(nn.Module):
         from safetensors.torch import load_model
 
         from planlm.hub import local_folder
-        from planlm.stage.integrity import check_format, load_json, reading, stage_manifest
+        from planlm.stage.integrity import load_json, reading
 
         folder = local_folder(folder, "planner")
-        for name in (CONFIG_FILE, WEIGHTS_FILE):
-            if not (folder / name).is_file():
-                raise PlanlmError(f"{folder}: no trained planner here ({name} missing); run `planlm train-planner "
-                                  f"--out_dir {folder}` first")
-        stage_manifest(folder)  # a train-planner folder: the cheap check of its files, one line per damaged file
-        fix = (f"retrain it: rerun `planlm train-planner --out_dir {folder}` or the `planlm run` that made it (it "
-               f"rebuilds a damaged stage)")
-        with reading(folder / CONFIG_FILE, fix):
-            values = load_json(folder / CONFIG_FILE, fix)
-            check_format(values, folder / CONFIG_FILE, folder)
-            planner = cls(PlannerConfig.from_dict(values))
+        planner = cls(read_config(folder))
+        fix = _retrain(folder)
         with reading(folder / WEIGHTS_FILE, fix):
             load_model(planner, str(folder / WEIGHTS_FILE), device=str(map_location))
         if (folder / PREPARED_FILE).is_file():
@@ -467,6 +458,35 @@ class Planner(nn.Module):
         if info.get("encoder") and info["encoder"] != prepared.encoder_name:
             raise PlanlmError(f"{where}: planner reads sentences embedded by {info['encoder']!r} but {prepared.path} "
                               f"was embedded by {prepared.encoder_name!r}; train a planner on this prepared corpus")
+
+
+def read_config(folder: str | Path) -> PlannerConfig:
+    """The config of the trained planner in the local ``folder`` (its horizon T: ``trained_horizon``), without its
+    weights; one-line errors for a folder without a planner, a damaged one and one of another planlm's format."""
+    from planlm.stage.integrity import check_format, load_json, reading, stage_manifest
+
+    folder = Path(folder)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (folder / name).is_file():
+            raise PlanlmError(f"{folder}: no trained planner here ({name} missing); run `planlm train-planner "
+                              f"--out_dir {folder}` first")
+    stage_manifest(folder)  # a train-planner folder: the cheap check of its files, one line per damaged file
+    with reading(folder / CONFIG_FILE, _retrain(folder)):
+        values = load_json(folder / CONFIG_FILE, _retrain(folder))
+        check_format(values, folder / CONFIG_FILE, folder)
+        return PlannerConfig.from_dict(values)
+
+
+def trained_horizon(folder: str | Path) -> int:
+    """T, the horizon the planner in ``folder`` (a folder or a Hub repo id) was trained to predict."""
+    from planlm.hub import local_folder
+
+    return read_config(local_folder(folder, "planner")).horizon
+
+
+def _retrain(folder: Path) -> str:
+    return (f"retrain it: rerun `planlm train-planner --out_dir {folder}` or the `planlm run` that made it (it "
+            f"rebuilds a damaged stage)")
 
 
 def _check_sampling(num_paths: int, horizon: int, temperature: float) -> None:

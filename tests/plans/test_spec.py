@@ -1,8 +1,10 @@
-"""PlanSpec (resolution, validation, old keys) and the plan sources every command reads plans through."""
+"""PlanSpec (resolution, validation, T given once, flat keys) and the plan sources every command reads plans through."""
 
 from __future__ import annotations
 
 import json
+import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +15,8 @@ from planlm.errors import PlanlmError
 from planlm.plans.kinds import plan_source
 from planlm.plans.policy import PathPolicy
 from planlm.plans.sources import CachedPlans, FixedPlans, OraclePlans, ShuffledPlans
-from planlm.plans.spec import PlanKind, PlanSpec, trained_plans
+from planlm.plans.sampling import sample_plans
+from planlm.plans.spec import PlanKind, PlanSpec, evaluation_spec, trained_plans, with_source_horizon
 from planlm.stage import write_manifest
 
 
@@ -157,3 +160,56 @@ def test_a_flat_plans_key_in_a_run_config_and_on_the_command_line_is_one_line_na
             main(argv)
         err = capsys.readouterr().err.strip()
         assert exit_info.value.code == 2 and new in err and "\n" not in err
+
+
+def test_t_is_given_once_by_the_planner_and_a_longer_t_is_refused(synthetic_cycle, cycle_planner, tmp_path):
+    """Plans of a planner kind without a horizon take the one the planner was trained with (a plan cache's own when
+    they read one); asking a planner trained with T=3 for longer paths is a one-line error naming both values and
+    the fix, in training, sampling and evaluation; an evaluation beyond its adapter's horizon too."""
+    folder = str(cycle_planner.save_pretrained(tmp_path / "planner"))
+    assert with_source_horizon(PlanSpec(kind="planner_sampled", planner_dir=folder)).resolve().horizon == 3
+    assert with_source_horizon(PlanSpec(kind="planner_argmax", horizon=2, planner_dir=folder)).horizon == 2
+    assert with_source_horizon(PlanSpec(kind="oracle")).resolve().horizon == 1  # no planner: the default T
+    longer = re.escape(f"--plans.horizon 5 exceeds the horizon T=3 the planner {folder} was trained with; leave "
+                       f"--plans.horizon unset (T=3) or train the planner with --model.horizon 5")
+    with pytest.raises(PlanlmError, match=longer) as error:
+        with_source_horizon(PlanSpec(kind="planner_sampled", horizon=5, planner_dir=folder))
+    assert "\n" not in str(error.value)
+    with pytest.raises(PlanlmError, match=longer):
+        sample_plans(str(synthetic_cycle), PlanSpec(horizon=5, planner_dir=folder), splits=["validation"])
+    trained = PlanSpec(kind="planner_sampled", num_paths=2, horizon=3).resolve()
+    model = SimpleNamespace(config=SimpleNamespace(plans=trained, num_actions=8), plan_folders={"planner_dir": folder},
+                            adapter=SimpleNamespace(config=SimpleNamespace(horizon=5)))
+    assert evaluation_spec(PlanSpec(num_paths=4), model, "model").horizon == 3  # the model's T
+    with pytest.raises(PlanlmError, match=longer):
+        evaluation_spec(PlanSpec(horizon=5), model, "model")
+    with pytest.raises(PlanlmError, match=r"--plans.horizon 6 exceeds the horizon the adapter of model accepts \(5\); "
+                                          r"choose --plans.horizon <= 5"):
+        evaluation_spec(PlanSpec(horizon=6), model, "model")
+    prepared = PreparedDataset(synthetic_cycle)
+    plans = np.zeros((prepared["validation"].num_sentences, 4, 2), dtype=np.int64)
+    cache = write_cache(tmp_path / "cache", prepared, "validation", plans)
+    assert with_source_horizon(PlanSpec(kind="planner_sampled", plans_dir=cache)).horizon == 2  # the cache's T
+
+
+def test_a_run_condition_plans_its_planners_t_unless_it_sets_a_shorter_one(tmp_path):
+    """`planlm run`: T is the planner's model.horizon; a condition reading the run's planner plans that T (its
+    adapter built for it) unless it sets a shorter plans.horizon; a longer one stops the run before anything runs."""
+    from planlm.pipeline.run import plan_stages
+
+    from helpers import tiny_run_config
+
+    config = tiny_run_config(tmp_path / "run")
+    config["conditions"][3]["plans"].pop("horizon")  # ours: T unset
+    sections = {k: config.get(k) for k in ("prepare", "planner", "lm", "base_lm", "conditions", "evaluate",
+                                           "edit_distance", "sweeps")}
+    stages = {stage.name: stage for stage in plan_stages(tmp_path / "run", **sections, where="run.yaml")}
+    assert stages["train-lm ours"].kwargs["plans"].horizon == 3  # the planner's
+    assert stages["train-lm cornille"].kwargs["plans"].horizon == 1  # its own, shorter
+    assert stages["train-lm oracle"].kwargs["plans"].horizon is None  # no planner: the default
+    config["conditions"][3]["plans"]["horizon"] = 4
+    with pytest.raises(PlanlmError, match=re.escape("run.yaml: conditions[ours]: plans.horizon 4 exceeds the horizon "
+                                                    "T=3 its planner (train-planner) is trained with; leave "
+                                                    "plans.horizon unset (T=3) or set the planner's model.horizon to "
+                                                    "4")):
+        plan_stages(tmp_path / "run", **sections, where="run.yaml")
