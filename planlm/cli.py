@@ -53,7 +53,10 @@ def _check_known_keys(argv: list[str], command) -> None:
         flag, _, value = arg.partition("=")
         if flag == "--config" and value or i and argv[i - 1] == "--config":
             path = Path(value or arg)
-            config = yaml.safe_load(path.read_text()) if path.is_file() else None  # jsonargparse reads a YAML string
+            try:  # a --config that is no file is a YAML string: jsonargparse reads it
+                config = yaml.safe_load(path.read_text()) if path.is_file() else None
+            except yaml.YAMLError:  # jsonargparse says what is wrong with it
+                config = None
             unknown = sorted(set(config) - accepted - {OVERLAY_KEY}) if isinstance(config, dict) else []
             where, prefix = str(path), ""
         elif flag.startswith("--") and flag[2:] not in _PARSER_FLAGS:
@@ -113,8 +116,8 @@ def _read_overlays(argv: list[str]) -> list[str]:
 
 
 def _one_line_notes() -> None:
-    """planlm's notes outside a stage's console (an old precision spelling read while parsing) as one line each, not Python's
-    two-line warning with the source line."""
+    """planlm's notes outside a stage's console (an old precision spelling read while parsing) as one line each, not
+    Python's two-line warning with the source line."""
     import warnings
 
     from planlm.errors import PlanlmWarning
