@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--paper_sentences", type=float, default=35.0, help="sentences per article (estimate)")
     parser.add_argument("--stage_vs_loop", action="store_true", help="the train_lm stage against a bare loop")
     parser.add_argument("--precision", default=None, help="--stage_vs_loop: precision (auto, native, fp32, bf16)")
-    parser.add_argument("--loss_chunk_size", type=int, default=None, help="--stage_vs_loop: speed.loss_chunk_size")
+    parser.add_argument("--loss_chunk_size", type=int, default=None, help="--stage_vs_loop: runtime.loss_chunk_size")
     parser.add_argument("--stage_lm", choices=sorted(STAGE_LMS), default="demo",
                         help="--stage_vs_loop: the demo's LM, or a near-zero-compute one that exposes per-step "
                              "overhead")

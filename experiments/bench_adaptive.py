@@ -204,10 +204,10 @@ def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
     from planlm.plans.sampling import sample_plans
 
     mech, out = Path(args.mechanism_dir), Path(args.out_dir)
-    config = json.loads((mech / "lm" / args.model / "planned_lm.json").read_text())
+    plans = json.loads((mech / "lm" / args.model / "planned_lm.json").read_text())["plans"]
     cache = sample_plans(str(mech / "prepared"), PlanSpec(planner_dir=str(mech / "planner"), num_paths=args.max_paths,
-                                                         horizon=config["horizon"], temperature=config["temperature"],
-                                                         seed=config["seed"]),
+                                                         horizon=plans["horizon"], temperature=plans["temperature"],
+                                                         seed=plans["seed"]),
                          splits=["test"], out_dir=str(out / "cache-K50"), runtime=Runtime(device="cpu"))
     classes = lag_classes(PreparedDataset(mech / "prepared").split("test"), args.mechanism_successors)
     allotments = ([{"1 candidate": 1, "2 candidates": k, "8 candidates": k} for k in (10, 20)]

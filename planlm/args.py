@@ -154,27 +154,5 @@ class Runtime:
         return lightning_precision(self.precision, self.training_device_type())
 
 
-def read_renamed(section: dict, renamed: dict[str, str], where: str) -> dict:
-    """``section`` with each old key of ``renamed`` (old -> new, dotted keys: ``new_tokens`` ->
-    ``sampling.max_new_tokens``, ``train.precision`` -> ``runtime.precision``) moved to its new place, with a note;
-    a key set under both names is an error. A group the old keys leave empty goes."""
-    out = {key: dict(value) if isinstance(value, dict) else value for key, value in section.items()}
-    for old, new in renamed.items():
-        old_group, _, old_key = old.rpartition(".")
-        source = out.get(old_group) if old_group else out
-        if not isinstance(source, dict) or old_key not in source:
-            continue
-        value = source.pop(old_key)
-        if old_group and not source:
-            del out[old_group]
-        group, _, key = new.rpartition(".")
-        target = out.setdefault(group, {}) if group else out
-        if not isinstance(target, dict) or key in target:
-            raise PlanlmError(f"{where}: {old!r} and {new!r} are the same setting; keep {new!r} only")
-        target[key] = value
-        renamed_note(f"{where}: {old!r} is read as {new!r} (update your config)")
-    return out
-
-
 __all__ = ["Runtime", "PRECISIONS", "PRECISION_HELP", "read_precision", "arithmetic",
-           "lightning_precision", "read_renamed", "renamed_note"]
+           "lightning_precision", "renamed_note"]

@@ -38,34 +38,37 @@ def _quiet_library_noise() -> None:
         logging.getLogger(name).addFilter(_NoTips())
 
 
-def _read_renamed_flags(argv: list[str], command) -> list[str]:
-    """``argv`` with the command's renamed flags and config keys (``RENAMED_KEYS``: ``--new_tokens`` of
-    edit-distance) under their new names, each with a note; a flag or config key that moved into the ``plans`` group
-    (``--num_paths``, ``--conditioning.*``, ...) is a one-line error naming its new name, not jsonargparse's
-    "unrecognized arguments"."""
+def _check_known_keys(argv: list[str], command) -> None:
+    """A flag or a top-level ``--config`` key that the command does not take: one line naming it, the command's keys
+    and, for a field of one of its groups, the group's key (``--num_paths`` is ``plans.num_paths``), instead of
+    jsonargparse's usage text."""
     import inspect
 
     import yaml
 
-    from planlm.args import read_renamed, renamed_note
-    from planlm.commands import RENAMED_KEYS
-    from planlm.plans.spec import check_renamed
+    from planlm.pipeline.sections import unknown_keys
 
-    renamed, argv, accepted = RENAMED_KEYS.get(argv[0], {}), list(argv), set(inspect.signature(command).parameters)
+    accepted = set(inspect.signature(command).parameters)
     for i, arg in enumerate(argv):
-        flag, equals, value = arg.partition("=")
-        if flag.startswith("--") and flag[2:] in renamed:
-            argv[i] = f"--{renamed[flag[2:]]}{equals}{value}"
-            renamed_note(f"{argv[0]}: {flag} is read as {argv[i].partition('=')[0]} (update your command)")
-        elif i and argv[i - 1] == "--config" and Path(arg).is_file():
-            config = yaml.safe_load(Path(arg).read_text()) or {}
-            if isinstance(config, dict) and set(config) & set(renamed):  # jsonargparse reads a YAML string too
-                config = read_renamed(config, renamed, arg)
-                argv[i] = yaml.safe_dump(config)
-            check_renamed(config if isinstance(config, dict) else {}, accepted, arg)
-    flags = [arg[2:].split("=")[0].split(".")[0] for arg in argv if arg.startswith("--")]
-    check_renamed(flags, accepted, f"planlm {argv[0]}")
-    return argv
+        flag, _, value = arg.partition("=")
+        if flag == "--config" and value or i and argv[i - 1] == "--config":
+            path = Path(value or arg)
+            try:  # a --config that is no file is a YAML string: jsonargparse reads it
+                config = yaml.safe_load(path.read_text()) if path.is_file() else None
+            except yaml.YAMLError:  # jsonargparse says what is wrong with it
+                config = None
+            unknown = sorted(set(config) - accepted - {OVERLAY_KEY}) if isinstance(config, dict) else []
+            where, prefix = str(path), ""
+        elif flag.startswith("--") and flag[2:] not in _PARSER_FLAGS:
+            unknown, where, prefix = sorted({flag[2:].split(".")[0]} - accepted), f"planlm {argv[0]}", "--"
+        else:
+            continue
+        if unknown:
+            raise unknown_keys(command, unknown, accepted, where, prefix)
+
+
+_PARSER_FLAGS = ("help", "config", "print_config")
+"""Flags jsonargparse gives every command."""
 
 
 OVERLAY_KEY = "overlay_of"
@@ -113,8 +116,8 @@ def _read_overlays(argv: list[str]) -> list[str]:
 
 
 def _one_line_notes() -> None:
-    """planlm's notes outside a stage's console (a renamed key read while parsing) as one line each, not Python's
-    two-line warning with the source line."""
+    """planlm's notes outside a stage's console (an old precision spelling read while parsing) as one line each, not
+    Python's two-line warning with the source line."""
     import warnings
 
     from planlm.errors import PlanlmWarning
@@ -194,7 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     components = {name: _with_console(name, load_command(name)) for name in names}
     try:
         if len(names) == 1:
-            argv = _read_overlays(_read_renamed_flags(argv, components[names[0]]))
+            _check_known_keys(argv, components[names[0]])
+            argv = _read_overlays(argv)
         with releasing_stage_locks():  # a command that raised leaves no folder held
             CLI(components, args=argv, as_positional=False, fail_untyped=True,
                 description="planlm: Learning to Plan Long-Term for Language Modeling. Every command also takes "

@@ -28,24 +28,6 @@ COMMANDS: dict[str, str] = {
     "verify": "planlm.stage.verify:verify",
 }
 
-# Keys a command reads under a new name (old -> new dotted key): the CLI and `planlm run` move them, with a note
-# (``planlm.args.read_renamed``), so configs written for the older spellings still run. Those spellings: edit-distance's
-# sampling knobs flat, the inference commands' device and precision flat, the trainings' in the trainer group
-# (train.accelerator, train.precision), and the speed knobs in a group of their own (speed.*): all of these are the
-# runtime group now.
-_SPEED = {f"speed.{knob}": f"runtime.{knob}" for knob in ("compile", "loss_chunk_size", "compile_loss",
-                                                          "keep_freed_memory")}
-_FLAT_RUNTIME = {"device": "runtime.device", "precision": "runtime.precision"}
-_TRAINING_RUNTIME = {"train.accelerator": "runtime.device", "train.precision": "runtime.precision", **_SPEED}
-RENAMED_KEYS: dict[str, dict[str, str]] = {
-    "edit-distance": {"new_tokens": "sampling.max_new_tokens", "temperature": "sampling.temperature",
-                      "top_k": "sampling.top_k", "top_p": "sampling.top_p", **_FLAT_RUNTIME},
-    "train-planner": _TRAINING_RUNTIME,
-    "train-lm": _TRAINING_RUNTIME,
-    "evaluate": {**_FLAT_RUNTIME, **_SPEED},
-    **{command: _FLAT_RUNTIME for command in ("sample-plans", "sweep", "generate", "adherence")},
-}
-
 # Python name -> "module:attribute": every command under its function's name, and the rest of the API.
 API: dict[str, str] = {
     **{target.split(":")[1]: target for target in COMMANDS.values()},

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 import docstring_parser
 
-from planlm.commands import COMMANDS, RENAMED_KEYS, load_command
+from planlm.commands import COMMANDS, load_command
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 HEADER = """# Configuration: every key of every command
@@ -105,10 +105,6 @@ def command_section(name: str) -> str:
     lines = [f"## planlm {name}", "", summary, "", "| key | type | default | what it sets |", "|---|---|---|---|"]
     lines += [f"| `{key}` | `{cell(kind)}` | {f'`{cell(default)}`' if default else ''} | {doc} |"
               for key, kind, default, doc in command_rows(func)]
-    renamed = RENAMED_KEYS.get(name)
-    if renamed:
-        lines += ["", "Still read, with a note: " + ", ".join(f"`{old}` (now `{new}`)" for old, new in renamed.items())
-                  + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -1,9 +1,9 @@
 """The settings groups that commands share (issue 31): one runtime group, one precision vocabulary, one trainer
-group, the sampling group of generate and edit-distance, and old keys and values still read with a one-line note."""
+group, the sampling group of generate and edit-distance; Lightning's precision spellings still read with a one-line
+note, and a group's key given flat a one-line error naming it."""
 
 from __future__ import annotations
 
-import functools
 import inspect
 import warnings
 from dataclasses import fields
@@ -11,16 +11,14 @@ from dataclasses import fields
 import pytest
 import yaml
 
-from planlm.args import PRECISIONS, Runtime, arithmetic, lightning_precision, read_precision, read_renamed
+from planlm.args import PRECISIONS, Runtime, arithmetic, lightning_precision, read_precision
 from planlm.commands import COMMANDS, load_command
 from planlm.errors import PlanlmError, PlanlmWarning
-from planlm.evaluate.perplexity import evaluate
 from planlm.evaluate.edit_distance import edit_distance
-from planlm.evaluate.generator import SamplingConfig
 from planlm.pipeline.sections import bind_section
-from planlm.train.args import TrainArgs
+from planlm.train.args import TrainArgs, recorded_runtime
 from planlm.jsonio import fingerprint
-from planlm.train.lm import LMTrainConfig, train_lm
+from planlm.train.lm import LMTrainConfig
 from planlm.train.planner import PlannerTrainArgs
 
 
@@ -52,23 +50,25 @@ def test_both_trainings_share_one_trainer_group_and_keep_their_recipes():
     assert (LMTrainConfig().gradient_clip_val, PlannerTrainArgs().gradient_clip_val) == (1.0, None)
 
 
-def test_reuse_keys_keep_their_shape_from_before_the_shared_groups():
-    """A finished stage is reused after issue 31: the runtime's accelerator and precision are keyed where and as the
-    trainer group keyed them (Lightning's spelling), and a knob a command gained with the shared group stays out of
-    its key until it is set. The fingerprints are those of the keys before the runtime group (commit 3d2ffbc)."""
+def test_reuse_keys_hold_every_knob_but_the_display_only_ones():
+    """The runtime's accelerator and precision are keyed as ``accelerator`` and ``precision`` (planlm's vocabulary),
+    and every knob that changes the trained model is in the key, at its default too. The fingerprints pin the keys."""
     runtime = Runtime()
-    assert LMTrainConfig().reuse_key(runtime)["precision"] is None
-    assert LMTrainConfig().reuse_key(Runtime(precision="bf16"))["precision"] == "bf16-mixed"
-    assert "early_stopping_patience" not in LMTrainConfig().reuse_key(runtime)
+    assert LMTrainConfig().reuse_key(runtime)["precision"] == "auto"
+    assert LMTrainConfig().reuse_key(Runtime(precision="bf16"))["precision"] == "bf16"
+    assert recorded_runtime(LMTrainConfig().reuse_key(Runtime(device="cpu", precision="bf16")))[1] == {
+        "device": "cpu", "precision": "bf16"}
+    assert LMTrainConfig().reuse_key(runtime)["early_stopping_patience"] is None
     assert LMTrainConfig(early_stopping_patience=2).reuse_key(runtime)["early_stopping_patience"] == 2
     planner = PlannerTrainArgs().reuse_key(runtime)
-    assert not {"gradient_clip_val", "limit_train_batches", "accumulate_grad_batches", "eval_batch_size"} & set(planner)
+    assert {"gradient_clip_val", "limit_train_batches", "accumulate_grad_batches"} <= set(planner)
+    assert not {"eval_batch_size", "progress_bar", "num_workers", "loggers"} & set(planner)
     assert PlannerTrainArgs(gradient_clip_val=0.5).reuse_key(runtime)["gradient_clip_val"] == 0.5
     assert [fingerprint(LMTrainConfig().reuse_key(runtime)),
             fingerprint(LMTrainConfig().reuse_key(Runtime(device="cpu", precision="bf16"))),
             fingerprint(PlannerTrainArgs().reuse_key(runtime)),
             fingerprint(PlannerTrainArgs().reuse_key(Runtime(precision="native")))] == [
-        "9ab628c156fcd5e8", "8fe7fe9aded1aae4", "14c495c0476ff96f", "8fb8717d6b5ecd62"]
+        "7b4ff4589cfb47a9", "20ed75ca5ea15746", "43ce8a3e15c04694", "c8a1260fb25ec5b6"]
 
 
 def test_every_command_that_runs_a_network_takes_the_one_runtime_group():
@@ -97,45 +97,21 @@ def test_the_runtime_group_checks_its_device_and_reads_lightnings_gpu():
         Runtime(loss_chunk_size=-1)
 
 
-@pytest.mark.parametrize("command, old, new", [
-    (train_lm, {"train": {"precision": "bf16", "accelerator": "cpu", "lr": 0.1}, "speed": {"compile": True}},
-     {"train": {"lr": 0.1}, "runtime": {"precision": "bf16", "device": "cpu", "compile": True}}),
-    (evaluate, {"device": "cpu", "precision": "native", "speed": {"loss_chunk_size": 0}},
-     {"runtime": {"device": "cpu", "precision": "native", "loss_chunk_size": 0}}),
-])
-def test_old_runtime_keys_are_read_into_the_runtime_group_with_a_note(command, old, new):
-    with pytest.warns(PlanlmWarning, match="is read as 'runtime"):
-        kwargs = bind_section(command, old, skip={"prepared_dir", "out_dir", "model_dir"}, where="run.yaml")
-    assert kwargs["runtime"] == Runtime(**new["runtime"])
-    if "train" in new:
-        assert kwargs["train"].lr == 0.1
-
-
-def test_read_renamed_moves_an_old_key_into_its_group_with_a_note():
-    with pytest.warns(PlanlmWarning, match="run.yaml: 'new_tokens' is read as 'sampling.max_new_tokens'"):
-        assert read_renamed({"new_tokens": 12, "seed": 1}, {"new_tokens": "sampling.max_new_tokens"},
-                            "run.yaml") == {"seed": 1, "sampling": {"max_new_tokens": 12}}
-    with pytest.raises(PlanlmError, match="same setting"):
-        read_renamed({"new_tokens": 12, "sampling": {"max_new_tokens": 8}}, {"new_tokens": "sampling.max_new_tokens"},
-                     "run.yaml")
-
-
-def test_edit_distance_reads_its_old_flat_sampling_keys_in_a_run_section():
-    old = {"new_tokens": 12, "temperature": 0.5, "top_k": 3}
-    with pytest.warns(PlanlmWarning, match="'temperature' is read as 'sampling.temperature'"):
-        kwargs = bind_section(edit_distance, old, skip={"model_dir", "prepared_dir", "out_dir"}, where="run.yaml")
-    assert kwargs["sampling"] == SamplingConfig(max_new_tokens=12, temperature=0.5, top_k=3)
-
-
-def test_edit_distance_reads_its_old_flags_and_config_keys_on_the_command_line(tmp_path, monkeypatch):
+def test_a_key_of_a_group_given_flat_is_a_one_line_error_naming_the_groups_key(tmp_path, capsys):
     from planlm import cli
 
-    seen = {}
-    monkeypatch.setattr("planlm.evaluate.edit_distance.edit_distance",
-                        functools.wraps(edit_distance)(lambda **kwargs: seen.update(kwargs) or {}))
+    with pytest.raises(PlanlmError, match=r"run.yaml: unknown key\(s\) \['top_k'\] \(top_k is "
+                                          r"sampling.top_k\)") as error:
+        bind_section(edit_distance, {"top_k": 12}, skip={"model_dir", "prepared_dir", "out_dir"},
+                     where="run.yaml")
+    assert "\n" not in str(error.value)
     config = tmp_path / "edit.yaml"
     config.write_text(yaml.safe_dump({"top_p": 0.5, "split": "validation"}))
-    with pytest.warns(PlanlmWarning, match="--new_tokens is read as --sampling.max_new_tokens"):
-        cli.main(["edit-distance", "--model_dir", "m", "--prepared_dir", "p", "--out_dir", str(tmp_path / "out"),
-                  "--config", str(config), "--new_tokens", "7"])
-    assert seen["sampling"] == SamplingConfig(max_new_tokens=7, top_p=0.5) and seen["split"] == "validation"
+    for extra, message in [(["--max_new_tokens", "7"], "unknown flag(s) ['--max_new_tokens'] (--max_new_tokens "
+                                                       "is --sampling.max_new_tokens)"),
+                           (["--config", str(config)], f"{config}: unknown key(s) ['top_p'] (top_p is sampling.top_p)")]:
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["edit-distance", "--model_dir", "m", "--prepared_dir", "p", "--out_dir", str(tmp_path / "out"),
+                      *extra])
+        err = capsys.readouterr().err.strip()
+        assert exited.value.code == 2 and message in err and "\n" not in err

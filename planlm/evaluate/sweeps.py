@@ -234,10 +234,10 @@ def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: li
 def _recorded_planner(model_dir: str) -> str | None:
     """The planner folder a planned-LM folder records (the one its evaluations use by default)."""
     from planlm.models.planned_lm import recorded_plan_folders
-    from planlm.stage.integrity import fix_for, load_json, reading
+    from planlm.stage.integrity import fix_for, reading
 
     config = Path(model_dir) / "planned_lm.json"
     if not config.is_file():
         return None
-    with reading(config, fix_for(model_dir)):
-        return recorded_plan_folders(model_dir, load_json(config, fix_for(model_dir))).get("planner_dir")
+    with reading(Path(model_dir) / "README.md", fix_for(model_dir)):
+        return recorded_plan_folders(model_dir).get("planner_dir")

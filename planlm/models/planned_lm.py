@@ -11,7 +11,8 @@ an index into the N plans, or -1 for "no conditioning" (padding, or the ``none``
 
 A saved folder::
 
-    planned_lm.json          PlannedLMConfig (the plans' settings, adapter shape, hashes of the plans' sources)
+    planned_lm.json          PlannedLMConfig (the plans' settings, adapter shape, hashes of the plans' sources) and
+                             planlm's format_version (``planlm.stage.integrity.FORMAT_VERSION``)
     lm/                      the HF model's save_pretrained (safetensors; LoRA merged in)
     adapter.safetensors      the adapter's weights (absent for plans kind "none")
     codebook.safetensors     {"centroids": (A, E)} the actions the adapter was trained on
@@ -43,10 +44,9 @@ from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
 from planlm.models.card import evaluation_entry, planned_lm_card, read_planlm_block, write_card
 from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
 from planlm.models.planner import WEIGHTS_FILE as PLANNER_WEIGHTS
+from planlm.stage.integrity import FORMAT_KEY, with_format
 
 Finetune = Literal["full", "frozen", "lora"]
-LEGACY_PLAN_FIELDS = ("conditioning", "num_paths", "horizon", "temperature", "fixed_action", "seed", "planner_dir",
-                      "plans_dir")
 PLAN_FOLDERS = ("planner_dir", "plans_dir")  # where a run's plans came from: the run's paths, not the model's
 JOINT_PLANNER = "planner"  # the subfolder holding the planner trained with the LM (plans.joint)
 
@@ -82,24 +82,8 @@ class PlannedLMConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> PlannedLMConfig:
-        """From planned_lm.json; folders written before the ``plans`` group kept its fields at the top level."""
-        values = dict(values)
-        if "conditioning" in values:
-            legacy = {name: values.pop(name) for name in LEGACY_PLAN_FIELDS if name in values}
-            legacy["kind"] = legacy.pop("conditioning")
-            values["plans"] = legacy
-        if isinstance(values.get("adapter"), dict) and "adapter" in values["adapter"]:
-            adapter = dict(values["adapter"])
-            adapter["kind"] = adapter.pop("adapter")
-            values["adapter"] = adapter
-        return cls(**values)
-
-    @staticmethod
-    def legacy_plan_folders(values: dict) -> dict[str, str]:
-        """The plan folders that an older planned_lm.json kept in its config (a saved model now records them in its
-        card's training block: they are the run's paths, not the model's)."""
-        plans = values.get("plans") if isinstance(values.get("plans"), dict) else values
-        return {key: plans[key] for key in PLAN_FOLDERS if plans.get(key)}
+        """From planned_lm.json (its format checked by the loader)."""
+        return cls(**{key: value for key, value in values.items() if key != FORMAT_KEY})
 
 
 def load_causal_lm(name_or_path: str | None, model_config: dict | None = None, vocab_size: int | None = None,
@@ -279,7 +263,7 @@ class PlannedLM(nn.Module):
             save_safetensors({"centroids": self.codebook.detach().cpu().contiguous()}, folder / "codebook.safetensors")
         if tokenizer is not None:
             tokenizer.save_pretrained(str(folder / "tokenizer"))
-        write_json(folder / "planned_lm.json", to_jsonable(self.config))
+        write_json(folder / "planned_lm.json", with_format(to_jsonable(self.config)))
         write_card(folder, planned_lm_card(self.config, {**self.plan_folders, **(training or {})}))
         self.folder = folder
         return folder
@@ -290,7 +274,7 @@ class PlannedLM(nn.Module):
         from transformers import AutoModelForCausalLM
 
         from planlm.hub import local_folder
-        from planlm.stage.integrity import fix_for, load_json, load_safetensors, reading, stage_manifest
+        from planlm.stage.integrity import check_format, fix_for, load_json, load_safetensors, reading, stage_manifest
 
         folder = local_folder(folder, "planned LM")
         config_path = folder / "planned_lm.json"
@@ -301,6 +285,7 @@ class PlannedLM(nn.Module):
         fix = fix_for(folder)
         with reading(config_path, fix):
             values = load_json(config_path, fix)
+            check_format(values, config_path, folder)
             config = PlannedLMConfig.from_dict(values)
         with reading(folder / "lm", fix):
             lm = AutoModelForCausalLM.from_pretrained(str(folder / "lm"))
@@ -312,7 +297,7 @@ class PlannedLM(nn.Module):
             with reading(folder / "adapter.safetensors", fix):
                 model.adapter.load_state_dict(load_safetensors(folder / "adapter.safetensors", fix))
         model.folder = folder
-        model.plan_folders = recorded_plan_folders(folder, values)
+        model.plan_folders = recorded_plan_folders(folder)
         return model.to(map_location)
 
     def push_to_hub(self, repo_id: str, **kwargs) -> str:
@@ -331,14 +316,12 @@ class PlannedLM(nn.Module):
         return load_tokenizer(str(path) if path.is_dir() else self.config.tokenizer)
 
 
-def recorded_plan_folders(folder: str | Path, config: dict) -> dict[str, str]:
-    """The folders a saved planned LM's plans come from: its card's training block, or the config (``config``: its
-    planned_lm.json) of an older folder, whose card had no training block; a model trained with its planner
+def recorded_plan_folders(folder: str | Path) -> dict[str, str]:
+    """The folders a saved planned LM's plans come from: its card's training block; a model trained with its planner
     (``plans.joint``) names the planner in its own folder, wherever the folder has moved, not the one training
     started from."""
     training = (read_planlm_block(folder) or {}).get("training") or {}
-    folders = {**PlannedLMConfig.legacy_plan_folders(config),
-               **{key: training[key] for key in PLAN_FOLDERS if training.get(key)}}
+    folders = {key: training[key] for key in PLAN_FOLDERS if training.get(key)}
     own = Path(folder) / JOINT_PLANNER
     if (own / PLANNER_WEIGHTS).is_file():
         folders["planner_dir"] = str(own)

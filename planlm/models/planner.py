@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Optional
+from typing import Any, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,7 @@ from planlm.files import file_sha256, honour_umask
 from planlm.jsonio import write_json
 from planlm.models.dynamics import Dynamics, RecurrentDynamics, top_distribution
 from planlm.models.dynamics_causal import CausalDynamics
+from planlm.stage.integrity import with_format
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -123,14 +124,9 @@ class PlannerConfig(PlannerShape):
     encoder_name: Optional[str] = None
     """SentenceTransformer name or folder for finetune_encoder (the prepared corpus's encoder)."""
 
-    # Fields added after planners were trained and published: out of a planner folder's reuse key while at their
-    # default, so a finished planner keeps its key.
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("norm_first",)
-
     def reuse_key(self) -> dict[str, Any]:
-        """The config as a planner folder's reuse key holds it."""
-        return {name: value for name, value in asdict(self).items()
-                if not (name in self.KEYED_WHEN_SET and value == getattr(PlannerConfig, name))}
+        """The config as a planner folder's reuse key holds it: every field."""
+        return asdict(self)
 
     def __post_init__(self):
         super().__post_init__()
@@ -406,7 +402,8 @@ class Planner(nn.Module):
 
     # ---- persistence -------------------------------------------------------------------------------
     def save_pretrained(self, folder: str | Path) -> Path:
-        """Write model.safetensors + config.json + prepared.json and, last, the model card into ``folder``."""
+        """Write model.safetensors + config.json (with planlm's format_version) + prepared.json and, last, the model
+        card into ``folder``."""
         from safetensors.torch import save_model
 
         from planlm.models.card import planner_card, write_card
@@ -415,7 +412,7 @@ class Planner(nn.Module):
         folder.mkdir(parents=True, exist_ok=True)
         save_model(self, str(folder / WEIGHTS_FILE))
         honour_umask(folder / WEIGHTS_FILE)  # safetensors writes 0600
-        write_json(folder / CONFIG_FILE, asdict(self.config))
+        write_json(folder / CONFIG_FILE, with_format(asdict(self.config)))
         write_json(folder / PREPARED_FILE, self.prepared_info)
         write_card(folder, planner_card(self.config, self.prepared_info))  # last: a folder with a card is complete
         return folder
@@ -426,18 +423,11 @@ class Planner(nn.Module):
         from safetensors.torch import load_model
 
         from planlm.hub import local_folder
-        from planlm.stage.integrity import load_json, reading, stage_manifest
+        from planlm.stage.integrity import load_json, reading
 
         folder = local_folder(folder, "planner")
-        for name in (CONFIG_FILE, WEIGHTS_FILE):
-            if not (folder / name).is_file():
-                raise PlanlmError(f"{folder}: no trained planner here ({name} missing); run `planlm train-planner "
-                                  f"--out_dir {folder}` first")
-        stage_manifest(folder)  # a train-planner folder: the cheap check of its files, one line per damaged file
-        fix = (f"retrain it: rerun `planlm train-planner --out_dir {folder}` or the `planlm run` that made it (it "
-               f"rebuilds a damaged stage)")
-        with reading(folder / CONFIG_FILE, fix):
-            planner = cls(PlannerConfig.from_dict(load_json(folder / CONFIG_FILE, fix)))
+        planner = cls(read_config(folder))
+        fix = _retrain(folder)
         with reading(folder / WEIGHTS_FILE, fix):
             load_model(planner, str(folder / WEIGHTS_FILE), device=str(map_location))
         if (folder / PREPARED_FILE).is_file():
@@ -468,6 +458,35 @@ class Planner(nn.Module):
         if info.get("encoder") and info["encoder"] != prepared.encoder_name:
             raise PlanlmError(f"{where}: planner reads sentences embedded by {info['encoder']!r} but {prepared.path} "
                               f"was embedded by {prepared.encoder_name!r}; train a planner on this prepared corpus")
+
+
+def read_config(folder: str | Path) -> PlannerConfig:
+    """The config of the trained planner in the local ``folder`` (its horizon T: ``trained_horizon``), without its
+    weights; one-line errors for a folder without a planner, a damaged one and one of another planlm's format."""
+    from planlm.stage.integrity import check_format, load_json, reading, stage_manifest
+
+    folder = Path(folder)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (folder / name).is_file():
+            raise PlanlmError(f"{folder}: no trained planner here ({name} missing); run `planlm train-planner "
+                              f"--out_dir {folder}` first")
+    stage_manifest(folder)  # a train-planner folder: the cheap check of its files, one line per damaged file
+    with reading(folder / CONFIG_FILE, _retrain(folder)):
+        values = load_json(folder / CONFIG_FILE, _retrain(folder))
+        check_format(values, folder / CONFIG_FILE, folder)
+        return PlannerConfig.from_dict(values)
+
+
+def trained_horizon(folder: str | Path) -> int:
+    """T, the horizon the planner in ``folder`` (a folder or a Hub repo id) was trained to predict."""
+    from planlm.hub import local_folder
+
+    return read_config(local_folder(folder, "planner")).horizon
+
+
+def _retrain(folder: Path) -> str:
+    return (f"retrain it: rerun `planlm train-planner --out_dir {folder}` or the `planlm run` that made it (it "
+            f"rebuilds a damaged stage)")
 
 
 def _check_sampling(num_paths: int, horizon: int, temperature: float) -> None:

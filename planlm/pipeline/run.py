@@ -34,7 +34,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from rich.console import Console
 
@@ -46,7 +46,6 @@ from planlm.jsonio import to_jsonable, write_json
 from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.pipeline.sections import bind_section, deep_merge
 from planlm.plans.kinds import kind_flag
-from planlm.plans.spec import check_renamed
 from planlm.stage import lock_stage_dir, read_manifest, releasing_stage_locks
 
 TERMINATED = 128 + 15  # the exit status of `planlm run` stopped by SIGTERM (a scheduler's preemption, `kill`)
@@ -196,7 +195,6 @@ def _check_conditions(conditions: list[dict], where: str) -> list[str]:
     if any(not isinstance(n, str) or not n or n.startswith("_") for n in names) or len(set(names)) != len(names):
         raise PlanlmError(f"{where}: conditions need unique names not starting with '_' (got {names})")
     for cond in conditions:
-        check_renamed(cond, CONDITION_KEYS, f"{where}: conditions[{cond['name']}]")
         unknown = sorted(set(cond) - CONDITION_KEYS)
         if unknown:
             raise PlanlmError(f"{where}: conditions[{cond['name']}] has unknown key(s) {unknown}; use "
@@ -204,9 +202,19 @@ def _check_conditions(conditions: list[dict], where: str) -> list[str]:
     return names
 
 
+class RunPlanner(NamedTuple):
+    """A planner of the run: the stage that trains it, its folder, and T, the horizon it is trained with (the
+    plans' T of the conditions that read it, unless a condition sets its own plans.horizon)."""
+
+    stage: str
+    folder: Path
+    horizon: int
+
+
 def _planner_stages(layout: RunLayout, planner: dict, lm: dict, conditions: list[dict], sweeps: Optional[list[dict]],
-                    where: str, seed: Optional[int], prepared: tuple[str, Path]) -> tuple[list[Stage], dict[str, tuple[str, Path]]]:
-    """The planner stages and, for each condition with plans, (its planner stage, its planner folder).
+                    where: str, seed: Optional[int],
+                    prepared: tuple[str, Path]) -> tuple[list[Stage], dict[str, RunPlanner]]:
+    """The planner stages and, for each condition with plans, its planner (``RunPlanner``).
 
     A condition's own ``planner`` section (merged over ``planner``) trains into planners/<condition>/;
     conditions whose merged sections are equal share one planner (e.g. one per horizon), and one equal
@@ -225,27 +233,38 @@ def _planner_stages(layout: RunLayout, planner: dict, lm: dict, conditions: list
     def wants_planner(cond: dict) -> bool:  # a kind no code here registered fails later, where its section is bound
         return kind_flag(deep_merge(lm, cond).get("plans", {}).get("kind", "none"), "uses_planner")
 
-    shared = ("train-planner" + ("" if seed is None else f" seed{seed}"), layout.planner_at(seed))
-    trained: dict[str, tuple[str, Path]] = {fingerprint(planner): shared}
+    shared_name, shared_folder = "train-planner" + ("" if seed is None else f" seed{seed}"), layout.planner_at(seed)
+    shared_args: dict[str, Any] = {}
+
+    def shared() -> RunPlanner:
+        if not shared_args:
+            shared_args.update(_bind("train_planner", seeded(planner), f"{where}: planner"))
+        return RunPlanner(shared_name, shared_folder, shared_args["model"].horizon)
+
+    trained: dict[str, RunPlanner] = {}
     stages, used, planner_of = [], set(), {}
     for cond in conditions:
         if not wants_planner(cond):
             continue
         section = deep_merge(planner, cond.get("planner") or {})
         key = fingerprint(section)
-        if key not in trained:
+        if key == fingerprint(planner):
+            trained.setdefault(key, shared())
+        elif key not in trained:
             name = cond["name"]
-            trained[key] = (_stage_name("train-planner", name, seed), layout.own_planner(name, seed))
-            stages.append(Stage(trained[key][0], "train_planner", {
-                "prepared_dir": str(prepared[1]), "out_dir": str(trained[key][1]),
-                **_bind("train_planner", seeded(section), f"{where}: conditions[{name}].planner")},
+            args = _bind("train_planner", seeded(section), f"{where}: conditions[{name}].planner")
+            trained[key] = RunPlanner(_stage_name("train-planner", name, seed), layout.own_planner(name, seed),
+                                      args["model"].horizon)
+            stages.append(Stage(trained[key].stage, "train_planner", {
+                "prepared_dir": str(prepared[1]), "out_dir": str(trained[key].folder), **args},
                 condition=name, seed=seed, needs=[prepared[0]]))
         planner_of[cond["name"]] = trained[key]
-        used.add(trained[key][0])
-    if shared[0] in used or sweeps:
-        stages.insert(0, Stage(shared[0], "train_planner", {
-            "prepared_dir": str(prepared[1]), "out_dir": str(shared[1]),
-            **_bind("train_planner", seeded(planner), f"{where}: planner")}, seed=seed, needs=[prepared[0]]))
+        used.add(trained[key].stage)
+    if shared_name in used or sweeps:
+        shared()
+        stages.insert(0, Stage(shared_name, "train_planner", {
+            "prepared_dir": str(prepared[1]), "out_dir": str(shared_folder), **shared_args},
+            seed=seed, needs=[prepared[0]]))
     return stages, planner_of
 
 
@@ -262,16 +281,25 @@ def _base_lm_stage(layout: RunLayout, lm: dict, base_lm: dict, seed: Optional[in
 
 
 def _condition_stages(layout: RunLayout, cond: dict, lm: dict, evaluate: dict, edit_distance: Optional[dict],
-                      planner: Optional[tuple[str, Path]], base: Optional[Stage], seed: Optional[int],
+                      planner: Optional[RunPlanner], base: Optional[Stage], seed: Optional[int],
                       where: str, prepared: tuple[str, Path]) -> list[Stage]:
-    """train-lm, evaluate and edit-distance of one condition and one seed, on ``prepared`` (its stage, its folder)."""
+    """train-lm, evaluate and edit-distance of one condition and one seed, on ``prepared`` (its stage, its folder).
+    A condition that reads the run's planner plans T = the planner's horizon unless it sets plans.horizon, which may
+    not exceed it."""
     name, prepared_dir = cond["name"], str(prepared[1])
     section = deep_merge(lm, {k: v for k, v in cond.items() if k in ("model", "plans", "adapter", "train", "runtime")})
     plans = section.setdefault("plans", {})
     needs = [prepared[0]]
     if planner is not None and not plans.get("plans_dir"):
-        plans.setdefault("planner_dir", str(planner[1]))
-        needs.append(planner[0])
+        if not plans.get("planner_dir"):  # the run's planner: its T unless the condition sets one within it
+            plans["planner_dir"] = str(planner.folder)
+            plans.setdefault("horizon", planner.horizon)
+            if isinstance(plans["horizon"], int) and plans["horizon"] > planner.horizon:
+                raise PlanlmError(f"{where}: conditions[{name}]: plans.horizon {plans['horizon']} exceeds the horizon "
+                                  f"T={planner.horizon} its planner ({planner.stage}) is trained with; leave "
+                                  f"plans.horizon unset (T={planner.horizon}) or set the planner's model.horizon to "
+                                  f"{plans['horizon']}")
+        needs.append(planner.stage)
     if base is not None:
         section.setdefault("model", {}).setdefault("init_from", base.kwargs["out_dir"])
         needs.append(base.name)

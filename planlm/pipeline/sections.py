@@ -22,6 +22,24 @@ def deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
+def unknown_keys(func: Callable, unknown: list[str], accepted: set[str], where: str, prefix: str = "") -> PlanlmError:
+    """The one-line error for keys ``func`` does not take: they and the keys it takes, and for a key that is a field
+    of one of its groups (``num_paths`` of ``plans``) the group's key (``plans.num_paths``); ``prefix``: ``--`` for
+    flags."""
+    import dataclasses
+    import inspect
+
+    groups = {name: {f.name for f in dataclasses.fields(param.default)}
+              for name, param in inspect.signature(func).parameters.items()
+              if dataclasses.is_dataclass(param.default) and not isinstance(param.default, type)}
+    hints = [f"{prefix}{key} is {prefix}{group}.{key}" for key in unknown for group, names in groups.items()
+             if key in names]
+    command, what = func.__name__.replace("_", "-"), "flag(s)" if prefix else "key(s)"
+    return PlanlmError(f"{where}: unknown {what} {[prefix + key for key in unknown]}"
+                       + (f" ({'; '.join(hints)})" if hints else "")
+                       + f"; `planlm {command}` takes {[prefix + key for key in sorted(accepted)]}")
+
+
 def bind_section(func: Callable, section: dict | None, *, skip: set[str], where: str) -> dict[str, Any]:
     """Parse ``section`` with the parser jsonargparse builds from ``func`` (minus ``skip``) and return
     keyword arguments with dataclasses instantiated. Unknown keys, wrong types and failed dataclass
@@ -30,17 +48,10 @@ def bind_section(func: Callable, section: dict | None, *, skip: set[str], where:
 
     from jsonargparse import ArgumentParser
 
-    from planlm.args import read_renamed
-    from planlm.commands import RENAMED_KEYS
-    from planlm.plans.spec import check_renamed
-
-    section = read_renamed(section or {}, RENAMED_KEYS.get(func.__name__.replace("_", "-"), {}), where)
     accepted = set(inspect.signature(func).parameters) - set(skip)
-    check_renamed(section or {}, accepted, where)
     unknown = sorted(set(section or {}) - accepted)
     if unknown:
-        raise PlanlmError(f"{where}: unknown key(s) {unknown}; `planlm {func.__name__.replace('_', '-')}` takes "
-                          f"{sorted(accepted)}")
+        raise unknown_keys(func, unknown, accepted, where)
     parser = ArgumentParser(exit_on_error=False)
     parser.add_function_arguments(func, skip=skip, as_positional=False, fail_untyped=True)
     try:

@@ -26,7 +26,7 @@ from planlm.plans.cache import default_plans_dir, expected_mass
 from planlm.plans.contexts import MAX_ROWS, check_split
 from planlm.plans.kinds import DrawArrays, PlanKind, PlannerKind, draw_split
 from planlm.plans.policy import paths_summary
-from planlm.plans.spec import PlanSpec
+from planlm.plans.spec import PlanSpec, check_planner_horizon
 from planlm.stage import StageDir
 
 
@@ -115,6 +115,7 @@ def _cached_spec(plans: PlanSpec, planner_horizon: int) -> PlanSpec:
     if not isinstance(spec.strategy, PlannerKind):
         raise PlanlmError(f"sample-plans: --plans.kind {spec.kind} draws nothing from a planner; use planner_sampled "
                           f"or planner_argmax")
+    check_planner_horizon(spec, planner_horizon)
     return spec
 
 

@@ -10,7 +10,10 @@ the defaults below, at evaluation from the spec the model was trained with (``tr
 The kinds (``PlanKind``: none, fixed, oracle, planner_argmax, planner_sampled, and any registered with
 ``planlm.plans.kinds.register_plan_kind``) are strategies in ``planlm.plans.kinds``: each decides and checks the
 fields of its own (``resolve`` asks it) and makes the plans. K is the spec's ``num_paths`` alone: ``resolve``
-gives the path policy its ``max_paths`` from it, and nothing downstream sets K again.
+gives the path policy its ``max_paths`` from it, and nothing downstream sets K again. T is the spec's ``horizon``:
+unset for a planner kind, training and sampling take the planner's trained horizon (``with_source_horizon``), so a
+run states T once, as the planner's ``model.horizon``; the adapter is built for the resolved spec's T, and an
+evaluation inherits it from the model.
 
 ``expectation`` (planner kinds only; beyond the paper, ``planlm.plans.expectation``): each step of a path
 is the planner's whole next-action distribution (its ``top_actions`` most likely actions, renormalised)
@@ -51,7 +54,8 @@ class PlanSpec:
     num_paths: Optional[int] = None
     """K paths per plan (default 1); under an adaptive path policy the most a boundary gets."""
     horizon: Optional[int] = None
-    """T actions per path (default 1)."""
+    """T actions per path, at most the planner's (default: the horizon the planner was trained with, or the plan
+    cache's; 1 for plans without a planner)."""
     temperature: Optional[float] = None
     """tau, the planner's sampling temperature (default 1.0; planner_argmax: 0)."""
     seed: Optional[int] = None
@@ -176,6 +180,36 @@ DEFAULTS = {"kind": PlanKind.none, "num_paths": 1, "horizon": 1, "temperature": 
             "path_policy": PathPolicy(), "expectation": False, "top_actions": 64, "joint": False}
 
 
+def with_source_horizon(plans: PlanSpec) -> PlanSpec:
+    """``plans`` for training or sampling, with T, when unset for a planner kind, taken from where its plans come
+    from: the plan cache's T (``plans_dir``) or the horizon the planner was trained with (``planner_dir``); a T
+    beyond the planner's is a one-line error (``check_planner_horizon``). T is so given once, as the planner's
+    ``model.horizon``: the plans, the plan cache sampled for them and the adapter (built for the resolved spec's T)
+    read that one value."""
+    from planlm.models.planner import trained_horizon
+    from planlm.plans.cache import cache_manifest
+
+    if not plan_kind(plans.kind if plans.kind is not None else DEFAULTS["kind"]).uses_planner:
+        return plans
+    if plans.plans_dir:  # the cache's T; another T asked for is refused where the cache is read (check_cache)
+        horizon = plans.horizon or int(cache_manifest(plans.plans_dir)["horizon"])
+        return replace(plans, horizon=horizon)
+    if not plans.planner_dir:
+        return plans  # no source: a one-line error follows (check_source)
+    trained = trained_horizon(plans.planner_dir)
+    plans = replace(plans, horizon=plans.horizon or trained)
+    check_planner_horizon(plans, trained)
+    return plans
+
+
+def check_planner_horizon(spec: PlanSpec, trained: int) -> None:
+    """One-line error when ``spec`` asks its planner (trained to predict ``trained`` actions ahead) for longer paths."""
+    if spec.horizon is not None and spec.horizon > trained:
+        raise PlanlmError(f"--plans.horizon {spec.horizon} exceeds the horizon T={trained} the planner "
+                          f"{spec.planner_dir} was trained with; leave --plans.horizon unset (T={trained}) or train "
+                          f"the planner with --model.horizon {spec.horizon}")
+
+
 def trained_plans(model) -> PlanSpec:
     """The plans a PlannedLM was trained with, resolved: its config's plan settings and the folders they came from
     (``PlannedLM.plan_folders``; a model config holds no run paths)."""
@@ -207,6 +241,10 @@ def evaluation_spec(overrides: PlanSpec, model, model_dir: str) -> PlanSpec:
     if spec.planner_dir and not spec.plans_dir and not (Path(spec.planner_dir) / "model.safetensors").is_file():
         raise PlanlmError(f"{spec.planner_dir}: no trained planner here (model.safetensors missing); set "
                           f"--plans.planner_dir to a `planlm train-planner` folder or --plans.plans_dir to a plan cache")
+    if spec.strategy.uses_planner and spec.planner_dir and not spec.plans_dir:  # the planner runs now
+        from planlm.models.planner import trained_horizon
+
+        check_planner_horizon(spec, trained_horizon(spec.planner_dir))
     return spec
 
 
@@ -231,23 +269,5 @@ def _cache_overrides(overrides: PlanSpec, kind: PlanStrategy) -> PlanSpec:
     return replace(overrides, planner_dir=None, num_paths=num_paths, path_policy=cached)
 
 
-# Settings that moved into the ``plans`` group (or were renamed): the one-line error names the new key.
-RENAMED = {
-    "conditioning": "plans (kind, num_paths, horizon, temperature, seed, fixed_action, planner_dir, plans_dir, "
-                    "path_policy) and adapter (kind, rezero, num_layers, ...)",
-    "num_paths": "plans.num_paths", "horizon": "plans.horizon", "temperature": "plans.temperature",
-    "plan_temperature": "plans.temperature", "fixed_num_paths": "plans.num_paths", "seed": "plans.seed",
-    "plan_seed": "plans.seed", "fixed_action": "plans.fixed_action", "planner_dir": "plans.planner_dir",
-    "plans_dir": "plans.plans_dir", "path_policy": "plans.path_policy", "expectation": "plans.expectation",
-    "top_actions": "plans.top_actions",
-}
-
-
-def check_renamed(keys, command_keys: set[str], where: str) -> None:
-    """A key that ``command`` no longer takes because it moved into ``plans``: one line naming the new key."""
-    for key in keys:
-        if key in RENAMED and key not in command_keys:
-            raise PlanlmError(f"{where}: {key!r} is now {RENAMED[key]}; rename it in your config or command line")
-
-
-__all__ = ["PlanKind", "PlanSpec", "trained_plans", "evaluation_spec", "check_renamed", "RENAMED"]
+__all__ = ["PlanKind", "PlanSpec", "trained_plans", "evaluation_spec", "with_source_horizon",
+           "check_planner_horizon"]

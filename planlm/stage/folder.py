@@ -9,8 +9,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Optional
 
+from planlm.errors import PlanlmError
 from planlm.jsonio import fingerprint
-from planlm.stage.integrity import MANIFEST, STAGE_LOCK, check_files
+from planlm.stage.integrity import MANIFEST, STAGE_LOCK, check_files, check_format
 from planlm.stage.lock import lock_stage_dir, unlock_stage_dir
 from planlm.stage.manifest import read_manifest, write_manifest
 
@@ -51,9 +52,10 @@ class StageDir:
 def prepare_stage_dir(stage_dir: str | Path, config: Any, *, keep_partial: bool = False) -> bool:
     """Return True when ``stage_dir`` already holds a complete and intact result for ``config`` (reuse it).
 
-    Otherwise take the folder's lock (``lock_stage_dir``: held until ``write_manifest``) and make the folder
-    ready for a fresh build: a stale manifest (other config) is removed first, so that an interrupted
-    rebuild can never be mistaken for complete. With ``keep_partial`` the other files stay (stages that
+    A folder whose manifest another planlm's format wrote is a one-line error (``check_format``): it is neither
+    reused nor rebuilt over. Otherwise take the folder's lock (``lock_stage_dir``: held until ``write_manifest``) and
+    make the folder ready for a fresh build: a stale manifest (other config) is removed first, so that an
+    interrupted rebuild can never be mistaken for complete. With ``keep_partial`` the other files stay (stages that
     resume from their own checkpoints); without it the folder is emptied. A finished folder that fails the
     cheap check of its files (``planlm.stage.integrity``) is rebuilt, with a one-line note naming the file; its
     damaged files go first, so that a resuming stage never reads them.
@@ -63,7 +65,11 @@ def prepare_stage_dir(stage_dir: str | Path, config: Any, *, keep_partial: bool 
     if damaged is None:  # a finished folder is only read: no lock, read-only folders work
         return True
     lock_stage_dir(stage_dir)
-    damaged = _damaged_files(stage_dir, config, note=False)
+    try:
+        damaged = _damaged_files(stage_dir, config, note=False)
+    except PlanlmError:  # written in another format by the process that held it a moment ago
+        unlock_stage_dir(stage_dir)
+        raise
     if damaged is None:  # finished by the process that held it a moment ago
         unlock_stage_dir(stage_dir)
         return True
@@ -81,7 +87,7 @@ def prepare_stage_dir(stage_dir: str | Path, config: Any, *, keep_partial: bool 
 def _damaged_files(stage_dir: Path, config: Any, note: bool = True) -> list[Path] | None:
     """None when ``stage_dir`` is complete for ``config`` and passes the cheap check; else the files to drop
     before rebuilding it (with a one-line note, ``planlm.console.note``, when ``note`` and the folder was finished but
-    damaged)."""
+    damaged). One-line OtherFormat when another planlm's format wrote its manifest."""
     from planlm import console
 
     path = stage_dir / MANIFEST
@@ -90,6 +96,7 @@ def _damaged_files(stage_dir: Path, config: Any, note: bool = True) -> list[Path
         if path.is_file() and note:
             console.note(f"planlm: {path}: not a readable manifest (damaged); rebuilding {stage_dir}")
         return []
+    check_format(manifest, path, stage_dir)  # another planlm's folder: neither reused nor rebuilt over
     if manifest.get("config_fingerprint") != fingerprint(config):
         return []
     damage = check_files(stage_dir, manifest)

@@ -19,7 +19,10 @@ Two checks read that record:
 
 Loaders open files through ``load_json``, ``load_npy``, ``load_safetensors`` and ``load_checkpoint`` (or the
 ``reading`` block), which turn any unreadable file into one ``DamagedArtifact`` line naming the file, what is
-wrong and the fix, also in folders without a record (made before it, or by hand).
+wrong and the fix, also in folders without a record (made by hand).
+
+Every manifest, planned_lm.json and planner config.json holds the format planlm wrote it in (``FORMAT_VERSION``);
+``stage_manifest``, the reuse check of ``StageDir`` and the model loaders refuse another (``check_format``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,13 @@ from planlm.files import file_sha256
 MANIFEST = "manifest.json"
 STAGE_LOCK = ".lock"
 
+FORMAT_KEY = "format_version"
+FORMAT_VERSION = 2
+"""The format of the folders planlm writes. Every ``manifest.json``, a planned LM's ``planned_lm.json`` and a
+planner's ``config.json`` hold it under ``format_version``; a reader refuses a folder of any other format in one
+line (``check_format``) instead of reusing or loading it. Format 1 is every folder written before the key existed.
+Raise it when what a folder holds, or how it is keyed, changes so that an older folder would read differently."""
+
 QUICK_HASH_BYTES = 128 << 20
 """Bytes of a stage's smallest files whose sha256 the cheap check recomputes (about 0.1 s at 1 GB/s)."""
 UNRECORDED = ("checkpoints", "logs", "tb", "plans")
@@ -56,6 +66,27 @@ _KINDS = (("planned_lm.json", "train-lm"), ("per_boundary.csv", "edit-distance")
 
 class DamagedArtifact(PlanlmError):
     """A file of a finished stage is missing, cut short, overwritten or unreadable."""
+
+
+class OtherFormat(PlanlmError):
+    """A folder written by a planlm of another format (``FORMAT_VERSION``)."""
+
+
+def with_format(values: dict) -> dict:
+    """``values`` (a manifest, a model's config) with this planlm's format first."""
+    return {FORMAT_KEY: FORMAT_VERSION, **{key: value for key, value in values.items() if key != FORMAT_KEY}}
+
+
+def check_format(values: Any, path: str | Path, folder: str | Path) -> None:
+    """One-line OtherFormat unless ``values`` (the JSON object read from ``path``, a file of the folder ``folder``)
+    holds this planlm's format: an older folder is neither reused nor loaded, and nothing rebuilds it over the
+    results it holds; the line names the folder to delete and the command that writes it again."""
+    found = values.get(FORMAT_KEY, 1) if isinstance(values, dict) else 1
+    if found == FORMAT_VERSION:
+        return
+    age = "a newer" if isinstance(found, int) and found > FORMAT_VERSION else "an older"
+    raise OtherFormat(f"{path} was written by {age} planlm (format {found}, this planlm reads format "
+                      f"{FORMAT_VERSION}); delete {folder} and rerun {_writer(folder)}")
 
 
 @dataclass(frozen=True)
@@ -133,8 +164,8 @@ _passed: dict[tuple[Path, bool], tuple] = {}  # a folder that passed, by the sta
 
 
 def check_files(stage_dir: str | Path, manifest: dict, full: bool = False) -> list[Damage]:
-    """The damaged files of a finished stage folder against its manifest's record ([] for an older manifest
-    without one). ``full``: every content hash; otherwise the cheap check (see the module's docstring)."""
+    """The damaged files of a finished stage folder against its manifest's record. ``full``: every content hash;
+    otherwise the cheap check (see the module's docstring)."""
     stage_dir = Path(stage_dir)
     files = manifest.get("files") or {}
     stats = _stats(stage_dir, files)
@@ -190,17 +221,22 @@ def _check_file(path: Path, recorded: dict, hashed: bool) -> str | None:
 
 def fix_for(stage_dir: str | Path, manifest: dict | None = None) -> str:
     """How to rebuild a stage folder: `planlm run` does it on its own; a command run by hand is named."""
+    return f"rerun {_writer(stage_dir, manifest)} (it rebuilds a damaged stage)"
+
+
+def _writer(stage_dir: str | Path, manifest: dict | None = None) -> str:
+    """The command that writes a stage folder, told by its files, or the `planlm run` that made it."""
     names = list((manifest or {}).get("files") or [])
     if not names and Path(stage_dir).is_dir():
         names = [path.name for path in Path(stage_dir).iterdir()]
     command = next((cmd for marker, cmd in _KINDS for name in names if marker in name), None)
-    by_hand = f"rerun `planlm {command} --out_dir {stage_dir}`" if command else "rerun the command that wrote it"
-    return f"{by_hand} or the `planlm run` that made it (it rebuilds a damaged stage)"
+    by_hand = f"`planlm {command} --out_dir {stage_dir}`" if command else "the command that wrote it"
+    return f"{by_hand} or the `planlm run` that made it"
 
 
 def stage_manifest(stage_dir: str | Path) -> dict | None:
     """The manifest of a finished stage folder after the cheap check; None when it has none (unfinished). One-line
-    DamagedArtifact when the manifest or a file it records is damaged."""
+    DamagedArtifact when the manifest or a file it records is damaged, OtherFormat when another planlm wrote it."""
     stage_dir = Path(stage_dir)
     path = stage_dir / MANIFEST
     if not path.is_file():
@@ -208,6 +244,7 @@ def stage_manifest(stage_dir: str | Path) -> dict | None:
     manifest = load_json(path, fix=fix_for(stage_dir))
     if not isinstance(manifest, dict):
         raise DamagedArtifact(f"{path}: not a manifest (a JSON {type(manifest).__name__}); {fix_for(stage_dir)}")
+    check_format(manifest, path, stage_dir)
     damage = check_files(stage_dir, manifest)
     if damage:
         more = f" (and {len(damage) - 1} more file(s))" if len(damage) > 1 else ""

@@ -1,5 +1,6 @@
-"""A stage folder's ``manifest.json``, written last: the reuse key (``config``) and its fingerprint, the library
-versions, what the stage records beside them, and the record of every file (``planlm.stage.integrity``)."""
+"""A stage folder's ``manifest.json``, written last: planlm's format (``format_version``), the reuse key (``config``)
+and its fingerprint, the library versions, what the stage records beside them, and the record of every file
+(``planlm.stage.integrity``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from planlm.jsonio import fingerprint, to_jsonable, write_json
-from planlm.stage.integrity import MANIFEST, record_files
+from planlm.stage.integrity import FORMAT_KEY, FORMAT_VERSION, MANIFEST, record_files
 from planlm.stage.lock import unlock_stage_dir
 
 
@@ -29,7 +30,7 @@ def library_versions() -> dict[str, str]:
 
 def read_manifest(stage_dir: str | Path) -> dict | None:
     """The manifest of ``stage_dir``; None when it has none or one that is not a JSON object (unfinished). No check
-    of its files: readers that load artifacts use ``planlm.stage.integrity.stage_manifest``."""
+    of its files nor of its format: readers that load artifacts use ``planlm.stage.integrity.stage_manifest``."""
     path = Path(stage_dir) / MANIFEST
     if not path.is_file():
         return None
@@ -51,6 +52,7 @@ def write_manifest(stage_dir: str | Path, config: Any, **extra: Any) -> dict:
     manifest records the size, the sha256 and the header of each (``planlm.stage.integrity``), which every later
     reader checks. ``StageDir.finish`` calls it; a writer of a folder that is no stage (a fixture) calls it alone."""
     manifest = {
+        FORMAT_KEY: FORMAT_VERSION,
         "config": to_jsonable(config),
         "config_fingerprint": fingerprint(config),
         "versions": library_versions(),

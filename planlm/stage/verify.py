@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 from planlm.errors import PlanlmError
-from planlm.stage.integrity import MANIFEST, DamagedArtifact, check_files, load_json
+from planlm.stage.integrity import FORMAT_KEY, FORMAT_VERSION, MANIFEST, DamagedArtifact, check_files, load_json
 
 
 def verify_run(run_dir: str | Path, full: bool = True) -> list[tuple[Path, int, str]]:
-    """(stage folder, files recorded, "intact" | what is damaged) of every stage folder under ``run_dir``, and
-    of every stage that its run_state.json records as done but that has no manifest any more."""
+    """(stage folder, files recorded, "intact" | what is damaged | "other format: ...") of every stage folder under
+    ``run_dir``, and of every stage that its run_state.json records as done but that has no manifest any more."""
     rows = [(stage_dir, 0, f"damaged: {MANIFEST} missing (the stage is rebuilt)")
             for stage_dir in _done_without_manifest(Path(run_dir))]
     rows += [(cache, 0, f"incomplete: no {MANIFEST} (resampled when next used)")
@@ -27,10 +27,11 @@ def verify_run(run_dir: str | Path, full: bool = True) -> list[tuple[Path, int, 
         if not isinstance(manifest, dict):
             rows.append((stage_dir, 0, f"damaged: {MANIFEST} is not a readable manifest (not a JSON object)"))
             continue
-        files = manifest.get("files")
-        if not files:
-            rows.append((stage_dir, 0, "unrecorded (written before planlm recorded its files)"))
+        if manifest.get(FORMAT_KEY, 1) != FORMAT_VERSION:  # format 1: written before manifests held one
+            rows.append((stage_dir, 0, f"other format: written in format {manifest.get(FORMAT_KEY, 1)}, this planlm "
+                                       f"reads format {FORMAT_VERSION} (delete it and rerun)"))
             continue
+        files = manifest.get("files") or {}
         damage = check_files(stage_dir, manifest, full=full)
         status = "intact" if not damage else "damaged: " + "; ".join(
             f"{d.path.relative_to(stage_dir)}: {d.what}" for d in damage)
@@ -59,8 +60,8 @@ def verify(run_dir: str, quick: bool = False) -> None:
 
     Each file's size, header and content hash (sha256) are compared with those recorded when it was written.
 
-    Exits with status 1 when a stage is damaged (`planlm run` rebuilds it; the table names each file), 2 when
-    ``run_dir`` holds no stage folder.
+    Exits with status 1 when a stage is damaged (`planlm run` rebuilds it; the table names each file) or was written
+    in another planlm's format (delete it and rerun), 2 when ``run_dir`` holds no stage folder.
 
     Args:
         run_dir: A `planlm run` folder (every stage under it is checked) or one stage folder.
@@ -76,9 +77,13 @@ def verify(run_dir: str, quick: bool = False) -> None:
         raise PlanlmError(f"{root}: no stage folder here (no manifest.json under it); give a `planlm run` folder")
     table = Table("stage folder", "files", "status", title=f"planlm verify {root} ({'cheap' if quick else 'full'} check)")
     for stage_dir, count, status in rows:
-        color = "green" if status == "intact" else "yellow" if status.startswith("unrecorded") else "red"
+        color = "green" if status == "intact" else "red"
         table.add_row(_shown(stage_dir, root), str(count), f"[{color}]{status}[/]")
     Console(highlight=False, width=200).print(table)
+    old = [str(stage_dir) for stage_dir, _, status in rows if status.startswith("other format")]
+    if old:
+        raise DamagedRun(f"{len(old)} of {len(rows)} stage folders were written by another planlm's format "
+                         f"({', '.join(old)}); delete them and rerun the `planlm run` that made them")
     damaged = [str(stage_dir) for stage_dir, _, status in rows if status.startswith(("damaged", "incomplete"))]
     if damaged:
         raise DamagedRun(f"{len(damaged)} of {len(rows)} stage folders damaged or incomplete ({', '.join(damaged)}); rerun the "

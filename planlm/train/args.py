@@ -17,11 +17,6 @@ from planlm.args import Runtime
 from planlm.errors import PlanlmError
 from planlm.train.harness import DEFAULT_LOGGERS, check_loggers
 
-# How a reuse key spells the precision: the training commands' keys predate planlm's one vocabulary and the runtime
-# group, and a finished stage keeps its key.
-_KEY_PRECISION = {"auto": None, "fp32": "32-true", "bf16": "bf16-mixed", "native": "native"}
-
-
 @dataclass
 class TrainArgs:
     """The trainer and optimiser knobs of a training command (Lightning Trainer, AdamW)."""
@@ -75,9 +70,6 @@ class TrainArgs:
 
     # Knobs that do not change the trained model: left out of the reuse key (a command adds its own).
     DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "loggers")
-    # Knobs a command gained when the group became shared: out of the reuse key while at their default, so a stage
-    # finished before keeps its key.
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ()
     # The command's name in its error messages.
     COMMAND: ClassVar[str] = "train"
 
@@ -98,32 +90,25 @@ class TrainArgs:
             raise PlanlmError(f"{self.COMMAND}: --train.{name} must be >= {low} (got {getattr(self, name)})")
 
     def reuse_key(self, runtime: Runtime) -> dict[str, Any]:
-        """The knobs that change the trained model, as the stage's reuse key holds them (``DISPLAY_ONLY`` and
-        ``KEYED_WHEN_SET`` at their defaults left out), with the ``runtime`` group's accelerator and precision under
-        the names and spellings the trainer group gave them before the runtime group existed: a finished stage keeps
-        its key."""
+        """The knobs that change the trained model, as the stage's reuse key holds them (``DISPLAY_ONLY`` left out),
+        with the ``runtime`` group's accelerator and precision."""
         key = {}
         for knob in fields(self):
             value = getattr(self, knob.name)
-            if knob.name in self.DISPLAY_ONLY or (knob.name in self.KEYED_WHEN_SET and value == _default(knob)):
+            if knob.name in self.DISPLAY_ONLY:
                 continue
             key[knob.name] = list(value) if isinstance(value, (list, tuple)) else value
         key["accelerator"] = runtime.accelerator()
-        key["precision"] = _KEY_PRECISION[runtime.precision]
+        key["precision"] = runtime.precision
         return key
 
 
 def recorded_runtime(key: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(trainer group, runtime group) of a training, from the ``train`` part of its reuse key as a stage's manifest
     records it (``TrainArgs.reuse_key``): the trainer knobs without the runtime's accelerator and precision, and
-    those two in the runtime group's names and spelling (device, precision)."""
-    spelling = {keyed: precision for precision, keyed in _KEY_PRECISION.items()}
+    those two as the runtime group's device and precision."""
     train = {name: value for name, value in key.items() if name not in ("accelerator", "precision")}
-    return train, {"device": key.get("accelerator", "auto"), "precision": spelling[key.get("precision")]}
-
-
-def _default(knob) -> Any:
-    return knob.default_factory() if callable(knob.default_factory) else knob.default
+    return train, {"device": key.get("accelerator", "auto"), "precision": key.get("precision", "auto")}
 
 
 __all__ = ["TrainArgs", "recorded_runtime"]

@@ -28,6 +28,7 @@ import torch
 from planlm.console import Bar, is_verbose, note, open_bar
 from planlm.errors import PlanlmError
 from planlm.jsonio import fingerprint, write_json
+from planlm.stage.integrity import FORMAT_KEY, FORMAT_VERSION, with_format
 from planlm.train.resume import RestoreRNG, ResumeMidEpoch, last_checkpoint
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ def resume_checkpoint(out: Path, stamp_name: str, run_config: dict, resume: bool
             shutil.rmtree(reset, ignore_errors=True)
             reset.mkdir(parents=True)
         shutil.rmtree(checkpoints, ignore_errors=True)
-        write_json(stamp, {"config_fingerprint": key, "config": lengthless})
+        write_json(stamp, with_format({"config_fingerprint": key, "config": lengthless}))
     last = checkpoints / "last.ckpt"
     if not last.is_file():
         return None
@@ -207,15 +208,17 @@ def resume_checkpoint(out: Path, stamp_name: str, run_config: dict, resume: bool
 
 
 def _read_stamp(stamp: Path) -> str | None:
-    """The fingerprint in a stamp file: JSON, or the bare line that train-lm wrote before the harness."""
+    """The fingerprint in a stamp file; checkpoints stamped in another planlm's format (``FORMAT_VERSION``) are
+    another config's, never resumed."""
     try:
-        text = stamp.read_text().strip()
+        record = json.loads(stamp.read_text())
     except OSError:
         return None
-    try:
-        return json.loads(text).get("config_fingerprint")
-    except (json.JSONDecodeError, AttributeError):
-        return text
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return "unreadable"
+    if not isinstance(record, dict) or record.get(FORMAT_KEY) != FORMAT_VERSION:
+        return "another format"
+    return record.get("config_fingerprint")
 
 
 def fit(trainer: L.Trainer, module: L.LightningModule, train_loader, val_loaders, ckpt_path: str | None) -> None:

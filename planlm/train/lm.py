@@ -33,7 +33,7 @@ from planlm.models.planner import Planner
 from planlm.models.planner import planner_hash as planner_file_hash
 from planlm.plans.contexts import ContextSource
 from planlm.plans.kinds import check_cache, plan_source
-from planlm.plans.spec import PlanSpec
+from planlm.plans.spec import PlanSpec, with_source_horizon
 from planlm.seeds import derive_seed
 from planlm.speed import speed_up_lm
 from planlm.stage import StageDir, config_fingerprint
@@ -107,7 +107,6 @@ class LMTrainConfig(TrainArgs):
     """Resume from checkpoints/last.ckpt of an interrupted run with the same config."""
 
     DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "resume", "loggers")
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("early_stopping_patience", "planner_lr", "planner_loss_weight")
     COMMAND: ClassVar[str] = "train-lm"
 
     def __post_init__(self):
@@ -320,7 +319,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         model: Which LM to condition (pretrained, random init or a planned-LM folder) and the finetuning mode.
         plans: Where the plans come from (kind: none, fixed, oracle, planner_argmax, planner_sampled), K, T, tau,
             seed, fixed action, planner or plan cache, and whether the planner trains with the LM (joint); unset
-            fields take the defaults (K = T = 1, tau = 1).
+            fields take the defaults (K = 1, tau = 1; T: the horizon the planner was trained with, or the plan
+            cache's, and 1 for plans without a planner). The adapter is built for this T.
         adapter: How the adapter folds K paths into one vector (kind: project_avg, multipath or a registered adapter;
             its layers).
         train: Run knobs (window, batch, optimiser, Lightning trainer).
@@ -334,7 +334,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
 
     use_offline_mode_if_no_hub()
     runtime.check_training_precision("train-lm")
-    spec = plans.resolve()
+    spec = with_source_horizon(plans).resolve()  # T unset: the planner's (or the plan cache's)
     spec.check_source()
     train.check_joint(spec.joint)
     prepared = PreparedDataset(prepared_dir)

@@ -70,8 +70,6 @@ class PlannerTrainArgs(TrainArgs):
 
     DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "log_every_n_steps", "eval_batch_size",
                                                "loggers")
-    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("accumulate_grad_batches", "limit_train_batches",
-                                                 "limit_val_batches", "gradient_clip_val", "warmup_steps")
     COMMAND: ClassVar[str] = "train-planner"
 
     def __post_init__(self):

@@ -66,7 +66,8 @@ def test_edit_distance_command_scores_true_reference_actions(synthetic_cycle, tm
     chatty_planned_lm(prepared).save_pretrained(model_dir)
     out = tmp_path / "edit"
     main(["edit-distance", "--model_dir", str(model_dir), "--prepared_dir", str(synthetic_cycle), "--out_dir", str(out),
-          "--plans.kind", "fixed", "--max_articles", "3", "--max_boundaries_per_article", "1", "--new_tokens", "12",
+          "--plans.kind", "fixed", "--max_articles", "3", "--max_boundaries_per_article", "1",
+          "--sampling.max_new_tokens", "12",
           "--bootstrap_samples", "50", "--runtime.device", "cpu"])
     metrics = EditDistanceMetrics.load(out)
     rows = read_csv(out / "per_boundary.csv")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -252,9 +253,10 @@ def test_norm_first_makes_pre_norm_stacks_that_end_in_a_norm(dynamics):
     assert layer.norm_first is True
 
 
-def test_norm_first_is_in_the_reuse_key_only_when_set():
-    """A planner trained before norm_first existed keeps its folder's key; a pre-norm planner gets its own."""
-    assert "norm_first" not in PlannerConfig(**TINY).reuse_key()
+def test_every_config_field_is_in_the_reuse_key():
+    """A pre-norm planner and a post-norm one have keys of their own."""
+    assert PlannerConfig(**TINY).reuse_key() == asdict(PlannerConfig(**TINY))
+    assert PlannerConfig(**TINY).reuse_key()["norm_first"] is False
     assert PlannerConfig(**TINY, norm_first=True).reuse_key()["norm_first"] is True
 
 

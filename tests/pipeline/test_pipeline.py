@@ -119,8 +119,7 @@ def test_condition_with_its_own_planner_trains_and_uses_it(tiny_run):
     own = json.loads((out / "planners" / "ours_causal" / "config.json").read_text())
     assert own["dynamics"] == "causal" and own["d_model"] == 32  # merged over the shared planner section
     assert json.loads((out / "planner" / "config.json").read_text())["dynamics"] == "recurrent"
-    lm_folders = recorded_plan_folders(out / "lm" / "ours_causal",
-                                       json.loads((out / "lm" / "ours_causal" / "planned_lm.json").read_text()))
+    lm_folders = recorded_plan_folders(out / "lm" / "ours_causal")
     assert Path(lm_folders["planner_dir"]).resolve() == (out / "planners" / "ours_causal").resolve()
     rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["conditions"]}
     assert rows["ours_causal"]["status"] == "done" and rows["ours_causal"]["ppl"] > 0

@@ -29,7 +29,8 @@ def test_bind_section_instantiates_the_dataclasses_of_a_command():
     ({"plans": {"kind": "sometimes"}}, "run.yaml: lm: .*sometimes"),
     ({"train": {"batch_size": 0}}, "run.yaml: lm: .*batch_size must be >= 1"),
     ({"trian": {}}, "run.yaml: lm: .*trian"),
-    ({"conditioning": {"conditioning": "oracle"}}, "run.yaml: lm: 'conditioning' is now plans"),
+    ({"num_paths": 2}, r"run.yaml: lm: unknown key\(s\) \['num_paths'\] \(num_paths is plans.num_paths\)"),
+    ({"adapter": {"horizon": 3}}, r"run.yaml: lm: .*horizon"),  # the adapter's T is the plans' alone
 ])
 def test_bad_sections_are_one_line_errors_naming_the_section(section, message):
     with pytest.raises(PlanlmError, match=message) as error:

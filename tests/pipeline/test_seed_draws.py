@@ -90,7 +90,7 @@ def test_method_run_trains_a_planner_per_seed_and_sweeps_every_seed(tmp_path):
     assert any((weights[0][k] != weights[1][k]).any() for k in weights[0])  # each seed drew its own planner
     for seed in (0, 1):
         lm = out / "lm" / "ours" / f"seed{seed}"
-        folders = recorded_plan_folders(lm, json.loads((lm / "planned_lm.json").read_text()))
+        folders = recorded_plan_folders(lm)
         assert Path(folders["planner_dir"]).resolve() == (out / "planner" / f"seed{seed}").resolve()
         summary = json.loads((out / "planner" / f"seed{seed}" / "summary.json").read_text())
         assert Path(summary["prepared_dir"]).resolve() == (out / "codebooks" / f"seed{seed}").resolve()

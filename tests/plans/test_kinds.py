@@ -119,7 +119,7 @@ def test_sample_plans_takes_the_plans_group(synthetic_cycle, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["sample-plans", "--planner_dir", str(folder), "--prepared_dir", str(synthetic_cycle)])
     err = capsys.readouterr().err.strip()
-    assert "'planner_dir' is now plans.planner_dir" in err and len(err.splitlines()) == 1
+    assert "--planner_dir is --plans.planner_dir" in err and len(err.splitlines()) == 1
     with pytest.raises(PlanlmError, match="--plans.kind oracle draws nothing from a planner"):
         sample_plans(str(synthetic_cycle), PlanSpec(kind="oracle", planner_dir=str(folder)), splits=["validation"])
     # planner_argmax: the greedy path, every one of the K paths at tau 0, keyed as such

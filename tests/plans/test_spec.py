@@ -1,8 +1,9 @@
-"""PlanSpec (resolution, validation, old keys) and the plan sources every command reads plans through."""
+"""PlanSpec (resolution, validation, T given once, flat keys) and the plan sources every command reads plans through."""
 
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,11 +12,11 @@ import torch
 
 from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
-from planlm.models.planned_lm import PlannedLMConfig
 from planlm.plans.kinds import plan_source
 from planlm.plans.policy import PathPolicy
 from planlm.plans.sources import CachedPlans, FixedPlans, OraclePlans, ShuffledPlans
-from planlm.plans.spec import PlanKind, PlanSpec, check_renamed, trained_plans
+from planlm.plans.sampling import sample_plans
+from planlm.plans.spec import PlanKind, PlanSpec, evaluation_spec, trained_plans, with_source_horizon
 from planlm.stage import write_manifest
 
 
@@ -62,25 +63,6 @@ def test_kind_is_an_enum_parsed_from_text_and_written_as_text():
     assert json.loads(json.dumps(key))["kind"] == "oracle" and "path_policy" not in key  # fixed: not in the key
     with pytest.raises(PlanlmError, match="needs --plans.plans_dir"):
         PlanSpec(kind="planner_sampled").resolve().check_source()
-
-
-def test_old_keys_name_the_new_one():
-    with pytest.raises(PlanlmError, match="evaluate: 'plan_temperature' is now plans.temperature"):
-        check_renamed(["plan_temperature"], {"sampling"}, "evaluate")
-    with pytest.raises(PlanlmError, match="'conditioning' is now plans"):
-        check_renamed(["conditioning", "model"], {"model"}, "lm")
-    check_renamed(["num_paths"], {"num_paths"}, "sweep")  # a key the command still has is not an old key
-
-
-def test_a_model_folder_of_the_old_format_loads():
-    old = {"conditioning": "planner_argmax", "num_paths": 1, "horizon": 1, "temperature": 1.0, "fixed_action": 0,
-           "seed": 0, "planner_dir": "planner", "plans_dir": "cache", "tokenizer": "gpt2", "num_actions": 8,
-           "adapter": {"adapter": "project_avg", "num_actions": 8, "action_dim": 4, "hidden_size": 8, "horizon": 1}}
-    config = PlannedLMConfig.from_dict(old)
-    model = SimpleNamespace(config=config, plan_folders=PlannedLMConfig.legacy_plan_folders(old))
-    assert trained_plans(model).kind is PlanKind.planner_argmax and trained_plans(model).planner_dir == "planner"
-    assert trained_plans(model).temperature == 0.0 and config.adapter.kind == "project_avg"
-    assert "planner_dir" not in config.plans  # a model config holds no run paths (issue 31)
 
 
 def test_sources_of_each_kind(synthetic_random, tmp_path):
@@ -151,7 +133,8 @@ def test_a_live_planner_plans_only_the_boundaries_asked_for(synthetic_cycle, cyc
     assert len(source.plans) == len(asked)  # arrays of the asked rows only
 
 
-def test_old_keys_in_a_run_config_and_on_the_command_line_name_the_new_key(tmp_path, capsys):
+def test_a_flat_plans_key_in_a_run_config_and_on_the_command_line_is_one_line_naming_the_plans_key(tmp_path,
+                                                                                                    capsys):
     from planlm.cli import main
     from planlm.pipeline.run import plan_stages
 
@@ -161,18 +144,72 @@ def test_old_keys_in_a_run_config_and_on_the_command_line_name_the_new_key(tmp_p
     config["conditions"] = [{"name": "old", "conditioning": {"conditioning": "oracle"}}]
     sections = {k: config.get(k) for k in ("prepare", "planner", "lm", "base_lm", "conditions", "evaluate",
                                            "edit_distance", "sweeps")}
-    with pytest.raises(PlanlmError, match=r"conditions\[old\]: 'conditioning' is now plans"):
+    with pytest.raises(PlanlmError, match=r"conditions\[old\] has unknown key\(s\) \['conditioning'\]"):
         plan_stages(tmp_path / "run", **sections, where="run.yaml")
     config["conditions"] = [{"name": "ok", "plans": {"kind": "oracle"}}]
-    config["sweeps"] = [{"condition": "ok", "kind": "temperature", "fixed_num_paths": 3}]
-    with pytest.raises(PlanlmError, match=r"sweeps\[0\]: 'fixed_num_paths' is now plans.num_paths"):
+    config["sweeps"] = [{"condition": "ok", "kind": "temperature", "horizon": 3}]
+    with pytest.raises(PlanlmError, match=r"sweeps\[0\]: unknown key\(s\) \['horizon'\] \(horizon is "
+                                          r"plans.horizon\)"):
         plan_stages(tmp_path / "run", **{**sections, "conditions": config["conditions"], "sweeps": config["sweeps"]},
                     where="run.yaml")
     for argv, new in [(["evaluate", "--model_dir", "m", "--prepared_dir", "p", "--out_dir", "o", "--num_paths", "5"],
-                       "plans.num_paths"),
-                      (["generate", "--model_dir", "m", "--prepared_dir", "p", "--plan_temperature", "2"],
-                       "plans.temperature")]:
+                       "--num_paths is --plans.num_paths"),
+                      (["generate", "--model_dir", "m", "--prepared_dir", "p", "--temperature", "2"],
+                       "--temperature is --sampling.temperature; --temperature is --plans.temperature")]:
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         err = capsys.readouterr().err.strip()
-        assert exit_info.value.code == 2 and f"is now {new}" in err and "\n" not in err
+        assert exit_info.value.code == 2 and new in err and "\n" not in err
+
+
+def test_t_is_given_once_by_the_planner_and_a_longer_t_is_refused(synthetic_cycle, cycle_planner, tmp_path):
+    """Plans of a planner kind without a horizon take the one the planner was trained with (a plan cache's own when
+    they read one); asking a planner trained with T=3 for longer paths is a one-line error naming both values and
+    the fix, in training, sampling and evaluation; an evaluation beyond its adapter's horizon too."""
+    folder = str(cycle_planner.save_pretrained(tmp_path / "planner"))
+    assert with_source_horizon(PlanSpec(kind="planner_sampled", planner_dir=folder)).resolve().horizon == 3
+    assert with_source_horizon(PlanSpec(kind="planner_argmax", horizon=2, planner_dir=folder)).horizon == 2
+    assert with_source_horizon(PlanSpec(kind="oracle")).resolve().horizon == 1  # no planner: the default T
+    longer = re.escape(f"--plans.horizon 5 exceeds the horizon T=3 the planner {folder} was trained with; leave "
+                       f"--plans.horizon unset (T=3) or train the planner with --model.horizon 5")
+    with pytest.raises(PlanlmError, match=longer) as error:
+        with_source_horizon(PlanSpec(kind="planner_sampled", horizon=5, planner_dir=folder))
+    assert "\n" not in str(error.value)
+    with pytest.raises(PlanlmError, match=longer):
+        sample_plans(str(synthetic_cycle), PlanSpec(horizon=5, planner_dir=folder), splits=["validation"])
+    trained = PlanSpec(kind="planner_sampled", num_paths=2, horizon=3).resolve()
+    model = SimpleNamespace(config=SimpleNamespace(plans=trained, num_actions=8), plan_folders={"planner_dir": folder},
+                            adapter=SimpleNamespace(config=SimpleNamespace(horizon=5)))
+    assert evaluation_spec(PlanSpec(num_paths=4), model, "model").horizon == 3  # the model's T
+    with pytest.raises(PlanlmError, match=longer):
+        evaluation_spec(PlanSpec(horizon=5), model, "model")
+    with pytest.raises(PlanlmError, match=r"--plans.horizon 6 exceeds the horizon the adapter of model accepts \(5\); "
+                                          r"choose --plans.horizon <= 5"):
+        evaluation_spec(PlanSpec(horizon=6), model, "model")
+    prepared = PreparedDataset(synthetic_cycle)
+    plans = np.zeros((prepared["validation"].num_sentences, 4, 2), dtype=np.int64)
+    cache = write_cache(tmp_path / "cache", prepared, "validation", plans)
+    assert with_source_horizon(PlanSpec(kind="planner_sampled", plans_dir=cache)).horizon == 2  # the cache's T
+
+
+def test_a_run_condition_plans_its_planners_t_unless_it_sets_a_shorter_one(tmp_path):
+    """`planlm run`: T is the planner's model.horizon; a condition reading the run's planner plans that T (its
+    adapter built for it) unless it sets a shorter plans.horizon; a longer one stops the run before anything runs."""
+    from planlm.pipeline.run import plan_stages
+
+    from helpers import tiny_run_config
+
+    config = tiny_run_config(tmp_path / "run")
+    config["conditions"][3]["plans"].pop("horizon")  # ours: T unset
+    sections = {k: config.get(k) for k in ("prepare", "planner", "lm", "base_lm", "conditions", "evaluate",
+                                           "edit_distance", "sweeps")}
+    stages = {stage.name: stage for stage in plan_stages(tmp_path / "run", **sections, where="run.yaml")}
+    assert stages["train-lm ours"].kwargs["plans"].horizon == 3  # the planner's
+    assert stages["train-lm cornille"].kwargs["plans"].horizon == 1  # its own, shorter
+    assert stages["train-lm oracle"].kwargs["plans"].horizon is None  # no planner: the default
+    config["conditions"][3]["plans"]["horizon"] = 4
+    with pytest.raises(PlanlmError, match=re.escape("run.yaml: conditions[ours]: plans.horizon 4 exceeds the horizon "
+                                                    "T=3 its planner (train-planner) is trained with; leave "
+                                                    "plans.horizon unset (T=3) or set the planner's model.horizon to "
+                                                    "4")):
+        plan_stages(tmp_path / "run", **sections, where="run.yaml")

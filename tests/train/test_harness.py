@@ -140,8 +140,17 @@ def test_resume_only_under_a_stamp_of_the_same_config(tmp_path):
     assert not last.exists()  # another config: its checkpoints are deleted, never resumed
     stamp = json.loads((tmp_path / "stamp.json").read_text())
     assert stamp["config"]["train"] == {"lr": 0.2}
-    # train-lm wrote the bare fingerprint before the harness: such a folder still resumes.
+    checkpoint()
+    assert resume_checkpoint(tmp_path, "stamp.json", {**config, "train": {"lr": 0.2, "max_epochs": 5}}) == str(last)
+    # checkpoints stamped by a planlm of another format (or the bare fingerprint of an older one): never resumed
+    for older in ({**stamp, "format_version": 1}, {k: v for k, v in stamp.items() if k != "format_version"}):
+        (tmp_path / "stamp.json").write_text(json.dumps(older))
+        checkpoint()
+        assert resume_checkpoint(tmp_path, "stamp.json", {**config, "train": {"lr": 0.2, "max_epochs": 5}}) is None
+        assert not last.exists()
     (tmp_path / "stamp.json").write_text(stamp["config_fingerprint"] + "\n")
+    checkpoint()
+    assert resume_checkpoint(tmp_path, "stamp.json", {**config, "train": {"lr": 0.2, "max_epochs": 5}}) is None
     checkpoint()
     assert resume_checkpoint(tmp_path, "stamp.json", {**config, "train": {"lr": 0.2, "max_epochs": 5}}) == str(last)
     # A stage folder that starts again as a whole under another config (train-planner): not without a stamp.

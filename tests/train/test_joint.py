@@ -188,10 +188,11 @@ def test_joint_training_moves_the_planner_that_its_evaluation_runs(synthetic_cyc
 
 
 def test_runs_without_joint_keep_their_reuse_keys():
-    """The new settings stay out of every key at their defaults; an evaluation inherits a joint model's
-    expectation, not its joint training."""
-    assert not {"planner_lr", "planner_loss_weight"} & set(LMTrainConfig().reuse_key(Runtime()))
-    assert "planner_lr" in LMTrainConfig(planner_lr=1e-4).reuse_key(Runtime())
+    """The planner's training knobs are in the LM's key at their defaults too; the plans' key holds joint only when
+    set; an evaluation inherits a joint model's expectation, not its joint training."""
+    key = LMTrainConfig().reuse_key(Runtime())
+    assert key["planner_lr"] is None and key["planner_loss_weight"] == 1.0
+    assert LMTrainConfig(planner_lr=1e-4).reuse_key(Runtime())["planner_lr"] == 1e-4
     assert "joint" not in PlanSpec(kind="planner_sampled", planner_dir="p").resolve().cache_key()
     trained = joint_spec()
     assert trained.cache_key()["joint"] and trained.expectation and "joint" in trained.label()

@@ -183,10 +183,12 @@ def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
     planner = tiny_planner(prepared, max_sentences=8, horizon=2)
     planner.save_pretrained(tmp_path / "planner")
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
-                   plans=PlanSpec(kind="planner_sampled", num_paths=2, horizon=2, planner_dir=str(tmp_path / "planner")),
+                   plans=PlanSpec(kind="planner_sampled", num_paths=2, planner_dir=str(tmp_path / "planner")),
                    adapter=AdapterSettings(kind="multipath"), train=quick())
     model = PlannedLM.from_pretrained(out)
     config, trained = model.config, trained_plans(model)
+    # T unset: the planner's, read by the plan cache sampled for it and the adapter built for it
+    assert trained.horizon == model.adapter.config.horizon == read_manifest(trained.plans_dir)["horizon"] == 2
     planner_dir = (tmp_path / "planner").resolve()
     assert Path(trained.plans_dir).resolve().is_relative_to(planner_dir)  # the default cache inside the planner
     assert Path(trained.planner_dir).resolve() == planner_dir
