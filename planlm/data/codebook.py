@@ -29,6 +29,7 @@ from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, iner
 from planlm.errors import PlanlmError
 from planlm.files import file_sha256, save_safetensors
 from planlm.stage import StageDir, config_fingerprint, read_manifest
+from planlm.stage.integrity import FORMAT_KEY
 
 _OWN = ("actions", "token_actions")  # the arrays a codebook changes; the other ARRAYS are linked
 
@@ -105,7 +106,7 @@ def _draw(source: Path, out: Path, manifest: dict, dataset: PreparedDataset, act
     if (source / "tokenizer").is_dir() and Path(tokenizer).resolve() == (source / "tokenizer").resolve():
         tokenizer = str((out / "tokenizer").resolve())
     keep = {k: v for k, v in manifest.items() if k not in ("config", "config_fingerprint", "versions", "created",
-                                                          "files", "kmeans", "hashes", "tokenizer")}
+                                                          "files", "kmeans", "hashes", "tokenizer", FORMAT_KEY)}
     return {**keep, "kmeans": kmeans, "hashes": hashes, "tokenizer": tokenizer, "codebook_seed": actions.seed,
             "drawn_from": str(source)}
 
