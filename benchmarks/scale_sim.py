@@ -68,7 +68,8 @@ class Settings:
     heldout: int = 100
     """Validation and test articles each (fixed across sizes, as the paper's 1,000 / 1,000)."""
     mean_sentences: float = 35.0
-    """Mean sentences per generated article (the paper's Wikipedia: about 35)."""
+    """Mean sentences per generated article (the paper's Wikipedia: about 35; spaCy finds about as many in them). The
+    tail is long: a few hundred articles have a mean anywhere from about 32 to 38."""
     embedding_dim: int = 768
     """Width of the stand-in sentence embeddings (the paper's all-mpnet-base-v2: 768)."""
     num_actions: int = 1024
@@ -231,6 +232,12 @@ def summarise(out: Path, sizes: list[int], targets: list[int], settings: Setting
                      f"{r['disk_mb']:,.2f} |")
     growth, extrapolation = {}, {}
     measured = sorted({r["articles"] for r in records})
+    shapes = [r["counts"]["splits"]["train"] for r in records if r["stage"] == "prepare"]
+    if shapes:
+        train = shapes[-1]
+        lines += ["", f"Prepared training articles: {train['sentences'] / train['articles']:.1f} sentences and "
+                  f"{train['tokens'] / train['articles']:,.0f} tokens each on average (the paper's Wikipedia: about 35 "
+                  f"and 1,050)."]
     if len(measured) >= 2:
         middle, largest = measured[-2], measured[-1]
         by = {(r["articles"], r["stage"]): r for r in records}
@@ -264,11 +271,14 @@ def summarise(out: Path, sizes: list[int], targets: list[int], settings: Setting
             f"{hours(sum(a[str(t)]['wall_s'] for a in extrapolation.values()))}, "
             f"{max(a[str(t)]['peak_rss_mb'] for a in extrapolation.values()) / 1024:,.1f} GB RAM at most, "
             f"{sum(a[str(t)]['disk_mb'] for a in extrapolation.values()) / 1024:,.1f} GB disk" for t in targets) + " |")
-        lines += ["", f"Read with care: the trainings run a fixed number of steps ({settings.planner_steps} planner, "
-                  f"{settings.lm_steps} LM), so their time extrapolates their data loading, not an epoch; evaluate reads "
-                  f"{settings.eval_articles} test articles at every size; k-means fits at most {settings.fit_sample} "
-                  f"sentences, so prepare's fit copy stops growing there; the networks are tiny and the sentence encoder "
-                  f"a hashing stand-in, so model compute is not in these times."]
+        lines += ["", f"Read with care: times are this machine's wall seconds; the trainings run a fixed number of steps "
+                  f"({settings.planner_steps} planner, {settings.lm_steps} LM), so their time extrapolates their data "
+                  f"loading, not an epoch; evaluate reads {settings.eval_articles} test articles at every size; k-means "
+                  f"fits at most {settings.fit_sample} sentences, so prepare's fit copy stops growing there; the networks "
+                  f"are tiny and the sentence encoder a hashing stand-in, so model compute is not in these times. Below a "
+                  f"few thousand articles the fixed costs dominate (imports, the networks' activations, k-means' "
+                  f"buffers of 65,536 sentences, which fill up to about 1,900 articles): extrapolate from 3,000 articles "
+                  f"and more."]
     return {"settings": asdict(settings), "records": records, "growth": growth, "extrapolation": extrapolation,
             "report": "\n".join(lines)}
 
@@ -285,7 +295,8 @@ def hours(seconds: float) -> str:
 
 
 def phases_report(records: list[dict]) -> str:
-    """Each stage's phases at each size: seconds, memory after the phase and the peak so far."""
+    """Each stage's phases at each size (seconds, memory after the phase, the peak so far) and, with two sizes or more,
+    the anonymous memory each phase leaves behind per 1,000 more articles (what a phase keeps grows with the corpus)."""
     lines = ["Phases (the product functions a stage spends its time in; memory after each, and the peak RSS so far):", "",
              "| articles | stage | phase | s | RSS after MB | anonymous after MB | peak RSS so far MB |",
              "|---:|---|---|---:|---:|---:|---:|"]
@@ -293,6 +304,25 @@ def phases_report(records: list[dict]) -> str:
         for p in r["phases"]:
             lines.append(f"| {r['articles']:,} | {r['stage']} | {p['phase']} | {p['s']:.2f} | {p['rss_mb']:,.0f} | "
                          f"{p['anon_mb']:,.0f} | {p['peak_rss_mb']:,.0f} |")
+    sizes = sorted({r["articles"] for r in records})
+    if len(sizes) < 2:
+        return "\n".join(lines)
+    middle, largest = sizes[-2], sizes[-1]
+    lines += ["", f"What each phase adds, per 1,000 articles more ({middle:,} to {largest:,}): the anonymous memory "
+              f"after it, less the same before it, and its seconds:", "",
+              "| stage | phase | anonymous MB kept per 1k articles | s per 1k articles |", "|---|---|---:|---:|"]
+    by = {(r["articles"], r["stage"]): r["phases"] for r in records}
+    for stage in STAGES:
+        low, high = by.get((middle, stage)), by.get((largest, stage))
+        if not low or not high or [p["phase"] for p in low] != [p["phase"] for p in high]:
+            continue
+        for i, (a, b) in enumerate(zip(low, high)):
+            if a["phase"] == "(end)":
+                continue
+            kept = lambda ps: ps[i]["anon_mb"] - (ps[i - 1]["anon_mb"] if i else 0.0)
+            per_k = 1000 / (largest - middle)
+            lines.append(f"| {stage} | {a['phase']} | {(kept(high) - kept(low)) * per_k:+.1f} | "
+                         f"{(b['s'] - a['s']) * per_k:+.2f} |")
     return "\n".join(lines)
 
 
