@@ -14,7 +14,7 @@ The stages, in order, each in a child process of its own (so its peak RSS is its
 1. ``corpus``: write N + 2 x ``--heldout`` articles (and a margin for the skips) as JSONL;
 2. ``prepare``: ``planlm.data.prepare.prepare`` (N train, ``--heldout`` validation and test articles, whole
    articles, ``--num_actions`` actions, ``--fit_sample``, ``--tokenizer``);
-3. ``train-planner``: ``train_planner``, a tiny planner (T = 10, batch 512) for ``--planner_steps`` steps;
+3. ``train-planner``: ``train_planner``, a 16-wide planner (T = 10, batch 512) for ``--planner_steps`` steps;
 4. ``sample-plans``: ``sample_plans``, K = 10 paths of T = 10 for every boundary of every split;
 5. ``train-lm``: ``train_lm``, a tiny GPT-2 with the multipath adapter on the cached plans, ``--lm_steps`` steps;
 6. ``evaluate``: ``evaluate``, perplexity with the cached plans on ``--eval_articles`` test articles.
@@ -25,8 +25,12 @@ pages, which the kernel can drop), the disk its folder holds, and the child's ph
 stage spends its time in, with the memory after each). Results go to ``<out_dir>/n<N>/records/<stage>.json``; a
 stage already measured is skipped (resumable), and re-measuring one drops the records of the stages after it.
 
-    python benchmarks/scale_sim.py --sizes 3000 30000 100000          # the lead engineer's measurement
-    nice -n 19 python benchmarks/scale_sim.py --sizes 200 800 --eval_articles 20 --out_dir /tmp/scale_sim   # smoke
+    python benchmarks/scale_sim.py --sizes 3000 30000 100000 --out_dir runs/scale_sim
+
+and a smoke size (minutes, most of them in sample-plans):
+
+    nice -n 19 python benchmarks/scale_sim.py --sizes 200 800 --heldout 20 --num_actions 64 --embedding_dim 384
+        --planner_steps 5 --lm_steps 5 --eval_articles 5 --eval_stride 127 --out_dir /tmp/scale_sim
 
 It prints (and writes to ``<out_dir>/report.md`` and ``results.json``) a table row per size and stage, each stage's
 growth from the middle to the largest size (RSS ratio, MB and seconds per 1,000 articles) and a linear
@@ -208,8 +212,8 @@ def measure(out: Path, size: int, stage: str) -> dict:
 
 
 def _line(record: dict) -> str:
-    return (f"{record['wall_s']:.1f} s ({record['cpu_s']:.1f} s CPU), peak RSS {record['peak_rss_mb']:,.0f} MB (anonymous "
-            f"{record['peak_anon_mb']:,.0f} MB), disk {record['disk_mb']:,.1f} MB")
+    return (f"{record['wall_s']:.1f} s ({record['cpu_s']:.1f} s CPU), peak RSS {record['peak_rss_mb']:,.0f} MB "
+            f"(anonymous {record['peak_anon_mb']:,.0f} MB), disk {record['disk_mb']:,.1f} MB")
 
 
 def disk_bytes(folder: Path) -> int:
@@ -224,8 +228,8 @@ def summarise(out: Path, sizes: list[int], targets: list[int], settings: Setting
     """The records of every measured (size, stage), their growth and extrapolation, and the markdown report."""
     records = [json.loads(record_path(out, n, s).read_text()) for n in sizes for s in STAGES
                if record_path(out, n, s).is_file()]
-    lines = ["| articles | stage | wall s | CPU s | wall s per 1k articles | peak RSS MB | peak anonymous MB | disk MB |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| articles | stage | wall s | CPU s | wall s per 1k articles | peak RSS MB | peak anonymous MB "
+             "| disk MB |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in records:
         lines.append(f"| {r['articles']:,} | {r['stage']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
                      f"{1000 * r['wall_s'] / r['articles']:.2f} | {r['peak_rss_mb']:,.0f} | {r['peak_anon_mb']:,.0f} | "
@@ -243,7 +247,8 @@ def summarise(out: Path, sizes: list[int], targets: list[int], settings: Setting
         by = {(r["articles"], r["stage"]): r for r in records}
         lines += ["", f"Growth from {middle:,} to {largest:,} articles (x{largest / middle:.2f}):", "",
                   "| stage | RSS ratio | anonymous ratio | anonymous MB per 1k articles | time ratio | wall s per 1k "
-                  "articles | CPU s per 1k articles | disk MB per 1k articles |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "articles | CPU s per 1k articles | disk MB per 1k articles |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for stage in STAGES:
             if (middle, stage) not in by or (largest, stage) not in by:
                 continue
@@ -271,14 +276,14 @@ def summarise(out: Path, sizes: list[int], targets: list[int], settings: Setting
             f"{hours(sum(a[str(t)]['wall_s'] for a in extrapolation.values()))}, "
             f"{max(a[str(t)]['peak_rss_mb'] for a in extrapolation.values()) / 1024:,.1f} GB RAM at most, "
             f"{sum(a[str(t)]['disk_mb'] for a in extrapolation.values()) / 1024:,.1f} GB disk" for t in targets) + " |")
-        lines += ["", f"Read with care: times are this machine's wall seconds; the trainings run a fixed number of steps "
-                  f"({settings.planner_steps} planner, {settings.lm_steps} LM), so their time extrapolates their data "
-                  f"loading, not an epoch; evaluate reads {settings.eval_articles} test articles at every size; k-means "
-                  f"fits at most {settings.fit_sample} sentences, so prepare's fit copy stops growing there; the networks "
-                  f"are tiny and the sentence encoder a hashing stand-in, so model compute is not in these times. Below a "
-                  f"few thousand articles the fixed costs dominate (imports, the networks' activations, k-means' "
-                  f"buffers of 65,536 sentences, which fill up to about 1,900 articles): extrapolate from 3,000 articles "
-                  f"and more."]
+        lines += ["", f"Read with care: times are this machine's wall seconds; the trainings run a fixed number of "
+                  f"steps ({settings.planner_steps} planner, {settings.lm_steps} LM), so their time extrapolates their "
+                  f"data loading, not an epoch; evaluate reads {settings.eval_articles} test articles at every size; "
+                  f"k-means fits at most {settings.fit_sample} sentences, so prepare's fit copy stops growing there; "
+                  f"the networks are tiny and the sentence encoder a hashing stand-in, so model compute is not in these "
+                  f"times. Below a few thousand articles the fixed costs dominate (imports, the networks' activations, "
+                  f"k-means' buffers of 65,536 sentences, which fill up to about 1,900 articles): extrapolate from "
+                  f"3,000 articles and more."]
     return {"settings": asdict(settings), "records": records, "growth": growth, "extrapolation": extrapolation,
             "report": "\n".join(lines)}
 
@@ -297,7 +302,8 @@ def hours(seconds: float) -> str:
 def phases_report(records: list[dict]) -> str:
     """Each stage's phases at each size (seconds, memory after the phase, the peak so far) and, with two sizes or more,
     the anonymous memory each phase leaves behind per 1,000 more articles (what a phase keeps grows with the corpus)."""
-    lines = ["Phases (the product functions a stage spends its time in; memory after each, and the peak RSS so far):", "",
+    lines = ["Phases (the product functions a stage spends its time in; memory after each, and the peak RSS so far):",
+             "",
              "| articles | stage | phase | s | RSS after MB | anonymous after MB | peak RSS so far MB |",
              "|---:|---|---|---:|---:|---:|---:|"]
     for r in records:
