@@ -280,10 +280,10 @@ def summarise(out: Path, sizes: list[int], targets: list[int], settings: Setting
                   f"steps ({settings.planner_steps} planner, {settings.lm_steps} LM), so their time extrapolates their "
                   f"data loading, not an epoch; evaluate reads {settings.eval_articles} test articles at every size; "
                   f"k-means fits at most {settings.fit_sample} sentences, so prepare's fit copy stops growing there; "
-                  f"the networks are tiny and the sentence encoder a hashing stand-in, so model compute is not in these "
-                  f"times. Below a few thousand articles the fixed costs dominate (imports, the networks' activations, "
-                  f"k-means' buffers of 65,536 sentences, which fill up to about 1,900 articles): extrapolate from "
-                  f"3,000 articles and more."]
+                  f"the networks are tiny and the sentence encoder a hashing stand-in, so model compute is not in "
+                  f"these times. Below a few thousand articles the fixed costs dominate (imports, the networks' "
+                  f"activations, k-means' buffers of 65,536 sentences, which fill up to about 1,900 articles): "
+                  f"extrapolate from 3,000 articles and more."]
     return {"settings": asdict(settings), "records": records, "growth": growth, "extrapolation": extrapolation,
             "report": "\n".join(lines)}
 
