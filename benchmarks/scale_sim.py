@@ -236,7 +236,7 @@ def summarise(out: Path, sizes: list[int], targets: list[int], settings: Setting
                      f"{r['disk_mb']:,.2f} |")
     growth, extrapolation = {}, {}
     measured = sorted({r["articles"] for r in records})
-    shapes = [r["counts"]["splits"]["train"] for r in records if r["stage"] == "prepare"]
+    shapes = [r["counts"]["splits"]["train"] for r in records if r["stage"] == "prepare" and "splits" in r["counts"]]
     if shapes:
         train = shapes[-1]
         lines += ["", f"Prepared training articles: {train['sentences'] / train['articles']:.1f} sentences and "
