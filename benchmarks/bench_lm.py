@@ -11,7 +11,7 @@ The target of the issue: multipath at T = 10, K = 10 keeps >= 0.85x of the basel
 With ``--speed`` it measures instead the speed settings on the bare LM (the demo's shape by default: batch
 16 x 128): fp32 eager with the foreach AdamW (the library before the speed work) against bf16 autocast, the
 chunked loss (``planlm.models.lm_loss``), the fused AdamW, their combinations, the compiled loss kernel
-(``Speed.compile_loss``), and all of them with torch.compile of the transformer (``planlm.speed``), interleaved
+(``LMRuntime.compile_loss``), and all of them with torch.compile of the transformer (``planlm.speed``), interleaved
 step by step in one process; the target of the training-speed
 issue is >= 2x fp32 eager's tokens/s. malloc's setting (``--keep-freed-memory``) is process-wide: compare two runs.
 
@@ -30,7 +30,8 @@ import torch
 from planlm.models.adapter import AdapterConfig
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
 from planlm.plans.spec import PlanSpec
-from planlm.speed import Speed, keep_freed_memory, speed_up_lm
+from planlm.args import LMRuntime
+from planlm.speed import keep_freed_memory, speed_up_lm
 
 GPT2_VOCAB = 50257
 
@@ -96,10 +97,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--vocab-size", type=int, default=GPT2_VOCAB, help="the LM's vocabulary (GPT-2: 50,257)")
     parser.add_argument("--speed", action="store_true", help="the speed settings on the bare LM instead of the adapters")
-    parser.add_argument("--loss-chunk-size", type=int, default=Speed().loss_chunk_size)
+    parser.add_argument("--loss-chunk-size", type=int, default=LMRuntime().loss_chunk_size)
     parser.add_argument("--no-compile", action="store_true", help="--speed without the torch.compile variant")
     parser.add_argument("--keep-freed-memory", action="store_true",
-                        help="glibc malloc keeps freed memory (Speed.keep_freed_memory; process-wide: compare two runs)")
+                        help="glibc malloc keeps freed memory (planlm.speed.keep_freed_memory; process-wide: compare two runs)")
     args = parser.parse_args()
     if args.keep_freed_memory:
         print(f"malloc keeps freed memory: {keep_freed_memory()}")
@@ -163,9 +164,9 @@ def speed_table(lm_config: dict, args, device: torch.device, batches: list[dict]
 
     chunk = args.loss_chunk_size
 
-    def speed(chunk_size: int, compile: bool = False, compile_loss: bool = False) -> Speed:
-        # malloc's setting is process-wide: not per variant
-        return Speed(loss_chunk_size=chunk_size, compile=compile, compile_loss=compile_loss, keep_freed_memory=False)
+    def speed(chunk_size: int, compile: bool = False, compile_loss: bool = False) -> LMRuntime:
+        # malloc's setting is process-wide: not per variant (--keep-freed-memory)
+        return LMRuntime(loss_chunk_size=chunk_size, compile=compile, compile_loss=compile_loss)
 
     # name -> (bf16 autocast, speed settings, fused AdamW); "fp32 eager" is the library before the speed work
     variants = {"fp32 eager": (False, speed(0), False), "bf16": (True, speed(0), False),

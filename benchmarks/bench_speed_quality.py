@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 SETTINGS = {"fp32": ("fp32", "fp32", 0), "fast": ("bf16", "bf16", 1024)}
-"""name -> (train-lm precision, evaluate precision, loss_chunk_size)."""
+"""name -> (train-lm precision, evaluate precision, train-lm loss_chunk_size; evaluation always chunks its NLL)."""
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
 
 
 def run(root: Path, args) -> list[tuple[str, int, float, float]]:
-    from planlm.args import Runtime
+    from planlm.args import LMRuntime, Runtime
     from planlm.evaluate.perplexity import evaluate
     from planlm.models.adapter import AdapterSettings
     from planlm.plans.spec import PlanSpec
@@ -65,10 +65,9 @@ def run(root: Path, args) -> list[tuple[str, int, float, float]]:
                 train = LMTrainConfig(batch_size=8, lr=1e-3, max_epochs=args.epochs, seed=seed, progress_bar=False,
                                       loggers=["csv"])
                 train_lm(str(prepared), str(folder / "lm"), model, plans, AdapterSettings(kind="project_avg"), train,
-                         runtime=Runtime(device="cpu", precision=train_precision, loss_chunk_size=chunk))
+                         runtime=LMRuntime(device="cpu", precision=train_precision, loss_chunk_size=chunk))
                 metrics = evaluate(str(folder / "lm"), str(prepared), str(folder / "eval"), stride=64,
-                                   bootstrap_samples=10,
-                                   runtime=Runtime(device="cpu", precision=eval_precision, loss_chunk_size=chunk))
+                                   bootstrap_samples=10, runtime=Runtime(device="cpu", precision=eval_precision))
                 ppl[name] = metrics.ppl
             rows.append((condition, seed, ppl["fp32"], ppl["fast"]))
             print(f"{condition} seed {seed}: ppl fp32 {ppl['fp32']:.4f}, fast {ppl['fast']:.4f}", flush=True)

@@ -35,7 +35,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from planlm.args import Runtime
+from planlm.args import LMRuntime, Runtime
 from planlm.plans.spec import PlanSpec
 
 LMS = {"tiny": dict(n_layer=2, n_embd=128, n_head=2), "gpt2": dict(n_layer=12, n_embd=768, n_head=12)}
@@ -109,7 +109,7 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
                   LMModelConfig(model_config={"model_type": "gpt2", "n_positions": 128, **LMS[args.lm]}),
                   PlanSpec(kind="planner_sampled", num_paths=10, horizon=10, plans_dir=str(plans)),
                   AdapterSettings(kind="multipath", num_heads=2),
-                  LMTrainConfig(batch_size=32, max_epochs=1, progress_bar=False), runtime)
+                  LMTrainConfig(batch_size=32, max_epochs=1, progress_bar=False), LMRuntime(device=args.device))
     rows.append(("train_lm multipath K=T=10 (one epoch)", time.perf_counter() - began, tokens, "tokens"))
 
     for stride, articles, name in ((127, None, "evaluate, windows of 128 (test)"),
@@ -140,7 +140,7 @@ def stage_vs_loop(root: Path, args) -> None:
                                            sentence_words=(18, 34))
     lm_config = STAGE_LMS[args.stage_lm]
     chunk = {} if args.loss_chunk_size is None else {"loss_chunk_size": args.loss_chunk_size}
-    runtime = Runtime(device=args.device, precision=args.precision or "auto", **chunk)
+    runtime = LMRuntime(device=args.device, precision=args.precision or "auto", **chunk)
     kwargs = dict(model=LMModelConfig(model_config=lm_config), plans=PlanSpec(kind="oracle", num_paths=1, horizon=1),
                   adapter=AdapterSettings(kind="project_avg"), runtime=runtime,
                   train=LMTrainConfig(batch_size=16, lr=1e-3, max_epochs=1, warmup_steps=5, log_every_n_steps=10))

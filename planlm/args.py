@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from planlm.errors import PlanlmError, PlanlmWarning
 
@@ -62,12 +62,9 @@ def lightning_precision(precision: str, device_type: str) -> str:
 
 @dataclass
 class Runtime:
-    """Where a command computes, in which arithmetic and how fast (``--runtime.*``), the same group in every command
-    that runs a network: train-planner, train-lm, sample-plans, evaluate, sweep, generate, edit-distance, adherence.
-
-    device and precision change the numbers a command writes, so they are part of its reuse key; the speed knobs
-    (compile, loss_chunk_size, compile_loss, keep_freed_memory) compute the same model faster, up to floating-point
-    rounding, and are not."""
+    """Where a command computes and in which arithmetic (``--runtime.*``): every command that runs a network takes
+    it. Both change the numbers a command writes, so they are part of its reuse key. train-lm's group adds the speed
+    knobs of the LM's training (``LMRuntime``)."""
 
     device: str = "auto"
     """auto (CUDA when available, else the CPU), cpu, cuda, cuda:1 ... Training takes the accelerator from it (cpu
@@ -77,45 +74,14 @@ class Runtime:
     """auto (bf16 autocast on CUDA, fp32 elsewhere), native (bf16 where the device computes it natively: CUDA or a
     CPU with AVX512-BF16 / AMX; fp32 elsewhere), fp32 or bf16 (refused on a CPU without it); Lightning's bf16-mixed
     and 32-true are read as bf16 and fp32. Its speed against fp32: docs/benchmarks.md."""
-    compile: bool = False
-    """torch.compile the LM's transformer and the adapter (train-lm, evaluate, sweep) or the planner (train-planner).
-    When compilation is unavailable or fails for a model: one warning line, then eager. Whether it pays for its
-    compile time depends on the model's size and the device (benchmarks/bench_lm.py --speed measures it)."""
-    loss_chunk_size: int = 1024
-    """Tokens per chunk of the LM's output projection + cross-entropy (planlm.models.lm_loss): the B x L x V logits
-    are never held at once, in training, validation and evaluation. 0: the LM's own loss on all the logits."""
-    compile_loss: bool = False
-    """torch.compile the element-wise work of the chunked loss's training chunks (planlm.models.lm_loss.softmax_grad:
-    one fused pass over the chunk's logits instead of eight); needs ``loss_chunk_size`` > 0. When compilation is
-    unavailable or fails: one warning line, then eager."""
-    keep_freed_memory: bool = True
-    """Linux (glibc): malloc serves large blocks from its heap and keeps them when freed, instead of mapping and
-    unmapping them at every step (each page faulted in again); the process's memory stays at its peak. For the
-    rest of the process, from the command's start (planlm.speed.keep_freed_memory)."""
-
-    # The knobs that compute the same model faster; train-planner, train-lm, evaluate and sweep apply them.
-    SPEED: ClassVar[tuple[str, ...]] = ("compile", "loss_chunk_size", "compile_loss", "keep_freed_memory")
 
     def __post_init__(self):
         self.precision = read_precision(self.precision, "--runtime.precision")
-        if self.loss_chunk_size < 0:
-            raise PlanlmError(f"--runtime.loss_chunk_size must be >= 0 (got {self.loss_chunk_size}); 0 turns "
-                              f"chunking off")
         if self.device == "gpu":  # Lightning's name, which --train.accelerator took
             self.device = "cuda"
         kind, _, index = self.device.partition(":")
         if kind not in ("auto", "cpu", "cuda", "mps") or (index and not index.isdigit()):
             raise PlanlmError(f"--runtime.device {self.device!r}: choose auto, cpu, cuda or cuda:N")
-
-    def note_unused_speed(self, command: str, applied: tuple[str, ...] = ()) -> None:
-        """One line naming the speed knobs set away from their defaults on a ``command`` that does not apply them
-        (it applies ``applied``): sampling plans and generating text have no chunked loss and are not compiled, a
-        planner has no LM loss."""
-        changed = [f"--runtime.{knob}" for knob in self.SPEED
-                   if knob not in applied and getattr(self, knob) != getattr(Runtime, knob)]
-        if changed:
-            warnings.warn(f"{command}: {', '.join(changed)} not used here: train-lm, evaluate and sweep apply every "
-                          f"speed knob, train-planner compile and keep_freed_memory", PlanlmWarning, stacklevel=3)
 
     def torch_device(self) -> torch.device:
         """The torch device: ``auto`` is CUDA when there is one, else the CPU."""
@@ -154,5 +120,30 @@ class Runtime:
         return lightning_precision(self.precision, self.training_device_type())
 
 
-__all__ = ["Runtime", "PRECISIONS", "PRECISION_HELP", "read_precision", "arithmetic",
+@dataclass
+class LMRuntime(Runtime):
+    """train-lm's runtime group: the device and the precision, and the speed knobs of the LM's training. They
+    compute the same model faster, up to floating-point rounding, so they are not part of the reuse key."""
+
+    compile: bool = False
+    """torch.compile the LM's transformer and the adapter. When compilation is unavailable or fails for a model: one
+    warning line, then eager. Whether it pays for its compile time depends on the model's size and the device
+    (docs/benchmarks.md)."""
+    loss_chunk_size: int = 1024
+    """Tokens per chunk of the LM's output projection + cross-entropy (planlm.models.lm_loss): the B x L x V logits
+    are never held at once, in training and validation. 0: the LM's own loss on all the logits (a model whose head
+    is not a plain linear map uses its own loss anyway)."""
+    compile_loss: bool = False
+    """torch.compile the element-wise work of the chunked loss's training chunks (planlm.models.lm_loss.softmax_grad:
+    one fused pass over the chunk's logits instead of eight); needs ``loss_chunk_size`` > 0. When compilation is
+    unavailable or fails: one warning line, then eager."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.loss_chunk_size < 0:
+            raise PlanlmError(f"--runtime.loss_chunk_size must be >= 0 (got {self.loss_chunk_size}); 0 turns "
+                              f"chunking off")
+
+
+__all__ = ["Runtime", "LMRuntime", "PRECISIONS", "PRECISION_HELP", "read_precision", "arithmetic",
            "lightning_precision", "renamed_note"]

@@ -31,8 +31,8 @@ A key is a flag on the command line (`--train.lr 0.001`) and a key of the comman
 `planlm CMD --config FILE`); in `planlm run` each section holds the keys of the command it feeds (`lm:` those of
 `train-lm` but the folders, which the run fills in). Groups shared by several commands are written once in the
 code: the trainer and optimiser group (`planlm.train.args.TrainArgs`: `train.*` of `train-planner` and
-`train-lm`), the runtime group (`planlm.args.Runtime`: `runtime.*`, the device, the precision and the speed of
-every command that runs a network), the plans (`planlm.plans.spec.PlanSpec`: `plans.*`) and the sampling of tokens
+`train-lm`), the runtime group (`planlm.args.Runtime`: `runtime.*`, the device and the precision of every command
+that runs a network; `train-lm`'s adds its speed knobs, `planlm.args.LMRuntime`), the plans (`planlm.plans.spec.PlanSpec`: `plans.*`) and the sampling of tokens
 (`planlm.evaluate.generator.SamplingConfig`: `sampling.*` of `generate` and `edit-distance`). Every precision takes
 one vocabulary: auto, native, fp32, bf16 (`planlm.args`).
 """

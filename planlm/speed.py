@@ -1,9 +1,9 @@
-"""How fast a command computes, not what: the speed knobs of the runtime group (``planlm.args.Runtime``:
-``--runtime.compile``, ``--runtime.loss_chunk_size``, ``--runtime.compile_loss``, ``--runtime.keep_freed_memory``)
-applied to a model.
+"""How fast a command computes, not what: train-lm's speed knobs (``planlm.args.LMRuntime``: ``--runtime.compile``,
+``--runtime.loss_chunk_size``, ``--runtime.compile_loss``) applied to a model, the chunked loss that evaluation
+always uses, and malloc's keeping of freed memory, which every training and evaluation turns on.
 
-The model a command trains or scores is the same with any of these knobs up to floating-point rounding, so they are
-not part of a stage's reuse key. The arithmetic's precision (``--runtime.precision``) is, and is applied by each
+The model a command trains or scores is the same with any of these up to floating-point rounding, so they are not
+part of a stage's reuse key. The arithmetic's precision (``--runtime.precision``) is, and is applied by each
 command's autocast or Lightning's Trainer.
 """
 
@@ -11,16 +11,14 @@ from __future__ import annotations
 
 from torch import nn
 
-from planlm.args import Runtime
+from planlm.args import LMRuntime
 from planlm.models.lm_loss import compile_or_eager, split_lm_head  # compile_or_eager re-exported
 
 
-def speed_up_lm(model, speed: Runtime, command: str) -> None:
-    """Apply the speed knobs of ``speed`` (a runtime group) to a PlannedLM in place: the chunked loss, and
-    torch.compile of its LM's transformer (the model without its output projection, where the LM has a plain one)
-    and of its adapter."""
-    if speed.keep_freed_memory:
-        keep_freed_memory()
+def speed_up_lm(model, speed: LMRuntime, command: str) -> None:
+    """Apply the speed knobs of ``speed`` (train-lm's runtime group; evaluation: its defaults) to a PlannedLM in
+    place: the chunked loss, and torch.compile of its LM's transformer (the model without its output projection,
+    where the LM has a plain one) and of its adapter."""
     model.loss_chunk_size = speed.loss_chunk_size
     model.compile_loss = speed.compile_loss
     if speed.compile:

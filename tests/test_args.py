@@ -5,13 +5,12 @@ note, and a group's key given flat a one-line error naming it."""
 from __future__ import annotations
 
 import inspect
-import warnings
 from dataclasses import fields
 
 import pytest
 import yaml
 
-from planlm.args import PRECISIONS, Runtime, arithmetic, lightning_precision, read_precision
+from planlm.args import PRECISIONS, LMRuntime, Runtime, arithmetic, lightning_precision, read_precision
 from planlm.commands import COMMANDS, load_command
 from planlm.errors import PlanlmError, PlanlmWarning
 from planlm.evaluate.edit_distance import edit_distance
@@ -77,16 +76,10 @@ def test_every_command_that_runs_a_network_takes_the_one_runtime_group():
                      "adherence"}
     for name in takes:
         parameters = inspect.signature(load_command(name)).parameters
-        assert parameters["runtime"].annotation in (Runtime, "Runtime")
+        expected = (LMRuntime, "LMRuntime") if name == "train-lm" else (Runtime, "Runtime")
+        assert parameters["runtime"].annotation in expected, name
         assert not {"device", "precision", "speed"} & set(parameters), name
-
-
-def test_a_speed_knob_on_a_command_that_does_not_apply_it_is_a_one_line_note():
-    with pytest.warns(PlanlmWarning, match="generate: --runtime.compile, --runtime.loss_chunk_size not used here"):
-        Runtime(compile=True, loss_chunk_size=0).note_unused_speed("generate")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        Runtime(device="cpu", precision="bf16").note_unused_speed("generate")  # device and precision are read
+    assert {knob.name for knob in fields(Runtime)} == {"device", "precision"}  # the speed knobs: train-lm's alone
 
 
 def test_the_runtime_group_checks_its_device_and_reads_lightnings_gpu():
@@ -94,7 +87,7 @@ def test_the_runtime_group_checks_its_device_and_reads_lightnings_gpu():
     with pytest.raises(PlanlmError, match="--runtime.device 'tpu7'"):
         Runtime(device="tpu7")
     with pytest.raises(PlanlmError, match="--runtime.loss_chunk_size must be >= 0"):
-        Runtime(loss_chunk_size=-1)
+        LMRuntime(loss_chunk_size=-1)
 
 
 def test_a_key_of_a_group_given_flat_is_a_one_line_error_naming_the_groups_key(tmp_path, capsys):

@@ -1,6 +1,6 @@
-"""The speed knobs of the runtime group (planlm.args.Runtime, applied by planlm.speed) of train-lm, train-planner and
-evaluate: torch.compile (its fallback to eager, the state dict it leaves alone), the chunked loss and bf16 autocast
-through the commands, at tiny size."""
+"""train-lm's speed knobs (planlm.args.LMRuntime, applied by planlm.speed): torch.compile (its fallback to eager, the
+state dict it leaves alone), the chunked loss (evaluation's too) and bf16 autocast through the commands, at tiny
+size."""
 
 from __future__ import annotations
 
@@ -9,18 +9,16 @@ import warnings
 import pytest
 import torch
 
-from planlm.args import Runtime
+from planlm.args import LMRuntime, Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.device import cpu_supports_bf16
 from planlm.errors import PlanlmError
 from planlm.evaluate.perplexity import evaluate
 from planlm.models.planned_lm import PlannedLM
-from planlm.models.planner import PlannerShape
 from planlm.plans.spec import PlanSpec
 from planlm.speed import compile_module, keep_freed_memory, speed_up_lm
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.lm_module import LightningLM
-from planlm.train.planner import PlannerTrainArgs, train_planner
 
 from helpers import tiny_gpt2_config, tiny_planned_lm
 
@@ -43,7 +41,7 @@ def failing_compile(monkeypatch):
 def test_a_compiled_model_keeps_its_state_dict_keys_and_saves_and_loads_as_an_eager_one(synthetic_random, tmp_path):
     eager = tiny_planned_lm(PreparedDataset(synthetic_random), adapter="multipath")
     compiled = tiny_planned_lm(PreparedDataset(synthetic_random), adapter="multipath")
-    speed_up_lm(compiled, Runtime(compile=True), "test")
+    speed_up_lm(compiled, LMRuntime(compile=True), "test")
     assert compiled.lm.transformer.forward is not eager.lm.transformer.forward.__func__  # compiled in place
     assert list(compiled.state_dict()) == list(eager.state_dict())
     assert list(LightningLM(compiled).state_dict()) == list(LightningLM(eager).state_dict())  # the checkpoints
@@ -90,28 +88,30 @@ def test_a_failing_compile_of_the_loss_warns_once_and_runs_eager(failing_compile
         torch.testing.assert_close(lm_loss.linear_cross_entropy(hidden, weight, targets, 8, compiled=True), expected)
 
 
-def test_train_planner_with_a_failing_compile_trains_eager(synthetic_cycle, tmp_path, failing_compile):
-    with pytest.warns(UserWarning, match="train-planner: the planner: torch.compile failed"):
-        out = train_planner(str(synthetic_cycle), str(tmp_path / "planner"),
-                            PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2),
-                            PlannerTrainArgs(batch_size=64, max_epochs=1, max_steps=2, progress_bar=False,
-                                             loggers=["csv"]), runtime=Runtime(compile=True))
-    assert (out / "model.safetensors").is_file()
-
-
 @needs_bf16
 def test_train_lm_and_evaluate_in_bf16_with_the_chunked_loss(synthetic_random, tmp_path):
-    """The fast setting through the commands: bf16 autocast and the chunked loss, and evaluate's chunked NLL equal
-    to its plain one."""
+    """The fast setting through the commands: bf16 autocast and the chunked loss, and evaluation's chunked NLL equal
+    to the plain one."""
+    from planlm.evaluate.perplexity import evaluate_split
+    from planlm.plans.spec import evaluation_spec
+
     model_dir = train_lm(str(synthetic_random), str(tmp_path / "lm"), LMModelConfig(model_config=tiny_gpt2_config()),
                          PlanSpec(kind="oracle"), train=LMTrainConfig(**QUICK),
-                         runtime=Runtime(precision="bf16", loss_chunk_size=64))
+                         runtime=LMRuntime(precision="bf16", loss_chunk_size=64))
     assert PlannedLM.from_pretrained(model_dir).loss_chunk_size == 0  # a run setting, not saved
-    metrics = {chunk: evaluate(str(model_dir), str(synthetic_random), str(tmp_path / f"eval{chunk}"), max_articles=3,
-                               stride=64, bootstrap_samples=10,
-                               runtime=Runtime(device="cpu", precision="fp32", loss_chunk_size=chunk))
-               for chunk in (0, 50)}
-    assert metrics[50].nll == pytest.approx(metrics[0].nll, rel=1e-6)
+    metrics = evaluate(str(model_dir), str(synthetic_random), str(tmp_path / "eval"), max_articles=3, stride=64,
+                       bootstrap_samples=10, runtime=Runtime(device="cpu", precision="fp32"))
+    prepared = PreparedDataset(synthetic_random)
+    model = PlannedLM.from_pretrained(model_dir)
+    spec = evaluation_spec(PlanSpec(), model, str(model_dir))
+    nll = {}
+    for chunk in (0, 50):
+        model.loss_chunk_size = chunk
+        result = evaluate_split(model, prepared, prepared.split("test"), spec, 3, 64, 128, 32, torch.device("cpu"),
+                                "fp32", False)
+        nll[chunk] = result["nll_sums"].sum() / result["tokens"].sum()
+    assert nll[50] == pytest.approx(nll[0], rel=1e-6)
+    assert metrics.nll == pytest.approx(nll[0], rel=1e-6)
 
 
 def test_malloc_keeps_freed_memory_on_glibc():
@@ -122,7 +122,7 @@ def test_malloc_keeps_freed_memory_on_glibc():
 
 def test_a_negative_chunk_size_is_a_one_line_error():
     with pytest.raises(PlanlmError, match="loss_chunk_size must be >= 0"):
-        Runtime(loss_chunk_size=-1)
+        LMRuntime(loss_chunk_size=-1)
 
 
 @pytest.mark.slow
@@ -135,7 +135,7 @@ def test_train_lm_compiled_for_real(synthetic_random, tmp_path):
         warnings.simplefilter("always")
         model_dir = train_lm(str(synthetic_random), str(tmp_path / "lm"),
                              LMModelConfig(model_config=tiny_gpt2_config()), PlanSpec(kind="oracle"),
-                             train=LMTrainConfig(**QUICK), runtime=Runtime(compile=True, compile_loss=True))
+                             train=LMTrainConfig(**QUICK), runtime=LMRuntime(compile=True, compile_loss=True))
         torch.manual_seed(0)
         hidden, weight = torch.randn(50, 8, requires_grad=True), torch.randn(40, 8, requires_grad=True)
         targets = torch.randint(0, 40, (50,))

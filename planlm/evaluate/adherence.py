@@ -116,7 +116,6 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         ``<out_dir>/metrics.json`` holds its ``to_dict()``).
     """
     _check_args(outline_length, outlines_per_article, max_articles, tokens_per_sentence, conditions)
-    runtime.note_unused_speed("adherence")
     sampling = SamplingConfig(max_new_tokens=outline_length * tokens_per_sentence, temperature=temperature,
                               top_k=top_k, top_p=top_p, plan_guidance=plan_guidance)
     models = model_seeds(model_dir)

@@ -107,7 +107,6 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     """
     new_tokens = sampling.max_new_tokens
     _check_limits(context_length, max_articles, max_boundaries_per_article)
-    runtime.note_unused_speed("edit-distance")
     generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, plans, runtime, seed)
     embed_fn, codebook = generator.embed_fn or encoder_embed_fn(prepared), prepared.codebook.numpy()
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)

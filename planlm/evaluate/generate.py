@@ -167,7 +167,6 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
     if (prompt is None) == (article is None):
         raise PlanlmError("give exactly one of --prompt TEXT or --article N (a test article's prefix)")
     plan = None if outline is None else Outline(list(outline), after_outline)  # one-line errors before loading
-    runtime.note_unused_speed("generate")
     generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, plans, runtime, seed)
     if plan is not None and generator.embed_fn is None:  # outline sentences and the realised actions need it
         generator.embed_fn = encoder_embed_fn(prepared)

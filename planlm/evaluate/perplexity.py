@@ -10,8 +10,8 @@ How the windows are computed (exact, batched):
 - Window w of an article covers tokens [start, end) and scores the targets [first, end). The LM
   reads tokens [start, end - 1) (the last token is only a target) and only the logits of the last
   ``end - first`` positions are computed (``PlannedLM.token_nll``): the vocabulary projection is the
-  most expensive part of a small LM, and stride 1 needs one position of 127. With ``runtime.loss_chunk_size``
-  those logits are computed a chunk of positions at a time, never all at once (``planlm.models.lm_loss``).
+  most expensive part of a small LM, and stride 1 needs one position of 127. Those logits are computed a chunk of positions at a time,
+  never all at once (``planlm.models.lm_loss``, the training's default chunk).
 - The first window of an article scores all of its targets at once: with a causal LM, target t of
   window [a0, a0 + 128) sees exactly the tokens [a0, t), the same as its own stride-1 window.
 - Windows are grouped by (input length, scored positions), so a batch needs no padding (no
@@ -36,7 +36,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from planlm.args import Runtime
+from planlm.args import LMRuntime, Runtime
 from planlm.console import open_bar
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.device import autocast
@@ -51,7 +51,7 @@ from planlm.models.planned_lm import add_evaluation
 from planlm.plans.kinds import plan_source
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec, evaluation_spec
-from planlm.speed import speed_up_lm
+from planlm.speed import keep_freed_memory, speed_up_lm
 from planlm.stage import StageDir, config_fingerprint, read_manifest
 
 UNSCORED_NOTE = "the first token of every article is not scored (it has no context)"
@@ -248,8 +248,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         plan_usage: Also score the split with the plans shuffled across its sentences (a fixed seeded
             permutation): how much the LM reads its plans (plan_usage_* in metrics.json). None: whenever
             the model reads plans; true with plans kind none is an error.
-        runtime: The device and precision of the LM, the adapter and the planner's sampling (part of the key);
-            torch.compile and the chunked loss (the same NLL up to floating-point rounding; not part of the key).
+        runtime: The device and precision of the LM, the adapter and the planner's sampling (part of the key).
 
     Returns:
         The metrics (``PerplexityMetrics``; ``<out_dir>/metrics.json`` holds its ``to_dict()``).
@@ -275,7 +274,8 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
             metrics = PerplexityMetrics.load(stage.path)
             add_evaluation(model_dir, metrics.to_dict())  # a card written before this evaluation gets it too
             return metrics
-        speed_up_lm(model, runtime, "evaluate")
+        keep_freed_memory()
+        speed_up_lm(model, LMRuntime(), "evaluate")  # the chunked NLL
         result = evaluate_split(model, prepared, split_view, spec, num_articles, stride, context_length, batch_size,
                                 torch_device, precision, plan_usage)
         metrics = _metrics(result, spec, split_view, num_articles, plans_manifest, stride=stride,

@@ -108,7 +108,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
         bootstrap_samples: Bootstrap resamples of each interval.
         expectation: compute sweep: one more point, plans in expectation at K = 1 (``expected-1``; the other
             points sample their paths whatever the model was trained with).
-        runtime: Device, precision and speed of every point (see `planlm evaluate --help`).
+        runtime: The device and precision of every point (see `planlm evaluate --help`).
 
     Returns:
         The sweep folder.

@@ -67,7 +67,6 @@ def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Option
     expected = spec.top_actions if spec.expectation else 0
     out = Path(out_dir) if out_dir else default_plans_dir(spec.planner_dir, spec.num_paths, spec.horizon,
                                                           spec.temperature, spec.seed, spec.path_policy, expected)
-    runtime.note_unused_speed("sample-plans")
     torch_device, precision = runtime.torch_device(), runtime.resolved_precision()
     key = _cache_key(spec, prepared, prepared_dir, splits, batch_size, torch_device.type, precision)
     with StageDir(out, key) as stage:

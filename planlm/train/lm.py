@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from planlm.args import Runtime
+from planlm.args import LMRuntime
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.windows import WindowCollator, article_windows
 from planlm.errors import PlanlmError
@@ -35,7 +35,7 @@ from planlm.plans.contexts import ContextSource
 from planlm.plans.kinds import check_cache, plan_source
 from planlm.plans.spec import PlanSpec, with_source_horizon
 from planlm.seeds import derive_seed
-from planlm.speed import speed_up_lm
+from planlm.speed import keep_freed_memory, speed_up_lm
 from planlm.stage import StageDir, config_fingerprint
 from planlm.train.args import TrainArgs
 from planlm.train.harness import build_trainer, fit, load_best, resume_checkpoint
@@ -307,7 +307,7 @@ def _input_hashes(model: LMModelConfig, spec: PlanSpec) -> dict:
 # --------------------------------------------------------------------------------------------- command
 def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConfig(),
              plans: PlanSpec = PlanSpec(), adapter: AdapterSettings = AdapterSettings(),
-             train: LMTrainConfig = LMTrainConfig(), runtime: Runtime = Runtime()) -> Path:
+             train: LMTrainConfig = LMTrainConfig(), runtime: LMRuntime = LMRuntime()) -> Path:
     """Finetune a causal LM conditioned on plans (fixed / oracle / planner actions) or on nothing.
 
     The output folder reloads with ``PlannedLM.from_pretrained(out_dir)``; it is reused when complete
@@ -348,7 +348,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
 
 
 def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec,
-                adapter: AdapterSettings, train: LMTrainConfig, runtime: Runtime, splits: list[str]) -> None:
+                adapter: AdapterSettings, train: LMTrainConfig, runtime: LMRuntime, splits: list[str]) -> None:
     """Train the planned LM into ``stage`` (resuming its last checkpoint of the same key) and, on rank 0, write the
     model folder and, last, the manifest."""
     out = stage.path
@@ -359,6 +359,7 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
     planner_hash = planner_file_hash(spec.planner_dir) if spec.joint else (plans_manifest or {}).get("planner_hash")
 
     planned = _build_model(prepared, model, spec, adapter, tokenizer, planner_hash, train.train_split, train.seed)
+    keep_freed_memory()
     speed_up_lm(planned, runtime, "train-lm")
     L.seed_everything(derive_seed(train.seed, "dropout"), verbose=False)  # the same dropout stream in every condition
 
@@ -381,7 +382,7 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
 
 
 def _run_config(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec, adapter: AdapterSettings,
-                train: LMTrainConfig, runtime: Runtime) -> dict:
+                train: LMTrainConfig, runtime: LMRuntime) -> dict:
     """The model folder's reuse key: the corpus, the configs and the hashes of the folders the run reads."""
     return {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
             "model": asdict(model), "plans": spec.cache_key(), "adapter": asdict(adapter),
@@ -389,7 +390,7 @@ def _run_config(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec,
             "train": train.reuse_key(runtime)}
 
 
-def _train(planned: PlannedLM, train: LMTrainConfig, runtime: Runtime, out: Path, run_config: dict,
+def _train(planned: PlannedLM, train: LMTrainConfig, runtime: LMRuntime, out: Path, run_config: dict,
            train_loader: DataLoader, val_loaders: list | None, spec: PlanSpec,
            planner: Planner | None = None) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, float]:
     """(trainer, best checkpoint, start time): train through the harness, resuming an interrupted run of the

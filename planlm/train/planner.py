@@ -35,7 +35,7 @@ from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.errors import PlanlmError
 from planlm.models.planner import Planner, PlannerConfig, PlannerShape
 from planlm.plans.contexts import check_split
-from planlm.speed import compile_module, keep_freed_memory
+from planlm.speed import keep_freed_memory
 from planlm.stage import StageDir
 from planlm.train.boundaries import ArticleCollate, BoundaryCollate, BoundaryDataset, LengthGroupedSampler
 from planlm.train.args import TrainArgs
@@ -94,13 +94,11 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
         out_dir: Output folder of the planner (weights, config, summary, checkpoints, logs).
         model: Planner shape.
         train: Optimisation and run knobs.
-        runtime: The accelerator and precision (runtime.precision bf16: bf16 autocast); runtime.compile:
-            torch.compile the planner (the same planner, trained faster; not part of the reuse key).
+        runtime: The accelerator and precision (runtime.precision bf16: bf16 autocast).
 
     Returns:
         The planner folder (load it with ``Planner.from_pretrained``).
     """
-    runtime.note_unused_speed("train-planner", applied=("compile", "keep_freed_memory"))
     runtime.check_training_precision("train-planner")
     prepared = PreparedDataset(prepared_dir)
     train = replace(train, train_split=train.train_split or prepared.planner_split)  # the reuse key names it
@@ -126,10 +124,7 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, prepared_dir: str, c
 
     L.seed_everything(train.seed, verbose=False)
     planner = _new_planner(prepared, prepared_dir, config)
-    if runtime.keep_freed_memory:
-        keep_freed_memory()
-    if runtime.compile:
-        compile_module(planner, "train-planner: the planner")
+    keep_freed_memory()
     module = LightningPlanner(planner, lr=train.lr, weight_decay=train.weight_decay, encoder_lr=train.encoder_lr,
                               warmup_steps=train.warmup_steps)
     trainer, best = build_trainer(train, runtime, out, best_filename="best",
