@@ -3,7 +3,8 @@
 It reads finished runs (their prepared data, planner and trained LMs) and runs only the library's commands:
 
 1. **Compute against perplexity**: ``planlm sweep --kind compute`` on one trained LM: fixed K = 1, 2, 5,
-   10, 20, 50 and the entropy and converge policies at a few budgets, all on the same test articles.
+   10, 20, 50 and the entropy policy at a few budgets, all on the same test articles (the converge policy of
+   docs/results.md's tables left planlm: lab/removed-options.md names the commit that has it).
    Printed per point: paths per boundary (mean, and the fraction of K = 50's), perplexity, the paired
    difference from fixed K = 50 with its 95% paired bootstrap interval over articles, wall, planner and
    LM time. Target: an adaptive policy with at most 20% of K = 50's paths whose interval includes 0 or
@@ -62,11 +63,7 @@ def sentence_types(split) -> np.ndarray:
 def policies(args):
     from planlm.plans.policy import PathPolicy
 
-    chosen = [PathPolicy("entropy", 1, budget) for budget in args.entropy_budgets]
-    for setting in args.converge:
-        min_paths, tolerance = setting.split(":")
-        chosen.append(PathPolicy("converge", int(min_paths), args.max_paths, tolerance=float(tolerance)))
-    return chosen
+    return [PathPolicy("entropy", 1, budget) for budget in args.entropy_budgets]
 
 
 def compute_vs_perplexity(args, label: str, folder: str, model_dir: Path, run_dir: Path, context_length: int,
@@ -253,9 +250,6 @@ def main() -> None:
     parser.add_argument("--fixed", type=int, nargs="+", default=[1, 2, 5, 10, 20, 50])
     parser.add_argument("--max_paths", type=int, default=50)
     parser.add_argument("--entropy_budgets", type=int, nargs="+", default=[5, 10, 50], help="max_paths of entropy")
-    parser.add_argument("--converge", nargs="+", default=["1:0.2", "4:0.2", "4:0.1"],
-                        help="converge budgets as min_paths:tolerance (the first doubling compares min_paths paths "
-                             "with twice as many)")
     parser.add_argument("--bootstrap_samples", type=int, default=1000)
     args = parser.parse_args()
 

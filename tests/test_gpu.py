@@ -97,7 +97,7 @@ def test_adaptive_path_policies_sample_on_cuda(synthetic_cycle, dynamics):
     prepared = PreparedDataset(synthetic_cycle)
     split = prepared["validation"]
     planner = tiny_planner(prepared, dynamics=dynamics, max_sentences=4)
-    for policy in (PathPolicy("entropy", min_paths=1, max_paths=8), PathPolicy("converge", min_paths=2, tolerance=0.1)):
+    for policy in (PathPolicy("entropy", min_paths=1, max_paths=8), PathPolicy("entropy", min_paths=2, entropy_high=0.5)):
         spec = PlanSpec(kind="planner_sampled", num_paths=8, horizon=3, path_policy=policy).resolve()
         drawn = draw_plans(planner, split, spec, device="cuda", precision="auto")
         paths, counts = drawn.paths, drawn.counts

@@ -2,7 +2,7 @@
 
 Every point is a full ``planlm evaluate`` of the same LM on the same articles, in
 ``<out_dir>/<point>/``: fixed K = 1, 2, 5, 10, 20, 50 and each adaptive policy (``planlm.plans.policy``)
-at the budgets given (its max_paths, tolerance, entropy_high). Each row records the paths sampled per
+at the budgets given (its max_paths, entropy_high). Each row records the paths sampled per
 boundary (mean and fraction of K_max), perplexity, its paired difference from fixed K_max (the largest
 fixed K) with the paired bootstrap interval over articles (``planlm.evaluate.bootstrap``), and the wall,
 planner and LM time. Written: ``sweep_compute.csv``, ``sweep_compute.png`` (perplexity against mean
@@ -29,8 +29,7 @@ from planlm.plans.policy import PathPolicy
 COMPUTE_COLUMNS = ("value", "policy", "K", "paths_mean", "paths_fraction", "ppl", "ci_low", "ci_high", "reference",
                    "paired_diff", "paired_ci_low", "paired_ci_high", "wall_time_s", "relative_wall_time",
                    "planner_time_s", "lm_time_s", "tokens_per_s", "tokens", "articles", "T", "tau", "eval_dir")
-DEFAULT_POLICIES = [PathPolicy("entropy", 1, 10), PathPolicy("entropy", 1, 50),
-                    PathPolicy("converge", 1, 50, tolerance=0.2), PathPolicy("converge", 1, 50, tolerance=0.1)]
+DEFAULT_POLICIES = [PathPolicy("entropy", 1, 10), PathPolicy("entropy", 1, 50)]
 
 
 EXPECTED_POINT = "expected-1"
@@ -48,7 +47,7 @@ def compute_points(num_paths: list[int], policies: list[PathPolicy],
     for policy in policies:
         if not policy.adaptive:
             raise PlanlmError(f"--policies: {policy.label()} is fixed; list fixed K in --num_paths and adaptive "
-                              f"policies (entropy, converge) in --policies")
+                              f"policies (entropy) in --policies")
         resolved = policy.resolve(largest)
         name = resolved.label().replace(" ", "-")
         if name in {p[0] for p in points}:
@@ -60,7 +59,7 @@ def compute_points(num_paths: list[int], policies: list[PathPolicy],
 
 
 def point_kind(name: str, policy: PathPolicy) -> str:
-    """fixed, entropy, converge or expected: the column ``policy`` and the marker of a point."""
+    """fixed, entropy or expected: the column ``policy`` and the marker of a point."""
     return "expected" if name == EXPECTED_POINT else policy.kind
 
 
@@ -107,7 +106,7 @@ def plot_compute(rows: list[dict], path: Path, title: str = "") -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, x_key, x_label in ((axes[0], "paths_mean", "mean paths sampled per boundary"),
                                (axes[1], "wall_time_s", "evaluation wall time (s)")):
-        for kind, marker in (("fixed", "o"), ("entropy", "^"), ("converge", "s"), ("expected", "*")):
+        for kind, marker in (("fixed", "o"), ("entropy", "^"), ("expected", "*")):
             group = sorted((r for r in rows if r["policy"] == kind), key=lambda r: r[x_key])
             if not group:
                 continue

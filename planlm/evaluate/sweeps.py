@@ -97,7 +97,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
             of the compute sweep: its fixed points (the largest is K_max, the reference).
         temperatures: tau values of the temperature sweep (tau = 1, the reference, is added if missing).
         policies: compute sweep: the adaptive path policies at their budgets (max_paths unset: K_max), e.g.
-            [{kind: entropy, max_paths: 10}, {kind: converge, tolerance: 0.1}].
+            [{kind: entropy, max_paths: 10}, {kind: entropy, min_paths: 2}].
         plans: The plans of every point, but for the swept value (kind planner_sampled; num_paths: K of the
             temperature sweep, temperature: tau of the K sweep, horizon, seed, planner_dir); unset: the model's.
         split: Split to evaluate.

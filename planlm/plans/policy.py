@@ -8,11 +8,6 @@ The paper samples the same K paths at every boundary and names that cost as its 
   K = min_paths + ceil((max_paths - min_paths) * min(1, H / entropy_high)), with ``entropy_high`` the
   entropy that gets ``max_paths`` (default log A: the uniform distribution). A confident planner gets
   ``min_paths``; one unsure between two actions of A = 8 gets a third of the range.
-- ``converge``: paths are sampled in doublings (min_paths, 2 min_paths, 4 min_paths, ... up to
-  ``max_paths``) and a boundary stops once its aggregated plan changes less than ``tolerance``: the
-  aggregate is each step's empirical action distribution over the boundary's paths (the mean one-hot,
-  what Project and Avg averages before its linear map), the change the total-variation distance between
-  the aggregates before and after a doubling, averaged over the T steps (0 = the same, 1 = disjoint).
 
 Batched, never one boundary at a time: a batch of B boundaries comes back as ``action_paths (B, K_max, T)``
 plus ``num_paths (B,)``; the paths of boundary b beyond ``num_paths[b]`` are padding, masked out by
@@ -33,22 +28,19 @@ import torch
 
 from planlm.errors import PlanlmError
 
-POLICIES = ("fixed", "entropy", "converge")
+POLICIES = ("fixed", "entropy")
 
 
 @dataclass
 class PathPolicy:
     """How many sampled paths each sentence boundary gets (adaptive planning compute)."""
 
-    kind: Literal["fixed", "entropy", "converge"] = "fixed"
-    """fixed (K = max_paths everywhere), entropy (K from the planner's first-step entropy) or converge (doublings
-    until the aggregated plan stops changing)."""
+    kind: Literal["fixed", "entropy"] = "fixed"
+    """fixed (K = max_paths everywhere) or entropy (K from the planner's first-step entropy)."""
     min_paths: int = 1
-    """Fewest paths a boundary gets (entropy, converge: the first round of doublings)."""
+    """Fewest paths a boundary gets (entropy)."""
     max_paths: Optional[int] = None
     """Most paths a boundary gets; None: the command's num_paths (K)."""
-    tolerance: float = 0.05
-    """converge: stop once a doubling changes the aggregated plan by less than this (mean total variation over steps)."""
     entropy_high: Optional[float] = None
     """entropy: first-step entropy in nats that gets max_paths; None: log(num_actions), the uniform distribution."""
 
@@ -60,11 +52,14 @@ class PathPolicy:
         if self.max_paths is not None and self.max_paths < self.min_paths:
             raise PlanlmError(f"--path_policy.min_paths {self.min_paths} > --path_policy.max_paths {self.max_paths}; "
                               f"lower min_paths or raise max_paths")
-        if not self.tolerance > 0:
-            raise PlanlmError(f"--path_policy.tolerance {self.tolerance} must be > 0 (e.g. 0.05); set a positive "
-                              f"tolerance")
         if self.entropy_high is not None and not self.entropy_high > 0:
             raise PlanlmError(f"--path_policy.entropy_high {self.entropy_high} must be > 0 nats (or null: log A)")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "PathPolicy":
+        """A policy as a saved config records it (a plan cache's manifest, a model's plans); a cache or model saved
+        with an earlier planlm also records the ``tolerance`` of a policy since removed, which this one drops."""
+        return cls(**{name: value for name, value in values.items() if name != "tolerance"})
 
     def resolve(self, num_paths: int) -> "PathPolicy":
         """This policy with max_paths filled in from the command's K (one-line error when it cannot be)."""
@@ -72,7 +67,7 @@ class PathPolicy:
         if self.min_paths > max_paths:
             raise PlanlmError(f"--path_policy.min_paths {self.min_paths} > K = {max_paths} (--num_paths); lower "
                               f"min_paths or raise --num_paths / --path_policy.max_paths")
-        return PathPolicy(self.kind, self.min_paths, max_paths, self.tolerance, self.entropy_high)
+        return PathPolicy(self.kind, self.min_paths, max_paths, self.entropy_high)
 
     @property
     def adaptive(self) -> bool:
@@ -84,13 +79,11 @@ class PathPolicy:
         return asdict(self) if self.adaptive else None
 
     def label(self) -> str:
-        """A short name, e.g. ``entropy 1-50`` or ``converge 1-50 tol 0.05``."""
+        """A short name, e.g. ``fixed K=10``, ``entropy 1-50`` or ``entropy 1-50 H 0.7``."""
         if not self.adaptive:
             return f"fixed K={self.max_paths}"
         text = f"{self.kind} {self.min_paths}-{self.max_paths}"
-        if self.kind == "converge":
-            text += f" tol {self.tolerance:g}"
-        if self.kind == "entropy" and self.entropy_high is not None:
+        if self.entropy_high is not None:
             text += f" H {self.entropy_high:g}"
         return text
 
@@ -116,19 +109,6 @@ def entropy_num_paths(logits: torch.Tensor, policy: PathPolicy, temperature: flo
     share = (entropy / high).clamp(0.0, 1.0)  # (B,)
     extra = torch.ceil((policy.max_paths - policy.min_paths) * share - 1e-6).clamp(min=0).long()  # (B,)
     return policy.min_paths + extra
-
-
-def step_distribution(paths: torch.Tensor, num_paths: torch.Tensor, num_actions: int) -> torch.Tensor:
-    """paths (B, K, T), num_paths (B,) -> each step's empirical action distribution over the first
-    num_paths[b] paths of boundary b: (B, T, A)."""
-    valid = torch.arange(paths.shape[1], device=paths.device)[None, :] < num_paths[:, None]  # (B, K)
-    one_hot = torch.nn.functional.one_hot(paths, num_actions).float() * valid[:, :, None, None]  # (B, K, T, A)
-    return one_hot.sum(1) / num_paths.clamp(min=1)[:, None, None].float()  # (B, T, A)
-
-
-def plan_change(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-    """Step distributions (B, T, A) before and after a doubling -> mean total variation over steps (B,)."""
-    return 0.5 * (after - before).abs().sum(-1).mean(-1)
 
 
 def path_mask_from_counts(num_paths: torch.Tensor, max_paths: int, horizon: int) -> torch.Tensor:
@@ -164,40 +144,7 @@ def sample_with_policy(planner, context_embeds: torch.Tensor, context_mask: torc
     if policy.kind == "fixed" or temperature == 0:
         paths = planner.sample_paths(context_embeds, context_mask, policy.max_paths, horizon, temperature, generator)
         return paths, torch.full((batch,), policy.max_paths, dtype=torch.long, device=device)
-    if policy.kind == "entropy":
-        counts = entropy_num_paths(planner.first_step_logits(context_embeds, context_mask), policy, temperature)
-        paths = planner.sample_paths(context_embeds, context_mask, counts, horizon, temperature, generator)
-        padding = policy.max_paths - paths.shape[1]  # no boundary of this batch may have needed K_max
-        return torch.nn.functional.pad(paths, (0, 0, 0, padding)), counts  # (B, K_max, T), (B,)
-    return _sample_until_converged(planner, context_embeds, context_mask, policy, horizon, temperature, generator)
-
-
-def _sample_until_converged(planner, context_embeds, context_mask, policy: PathPolicy, horizon: int,
-                            temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """The converge policy: doublings for the boundaries still changing, all of them in one call per round."""
-    batch, device = context_embeds.shape[0], context_embeds.device
-    num_actions = planner.config.num_actions
-    paths = torch.zeros(batch, policy.max_paths, horizon, dtype=torch.long, device=device)  # (B, K_max, T)
-    counts = torch.full((batch,), policy.min_paths, dtype=torch.long, device=device)  # (B,)
-    paths[:, :policy.min_paths] = planner.sample_paths(context_embeds, context_mask, policy.min_paths, horizon,
-                                                       temperature, generator)
-    active = torch.ones(batch, dtype=torch.bool, device=device)  # (B,)
-    while True:
-        active &= counts < policy.max_paths
-        rows = torch.nonzero(active).squeeze(1)  # (B_a,)
-        if not len(rows):
-            return paths, counts
-        old = counts[rows]  # (B_a,)
-        extra = torch.minimum(old, policy.max_paths - old)  # double, capped at max_paths
-        new_paths = planner.sample_paths(context_embeds[rows], context_mask[rows], extra, horizon, temperature,
-                                         generator)  # (B_a, max(extra), T)
-        before = step_distribution(paths[rows], old, num_actions)  # (B_a, T, A)
-        slots = old[:, None] + torch.arange(new_paths.shape[1], device=device)[None, :]  # (B_a, K_new)
-        keep = torch.arange(new_paths.shape[1], device=device)[None, :] < extra[:, None]  # (B_a, K_new)
-        owner = torch.arange(len(rows), device=device)[:, None].expand_as(slots)  # (B_a, K_new)
-        block = paths[rows]  # (B_a, K_max, T)
-        block[owner[keep], slots[keep]] = new_paths[keep]
-        paths[rows] = block
-        counts[rows] = old + extra
-        after = step_distribution(paths[rows], counts[rows], num_actions)  # (B_a, T, A)
-        active[rows] = plan_change(before, after) >= policy.tolerance
+    counts = entropy_num_paths(planner.first_step_logits(context_embeds, context_mask), policy, temperature)
+    paths = planner.sample_paths(context_embeds, context_mask, counts, horizon, temperature, generator)
+    padding = policy.max_paths - paths.shape[1]  # no boundary of this batch may have needed K_max
+    return torch.nn.functional.pad(paths, (0, 0, 0, padding)), counts  # (B, K_max, T), (B,)

@@ -43,7 +43,7 @@ def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Option
         plans: The plans to draw, as train-lm takes them: planner_dir (a ``planlm train-planner`` folder; required),
             kind (planner_sampled, or planner_argmax: tau 0), num_paths K (default 10; the most any boundary gets
             under an adaptive path_policy), horizon T (default: the planner's), temperature tau (0 = argmax), seed,
-            path_policy (fixed, entropy or converge), expectation (also store every step's distribution, its
+            path_policy (fixed or entropy), expectation (also store every step's distribution, its
             top_actions most likely actions and their float16 probabilities, for the sampled and argmax paths).
         splits: Splits to cover; default: every split of the prepared corpus.
         out_dir: Cache folder; default ``<planner_dir>/plans/K{K}-T{T}-tau{tau}-seed{seed}`` (plus the policy).

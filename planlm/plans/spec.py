@@ -67,7 +67,8 @@ class PlanSpec:
     plans_dir: Optional[str] = None
     """A plan cache folder (`planlm sample-plans`): plans are read from it (takes precedence over planner_dir)."""
     path_policy: Optional[PathPolicy] = None
-    """Paths per boundary of sampled plans: fixed (K everywhere; default), entropy or converge (at most K)."""
+    """Paths per boundary of sampled plans: fixed (K everywhere; default) or entropy (at most K, more where the
+    planner is unsure of the next action)."""
     expectation: Optional[bool] = None
     """Plans in expectation (planner kinds; beyond the paper): each step is the planner's next-action distribution
     along the path (tau; planner_argmax: tau 1), the adapter reads sum_a p(a) Emb(a). Default false."""
@@ -87,7 +88,7 @@ class PlanSpec:
             name = str(plan_kind(self.kind).name)  # one-line error naming the kinds
             self.kind = PlanKind(name) if name in PlanKind.__members__ else name
         if isinstance(self.path_policy, dict):
-            self.path_policy = PathPolicy(**self.path_policy)
+            self.path_policy = PathPolicy.from_dict(self.path_policy)
 
     def resolve(self, base: Optional[PlanSpec] = None) -> PlanSpec:
         """This spec with its unset fields taken from ``base`` (then the defaults), normalised and validated.
@@ -260,7 +261,7 @@ def _cache_overrides(overrides: PlanSpec, kind: PlanStrategy) -> PlanSpec:
     if overrides.num_paths not in (None, num_paths):
         raise PlanlmError(f"{overrides.plans_dir}: the plan cache holds K={num_paths} paths, not --plans.num_paths "
                           f"{overrides.num_paths}; drop --plans.num_paths or sample a cache with it")
-    cached = PathPolicy(**manifest["path_policy"]) if manifest.get("path_policy") else PathPolicy()
+    cached = PathPolicy.from_dict(manifest["path_policy"]) if manifest.get("path_policy") else PathPolicy()
     asked = overrides.path_policy
     if asked is not None and asked.adaptive and asked.resolve(num_paths) != cached.resolve(num_paths):
         raise PlanlmError(f"{overrides.plans_dir}: the plan cache was sampled under path policy "

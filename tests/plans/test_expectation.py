@@ -166,7 +166,7 @@ def test_sample_plans_cli_refuses_expectation_with_an_adaptive_policy(synthetic_
 
     with pytest.raises(SystemExit):
         main(["sample-plans", "--plans.planner_dir", str(planner_dir), "--prepared_dir", str(synthetic_cycle),
-              "--plans.num_paths", "4", "--plans.expectation", "true", "--plans.path_policy.kind", "converge"])
+              "--plans.num_paths", "4", "--plans.expectation", "true", "--plans.path_policy.kind", "entropy"])
     err = capsys.readouterr().err.strip()
     assert "needs no adaptive paths" in err and len(err.splitlines()) == 1
 

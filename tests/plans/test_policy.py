@@ -17,8 +17,7 @@ from planlm.models.adapter import AdapterConfig, build_adapter
 from planlm.models.planned_lm import PlannedLM
 from planlm.plans.cache import load_path_counts
 from planlm.plans.kinds import draw_plans
-from planlm.plans.policy import (PathPolicy, entropy_num_paths, path_mask_from_counts, paths_summary, plan_change,
-                                sample_with_policy, step_distribution)
+from planlm.plans.policy import PathPolicy, entropy_num_paths, path_mask_from_counts, paths_summary, sample_with_policy
 from planlm.plans.sampling import sample_plans
 
 from helpers import read_csv, tiny_planned_lm, tiny_planner, use_planner
@@ -70,29 +69,6 @@ def test_entropy_policy_batch_comes_back_at_max_paths_even_when_no_boundary_need
     paths, counts = sample_with_policy(HandMadePlanner(logits), *contexts(3), PathPolicy("entropy", 1, 30), 2, 1.0,
                                        torch.Generator().manual_seed(0))
     assert counts.tolist() == [1, 1, 11] and paths.shape == (3, 30, 2) and (paths[:, 11:] == 0).all()
-
-
-def test_converge_policy_stops_certain_boundaries_after_one_doubling_and_doubles_unsure_ones():
-    logits = torch.full((2, 6), -1e9)
-    logits[0, 3] = 0  # every path the same: the aggregate never changes
-    logits[1] = 0  # uniform over 6 actions: small samples keep changing
-    planner = HandMadePlanner(logits)
-    generator = torch.Generator().manual_seed(0)
-    paths, counts = sample_with_policy(planner, *contexts(2), PathPolicy("converge", 1, 64, tolerance=0.05), 2, 1.0,
-                                       generator)
-    assert counts[0] == 2 and counts[1] >= 16 and paths.shape == (2, int(counts.max()), 2)
-    assert (paths[0, :2] == 3).all() and (paths[0, 2:] == 0).all()  # beyond a boundary's count: padding
-    assert planner.calls[0] == [1, 1] and planner.calls[1] == [1, 1]  # round 1: both boundaries, one call
-    assert all(len(c) == 1 for c in planner.calls[2:])  # later rounds: only the unsure one
-
-
-def test_step_distribution_and_plan_change_on_hand_made_paths():
-    paths = torch.tensor([[[0, 1], [0, 2], [1, 1], [9, 9]]])  # (1, 4, 2), the last path padding
-    dist = step_distribution(paths.clamp(max=2), torch.tensor([3]), 3)
-    assert torch.allclose(dist[0, 0], torch.tensor([2 / 3, 1 / 3, 0])) and torch.allclose(dist[0, 1], torch.tensor([0, 2 / 3, 1 / 3]))
-    same = plan_change(dist, dist)
-    disjoint = plan_change(torch.tensor([[[1.0, 0.0]]]), torch.tensor([[[0.0, 1.0]]]))
-    assert same.item() == 0 and disjoint.item() == 1
 
 
 def test_fixed_policy_draws_exactly_the_planners_paths(synthetic_cycle):
@@ -147,8 +123,8 @@ def test_plan_cache_stores_counts_and_is_keyed_by_the_policy(synthetic_cycle, tm
     fixed = cache(planner_dir, synthetic_cycle, num_paths=8)
     entropy = PathPolicy("entropy", 1, entropy_high=0.5)
     adaptive = cache(planner_dir, synthetic_cycle, num_paths=8, path_policy=entropy)
-    converge = cache(planner_dir, synthetic_cycle, num_paths=8, path_policy=PathPolicy("converge", 1))
-    assert len({fixed, adaptive, converge}) == 3  # one default folder per policy
+    widest = cache(planner_dir, synthetic_cycle, num_paths=8, path_policy=PathPolicy("entropy", 2))
+    assert len({fixed, adaptive, widest}) == 3  # one default folder per policy
     assert (load_path_counts(fixed, "validation") == 8).all()
     counts = load_path_counts(adaptive, "validation")
     manifest = json.loads((adaptive / "manifest.json").read_text())
@@ -174,9 +150,8 @@ def test_plan_cache_stores_counts_and_is_keyed_by_the_policy(synthetic_cycle, tm
 
 @pytest.mark.parametrize("settings, message", [
     ({"min_paths": 5, "max_paths": 2}, "min_paths 5 > --path_policy.max_paths 2; lower min_paths or raise max_paths"),
-    ({"tolerance": 0.0}, "tolerance 0.0 must be > 0"),
-    ({"tolerance": -1.0}, "tolerance -1.0 must be > 0"),
-    ({"kind": "bandit"}, "'bandit' is not a policy; choose one of fixed, entropy, converge"),
+    ({"kind": "bandit"}, "'bandit' is not a policy; choose one of fixed, entropy"),
+    ({"kind": "converge"}, "'converge' is not a policy; choose one of fixed, entropy"),
     ({"min_paths": 0}, "min_paths 0 must be >= 1"),
 ])
 def test_bad_policy_settings_give_one_line_errors(settings, message):
@@ -232,7 +207,7 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
     with pytest.raises(PlanlmError, match="sampled under path policy entropy"):
         evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "clash"), max_articles=5,
                  runtime=Runtime(device="cpu"),
-                 plans=PlanSpec(plans_dir=str(cache), path_policy=PathPolicy("converge")), plan_usage=False)
+                 plans=PlanSpec(plans_dir=str(cache), path_policy=PathPolicy("entropy", 2)), plan_usage=False)
     # A fixed evaluation keeps its old reuse key (no path_policy in it) and samples K everywhere.
     fixed = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "fixed"), max_articles=5,
                      plans=PlanSpec(num_paths=6), bootstrap_samples=20, runtime=Runtime(device="cpu"), plan_usage=False)
@@ -245,10 +220,10 @@ def test_compute_sweep_through_the_cli(planned, synthetic_cycle, tmp_path):
 
     main(["sweep", "--model_dir", str(planned), "--prepared_dir", str(synthetic_cycle), "--out_dir",
           str(tmp_path / "compute"), "--kind", "compute", "--num_paths", "[1, 4]", "--policies",
-          '[{"kind": "entropy", "entropy_high": 1.0}, {"kind": "converge", "tolerance": 0.3}]',
+          '[{"kind": "entropy", "entropy_high": 1.0}, {"kind": "entropy", "min_paths": 2}]',
           "--max_articles", "4", "--bootstrap_samples", "20", "--runtime.device", "cpu"])
     rows = read_csv(tmp_path / "compute" / "sweep_compute.csv")
-    assert [r["value"] for r in rows] == ["fixed-1", "fixed-4", "entropy-1-4-H-1", "converge-1-4-tol-0.3"]
+    assert [r["value"] for r in rows] == ["fixed-1", "fixed-4", "entropy-1-4-H-1", "entropy-2-4"]
     assert {r["reference"] for r in rows} == {"fixed-4"} and float(rows[1]["paired_diff"]) == 0.0
     assert float(rows[0]["paths_mean"]) == 1 and float(rows[1]["paths_fraction"]) == 1.0
     assert all(1 <= float(r["paths_mean"]) <= 4 for r in rows)
@@ -272,7 +247,7 @@ def test_generation_plans_each_sentence_end_under_the_policy(synthetic_cycle):
 
     prepared = PreparedDataset(synthetic_cycle)
     cond = PlanSpec(kind="planner_sampled", num_paths=6, horizon=3, planner_dir="unused",
-                    path_policy=PathPolicy("converge", min_paths=2, tolerance=0.3)).resolve()
+                    path_policy=PathPolicy("entropy", min_paths=2)).resolve()
     generator = PlannedGenerator(chatty_planned_lm(prepared), load_tokenizer("gpt2"), cond,
                                  planner=tiny_planner(prepared), embed_fn=synthetic_embed_fn(prepared), seed=2)
     result = generator.generate(generator.prompt_from_text("Red water red."), SamplingConfig(max_new_tokens=30))
