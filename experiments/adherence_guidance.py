@@ -26,7 +26,7 @@ from pathlib import Path
 
 from planlm.args import Runtime
 from planlm.evaluate.adherence import AdherenceMetrics, adherence, paired_difference, table
-from planlm.plans.spec import PlanSpec
+from planlm.plans.spec import PlanSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = dict(outline_length=2, tokens_per_sentence=48, bootstrap_samples=2000, runtime=Runtime(precision="fp32"))
@@ -72,14 +72,14 @@ def choose_weight(models: Path, prepared: str, out_dir: Path, weights: list[floa
     return best, scores
 
 
-def measure_test(name: str, model_dir: str, prepared: str, out_dir: Path, weights: list[float], plans: PlanSpec,
-                 own: PlanSpec) -> dict:
+def measure_test(name: str, model_dir: str, prepared: str, out_dir: Path, weights: list[float],
+                 plans: PlanSettings) -> dict:
     """Step 3 for one model: the test split at each weight, then the paired (first - last) differences."""
     folders = {}
     for w in weights:
         folders[w] = out_dir / f"test-{name}-w{w:g}"
         metrics = adherence(model_dir, prepared, str(folders[w]), max_articles=50, outlines_per_article=2,
-                            conditions=["outline", "own", "fixed", "shuffled"], plans=plans, own=own,
+                            conditions=["outline", "own", "fixed", "shuffled"], plans=plans,
                             plan_guidance=w, **COMMON)
         print(f"{name}, w = {w:g}:\n{table(metrics)}")
     difference = paired_difference(folders[weights[0]], folders[weights[-1]], prepared)
@@ -102,13 +102,13 @@ def main() -> None:
     models = oracle_models(run, out_dir, args.extra_seeds)
     best, scores = choose_weight(models, prepared, out_dir, args.weights)
     weights = [best, 1.0] if best != 1 else [1.0]
-    planner = PlanSpec(kind="planner_sampled", planner_dir=str(run / "planner"), num_paths=1, horizon=1)
+    planner = PlanSettings(kind="planner_sampled", planner_dir=str(run / "planner"), num_paths=1, horizon=1)
     results = {
-        "oracle": measure_test("oracle", str(models), prepared, out_dir, weights, PlanSpec(), planner),
+        "oracle": measure_test("oracle", str(models), prepared, out_dir, weights, planner),
         "ours": measure_test("ours", str(run / "lm/ours"), prepared, out_dir, weights,
-                             PlanSpec(planner_dir=str(run / "planner")), PlanSpec()),
+                             PlanSettings(planner_dir=str(run / "planner"))),
         "cornille": measure_test("cornille", str(run / "lm/cornille"), prepared, out_dir, weights,
-                                 PlanSpec(planner_dir=str(run / "planners/cornille")), PlanSpec()),
+                                 PlanSettings(planner_dir=str(run / "planners/cornille"))),
     }
     summary = {"validation": {f"{w:g}": s for w, s in scores.items()}, "chosen": best, "test": results}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

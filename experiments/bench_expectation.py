@@ -51,6 +51,8 @@ try:  # imported as the package `experiments` (the tests, python -m experiments.
 except ImportError:  # run as a script (python experiments/bench_expectation.py): its folder is sys.path[0]
     import bench_mechanism as bench
 
+from planlm.plans.spec import TOP_ACTIONS
+
 SAMPLED_K = (1, 10, 50)
 
 
@@ -59,9 +61,6 @@ def parse_args() -> tuple[argparse.Namespace, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="timed evaluations of each of sampled K = 1 and "
                                                                "expectation K = 1, in turn")
-    parser.add_argument("--top_actions", type=int, default=64, help="actions kept per step in expectation, when "
-                                                                     "the sampled LM is evaluated (the LM trained in "
-                                                                     "expectation keeps the default, 64)")
     parser.add_argument("--no_compute_sweep", action="store_true", help="skip part 6")
     parser.add_argument("--condition", choices=["sampled", "ours"], default="sampled",
                         help="the LM evaluated: sampled (Project and Avg, T = 1) or ours (multipath, T = --horizon, "
@@ -71,13 +70,13 @@ def parse_args() -> tuple[argparse.Namespace, argparse.Namespace]:
     return args, bench.parse_args(bench_argv)
 
 
-def point_specs(top_actions: int, condition: str = "sampled") -> dict:
+def point_specs(condition: str = "sampled") -> dict:
     """The evaluation points of the ``condition`` LM: the plans overriding its own."""
     from planlm.plans.spec import PlanSpec
 
     points = {f"sampled K={k}": PlanSpec(num_paths=k, expectation=False) for k in SAMPLED_K}
     for num_paths in (1, 10) if condition == "ours" else (1,):  # at T > 1 more paths average over more prefixes
-        points[f"expectation K={num_paths}"] = PlanSpec(num_paths=num_paths, expectation=True, top_actions=top_actions)
+        points[f"expectation K={num_paths}"] = PlanSpec(num_paths=num_paths, expectation=True)
     return points
 
 
@@ -85,8 +84,7 @@ def model_dir(bench_args, condition: str, seed: int) -> Path:
     return Path(bench_args.out_dir) / bench_args.tag / "lm" / f"{condition}-seed{seed}"
 
 
-def evaluate_points(bench_args, seed: int, prepared_dir: str, planner_dir: str, top_actions: int,
-                    condition: str = "sampled") -> dict:
+def evaluate_points(bench_args, seed: int, prepared_dir: str, planner_dir: str, condition: str = "sampled") -> dict:
     """Evaluation folders of one seed: every point of the ``condition`` LM and (sampled) the ``expected`` LM's
     own."""
     from planlm.evaluate.perplexity import evaluate
@@ -95,7 +93,7 @@ def evaluate_points(bench_args, seed: int, prepared_dir: str, planner_dir: str, 
     base = bench.train_base(bench_args, seed, prepared_dir, bench.Clock())
     bench.train_condition(bench_args, condition, seed, prepared_dir, planner_dir, base, bench.Clock())
     eval_dirs = {}
-    for name, plans in point_specs(top_actions, condition).items():
+    for name, plans in point_specs(condition).items():
         folder = root / "expectation" / "eval" / f"{condition}-{name.replace(' ', '-')}-seed{seed}"
         evaluate(model_dir=str(model_dir(bench_args, condition, seed)), prepared_dir=prepared_dir, out_dir=str(folder),
                  split="test", batch_size=64, plans=plans, bootstrap_samples=bench_args.bootstrap_samples,
@@ -125,8 +123,7 @@ def paired_table(bench_args, eval_dirs: list[dict]) -> tuple[list[str], dict]:
     return lines, against
 
 
-def timing(bench_args, seed: int, prepared_dir: str, repeats: int, top_actions: int,
-           condition: str = "sampled") -> dict:
+def timing(bench_args, seed: int, prepared_dir: str, repeats: int, condition: str = "sampled") -> dict:
     """Median evaluation wall time (planner, adapter, LM) of sampled K = 1 and expectation K = 1, timed in turn."""
     import torch
 
@@ -138,7 +135,7 @@ def timing(bench_args, seed: int, prepared_dir: str, repeats: int, top_actions: 
     folder = model_dir(bench_args, condition, seed)
     model, prepared = PlannedLM.from_pretrained(folder), PreparedDataset(prepared_dir)
     split = prepared["test"]
-    points = {name: evaluation_spec(spec, model, str(folder)) for name, spec in point_specs(top_actions).items()
+    points = {name: evaluation_spec(spec, model, str(folder)) for name, spec in point_specs().items()
               if name in ("sampled K=1", "expectation K=1")}
     times = {name: [] for name in points}
     window = bench.lm_window(bench_args)
@@ -152,7 +149,7 @@ def timing(bench_args, seed: int, prepared_dir: str, repeats: int, top_actions: 
             for name, rows in times.items()}
 
 
-def diagnosis(bench_args, seed: int, prepared_dir: str, top_actions: int, condition: str = "sampled",
+def diagnosis(bench_args, seed: int, prepared_dir: str, condition: str = "sampled",
               num_paths: int = 50) -> list[str]:
     """Per step: the expected action embedding's distance from the K = 50 average, beside that average's own
     Monte Carlo error, in the sampled LM's action-embedding space; and the plan vectors' relative distance."""
@@ -168,7 +165,7 @@ def diagnosis(bench_args, seed: int, prepared_dir: str, top_actions: int, condit
     split = prepared["test"]
     sentences = np.arange(split.num_sentences)
     sources = {expectation: plan_source(evaluation_spec(PlanSpec(num_paths=1 if expectation else num_paths,
-                                                                 expectation=expectation, top_actions=top_actions),
+                                                                 expectation=expectation),
                                                         model, str(folder)), prepared, split, sentences=sentences)
                for expectation in (True, False)}
     adapter = model.adapter
@@ -204,20 +201,20 @@ def main() -> None:
     prepared_dir, _ = bench.prepare_corpus(bench_args, out, clock)
     planner_dir = bench.train_mechanism_planner(bench_args, prepared_dir, clock)
     condition = args.condition
-    eval_dirs = [evaluate_points(bench_args, seed, prepared_dir, planner_dir, args.top_actions, condition)
+    eval_dirs = [evaluate_points(bench_args, seed, prepared_dir, planner_dir, condition)
                  for seed in bench_args.seeds]
     lines = [f"# Plans in expectation on the mechanism benchmark ({out}, the {condition} LM, seeds "
-             f"{bench_args.seeds}, top {args.top_actions} actions)", "",
+             f"{bench_args.seeds}, top {TOP_ACTIONS} actions)", "",
              f"## Test perplexity, pooled over seeds (negative: better; {bench.PAIRED_INTERVALS})", ""]
     table, against = paired_table(bench_args, eval_dirs)
     seed = bench_args.seeds[0]
-    times = timing(bench_args, seed, prepared_dir, args.repeats, args.top_actions, condition)
+    times = timing(bench_args, seed, prepared_dir, args.repeats, condition)
     ratio = times["expectation K=1"]["wall"] / times["sampled K=1"]["wall"]
     lines += table + ["", f"## Evaluation time, seed {seed}'s {condition} LM, median of {args.repeats} in turn (CPU)", "",
                       "| plans | wall s | planner s |", "|---|---|---|"]
     lines += [f"| {name} | {t['wall']:.2f} | {t['planner']:.2f} |" for name, t in times.items()]
     lines += ["", "## Diagnosis: the expected embedding against the K = 50 average", ""]
-    lines += diagnosis(bench_args, seed, prepared_dir, args.top_actions, condition)
+    lines += diagnosis(bench_args, seed, prepared_dir, condition)
     if not args.no_compute_sweep:
         from planlm.evaluate.sweeps import sweep
 

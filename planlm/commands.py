@@ -39,6 +39,7 @@ API: dict[str, str] = {
     "load_plans": "planlm.plans.cache:load_plans",
     "PathPolicy": "planlm.plans.policy:PathPolicy",
     "PlanSpec": "planlm.plans.spec:PlanSpec",
+    "PlanSettings": "planlm.plans.spec:PlanSettings",
     "PlanKind": "planlm.plans.kinds:PlanKind",
     "PlanStrategy": "planlm.plans.kinds:PlanStrategy",
     "register_plan_kind": "planlm.plans.kinds:register_plan_kind",

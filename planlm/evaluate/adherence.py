@@ -6,7 +6,7 @@ prompt and the actions of sentences b .. b+L-1 are the requested ones. Each cond
 the same prompts:
 
 - ``outline``: the plans are the outline (``planlm.evaluate.outline``), and generation stops after its L sentences;
-- ``own``: the model's own plans (its planner; ``--own`` overrides them, e.g. a planner for an oracle model);
+- ``own``: the model's own plans (its planner; ``--plans`` overrides them, e.g. a planner for an oracle model);
 - ``fixed``: the model's plans replaced by the Fixed baseline's constant action;
 - ``shuffled``: the outline of a boundary in another source document (a control: an LM that ignored its plans
   would score the same). It is scored twice: against the true outline (the control) and, as ``shuffled_asked``,
@@ -31,7 +31,7 @@ several seeds (``--model_dir`` holding ``seed<N>/`` model folders), add the spre
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -49,7 +49,7 @@ from planlm.evaluate.loading import model_fingerprint
 from planlm.evaluate.metrics import AdherenceMetrics, ConditionAdherence, SeededInterval
 from planlm.evaluate.outline import Outline
 from planlm.jsonio import write_json
-from planlm.plans.spec import PlanSpec
+from planlm.plans.spec import PlanSettings
 from planlm.stage import StageDir, config_fingerprint, read_manifest
 
 Condition = Literal["outline", "own", "fixed", "shuffled"]
@@ -72,8 +72,8 @@ class OutlineTask:
 
 def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test", max_articles: Optional[int] = 20,
               outlines_per_article: int = 2, outline_length: int = 3,
-              conditions: list[Condition] = ["outline", "own", "fixed"], plans: PlanSpec = PlanSpec(),
-              own: PlanSpec = PlanSpec(), fixed_action: int = 0, seed: int = 0, context_length: int = 128,
+              conditions: list[Condition] = ["outline", "own", "fixed"], plans: PlanSettings = PlanSettings(),
+              seed: int = 0, context_length: int = 128,
               tokens_per_sentence: int = 64, temperature: float = 1.0, top_k: Optional[int] = None,
               top_p: Optional[float] = None, plan_guidance: float = 1.0, bootstrap_samples: int = 1000,
               confidence: float = 0.95, runtime: Runtime = Runtime()) -> AdherenceMetrics:
@@ -94,10 +94,9 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         outline_length: L, the sentences of each outline (and of every condition's continuation).
         conditions: Of outline, own, fixed, shuffled (shuffled is also reported as shuffled_asked: scored on the
             outline it was given).
-        plans: Overrides of the model's plans for every condition (e.g. --plans.planner_dir where its planner moved).
-        own: Further overrides for the own condition (e.g. an oracle model's: --own.kind planner_sampled
-            --own.planner_dir DIR); unset: the model's own plans.
-        fixed_action: The action of the fixed condition.
+        plans: The own condition's plans; unset fields: the model's own (an oracle model's own plans would be the
+            outline itself: --plans.kind planner_sampled --plans.planner_dir DIR). Its planner_dir also serves the
+            other conditions (where the model's planner moved).
         seed: Seed of the outlines drawn, the shuffle, generation and the bootstrap.
         context_length: Prefix tokens at most.
         tokens_per_sentence: Tokens generated at most per outlined sentence (L times this in all).
@@ -122,7 +121,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
     prepared = PreparedDataset(prepared_dir)
     split_view = prepared.split(split)
     tasks = select_outlines(split_view, max_articles, outlines_per_article, outline_length, seed)
-    specs = condition_specs(plans, own, fixed_action)
+    specs = condition_specs(plans)
     key = {"models": {s: model_fingerprint(folder) for s, folder in models.items()},
            "prepared": config_fingerprint(prepared_dir), "split": split, "tasks": tasks,
            "conditions": list(conditions), "specs": {c: _spec_key(specs[c]) for c in conditions}, "seed": seed,
@@ -173,19 +172,16 @@ def model_seeds(model_dir: str) -> dict[int, Path]:
     return seeds
 
 
-def condition_specs(plans: PlanSpec, own: PlanSpec, fixed_action: int) -> dict[str, PlanSpec]:
-    """The plan overrides of each condition: ``plans`` for all, ``own`` on top for own, the Fixed action for fixed."""
-    return {"outline": plans, "shuffled": plans, "own": _overridden(plans, own),
-            "fixed": _overridden(plans, PlanSpec(kind="fixed", fixed_action=fixed_action))}
+def condition_specs(plans: PlanSettings) -> dict[str, PlanSettings]:
+    """The plan overrides of each condition: ``plans`` for own, its planner folder for the others, and the Fixed
+    baseline's kind for fixed."""
+    planner = PlanSettings(planner_dir=plans.planner_dir)
+    return {"outline": planner, "shuffled": planner, "own": plans,
+            "fixed": PlanSettings(kind="fixed", planner_dir=plans.planner_dir)}
 
 
-def _overridden(base: PlanSpec, overrides: PlanSpec) -> PlanSpec:
-    return replace(base, **{f.name: getattr(overrides, f.name) for f in fields(PlanSpec)
-                            if getattr(overrides, f.name) is not None})
-
-
-def _spec_key(spec: PlanSpec) -> dict:
-    return {f.name: str(getattr(spec, f.name)) for f in fields(PlanSpec) if getattr(spec, f.name) is not None}
+def _spec_key(spec: PlanSettings) -> dict:
+    return {f.name: str(getattr(spec, f.name)) for f in fields(spec) if getattr(spec, f.name) is not None}
 
 
 def select_outlines(split: PreparedSplit, max_articles: Optional[int], per_article: int, length: int,
@@ -223,7 +219,7 @@ class _Run:
     embed_fn: EmbedFn
     codebook: np.ndarray
 
-    def measure(self, model_dir: Path, model_seed: int, condition: str, spec: PlanSpec, bar) -> list[dict]:
+    def measure(self, model_dir: Path, model_seed: int, condition: str, spec: PlanSettings, bar) -> list[dict]:
         """Every task's continuation under ``condition``, one row per complete sentence of the L asked for."""
         generator, _, _ = build_generator(str(model_dir), self.prepared_dir, self.split, spec, self.runtime, self.seed,
                                           embed_fn=self.embed_fn)

@@ -32,7 +32,7 @@ from planlm.evaluate.loading import evaluation_inputs
 from planlm.evaluate.metrics import EditDistanceMetrics, PathCounts
 from planlm.jsonio import write_json
 from planlm.plans.policy import paths_summary
-from planlm.plans.spec import PlanSpec
+from planlm.plans.spec import PlanSettings
 from planlm.stage import StageDir
 
 
@@ -76,8 +76,8 @@ FIELDS = ("article", "id", "boundary", "distance", "normalized", "generated_acti
 
 def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test",
                   max_articles: Optional[int] = 100, max_boundaries_per_article: Optional[int] = 2, seed: int = 0,
-                  context_length: int = 128, sampling: SamplingConfig = SamplingConfig(), plans: PlanSpec = PlanSpec(),
-                  bootstrap_samples: int = 1000, confidence: float = 0.95,
+                  context_length: int = 128, sampling: SamplingConfig = SamplingConfig(),
+                  plans: PlanSettings = PlanSettings(), bootstrap_samples: int = 1000, confidence: float = 0.95,
                   runtime: Runtime = Runtime()) -> EditDistanceMetrics:
     """Edit distance between the action sequences of generated and true continuations at sentence starts.
 
@@ -95,8 +95,8 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
         context_length: Context tokens before the boundary (at most).
         sampling: How tokens are drawn, as `generate` takes it; max_new_tokens is also the length of the true
             continuation taken as the reference (the protocol: 128 tokens, temperature 1.0, no top_k nor top_p).
-        plans: The plans (kind, num_paths, horizon, temperature, seed, fixed_action, planner_dir, path_policy);
-            unset fields: the model's own.
+        plans: The plans (kind, num_paths, horizon, temperature, planner_dir, expectation); unset fields: the
+            model's own.
         bootstrap_samples: Bootstrap resamples of the confidence intervals.
         confidence: Confidence level.
         runtime: The device and precision of the LM, the adapter and the planner (runtime.device,

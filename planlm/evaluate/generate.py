@@ -20,7 +20,7 @@ from planlm.evaluate.loading import load_checked
 from planlm.evaluate.outline import AfterOutline, Outline
 from planlm.jsonio import write_json
 from planlm.models.planner import Planner
-from planlm.plans.spec import PlanSpec, evaluation_spec
+from planlm.plans.spec import PlanSettings, PlanSpec, evaluation_spec
 
 
 def encoder_embed_fn(prepared: PreparedDataset) -> EmbedFn:
@@ -104,10 +104,11 @@ def generate_text(model, tokenizer, prompt: str, *, plans: PlanSpec | None = Non
     return generator.generate(generator.prompt_from_text(prompt), sampling, outline=outline)
 
 
-def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSpec, runtime: Runtime, seed: int,
+def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSettings, runtime: Runtime, seed: int,
                     embed_fn: EmbedFn | None = None):
-    """Load everything a command needs: (generator, prepared dataset, split view). ``plans`` overrides the
-    model's own plans field by field."""
+    """Load everything a command needs: (generator, prepared dataset, split view). ``plans`` (a generation command's
+    settings, or a whole spec from Python) overrides the model's own plans field by field."""
+    plans = PlanSpec.of(plans)
     if plans.plans_dir:
         raise PlanlmError("--plans.plans_dir: generation plans the text it writes, so it needs the planner; set "
                           "--plans.planner_dir instead (default: the model's)")
@@ -130,8 +131,9 @@ def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSp
 
 def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, article: Optional[int] = None,
              boundary: int = 1, split: str = "test", sampling: SamplingConfig = SamplingConfig(),
-             plans: PlanSpec = PlanSpec(), context_length: int = 128, seed: int = 0, out_file: Optional[str] = None,
-             outline: Optional[list[Union[int, str]]] = None, after_outline: AfterOutline = "planner",
+             plans: PlanSettings = PlanSettings(), context_length: int = 128, seed: int = 0,
+             out_file: Optional[str] = None, outline: Optional[list[Union[int, str]]] = None,
+             after_outline: AfterOutline = "planner",
              runtime: Runtime = Runtime()) -> dict:
     """Generate text with a planned LM, re-planning at every generated sentence end, and show the plans.
 
@@ -150,7 +152,7 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
         sampling: How tokens are drawn (max_new_tokens, temperature, top_k, top_p, use_cache; plan_guidance: > 1
             strengthens the plans' steer, e.g. an outline's, against the null plan of the train action frequencies).
         plans: The plans (kind: none, fixed, oracle (needs --article), planner_argmax, planner_sampled; num_paths,
-            horizon, temperature, seed, fixed_action, planner_dir, path_policy); unset fields: the model's own.
+            horizon, temperature, planner_dir, expectation); unset fields: the model's own.
         context_length: With --article: prefix tokens at most.
         seed: Seed of token and plan sampling.
         out_file: Also write the result as JSON here.

@@ -22,8 +22,8 @@ The three request types, with the plans of ``planlm evaluate`` and ``planlm gene
 
 model_args: ``model_dir`` (a planned-LM folder or Hub repo id; a bare HF causal-LM folder runs as plans kind none),
 ``prepared_dir`` (the model's prepared corpus: its splitter, encoder and codebook; default: the one its training
-recorded), the plans (``kind``, ``num_paths`` K, ``horizon`` T, ``temperature`` tau, ``seed``, ``fixed_action``,
-``planner_dir``, ``path_policy`` with ``min_paths``, ``entropy_high``; unset: the model's own),
+recorded), the plans (``kind``, ``num_paths`` K, ``horizon`` T, ``temperature`` tau, ``seed``, ``planner_dir``,
+``path_policy`` with ``min_paths``, ``entropy_high``; unset: the model's own),
 ``max_length``, ``batch_size``, ``device``, ``precision``. An unknown key or a folder that is no model is one line
 naming the argument and the fix (this module prints uncaught ``PlanlmError`` as one line, as the planlm CLI does).
 
@@ -71,8 +71,7 @@ class PlannedLMEval(TemplateLM):
 
     def __init__(self, model_dir: str, prepared_dir: Optional[str] = None, kind: Optional[str] = None,
                  num_paths: Optional[int] = None, horizon: Optional[int] = None,
-                 temperature: Optional[float] = None, seed: Optional[int] = None,
-                 fixed_action: Optional[int] = None, planner_dir: Optional[str] = None,
+                 temperature: Optional[float] = None, seed: Optional[int] = None, planner_dir: Optional[str] = None,
                  path_policy: Optional[str] = None, min_paths: Optional[int] = None,
                  entropy_high: Optional[float] = None,
                  max_length: Optional[int] = None, batch_size: int | str = 16, max_batch_size: Optional[int] = None,
@@ -84,7 +83,7 @@ class PlannedLMEval(TemplateLM):
         self.model_dir = str(local_folder(model_dir, "model_args model_dir"))
         self.model = _load_planlm_model(self.model_dir, model_dir)
         values = dict(kind=kind, num_paths=num_paths, horizon=horizon, temperature=temperature, seed=seed,
-                      fixed_action=fixed_action, planner_dir=planner_dir)
+                      planner_dir=planner_dir)
         policy = dict(kind=path_policy, min_paths=min_paths, entropy_high=entropy_high)
         self.spec = _plan_spec(self.model, self.model_dir, values, policy)
         self.prepared = _prepared_corpus(self.model, self.model_dir, prepared_dir) if self.plans else None

@@ -235,8 +235,8 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         prepared_dir: Prepared corpus (same tokenizer and codebook as the model's).
         out_dir: Evaluation folder to write.
         split: Split to evaluate.
-        plans: The plans to evaluate with (kind, num_paths K, horizon T, temperature tau, seed, fixed_action,
-            planner_dir, plans_dir, path_policy); every field left unset is the model's own (planlm.plans.spec).
+        plans: The plans to evaluate with (kind, num_paths K, horizon T, temperature tau, planner_dir, expectation,
+            seed, plans_dir, path_policy); every field left unset is the model's own (planlm.plans.spec).
             A plans_dir reads a plan cache instead of running the planner, with the path policy it was sampled under.
         stride: 1 = the reference protocol (every token with up to context_length - 1 tokens of context);
             S scores the last S tokens of each context_length window; context_length = non-overlapping.

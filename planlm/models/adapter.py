@@ -412,7 +412,7 @@ def _unique_paths(action_paths: Tensor, path_mask: Tensor,
     probabilities (U, T, M); and the distinct path of each of the N*K paths, (N*K,).
 
     The probabilities of a distinct path are those of its first occurrence, indexed rather than rebuilt from the
-    keys, so that they keep their gradient (a planner trained through them, ``PlanSpec.joint``). Equal keys come
+    keys, so that they keep their gradient (a planner trained through them, ``train.joint``). Equal keys come
     from the same computation (a boundary's copies of one path), so that occurrence stands for all of them."""
     if action_probs is None:
         path_keys = torch.where(path_mask, action_paths, -1).flatten(0, 1)  # (N*K, T), -1 = masked step

@@ -17,7 +17,7 @@ A saved folder::
     adapter.safetensors      the adapter's weights (absent for plans kind "none")
     codebook.safetensors     {"centroids": (A, E)} the actions the adapter was trained on
     tokenizer/               the tokenizer of the prepared corpus
-    planner/                 joint training only (``plans.joint``): the planner trained with the LM, a planner folder;
+    planner/                 joint training only (``train.joint``): the planner trained with the LM, a planner folder;
                              the model's evaluations, generation and adherence run it
     README.md                the model card; its training block names the folders the plans came from
                              (``PlannedLM.plan_folders``: run paths, never in the config)
@@ -48,7 +48,7 @@ from planlm.stage.integrity import FORMAT_KEY, with_format
 
 Finetune = Literal["full", "frozen", "lora"]
 PLAN_FOLDERS = ("planner_dir", "plans_dir")  # where a run's plans came from: the run's paths, not the model's
-JOINT_PLANNER = "planner"  # the subfolder holding the planner trained with the LM (plans.joint)
+JOINT_PLANNER = "planner"  # the subfolder holding the planner trained with the LM (train.joint)
 
 
 @dataclass
@@ -318,7 +318,7 @@ class PlannedLM(nn.Module):
 
 def recorded_plan_folders(folder: str | Path) -> dict[str, str]:
     """The folders a saved planned LM's plans come from: its card's training block; a model trained with its planner
-    (``plans.joint``) names the planner in its own folder, wherever the folder has moved, not the one training
+    (``train.joint``) names the planner in its own folder, wherever the folder has moved, not the one training
     started from."""
     training = (read_planlm_block(folder) or {}).get("training") or {}
     folders = {key: training[key] for key in PLAN_FOLDERS if training.get(key)}

@@ -159,7 +159,7 @@ class PlannerInputs(NamedTuple):
 
 class ContextSource:
     """The planner's inputs at any boundaries of a split, in place of their plans: a window batch (``collate_windows``)
-    then carries what the planner reads, and the planner runs inside the LM's training step (``PlanSpec.joint``).
+    then carries what the planner reads, and the planner runs inside the LM's training step (``train.joint``).
     ``planlm.plans.sources.ShuffledPlans`` shuffles them as it shuffles plans."""
 
     def __init__(self, split: PreparedSplit, max_sentences: int, target_horizon: int, num_paths: int, horizon: int):

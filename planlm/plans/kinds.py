@@ -16,8 +16,8 @@ kind of a spec with ``plan_kind(spec.kind)`` and makes plans through ``plan`` (a
 The planner kinds ``draw`` (``Draw``: the paths the planner computed, before the argmax path is repeated K
 times): the plan cache stores draws (``planlm.plans.sampling``), and a live source draws the boundaries a command
 asks for into arrays of the same layout (``draw_split``, one seeded walk over the split either way). In joint
-training (``PlanSpec.joint``) they also make ``joint_plans``: the same draws, with step probabilities that carry the
-planner's gradient.
+training (``planlm train-lm --train.joint true``; ``check_joint``) they also make ``joint_plans``: the same draws,
+with step probabilities that carry the planner's gradient.
 
 A new kind subclasses ``PlanStrategy`` (``plan`` at least) and calls ``register_plan_kind``, in this file or in
 your own code; ``--plans.kind`` accepts its name from then on (docs/extending.md adds one).
@@ -83,8 +83,8 @@ class PlanStrategy(ABC):
     samples_paths: bool = False
     """A planner samples K paths per boundary: K (and a path policy) is the planning compute it spends."""
     constant: bool = False
-    """Every plan is the one action --plans.fixed_action (Fixed): no information about the text, the floor a plan's
-    gain is measured from (the report's share of the oracle's gain)."""
+    """Every plan is one constant action (Fixed: action 0): no information about the text, the floor a plan's gain
+    is measured from (the report's share of the oracle's gain)."""
 
     def normalise(self, spec: PlanSpec) -> None:
         """Set, in place on a freshly resolved spec, the fields this kind decides: without a planner, no planner
@@ -94,10 +94,6 @@ class PlanStrategy(ABC):
 
     def check(self, spec: PlanSpec) -> None:
         """One-line errors for settings this kind cannot serve."""
-        if spec.joint:
-            raise PlanlmError(f"--plans.joint true with --plans.kind {spec.kind}: {spec.kind} plans have no planner "
-                              f"to train with the LM; set --plans.joint false or --plans.kind planner_sampled / "
-                              f"planner_argmax")
         if spec.expectation:
             raise PlanlmError(f"--plans.expectation true with --plans.kind {spec.kind}: {spec.kind} plans have no "
                               f"planner distribution to average over; set --plans.expectation false or --plans.kind "
@@ -144,11 +140,6 @@ class NoPlans(PlanStrategy):
 class FixedKind(PlanStrategy):
     name = "fixed"
     constant = True
-
-    def check_actions(self, spec, num_actions, where) -> None:
-        if not 0 <= spec.fixed_action < max(num_actions, 1):
-            raise PlanlmError(f"--plans.fixed_action {spec.fixed_action} must be in [0, {num_actions}): {where} has "
-                              f"actions 0..{num_actions - 1}")
 
     def plan(self, boundaries, spec, rng, planner=None) -> Plans:
         return FixedPlans(spec.fixed_action, spec.num_paths, spec.horizon)(np.zeros(len(boundaries), np.int64))
@@ -207,15 +198,9 @@ class PlannerKind(PlanStrategy):
         pass
 
     def check(self, spec) -> None:
-        if spec.joint and spec.plans_dir:
-            raise PlanlmError(f"--plans.joint true with --plans.plans_dir {spec.plans_dir}: joint training runs the "
-                              f"planner on every batch instead of reading a plan cache; drop --plans.plans_dir and "
-                              f"set --plans.planner_dir")
+        pass  # a planner's plans may be read in expectation
 
     def check_source(self, spec) -> None:
-        if spec.joint and not spec.planner_dir:
-            raise PlanlmError("--plans.joint true needs --plans.planner_dir: the planner (`planlm train-planner`) "
-                              "to train with the LM")
         if not (spec.plans_dir or spec.planner_dir):
             raise PlanlmError(f"--plans.kind {spec.kind} needs --plans.plans_dir (a plan cache) or "
                               f"--plans.planner_dir (a planner); set one of them")
@@ -239,7 +224,7 @@ class PlannerKind(PlanStrategy):
 
     def joint_plans(self, boundaries: Boundaries, spec: PlanSpec, rng: Optional[torch.Generator], planner) -> Plans:
         """The plans of B boundaries (``boundaries.context_embeds``) whose step probabilities carry the planner's
-        gradient (``PlanSpec.joint``): the paths ``draw`` gives (no gradient), then each step's distribution given
+        gradient (joint training): the paths ``draw`` gives (no gradient), then each step's distribution given
         its path's own prefix (teacher forcing, with gradient), as the plans in expectation of the same draws hold
         it. In expectation the adapter reads the expected embedding; otherwise the straight-through estimator: the
         drawn action forward (the sampled plans' vector, exactly), the expected embedding's gradient backward."""
@@ -334,13 +319,6 @@ class PlannerSampled(PlannerKind):
         if spec.expectation and spec.path_policy.adaptive:
             raise PlanlmError(f"--plans.expectation true with --plans.path_policy.kind {spec.path_policy.kind}: an "
                               f"expected plan needs no adaptive paths; drop --plans.path_policy or the expectation")
-        if spec.joint and spec.path_policy.adaptive:
-            raise PlanlmError(f"--plans.joint true with --plans.path_policy.kind {spec.path_policy.kind}: joint "
-                              f"training draws K paths at every boundary; drop --plans.path_policy")
-        if spec.joint and spec.temperature == 0:
-            raise PlanlmError("--plans.joint true with --plans.kind planner_sampled at --plans.temperature 0: the "
-                              "greedy path carries no gradient to the planner; set a temperature > 0 or --plans.kind "
-                              "planner_argmax (its distribution at tau 1)")
 
     def paths_drawn(self, spec) -> int:
         return spec.num_paths
@@ -376,6 +354,29 @@ class PlannerSampled(PlannerKind):
         return Draw(paths, torch.full((len(paths),), spec.num_paths), None if steps is None else tuple(steps))
 
 
+def check_joint(spec: PlanSpec) -> None:
+    """One-line errors for a resolved spec that joint training (``planlm train-lm --train.joint true``: the planner
+    trains with the LM, ``PlannerKind.joint_plans``) cannot serve."""
+    if not spec.strategy.uses_planner:
+        raise PlanlmError(f"--train.joint true with --plans.kind {spec.kind}: {spec.kind} plans have no planner to "
+                          f"train with the LM; set --train.joint false or --plans.kind planner_sampled / "
+                          f"planner_argmax")
+    if spec.plans_dir:
+        raise PlanlmError(f"--train.joint true with --plans.plans_dir {spec.plans_dir}: joint training runs the "
+                          f"planner on every batch instead of reading a plan cache; drop --plans.plans_dir and set "
+                          f"--plans.planner_dir")
+    if not spec.planner_dir:
+        raise PlanlmError("--train.joint true needs --plans.planner_dir: the planner (`planlm train-planner`) to train "
+                          "with the LM")
+    if spec.path_policy.adaptive:
+        raise PlanlmError(f"--train.joint true with --plans.path_policy.kind {spec.path_policy.kind}: joint training "
+                          f"draws K paths at every boundary; drop --plans.path_policy")
+    if spec.strategy.samples_paths and spec.temperature == 0:
+        raise PlanlmError("--train.joint true with --plans.kind planner_sampled at --plans.temperature 0: the greedy "
+                          "path carries no gradient to the planner; set a temperature > 0 or --plans.kind "
+                          "planner_argmax (its distribution at tau 1)")
+
+
 def _check_cached_expectation(spec, manifest: dict, where: Path) -> None:
     """A cache of plans in expectation is read only in expectation, with its top_actions, and vice versa."""
     cached = cached_top_actions(manifest)
@@ -387,8 +388,8 @@ def _check_cached_expectation(spec, manifest: dict, where: Path) -> None:
         raise PlanlmError(f"{where}: the plan cache holds plans in expectation (top {cached} actions per step); set "
                           f"--plans.expectation true, or give a cache sampled without --plans.expectation")
     if cached and cached != spec.top_actions:
-        raise PlanlmError(f"{where}: the cached plans in expectation keep the top {cached} actions per step, not "
-                          f"--plans.top_actions {spec.top_actions}; set top_actions: {cached} or resample with it")
+        raise PlanlmError(f"{where}: the cached plans in expectation keep the top {cached} actions per step, not the "
+                          f"{spec.top_actions} planlm keeps now; sample the cache again with `planlm sample-plans`")
 
 
 # --------------------------------------------------------------------------------------------- draws of a split
@@ -533,5 +534,5 @@ def check_cache(spec: PlanSpec, prepared: PreparedDataset | None = None) -> dict
     return plan_kind(spec.kind).check_cache(spec, prepared)
 
 
-__all__ = ["PlanKind", "PlanStrategy", "register_plan_kind", "plan_kind", "plan", "plan_source", "check_cache",
+__all__ = ["PlanKind", "PlanStrategy", "register_plan_kind", "plan_kind", "plan", "plan_source", "check_cache", "check_joint",
            "Draw", "DrawArrays", "draw_split", "draw_plans", "PlannerKind", "KINDS", "kind_flag"]

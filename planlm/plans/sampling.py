@@ -43,8 +43,8 @@ def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Option
         plans: The plans to draw, as train-lm takes them: planner_dir (a ``planlm train-planner`` folder; required),
             kind (planner_sampled, or planner_argmax: tau 0), num_paths K (default 10; the most any boundary gets
             under an adaptive path_policy), horizon T (default: the planner's), temperature tau (0 = argmax), seed,
-            path_policy (fixed or entropy), expectation (also store every step's distribution, its
-            top_actions most likely actions and their float16 probabilities, for the sampled and argmax paths).
+            path_policy (fixed or entropy), expectation (also store every step's distribution, its 64 most likely
+            actions and their float16 probabilities, for the sampled and argmax paths).
         splits: Splits to cover; default: every split of the prepared corpus.
         out_dir: Cache folder; default ``<planner_dir>/plans/K{K}-T{T}-tau{tau}-seed{seed}`` (plus the policy).
         batch_size: Boundaries per forward pass.
@@ -107,9 +107,6 @@ def _cache_key(spec: PlanSpec, prepared: PreparedDataset, prepared_dir: str, spl
 def _cached_spec(plans: PlanSpec, planner_horizon: int) -> PlanSpec:
     """The resolved spec of a cache: sample-plans' defaults (planner_sampled, K = 10, the planner's T) under
     ``plans``; only a planner kind has draws to cache."""
-    if plans.joint:
-        raise PlanlmError("sample-plans: --plans.joint trains the planner inside `planlm train-lm`, without a plan "
-                          "cache; drop --plans.joint")
     spec = plans.resolve(PlanSpec(kind=PlanKind.planner_sampled, num_paths=10, horizon=planner_horizon))
     if not isinstance(spec.strategy, PlannerKind):
         raise PlanlmError(f"sample-plans: --plans.kind {spec.kind} draws nothing from a planner; use planner_sampled "

@@ -1,7 +1,9 @@
 """``PlanSpec``: where the plans of a planned LM come from, as one typed value.
 
-Training (``planlm train-lm --plans.kind ...``), evaluation, generation, edit distance and sweeps all
-take it as one argument group, ``plans``. A field left unset (None) is inherited: at training from
+Training (``planlm train-lm --plans.kind ...``), plan caches, evaluation and sweeps take it as one argument group,
+``plans``; generation, edit distance and adherence take its ``PlanSettings`` (they draw their plans from the
+planner as they write, with the command's seed: no plan seed, cache or path policy). A field left unset (None) is
+inherited: at training from
 the defaults below, at evaluation from the spec the model was trained with (``trained_plans``: the settings in its
 ``planned_lm.json``, the planner folder its card names), so
 ``planlm evaluate --plans.num_paths 20`` changes K and keeps everything else of the model's plans.
@@ -16,15 +18,11 @@ run states T once, as the planner's ``model.horizon``; the adapter is built for 
 evaluation inherits it from the model.
 
 ``expectation`` (planner kinds only; beyond the paper, ``planlm.plans.expectation``): each step of a path
-is the planner's whole next-action distribution (its ``top_actions`` most likely actions, renormalised)
+is the planner's whole next-action distribution (its ``TOP_ACTIONS`` most likely actions, renormalised)
 instead of the one action drawn, and the adapter reads the expected action embedding.
 
-``joint`` (planner kinds only, training only; Cornille et al.'s follow-up, "End-to-end Planner Training for Language
-Modeling"): ``train-lm`` runs the planner inside the LM's training step and the LM's loss reaches the planner's
-weights through the step distributions (``PlannerKind.joint_plans``). In expectation (the default of a joint run)
-the adapter reads the expected embedding; with ``expectation`` false, the straight-through estimator: the drawn
-action forward, the expected embedding's gradient backward. The planner fine-tuned with the LM is saved in the
-model folder and its evaluations run it; an evaluation never inherits ``joint``.
+Joint training (``planlm train-lm --train.joint true``; planner kinds only) reads the same spec; the planner runs
+inside the LM's training step (``planlm.plans.kinds.PlannerKind.joint_plans``, checked by ``check_joint``).
 
 Planner plans come from a plan cache (``plans_dir``, ``planlm sample-plans``) or from a planner
 (``planner_dir``): training samples (or reuses) the planner's cache, evaluation and generation run the
@@ -43,10 +41,17 @@ from planlm.plans.kinds import PlanKind, PlanStrategy, plan_kind
 from planlm.plans.policy import PathPolicy, policy_keyed
 
 
+TOP_ACTIONS = 64
+"""Plans in expectation keep each step's 64 most likely actions, renormalised (all of them when A <= 64; a plan
+cache stores their probabilities in float16, within about 2e-3 of the planner's)."""
+FIXED_ACTION = 0
+"""The one action of every plan of the Fixed baseline (``--plans.kind fixed``)."""
+
+
 @dataclass
-class PlanSpec:
-    """Where the plans come from and how many: kind, K, T, tau, seed, fixed action, planner and plan cache.
-    Unset fields (None) are inherited (training: the defaults; evaluation: the model's own)."""
+class PlanSettings:
+    """The plans of a command that draws them from the planner as it writes (generate, edit-distance, adherence):
+    kind, K, T, tau, planner and expectation. Unset fields (None) are the model's own."""
 
     kind: Optional[str] = None
     """none (plain LM), fixed (one constant action), oracle (true actions), planner_argmax, planner_sampled, or a
@@ -58,35 +63,48 @@ class PlanSpec:
     cache's; 1 for plans without a planner)."""
     temperature: Optional[float] = None
     """tau, the planner's sampling temperature (default 1.0; planner_argmax: 0)."""
-    seed: Optional[int] = None
-    """Seed of the sampled plans (default 0)."""
-    fixed_action: Optional[int] = None
-    """The action of the fixed baseline (default 0)."""
     planner_dir: Optional[str] = None
     """A planner folder (`planlm train-planner`): plans are sampled from it."""
-    plans_dir: Optional[str] = None
-    """A plan cache folder (`planlm sample-plans`): plans are read from it (takes precedence over planner_dir)."""
-    path_policy: Optional[PathPolicy] = None
-    """Paths per boundary of sampled plans: fixed (K everywhere; default) or entropy (at most K, more where the
-    planner is unsure of the next action)."""
     expectation: Optional[bool] = None
     """Plans in expectation (planner kinds; beyond the paper): each step is the planner's next-action distribution
     along the path (tau; planner_argmax: tau 1), the adapter reads sum_a p(a) Emb(a). Default false."""
-    top_actions: Optional[int] = None
-    """expectation: the most likely actions kept per step, renormalised (default 64; >= A keeps all, so nothing is
-    left out, but a plan cache stores the probabilities in float16: within about 2e-3 of the planner's)."""
-    joint: Optional[bool] = None
-    """train-lm (planner kinds; beyond the paper): finetune the planner with the LM, so that the LM's loss teaches
-    the planner which plans help it. The planner runs on each batch's boundaries (no plan cache), the adapter
-    reads its step distributions in expectation (set expectation false for the straight-through estimator: the
-    drawn action forward, the expectation's gradient backward), and the planner keeps its own action loss
-    (train.planner_loss_weight) at its own rate (train.planner_lr). The finetuned planner is saved in the model
-    folder (planner/) and evaluation, generation and adherence run it. Default false."""
 
     def __post_init__(self):
         if self.kind is not None and not isinstance(self.kind, PlanKind):
             name = str(plan_kind(self.kind).name)  # one-line error naming the kinds
             self.kind = PlanKind(name) if name in PlanKind.__members__ else name
+
+
+@dataclass
+class PlanSpec(PlanSettings):
+    """Where the plans come from and how many: kind, K, T, tau, seed, planner or plan cache, path policy and
+    expectation. Unset fields (None) are inherited (training: the defaults; evaluation: the model's own)."""
+
+    seed: Optional[int] = None
+    """Seed of the sampled plans (default 0)."""
+    plans_dir: Optional[str] = None
+    """A plan cache folder (`planlm sample-plans`): plans are read from it (takes precedence over planner_dir)."""
+    path_policy: Optional[PathPolicy] = None
+    """Paths per boundary of sampled plans: fixed (K everywhere; default) or entropy (at most K, more where the
+    planner is unsure of the next action)."""
+
+    @classmethod
+    def of(cls, plans: PlanSettings) -> PlanSpec:
+        """``plans`` as a spec: a ``PlanSpec`` as it is, the settings of a generation command with the rest unset."""
+        return plans if isinstance(plans, PlanSpec) else cls(**asdict(plans))
+
+    @property
+    def top_actions(self) -> int:
+        """Plans in expectation: the most likely actions kept per step (``TOP_ACTIONS``)."""
+        return TOP_ACTIONS
+
+    @property
+    def fixed_action(self) -> int:
+        """The Fixed baseline's action (``FIXED_ACTION``)."""
+        return FIXED_ACTION
+
+    def __post_init__(self):
+        super().__post_init__()
         if isinstance(self.path_policy, dict):
             self.path_policy = PathPolicy.from_dict(self.path_policy)
 
@@ -106,8 +124,6 @@ class PlanSpec:
         kind = plan_kind(values["kind"] if values["kind"] is not None else DEFAULTS["kind"])
         if self.expectation is None and not kind.uses_planner:  # a model's expectation goes with its planner
             values["expectation"] = False
-        if self.expectation is None and values["joint"]:  # joint training differentiates the expected embedding
-            values["expectation"] = True
         policy = values["path_policy"] or PathPolicy()
         if self.num_paths is None and policy.max_paths is not None:  # K from the policy's most paths
             values["num_paths"] = policy.max_paths
@@ -129,8 +145,6 @@ class PlanSpec:
     def _normalise(self) -> None:
         self.strategy.normalise(self)  # e.g. no planner folders without a planner, tau 0 for the argmax path
         self.path_policy = self.path_policy.resolve(self.num_paths)  # the one place K reaches the policy
-        if not self.expectation:
-            self.top_actions = DEFAULTS["top_actions"]
 
     def check(self) -> None:
         """One-line errors for values no plan source can serve."""
@@ -142,8 +156,6 @@ class PlanSpec:
         if self.path_policy.max_paths not in (None, self.num_paths):
             raise PlanlmError(f"--plans.path_policy.max_paths {self.path_policy.max_paths} differs from "
                               f"--plans.num_paths {self.num_paths}; leave max_paths unset (K = num_paths)")
-        if self.expectation and self.top_actions < 1:
-            raise PlanlmError(f"--plans.top_actions {self.top_actions} must be >= 1 (actions kept per step)")
         self.strategy.check(self)
 
     def check_source(self) -> None:
@@ -152,12 +164,12 @@ class PlanSpec:
 
     def cache_key(self) -> dict:
         """The settings reuse keys hold: a fixed path policy and sampled actions add nothing (older folders stay
-        valid); plans in expectation add their top_actions, joint training its flag."""
+        valid); plans in expectation add the actions they keep per step."""
         key = policy_keyed({**asdict(self), "kind": str(self.kind)})
-        if not self.expectation:
-            key.pop("expectation"), key.pop("top_actions")
-        if not self.joint:
-            key.pop("joint")
+        if self.expectation:
+            key["top_actions"] = self.top_actions
+        else:
+            key.pop("expectation")
         return key
 
     def sampled_paths(self, path_counts: Optional[np.ndarray], sentences: np.ndarray) -> np.ndarray:
@@ -172,13 +184,12 @@ class PlanSpec:
         """A short description, e.g. ``planner_sampled, K=5, T=5, tau=1``."""
         text = f"{self.kind}, K={self.num_paths}, T={self.horizon}, tau={self.temperature:g}"
         text += f", in expectation (top {self.top_actions})" if self.expectation else ""
-        text += (", joint" if self.expectation else ", joint straight-through") if self.joint else ""
         return text + (f", {self.path_policy.label()}" if self.path_policy.adaptive else "")
 
 
-NOT_INHERITED = ("plans_dir", "path_policy", "joint")  # joint: a training's; its planner is the model folder's
-DEFAULTS = {"kind": PlanKind.none, "num_paths": 1, "horizon": 1, "temperature": 1.0, "seed": 0, "fixed_action": 0,
-            "path_policy": PathPolicy(), "expectation": False, "top_actions": 64, "joint": False}
+NOT_INHERITED = ("plans_dir", "path_policy")
+DEFAULTS = {"kind": PlanKind.none, "num_paths": 1, "horizon": 1, "temperature": 1.0, "seed": 0,
+            "path_policy": PathPolicy(), "expectation": False}
 
 
 def with_source_horizon(plans: PlanSpec) -> PlanSpec:
@@ -216,18 +227,31 @@ def trained_plans(model) -> PlanSpec:
     (``PlannedLM.plan_folders``; a model config holds no run paths)."""
     folders = {key: value for key, value in getattr(model, "plan_folders", {}).items() if value}
     plans = model.config.plans  # a dict; a PlanSpec where Python code builds the model's config itself
-    return replace(plans if isinstance(plans, PlanSpec) else PlanSpec(**plans), **folders).resolve()
+    return replace(plans if isinstance(plans, PlanSpec) else saved_spec(plans), **folders).resolve()
 
 
-def evaluation_spec(overrides: PlanSpec, model, model_dir: str) -> PlanSpec:
-    """The plans of an evaluation: the model's training spec with ``overrides`` (and, with a plan cache, the cache's
-    K and path policy), resolved once and checked against the model (its adapter, its actions) and the folders it
-    names."""
+def saved_spec(plans: dict) -> PlanSpec:
+    """The spec a model folder's planned_lm.json records. A folder saved by an earlier planlm also records settings
+    planlm no longer has: the Fixed action and the actions kept in expectation, each read when it holds the value
+    planlm now always uses (one-line error otherwise), and whether the planner trained with the LM (the training's,
+    which no evaluation inherits)."""
+    plans = dict(plans)
+    plans.pop("joint", None)
+    for name, value in (("fixed_action", FIXED_ACTION), ("top_actions", TOP_ACTIONS)):
+        saved = plans.pop(name, None)
+        if saved not in (None, value) and (name == "fixed_action" or plans.get("expectation")):
+            raise PlanlmError(f"the model was trained with plans {name} {saved}, which planlm no longer sets (it always "
+                              f"uses {value}); retrain it with this planlm")
+    return PlanSpec(**plans)
+
+
+def evaluation_spec(overrides: PlanSettings, model, model_dir: str) -> PlanSpec:
+    """The plans of an evaluation: the model's training spec with ``overrides`` (a generation command's settings or a
+    whole spec; with a plan cache, the cache's K and path policy), resolved once and checked against the model (its
+    adapter, its actions) and the folders it names."""
     from pathlib import Path
 
-    if overrides.joint:
-        raise PlanlmError(f"--plans.joint trains the planner with the LM (a `planlm train-lm` setting); {model_dir} "
-                          f"is evaluated with the planner it was trained with: drop --plans.joint")
+    overrides = PlanSpec.of(overrides)
     trained = trained_plans(model)
     if overrides.plans_dir:
         overrides = _cache_overrides(overrides, plan_kind(overrides.kind or trained.kind))
@@ -270,5 +294,5 @@ def _cache_overrides(overrides: PlanSpec, kind: PlanStrategy) -> PlanSpec:
     return replace(overrides, planner_dir=None, num_paths=num_paths, path_policy=cached)
 
 
-__all__ = ["PlanKind", "PlanSpec", "trained_plans", "evaluation_spec", "with_source_horizon",
-           "check_planner_horizon"]
+__all__ = ["PlanKind", "PlanSettings", "PlanSpec", "TOP_ACTIONS", "FIXED_ACTION", "trained_plans", "saved_spec",
+           "evaluation_spec", "with_source_horizon", "check_planner_horizon"]

@@ -3,7 +3,7 @@
 ``LightningLM`` (``lm_module.py``) holds only the steps and the optimiser; the network is
 ``planlm.models.planned_lm.PlannedLM``.
 The output folder is a ``PlannedLM`` folder (reload it with ``PlannedLM.from_pretrained(out_dir)``; a joint run,
-``--plans.joint true``, also holds the planner trained with the LM in ``planner/``, ``LightningJointLM``)
+``--train.joint true``, also holds the planner trained with the LM in ``planner/``, ``LightningJointLM``)
 plus ``checkpoints/`` (best + last, for resume, under ``checkpoints.fingerprint``), ``logs/`` (CSV) and
 ``tb/`` (TensorBoard; see --train.loggers), and is complete only once its ``manifest.json`` is written.
 """
@@ -32,7 +32,7 @@ from planlm.models.planned_lm import JOINT_PLANNER, PlannedLM, PlannedLMConfig, 
 from planlm.models.planner import Planner
 from planlm.models.planner import planner_hash as planner_file_hash
 from planlm.plans.contexts import ContextSource
-from planlm.plans.kinds import check_cache, plan_source
+from planlm.plans.kinds import check_cache, check_joint, plan_source
 from planlm.plans.spec import PlanSpec, with_source_horizon
 from planlm.seeds import derive_seed
 from planlm.speed import keep_freed_memory, speed_up_lm
@@ -96,11 +96,18 @@ class LMTrainConfig(TrainArgs):
     """apart: the LM's gradient norm and the adapter's are each clipped on their own; joint: one norm over both.
     Under joint clipping the adapter's gradient (as large as the whole LM's: its plan vectors collect the gradient
     of every token) shrinks the LM's own steps, so the LM learns less next to a plan than without one."""
+    joint: bool = False
+    """Finetune the planner with the LM (planner kinds; beyond the paper, after Cornille et al.'s end-to-end
+    follow-up), so that the LM's loss teaches the planner which plans help it. The planner runs on each batch's
+    boundaries (no plan cache), the adapter reads its step distributions in expectation (set plans.expectation false
+    for the straight-through estimator: the drawn action forward, the expectation's gradient backward), and the
+    planner keeps its own action loss (planner_loss_weight) at its own rate (planner_lr). The finetuned planner is
+    saved in the model folder (planner/) and evaluation, generation and adherence run it."""
     planner_lr: float | None = None
-    """Joint training (plans.joint): the planner's learning rate (None: lr). The planner arrives trained; a lower
+    """Joint training (joint): the planner's learning rate (None: lr). The planner arrives trained; a lower
     rate keeps it near the planner it was, a higher one lets the LM's loss move it further."""
     planner_loss_weight: float = 1.0
-    """Joint training (plans.joint): the weight of the planner's own action loss (cross-entropy on the true actions,
+    """Joint training (joint): the weight of the planner's own action loss (cross-entropy on the true actions,
     its training objective) added to the LM's loss; it keeps the planner a planner of the corpus's actions while the
     LM's loss teaches it which plans help. 0: the LM's loss alone."""
     resume: bool = True
@@ -128,13 +135,13 @@ class LMTrainConfig(TrainArgs):
         if self.planner_loss_weight < 0:
             raise PlanlmError(f"--train.planner_loss_weight must be >= 0 (got {self.planner_loss_weight})")
 
-    def check_joint(self, joint: bool) -> None:
+    def check_joint(self) -> None:
         """The planner's knobs are set only for a joint run (they would change the reuse key and nothing else)."""
-        if joint:
+        if self.joint:
             return
         for knob in ("planner_lr", "planner_loss_weight"):
             if getattr(self, knob) != getattr(LMTrainConfig, knob):
-                raise PlanlmError(f"--train.{knob} trains the planner with the LM: set --plans.joint true or drop it")
+                raise PlanlmError(f"--train.{knob} trains the planner with the LM: set --train.joint true or drop it")
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -162,11 +169,12 @@ def _check_tokenizer(prepared: PreparedDataset, model: LMModelConfig, init_confi
     return tokenizer
 
 
-def _training_plans(spec: PlanSpec, prepared: PreparedDataset, splits: list[str]) -> tuple[PlanSpec, dict | None]:
+def _training_plans(spec: PlanSpec, prepared: PreparedDataset, splits: list[str],
+                    joint: bool) -> tuple[PlanSpec, dict | None]:
     """The spec with its plan cache (sampled now, or reused, from the planner when none is given) and the cache's
     manifest, after checking that the cache fits the spec and the corpus; other kinds, and joint training (the
     planner runs in the step), need no cache."""
-    if not spec.strategy.uses_planner or spec.joint:
+    if not spec.strategy.uses_planner or joint:
         return spec, None
     if spec.plans_dir is None:
         from planlm.plans.sampling import sample_plans
@@ -318,12 +326,12 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         out_dir: The model folder to write.
         model: Which LM to condition (pretrained, random init or a planned-LM folder) and the finetuning mode.
         plans: Where the plans come from (kind: none, fixed, oracle, planner_argmax, planner_sampled), K, T, tau,
-            seed, fixed action, planner or plan cache, and whether the planner trains with the LM (joint); unset
-            fields take the defaults (K = 1, tau = 1; T: the horizon the planner was trained with, or the plan
-            cache's, and 1 for plans without a planner). The adapter is built for this T.
+            seed, planner or plan cache, path policy, expectation; unset fields take the defaults (K = 1, tau = 1;
+            T: the horizon the planner was trained with, or the plan cache's, and 1 for plans without a planner).
+            The adapter is built for this T.
         adapter: How the adapter folds K paths into one vector (kind: project_avg, multipath or a registered adapter;
             its layers).
-        train: Run knobs (window, batch, optimiser, Lightning trainer).
+        train: Run knobs (window, batch, optimiser, Lightning trainer; joint: the planner trains with the LM).
         runtime: The accelerator and precision (runtime.precision bf16: bf16 autocast), torch.compile and the chunked
             loss (the same model, trained faster; not part of the reuse key).
 
@@ -335,8 +343,12 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     use_offline_mode_if_no_hub()
     runtime.check_training_precision("train-lm")
     spec = with_source_horizon(plans).resolve()  # T unset: the planner's (or the plan cache's)
+    train.check_joint()
+    if train.joint:
+        check_joint(spec)
+        if plans.expectation is None:  # joint training differentiates the expected embedding
+            spec = with_source_horizon(replace(plans, expectation=True)).resolve()
     spec.check_source()
-    train.check_joint(spec.joint)
     prepared = PreparedDataset(prepared_dir)
     splits = [train.train_split, train.val_split]
     for split in splits:
@@ -354,9 +366,9 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
     out = stage.path
     init_config = PlannedLM.from_pretrained(model.init_from).config if model.init_from else None
     tokenizer = _check_tokenizer(prepared, model, init_config)
-    spec, plans_manifest = _training_plans(spec, prepared, splits)
-    planner = _joint_planner(spec, prepared) if spec.joint else None
-    planner_hash = planner_file_hash(spec.planner_dir) if spec.joint else (plans_manifest or {}).get("planner_hash")
+    spec, plans_manifest = _training_plans(spec, prepared, splits, train.joint)
+    planner = _joint_planner(spec, prepared) if train.joint else None
+    planner_hash = planner_file_hash(spec.planner_dir) if train.joint else (plans_manifest or {}).get("planner_hash")
 
     planned = _build_model(prepared, model, spec, adapter, tokenizer, planner_hash, train.train_split, train.seed)
     keep_freed_memory()

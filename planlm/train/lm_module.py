@@ -1,5 +1,5 @@
 """``LightningLM``: the training/validation steps and the optimiser of a ``PlannedLM``; ``LightningJointLM``: the
-same with the planner trained inside the step (``plans.joint``).
+same with the planner trained inside the step (``train.joint``).
 
 Validation reports the perplexity of the whole split (total NLL / total tokens) and, for models with
 plans, the plan usage: the loss with the plans shuffled across the split's sentences minus the loss.
@@ -127,7 +127,7 @@ class LightningLM(L.LightningModule):
 
 
 class LightningJointLM(LightningLM):
-    """The steps of a PlannedLM trained jointly with its planner (``PlanSpec.joint``).
+    """The steps of a PlannedLM trained jointly with its planner (``train.joint``).
 
     A batch carries the planner's inputs at its sentence boundaries (``planlm.plans.contexts.PlannerInputs``)
     instead of plans; each step the planner makes the plans (``PlannerKind.joint_plans``), so the LM's loss reaches

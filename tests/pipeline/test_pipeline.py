@@ -92,15 +92,15 @@ def test_rerun_reuses_every_stage(tiny_run):
 def test_failed_condition_is_reported_and_others_survive(tmp_path, tiny_run, capsys):
     out, _ = tiny_run
     config = tiny_run_config(out)
-    # A fixed action outside the codebook fails in train-lm; the other conditions are reused.
+    # A plan cache that is not there fails in train-lm; the other conditions are reused.
     config["conditions"] = config["conditions"][:2] + [
-        {"name": "broken", "plans": {"kind": "fixed", "fixed_action": 999}}]
+        {"name": "broken", "plans": {"kind": "planner_sampled", "plans_dir": str(tmp_path / "no-cache")}}]
     config["sweeps"] = []
     with pytest.raises(StagesFailed, match="stages did not finish") as failed:
         run(**config)
     assert failed.value.exit_status == 1  # `planlm run` exits 1: a scheduler sees the failure
     err = capsys.readouterr().err
-    assert "train-lm broken: failed: PlanlmError: --plans.fixed_action 999" in err  # the cause, not only logs/
+    assert f"train-lm broken: failed: PlanlmError: {tmp_path / 'no-cache'}" in err  # the cause, not only logs/
     assert "evaluate broken: skipped: needs ['train-lm broken']" in err
     rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["conditions"]}
     assert rows["broken"]["status"] == "failed" and rows["broken"]["error"]

@@ -53,7 +53,7 @@ def test_at_t1_the_expected_plan_vector_is_the_many_path_limit(synthetic_cycle, 
     split = prepared["validation"]
     sentences = np.arange(12)
     module = adapter(prepared)
-    spec = dict(kind="planner_sampled", horizon=1, planner_dir=str(planner_dir), top_actions=prepared.num_actions)
+    spec = dict(kind="planner_sampled", horizon=1, planner_dir=str(planner_dir))  # every one of A = 8 actions kept
     expected = plan_vectors(module, plan_source(PlanSpec(**spec, expectation=True).resolve(), prepared, split,
                                                 sentences=sentences), sentences)  # (N, D)
     num_paths = 4000
@@ -103,39 +103,36 @@ def test_caches_in_expectation_have_their_own_key_and_match_the_planner(syntheti
     common = dict(planner_dir=str(planner_dir), num_paths=2, horizon=3)
     sampled = sample_plans(str(synthetic_cycle), PlanSpec(**common), splits=["validation"],
                            runtime=Runtime(device="cpu"))
-    expected = sample_plans(str(synthetic_cycle), PlanSpec(**common, expectation=True, top_actions=4),
+    expected = sample_plans(str(synthetic_cycle), PlanSpec(**common, expectation=True),
                             splits=["validation"], runtime=Runtime(device="cpu"))
-    assert expected != sampled and expected.name.endswith("-expected4")
+    assert expected != sampled and expected.name.endswith("-expected64")
     manifest = json.loads((expected / "manifest.json").read_text())
-    assert manifest["config"]["expectation"] == {"top_actions": 4} and "expectation" not in \
+    assert manifest["config"]["expectation"] == {"top_actions": 64} and "expectation" not in \
         json.loads((sampled / "manifest.json").read_text())["config"]  # caches of sampled actions keep their key
     kept = manifest["expectation"]["kept"]["validation"]
-    assert 0.5 < kept["min"] <= kept["mean"] <= 1.0 + 1e-3  # the mass the top 4 of 8 actions hold
+    assert 1.0 - 1e-2 < kept["min"] <= kept["mean"] <= 1.0 + 1e-2  # all 8 actions kept, in float16
     actions, probs = load_expected(expected, "validation")
-    assert actions.shape == (split.num_sentences, 2, 3, 4) and actions.dtype == np.int16 and probs.dtype == np.float16
+    assert actions.shape == (split.num_sentences, 2, 3, 8) and actions.dtype == np.int16 and probs.dtype == np.float16
     np.testing.assert_array_equal(np.load(expected / "validation.npy"), np.load(sampled / "validation.npy"))  # same draws
     # the cache gives the vectors the planner computes on the fly (the same boundaries: the same draws)
     module, sentences = adapter(prepared), np.arange(split.num_sentences)
     for kind in ("planner_sampled", "planner_argmax"):
-        spec = dict(kind=kind, num_paths=2, horizon=3, expectation=True, top_actions=4)
+        spec = dict(kind=kind, num_paths=2, horizon=3, expectation=True)
         cached = plan_source(PlanSpec(**spec, plans_dir=str(expected)).resolve(), prepared, split)
         direct = plan_source(PlanSpec(**spec, planner_dir=str(planner_dir)).resolve(), prepared, split,
                              sentences=sentences)
         assert torch.equal(plan_vectors(module, cached, sentences), plan_vectors(module, direct, sentences))
-    one = plan_source(PlanSpec(kind="planner_argmax", num_paths=1, horizon=3, expectation=True, top_actions=4,
+    one = plan_source(PlanSpec(kind="planner_argmax", num_paths=1, horizon=3, expectation=True,
                                plans_dir=str(expected)).resolve(), prepared, split)(sentences[:3])
-    assert one.action_paths.shape == (3, 1, 3, 4) and one.path_mask.shape == (3, 1, 3)  # K = 1: one copy
+    assert one.action_paths.shape == (3, 1, 3, 8) and one.path_mask.shape == (3, 1, 3)  # K = 1: one copy
     # a cache is never read for the other setting
     with pytest.raises(PlanlmError, match="holds only sampled actions.*sample-plans --plans.expectation true"):
-        plan_source(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, expectation=True, top_actions=4,
+        plan_source(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, expectation=True,
                              plans_dir=str(sampled)).resolve(), prepared, split)
-    with pytest.raises(PlanlmError, match="holds plans in expectation \\(top 4 actions per step\\); set "
+    with pytest.raises(PlanlmError, match="holds plans in expectation \\(top 64 actions per step\\); set "
                                           "--plans.expectation true"):
         plan_source(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, plans_dir=str(expected)).resolve(),
                     prepared, split)
-    with pytest.raises(PlanlmError, match="keep the top 4 actions per step, not --plans.top_actions 8"):
-        plan_source(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, expectation=True, top_actions=8,
-                             plans_dir=str(expected)).resolve(), prepared, split)
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -144,7 +141,6 @@ def test_caches_in_expectation_have_their_own_key_and_match_the_planner(syntheti
     (PlanSpec(kind="fixed", expectation=True), "with --plans.kind fixed"),
     (PlanSpec(expectation=True), "with --plans.kind none"),
     (PlanSpec(kind="planner_sampled", expectation=True, path_policy={"kind": "entropy"}), "needs no adaptive paths"),
-    (PlanSpec(kind="planner_sampled", expectation=True, top_actions=0), "--plans.top_actions 0 must be >= 1"),
 ])
 def test_bad_settings_are_one_line_errors(spec, message):
     with pytest.raises(PlanlmError, match=message) as error:
@@ -153,12 +149,12 @@ def test_bad_settings_are_one_line_errors(spec, message):
 
 
 def test_a_model_trained_in_expectation_is_evaluated_in_expectation_unless_told():
-    trained = PlanSpec(kind="planner_sampled", planner_dir="p", expectation=True, top_actions=16).resolve()
+    trained = PlanSpec(kind="planner_sampled", planner_dir="p", expectation=True).resolve()
     assert PlanSpec(num_paths=3).resolve(trained).expectation
     assert not PlanSpec(expectation=False).resolve(trained).expectation
     assert not PlanSpec(kind="oracle").resolve(trained).expectation  # the other kinds have no distribution
     assert "expectation" not in PlanSpec(kind="planner_sampled", planner_dir="p").resolve().cache_key()
-    assert trained.cache_key()["top_actions"] == 16 and "in expectation (top 16)" in trained.label()
+    assert trained.cache_key()["top_actions"] == 64 and "in expectation (top 64)" in trained.label()
 
 
 def test_sample_plans_cli_refuses_expectation_with_an_adaptive_policy(synthetic_cycle, planner_dir, capsys):
@@ -184,10 +180,10 @@ def test_train_evaluate_sweep_and_generate_in_expectation_through_the_cli(synthe
                                     '"n_positions": 32}']
     main(["train-lm", "--out_dir", str(tmp_path / "sampled"), *base])
     main(["train-lm", "--out_dir", str(tmp_path / "expected"), *base, "--plans.expectation", "true",
-          "--plans.top_actions", "4", "--adapter.kind", "multipath"])
+          "--adapter.kind", "multipath"])
     trained = json.loads((tmp_path / "expected" / "planned_lm.json").read_text())["plans"]
-    assert trained["expectation"] and trained["top_actions"] == 4
-    assert json.loads((tmp_path / "expected" / "manifest.json").read_text())["plans_dir"].endswith("-expected4")
+    assert trained["expectation"] and "top_actions" not in trained
+    assert json.loads((tmp_path / "expected" / "manifest.json").read_text())["plans_dir"].endswith("-expected64")
     evaluation = ["--prepared_dir", str(synthetic_cycle), "--max_articles", "4", "--context_length", "32",
                   "--bootstrap_samples", "20", "--runtime.device", "cpu"]
     main(["evaluate", "--model_dir", str(tmp_path / "sampled"), "--out_dir", str(tmp_path / "eval-sampled"),
@@ -223,9 +219,8 @@ def test_each_stored_step_is_the_planner_distribution_given_the_sampled_prefix(s
     planner.save_pretrained(tmp_path / "planner")
     num_actions, horizon, temperature = prepared.num_actions, 3, 0.7
     cache = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(tmp_path / "planner"), num_paths=3,
-                                                        horizon=horizon, temperature=temperature, expectation=True,
-                                                        top_actions=num_actions),  # every action kept
-                         splits=["validation"], runtime=Runtime(device="cpu"))
+                                                        horizon=horizon, temperature=temperature, expectation=True),
+                         splits=["validation"], runtime=Runtime(device="cpu"))  # every one of A = 8 actions kept
     paths = torch.from_numpy(np.load(cache / "validation.npy"))  # (N, K, T)
     actions, probs = (torch.from_numpy(np.array(x)) for x in load_expected(cache, "validation"))  # (N, K, T, A)
     stored = torch.zeros(*paths.shape, num_actions).scatter_(-1, actions.long(), probs.float())  # (N, K, T, A)

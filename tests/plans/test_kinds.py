@@ -82,7 +82,7 @@ def test_the_plans_of_a_batch_are_those_of_the_split_source(synthetic_cycle, tmp
     split = prepared["validation"]
     planner = tiny_planner(prepared, max_sentences=4)
     planner.save_pretrained(tmp_path / "planner")
-    spec = PlanSpec(kind=kind, num_paths=2, horizon=3, fixed_action=5, planner_dir=str(tmp_path / "planner")).resolve()
+    spec = PlanSpec(kind=kind, num_paths=2, horizon=3, planner_dir=str(tmp_path / "planner")).resolve()
     sentences = np.array([0, 3, 7, 12])
     context = boundary_contexts(split, sentences, planner.config.max_sentences)
     boundaries = Boundaries(len(sentences), prepared.num_actions, *context, split=split, sentences=sentences)

@@ -76,9 +76,9 @@ def test_sources_of_each_kind(synthetic_random, tmp_path):
     np.testing.assert_array_equal(paths[0, 1], split.actions[0:3])
     assert mask[0].all() and mask[1, :, 0].all() and not mask[1, :, 1:].any()  # cut at the article's end
     assert (paths[:, 0] == paths[:, 1]).all()  # repeated over K
-    fixed = plan_source(PlanSpec(kind="fixed", num_paths=2, horizon=3, fixed_action=5).resolve(), prepared, split)
+    fixed = plan_source(PlanSpec(kind="fixed", num_paths=2, horizon=3).resolve(), prepared, split)
     paths, mask, _ = fixed(sentences)
-    assert isinstance(fixed, FixedPlans) and (paths == 5).all() and mask.all()
+    assert isinstance(fixed, FixedPlans) and (paths == 0).all() and mask.all()  # the Fixed baseline's action 0
     assert plan_source(PlanSpec().resolve(), prepared, split) is None
     shuffled = ShuffledPlans(oracle, np.arange(split.num_sentences)[::-1])
     torch.testing.assert_close(shuffled(sentences)[0], oracle(split.num_sentences - 1 - sentences)[0])

@@ -1,4 +1,4 @@
-"""Joint training of the planner with the LM (``plans.joint``): the LM's loss reaches the planner, the plans of an
+"""Joint training of the planner with the LM (``train.joint``): the LM's loss reaches the planner, the plans of an
 unchanged planner are the frozen plans in expectation, the straight-through estimator, the planner saved beside the
 LM and run by its evaluation, the reuse keys of the runs without it, and bad input."""
 
@@ -22,7 +22,7 @@ from planlm.files import file_sha256
 from planlm.models.planned_lm import PlannedLM
 from planlm.models.planner import Planner
 from planlm.plans.contexts import Boundaries, ContextSource, boundary_contexts
-from planlm.plans.kinds import plan_kind, plan_source
+from planlm.plans.kinds import check_joint, plan_kind, plan_source
 from planlm.plans.spec import PlanSpec, trained_plans
 from planlm.stage import read_manifest
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
@@ -32,9 +32,11 @@ TINY = json.dumps(tiny_gpt2_config(n_positions=32))
 
 
 def joint_spec(kind: str = "planner_sampled", **overrides) -> PlanSpec:
-    values = dict(kind=kind, num_paths=2, horizon=3, temperature=0.7, planner_dir="planner", joint=True,
-                  top_actions=8)
-    return PlanSpec(**{**values, **overrides}).resolve()
+    """A joint run's spec: in expectation unless set (train-lm's default when the planner trains with the LM)."""
+    values = dict(kind=kind, num_paths=2, horizon=3, temperature=0.7, planner_dir="planner", expectation=True)
+    spec = PlanSpec(**{**values, **overrides}).resolve()
+    check_joint(spec)
+    return spec
 
 
 def planned_lm(prepared: PreparedDataset, adapter: str):
@@ -94,7 +96,7 @@ def test_joint_plans_of_an_unchanged_planner_are_the_plans_in_expectation(synthe
     planner = tiny_planner(prepared, max_sentences=4, dynamics=dynamics)
     spec = joint_spec(kind)
     strategy = plan_kind(spec.kind)
-    frozen = strategy.draw(boundaries(prepared, planner), replace(spec, joint=False), torch.Generator().manual_seed(3),
+    frozen = strategy.draw(boundaries(prepared, planner), spec, torch.Generator().manual_seed(3),
                            planner).plans(spec.num_paths)
     joint = strategy.joint_plans(boundaries(prepared, planner), spec, torch.Generator().manual_seed(3), planner)
     assert torch.equal(joint.action_paths, frozen.action_paths) and torch.equal(joint.path_mask, frozen.path_mask)
@@ -132,11 +134,11 @@ def test_the_joint_forward_is_the_frozen_expectation_mode_at_t1(synthetic_cycle,
     prepared = PreparedDataset(synthetic_cycle)
     tiny_planner(prepared, max_sentences=4).save_pretrained(tmp_path / "planner")
     spec = PlanSpec(kind="planner_sampled", num_paths=2, horizon=1, planner_dir=str(tmp_path / "planner"),
-                    expectation=True, top_actions=8).resolve()
+                    expectation=True).resolve()
     model = planned_lm(prepared, "multipath")
     frozen_batch = window_batch(prepared, plan_source(spec, prepared, prepared["validation"]))
     planner = Planner.for_corpus(spec.planner_dir, prepared)
-    module = LightningJointLM(model, planner, replace(spec, joint=True))
+    module = LightningJointLM(model, planner, spec)
     joint_batch, _ = module.with_plans(window_batch(prepared, contexts_of(prepared, planner, spec)), "validation/0")
     with torch.no_grad():
         joint_loss, _ = module.model_step(joint_batch)
@@ -154,14 +156,14 @@ def train_args(prepared_dir: Path, out: Path, *extra: str) -> list[str]:
 
 def test_joint_training_moves_the_planner_that_its_evaluation_runs(synthetic_cycle, tmp_path):
     """Through the CLI: the LM's loss alone (--train.planner_loss_weight 0) moves the planner, which is saved in the
-    model folder and run by its evaluation; without --plans.joint the planner folder stays bit-identical and the
+    model folder and run by its evaluation; without --train.joint the planner folder stays bit-identical and the
     model names it. A second identical run is reused."""
     prepared = PreparedDataset(synthetic_cycle)
     tiny_planner(prepared, max_sentences=4).save_pretrained(tmp_path / "planner")
     weights = tmp_path / "planner" / "model.safetensors"
     before = file_sha256(weights)
     plans = ["--plans.planner_dir", str(tmp_path / "planner")]
-    joint = train_args(synthetic_cycle, tmp_path / "joint", *plans, "--plans.joint", "true",
+    joint = train_args(synthetic_cycle, tmp_path / "joint", *plans, "--train.joint", "true",
                        "--train.planner_loss_weight", "0")
     main(joint)
     own = tmp_path / "joint" / "planner"
@@ -169,8 +171,9 @@ def test_joint_training_moves_the_planner_that_its_evaluation_runs(synthetic_cyc
     moved = max(float((a - b).abs().max()) for a, b in zip(trained.state_dict().values(), start.state_dict().values()))
     assert moved > 1e-4 and file_sha256(weights) == before
     model = PlannedLM.from_pretrained(tmp_path / "joint")
-    assert trained_plans(model).planner_dir == str(own) and model.config.plans["joint"]
+    assert trained_plans(model).planner_dir == str(own) and model.config.plans["expectation"]
     manifest = read_manifest(tmp_path / "joint")
+    assert manifest["config"]["train"]["joint"]
     assert manifest["joint_planner"] == "planner" and "planner/model.safetensors" in manifest["files"]
     main(joint)  # reused: nothing retrained
     assert read_manifest(tmp_path / "joint") == manifest
@@ -183,36 +186,34 @@ def test_joint_training_moves_the_planner_that_its_evaluation_runs(synthetic_cyc
     main(train_args(synthetic_cycle, tmp_path / "frozen", *plans, "--plans.expectation", "true"))
     assert file_sha256(weights) == before and not (tmp_path / "frozen" / "planner").exists()
     frozen = PlannedLM.from_pretrained(tmp_path / "frozen")
-    assert Path(trained_plans(frozen).planner_dir) == tmp_path / "planner" and "joint" not in read_manifest(
-        tmp_path / "frozen")["config"]["plans"]
+    assert Path(trained_plans(frozen).planner_dir) == tmp_path / "planner" and not read_manifest(
+        tmp_path / "frozen")["config"]["train"]["joint"]
 
 
 def test_runs_without_joint_keep_their_reuse_keys():
-    """The planner's training knobs are in the LM's key at their defaults too; the plans' key holds joint only when
-    set; an evaluation inherits a joint model's expectation, not its joint training."""
+    """The planner's training knobs are in the LM's key at their defaults too; a model's plans record no joint
+    training, so an evaluation inherits a joint model's expectation, not its joint training."""
     key = LMTrainConfig().reuse_key(Runtime())
     assert key["planner_lr"] is None and key["planner_loss_weight"] == 1.0
     assert LMTrainConfig(planner_lr=1e-4).reuse_key(Runtime())["planner_lr"] == 1e-4
-    assert "joint" not in PlanSpec(kind="planner_sampled", planner_dir="p").resolve().cache_key()
     trained = joint_spec()
-    assert trained.cache_key()["joint"] and trained.expectation and "joint" in trained.label()
+    assert "joint" not in trained.cache_key() and trained.expectation
     straight = joint_spec(expectation=False)
-    assert not straight.expectation and "straight-through" in straight.label()
     evaluation = PlanSpec(num_paths=3).resolve(trained)
-    assert not evaluation.joint and evaluation.expectation and PlanSpec().resolve(straight).expectation is False
+    assert evaluation.expectation and PlanSpec().resolve(straight).expectation is False
 
 
 @pytest.mark.parametrize("spec, message", [
-    (dict(kind="fixed", joint=True), "--plans.joint true with --plans.kind fixed: fixed plans have no planner"),
-    (dict(kind="oracle", joint=True), "--plans.joint true with --plans.kind oracle"),
-    (dict(joint=True), "--plans.joint true with --plans.kind none"),
-    (dict(kind="planner_sampled", joint=True, plans_dir="cache"), "drop --plans.plans_dir"),
-    (dict(kind="planner_sampled", joint=True, temperature=0.0), "carries no gradient"),
-    (dict(kind="planner_sampled", joint=True, path_policy={"kind": "entropy"}), "drop --plans.path_policy"),
+    (dict(kind="fixed"), "--train.joint true with --plans.kind fixed: fixed plans have no planner"),
+    (dict(kind="oracle"), "--train.joint true with --plans.kind oracle"),
+    (dict(), "--train.joint true with --plans.kind none"),
+    (dict(kind="planner_sampled", plans_dir="cache"), "drop --plans.plans_dir"),
+    (dict(kind="planner_sampled", planner_dir="p", temperature=0.0), "carries no gradient"),
+    (dict(kind="planner_sampled", planner_dir="p", path_policy={"kind": "entropy"}), "drop --plans.path_policy"),
 ])
 def test_bad_joint_settings_are_one_line_errors(spec, message):
     with pytest.raises(PlanlmError, match=message) as error:
-        PlanSpec(**spec).resolve()
+        check_joint(PlanSpec(**spec).resolve())
     assert "\n" not in str(error.value)
 
 
@@ -225,7 +226,8 @@ def test_joint_runs_without_a_fitting_planner_stop_before_training(synthetic_cyc
             train_lm(str(synthetic_cycle), str(tmp_path / out), model=model, plans=plans, train=train)
         assert "\n" not in str(error.value) and not (tmp_path / out / "checkpoints").exists()
 
-    refused("m1", "--plans.joint true needs --plans.planner_dir", PlanSpec(kind="planner_sampled", joint=True))
+    joint = replace(quick, joint=True)
+    refused("m1", "--train.joint true needs --plans.planner_dir", PlanSpec(kind="planner_sampled"), joint)
     refused("m2", "--train.planner_lr trains the planner with the LM", PlanSpec(kind="oracle"),
             LMTrainConfig(planner_lr=1e-4))
     for name, info, message in (("codebook", {"codebook_hash": "0" * 64}, "trained with codebook 000000000000"),
@@ -233,12 +235,12 @@ def test_joint_runs_without_a_fitting_planner_stop_before_training(synthetic_cyc
         planner = tiny_planner(prepared, max_sentences=4)
         planner.prepared_info = {**planner.prepared_info, **info}
         planner.save_pretrained(tmp_path / name)
-        refused(f"m-{name}", message, PlanSpec(kind="planner_argmax", joint=True, planner_dir=str(tmp_path / name)))
+        refused(f"m-{name}", message, PlanSpec(kind="planner_argmax", planner_dir=str(tmp_path / name)), joint)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        main(train_args(synthetic_cycle, tmp_path / "cli", "--plans.kind", "fixed", "--plans.joint", "true"))
+        main(train_args(synthetic_cycle, tmp_path / "cli", "--plans.kind", "fixed", "--train.joint", "true"))
     err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2 and "--plans.joint true with --plans.kind fixed" in err and "\n" not in err
+    assert exit_info.value.code == 2 and "--train.joint true with --plans.kind fixed" in err and "\n" not in err
 
 
 def test_the_joint_overlay_on_the_demo_validates(tmp_path, capsys):
@@ -262,10 +264,10 @@ def test_planlm_run_trains_and_evaluates_joint_conditions(tmp_path):
 
     out = tmp_path / "run"
     config = tiny_run_config(out, edit_distance=None, sweeps=[], report={}, conditions=[
-        {"name": "cornille_joint", "planner": {"model": {"horizon": 1}},
-         "plans": {"kind": "planner_argmax", "num_paths": 1, "horizon": 1, "joint": True}},
-        {"name": "ours_joint_st", "adapter": {"kind": "multipath"},
-         "plans": {"kind": "planner_sampled", "num_paths": 3, "horizon": 3, "joint": True, "expectation": False}}])
+        {"name": "cornille_joint", "planner": {"model": {"horizon": 1}}, "train": {"joint": True},
+         "plans": {"kind": "planner_argmax", "num_paths": 1, "horizon": 1}},
+        {"name": "ours_joint_st", "adapter": {"kind": "multipath"}, "train": {"joint": True},
+         "plans": {"kind": "planner_sampled", "num_paths": 3, "horizon": 3, "expectation": False}}])
     run(**config)
     for name, planner in (("cornille_joint", out / "planners" / "cornille_joint"), ("ours_joint_st", out / "planner")):
         metrics = json.loads((out / "eval" / name / "metrics.json").read_text())

@@ -388,9 +388,6 @@ def test_bad_input_gives_one_line_errors(synthetic_random, tmp_path):
     write_json(base / "manifest.json", {**manifest, "files": record_files(base)})
     with pytest.raises(PlanlmError, match="tokenizer"):
         train_lm(str(synthetic_random), str(tmp_path / "m5"), train=quick(), model=LMModelConfig(init_from=str(base)))
-    with pytest.raises(PlanlmError, match="fixed_action"):
-        train_lm(str(synthetic_random), str(tmp_path / "m6"), model=model, train=quick(),
-                 plans=PlanSpec(kind="fixed", fixed_action=8))
     with pytest.raises(PlanlmError, match="plans_dir"):
         train_lm(str(synthetic_random), str(tmp_path / "m7"), model=model, train=quick(),
                  plans=PlanSpec(kind="planner_sampled"))
