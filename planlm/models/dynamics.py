@@ -41,18 +41,18 @@ class PlannerFields(Protocol):
     num_layers: int
     dim_feedforward: int
     dropout: float
-    norm_first: bool
     encoder: Literal["boundary", "article"]
-    pool: Literal["mean", "mean_last"]
-    dynamics_grad_scale: float
+
+
+GRAD_SCALE = 0.5
+"""Scale of the gradient that flows back through the recurrent g into earlier states (MuZero's 0.5)."""
 
 
 def transformer(config: PlannerFields) -> nn.TransformerEncoder:
-    """The transformer of g or f: post-norm layers (the paper's), or pre-norm ones ending in a LayerNorm."""
+    """The transformer of g or f: post-norm layers, the paper's (nn.TransformerEncoderLayer's default)."""
     layer = nn.TransformerEncoderLayer(config.d_model, config.num_heads, config.dim_feedforward, config.dropout,
-                                       batch_first=True, norm_first=config.norm_first)
-    norm = nn.LayerNorm(config.d_model) if config.norm_first else None
-    return nn.TransformerEncoder(layer, config.num_layers, norm=norm, enable_nested_tensor=False)
+                                       batch_first=True)
+    return nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
 
 
 def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -148,8 +148,8 @@ class RecurrentDynamics(Dynamics):
         super().__init__()
         self.action_embedding = nn.Embedding(config.num_actions, config.d_model)
         self.transformer = transformer(config)
-        self.positions = positions  # shared with h (no parameters of g's own when sinusoidal)
-        self.grad_scale = config.dynamics_grad_scale
+        self.positions = positions  # shared with h (sinusoidal: no parameters)
+        self.grad_scale = GRAD_SCALE
 
     def forward(self, latents: torch.Tensor, latent_mask: torch.Tensor, actions: torch.Tensor, slot: torch.Tensor):
         """latents (N, n, D), latent_mask (N, n), actions (N,), slot (N,) -> latents (N, n+1, D), mask (N, n+1)."""

@@ -15,10 +15,8 @@ and appending an action is one new token whose keys and values join a cache (as 
                       path and step: the work that grows with K no longer depends on the context length
 
 f is the same prefix-causal stack over g's outputs, then the paper's mean pool (a running mean over
-the context and the steps so far) and the linear classifier; with ``pool = "mean_last"`` a second linear map
-of the newest latent's output (the latest sentence, or the latest step) is added to the logits. Layers mirror nn.TransformerEncoderLayer
-(post-norm, ReLU), so g and f have the same parameter counts as the recurrent ones; with ``norm_first`` both are
-pre-norm, each stack ending in a LayerNorm.
+the context and the steps so far) and the linear classifier. Layers mirror nn.TransformerEncoderLayer
+(post-norm, ReLU), so g and f have the same parameter counts as the recurrent ones.
 
 The article-level encoder (``PlannerShape.encoder = "article"``) makes the context causal too: context
 latent z_j attends to z_0 .. z_j only. Then a boundary's context states are the prefix of one pass over its
@@ -48,12 +46,12 @@ Cache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows
 
 
 class CachedEncoderLayer(nn.Module):
-    """nn.TransformerEncoderLayer (post-norm, or pre-norm with ``norm_first``; ReLU) that runs either over a whole
-    masked sequence or one new token per row against cached keys and values."""
+    """nn.TransformerEncoderLayer (post-norm, ReLU) that runs either over a whole masked sequence or one new token
+    per row against cached keys and values."""
 
-    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int, dropout: float, norm_first: bool = False):
+    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int, dropout: float):
         super().__init__()
-        self.num_heads, self.norm_first = num_heads, norm_first
+        self.num_heads = num_heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
@@ -63,9 +61,9 @@ class CachedEncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (N, L, D) -> q, k, v (N, H, L, Dh) (of the normed x in a pre-norm layer)."""
+        """x (N, L, D) -> q, k, v (N, H, L, Dh)."""
         rows, length, width = x.shape
-        qkv = self.qkv(self.norm1(x) if self.norm_first else x)
+        qkv = self.qkv(x)
         qkv = qkv.view(rows, length, 3, self.num_heads, width // self.num_heads)
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
@@ -74,9 +72,6 @@ class CachedEncoderLayer(nn.Module):
 
     def _finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """Residual + norm around attention and feed-forward. x, attended (N, L, D) -> (N, L, D)."""
-        if self.norm_first:
-            x = x + self.dropout(self.out_proj(attended))
-            return x + self._feed_forward(self.norm2(x))
         x = self.norm1(x + self.dropout(self.out_proj(attended)))
         return self.norm2(x + self._feed_forward(x))
 
@@ -119,11 +114,10 @@ class CausalStack(nn.Module):
     """Layers of CachedEncoderLayer with the prefix-causal mask (the ``transformer`` of g or f)."""
 
     def __init__(self, d_model: int, num_heads: int, dim_feedforward: int, dropout: float, num_layers: int,
-                 causal_context: bool = False, norm_first: bool = False):
+                 causal_context: bool = False):
         super().__init__()
-        self.layers = nn.ModuleList(CachedEncoderLayer(d_model, num_heads, dim_feedforward, dropout, norm_first)
+        self.layers = nn.ModuleList(CachedEncoderLayer(d_model, num_heads, dim_feedforward, dropout)
                                     for _ in range(num_layers))
-        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()  # a pre-norm stack's last norm
         self.causal_context = causal_context  # the article-level encoder: context latent j sees latents <= j
 
     def prefix_causal_mask(self, context_mask: torch.Tensor, num_steps: int) -> torch.Tensor:
@@ -151,7 +145,7 @@ class CausalStack(nn.Module):
         for layer in self.layers:
             x, keys, values = layer(x, allowed)
             cache.append((keys, values))
-        return self.norm(x), cache
+        return x, cache
 
     def new_buffers(self, rows: int, length: int, like: torch.Tensor) -> Cache:
         """Per layer, empty key and value buffers (rows, H, length, Dh) for the paths' own steps."""
@@ -162,13 +156,13 @@ class CausalStack(nn.Module):
         """x (B*K, 1, D) -> (B*K, 1, D); slot ``step`` of every layer's ``own`` buffers receives this step."""
         for layer, layer_context, layer_own in zip(self.layers, context, own):
             x = layer.step(x, layer_context, context_mask, layer_own, step)
-        return self.norm(x)
+        return x
 
 
 def causal_stack(config: PlannerFields) -> CausalStack:
     """The prefix-causal stack of g or f in the planner's shape."""
     return CausalStack(config.d_model, config.num_heads, config.dim_feedforward, config.dropout, config.num_layers,
-                       causal_context=config.encoder == "article", norm_first=config.norm_first)
+                       causal_context=config.encoder == "article")
 
 
 class CausalPrediction(nn.Module):
@@ -178,16 +172,10 @@ class CausalPrediction(nn.Module):
         super().__init__()
         self.transformer = causal_stack(config)
         self.classifier = nn.Linear(config.d_model, config.num_actions)
-        # pool "mean_last": a second linear read of the newest latent (the latest sentence or step), zero at init
-        self.last = nn.Linear(config.d_model, config.num_actions, bias=False) if config.pool == "mean_last" else None
-        if self.last is not None:
-            nn.init.zeros_(self.last.weight)
 
-    def logits(self, sums: torch.Tensor, counts: torch.Tensor, last=None) -> torch.Tensor:
-        """The running mean sums / counts (..., D) -> (..., A); with pool mean_last, plus the read of the newest
-        latent's output, ``last()`` -> (..., D) (a callable: the mean pool never gathers it)."""
-        logits = self.classifier(sums / counts)
-        return logits if self.last is None else logits + self.last(last())
+    def logits(self, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The running mean sums / counts (..., D) -> (..., A)."""
+        return self.classifier(sums / counts)
 
 
 @dataclass
@@ -250,9 +238,7 @@ class CausalDynamics(Dynamics):
         step_sums = torch.cumsum(hidden[:, num_context:], dim=1)  # (B, T-1, D)
         sums = torch.cat([context_sum, context_sum + step_sums], dim=1)  # (B, T, D)
         counts = weights.sum(dim=1, keepdim=True) + torch.arange(horizon, device=latents.device)[None, :, None]
-        def last():  # the newest latent of each step: the last context latent, then the steps (B, T, D)
-            return torch.cat([newest_latent(hidden, latent_mask)[:, None], hidden[:, num_context:]], dim=1)
-        return prediction.logits(sums, counts, last)  # (B, T, A)
+        return prediction.logits(sums, counts)  # (B, T, A)
 
     def article_teacher_forcing(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
                                 actions: torch.Tensor) -> torch.Tensor:
@@ -274,10 +260,7 @@ class CausalDynamics(Dynamics):
         step_sums = torch.cumsum(hidden[:, num_bounds:].view(rows, num_bounds, num_steps, -1), dim=2)  # (R, J, T-1, D)
         sums = torch.cat([context_sums.unsqueeze(2), context_sums.unsqueeze(2) + step_sums], dim=2)  # (R, J, T, D)
         counts = torch.cumsum(weights, dim=1).unsqueeze(2) + torch.arange(horizon, device=device)[:, None]  # (R, J, T, 1)
-        def last():  # boundary j's newest latents: latent j, then its steps (R, J, T, D)
-            return torch.cat([hidden[:, :num_bounds].unsqueeze(2),
-                              hidden[:, num_bounds:].view(rows, num_bounds, num_steps, -1)], dim=2)
-        return prediction.logits(sums, counts, last)  # (R, J, T, A)
+        return prediction.logits(sums, counts)  # (R, J, T, A)
 
     @torch.no_grad()
     def article_start(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
@@ -297,7 +280,7 @@ class CausalDynamics(Dynamics):
         g_context = [(keys[row], values[row]) for keys, values in g_cache]  # (B, H, J, Dh)
         f_context = [(keys[row], values[row]) for keys, values in f_cache]
         return CausalState(g_context, f_context, context_mask, sums, counts, bound + 1,
-                           prediction.logits(sums, counts, lambda: hidden[row, bound]), horizon)
+                           prediction.logits(sums, counts), horizon)
 
     @torch.no_grad()
     def start(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
@@ -308,7 +291,7 @@ class CausalDynamics(Dynamics):
         weights = latent_mask.unsqueeze(-1).to(hidden.dtype)
         sums = (hidden * weights).sum(dim=1)  # (B, D)
         counts = weights.sum(dim=1)  # (B, 1)
-        logits = prediction.logits(sums, counts, lambda: newest_latent(hidden, latent_mask))  # (B, A)
+        logits = prediction.logits(sums, counts)  # (B, A)
         return CausalState(g_context, f_context, latent_mask, sums, counts, slot, logits, horizon)
 
     @torch.no_grad()
@@ -322,7 +305,7 @@ class CausalDynamics(Dynamics):
         new = self.transformer.step(new, state.g_context, state.context_mask, g_own, state.steps)
         new = prediction.transformer.step(new, state.f_context, state.context_mask, f_own, state.steps)
         sums, counts = state.sums + new[:, 0], state.counts + 1
-        logits = prediction.logits(sums, counts, lambda: new[:, 0])  # (N, A)
+        logits = prediction.logits(sums, counts)  # (N, A)
         return replace(state, sums=sums, counts=counts, slot=state.slot + 1, logits=logits, steps=state.steps + 1,
                        g_own=g_own, f_own=f_own)
 
@@ -361,11 +344,6 @@ class CausalDynamics(Dynamics):
         if not top_actions:
             return paths
         return (paths, *(torch.stack(x, dim=1).view(*paths.shape, -1) for x in steps))  # + (B, K, T, M) twice
-
-
-def newest_latent(hidden: torch.Tensor, latent_mask: torch.Tensor) -> torch.Tensor:
-    """hidden (B, n, D) of right-padded latents -> (B, D) the output of each row's last valid latent."""
-    return hidden[torch.arange(len(hidden), device=hidden.device), latent_mask.sum(dim=1) - 1]
 
 
 def article_mask(latent_mask: torch.Tensor, num_steps: int) -> torch.Tensor:

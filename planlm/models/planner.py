@@ -60,14 +60,6 @@ class PlannerShape:
     """T: number of future actions the planner is trained to predict."""
     dropout: float = 0.1
     """Dropout in h, f and g."""
-    norm_first: bool = False
-    """Pre-norm layers in g and f (LayerNorm before attention and feed-forward, and at the end of each stack)
-    instead of the paper's post-norm (nn.TransformerEncoderLayer's default), which collapses to the unigram at high
-    learning rates without warm-up (docs/results.md)."""
-    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
-    """Sentence-position encoding added to the latents."""
-    init_from_codebook: bool = True
-    """Initialise the classifier of f and the action table of g from the codebook."""
     dynamics: Literal["recurrent", "causal"] = "recurrent"
     """g and f: "recurrent" is the paper's (g re-encodes the grown set of latents at every step); "causal"
     encodes the set with a prefix-causal mask and a key/value cache (planlm.models.dynamics_causal): the same
@@ -77,12 +69,6 @@ class PlannerShape:
     latent seeing the whole context); "article" reads it causally (latent j sees latents <= j), so one pass
     over an article computes every boundary of it: about 1/15 of the encoder work on 30-sentence pieces.
     Needs dynamics "causal" (the paper's g re-encodes every latent at each step: nothing to share)."""
-    pool: Literal["mean", "mean_last"] = "mean"
-    """How f reads its latents: "mean" is the paper's mean pool; "mean_last" (causal dynamics only) adds a linear
-    read of the newest latent (the latest sentence, or the latest planned step) to the mean's logits. Under the
-    article encoder only the newest latent has read the whole context, which the mean dilutes."""
-    dynamics_grad_scale: float = 0.5
-    """Scale of the gradient that flows back through g into earlier states (MuZero: 0.5; recurrent only)."""
     finetune_encoder: bool = False
     """h runs the prepared corpus's sentence encoder on the sentence texts and trains it end to end
     (slow; the paper's 110M-parameter h)."""
@@ -105,9 +91,6 @@ class PlannerShape:
         if self.encoder == "article" and self.dynamics != "causal":
             raise PlanlmError(f"planner config: encoder=article needs dynamics=causal (got {self.dynamics!r}: the "
                               f"paper's g re-encodes every latent); set --model.dynamics causal")
-        if self.pool not in ("mean", "mean_last") or (self.pool == "mean_last" and self.dynamics != "causal"):
-            raise PlanlmError(f"planner config: pool={self.pool!r} with dynamics={self.dynamics!r}; choose mean, or "
-                              f"mean_last with --model.dynamics causal")
         if self.encoder == "article" and self.finetune_encoder:
             raise PlanlmError("planner config: encoder=article reads the prepared embeddings; it does not finetune "
                               "the sentence encoder (set --model.finetune_encoder false or --model.encoder boundary)")
@@ -138,8 +121,18 @@ class PlannerConfig(PlannerShape):
 
     @classmethod
     def from_dict(cls, values: dict) -> "PlannerConfig":
+        """From a planner folder's config.json. A planner saved by an earlier planlm may record settings planlm no
+        longer has: read at the values it always uses now, a one-line error for a planner built otherwise."""
+        for name, value in REMOVED_SHAPES.items():
+            if values.get(name, value) != value:
+                raise PlanlmError(f"planner config: {name}={values[name]!r}, a planner shape planlm no longer builds "
+                                  f"(it always uses {value!r}); retrain the planner with this planlm")
         known = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in values.items() if key in known})
+
+
+REMOVED_SHAPES = {"norm_first": False, "positions": "sinusoidal", "pool": "mean"}
+"""Shapes of earlier planners, by the value planlm builds now (``PlannerConfig.from_dict``)."""
 
 
 def sinusoidal_positions(slots: torch.Tensor, width: int) -> torch.Tensor:
@@ -152,21 +145,15 @@ def sinusoidal_positions(slots: torch.Tensor, width: int) -> torch.Tensor:
 
 
 class SentencePositions(nn.Module):
-    """Position of a latent in its article window: 0 start latent, 1.. context sentences, then plan steps."""
+    """Position of a latent in its article window (0 start latent, 1.. context sentences, then plan steps), as the
+    sinusoidal encoding."""
 
     def __init__(self, config: PlannerConfig):
         super().__init__()
         self.width = config.d_model
-        self.num_slots = config.max_sentences + config.horizon + 1
-        self.table = nn.Embedding(self.num_slots, config.d_model) if config.positions == "learned" else None
 
     def forward(self, slots: torch.Tensor) -> torch.Tensor:
-        if self.table is None:
-            return sinusoidal_positions(slots, self.width)
-        if int(slots.max()) >= self.num_slots:
-            raise PlanlmError(f"planner: position {int(slots.max())} beyond the learned table ({self.num_slots} "
-                              f"slots = max_sentences + horizon + 1); use a horizon <= the trained one")
-        return self.table(slots)
+        return sinusoidal_positions(slots, self.width)
 
 
 class Representation(nn.Module):
@@ -223,7 +210,7 @@ class Planner(nn.Module):
         self.dynamics = DYNAMICS[config.dynamics](config, self.representation.positions)  # g
         self.prediction = self.dynamics.prediction_class(config)  # f
         self.prepared_info: dict = {}  # num_actions, embedding_dim, codebook_hash, encoder of the training corpus
-        if codebook is not None and config.init_from_codebook:
+        if codebook is not None:
             self.init_from_codebook(codebook)
 
     @torch.no_grad()

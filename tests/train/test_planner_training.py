@@ -1,4 +1,4 @@
-"""The planner's dynamics_grad_scale (gradient into earlier states through g) and early stopping in train-planner."""
+"""The planner's gradient scale into earlier states through g (MuZero's 0.5) and early stopping in train-planner."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ from planlm.train.planner import PlannerTrainArgs, train_planner
 
 
 def step_gradients(prepared, grad_scale: float, step: int) -> dict[str, torch.Tensor]:
-    """Gradients of the teacher-forced loss of plan step ``step`` only (0-based) for one fixed planner whose
-    dynamics_grad_scale is ``grad_scale``."""
-    planner = tiny_planner(prepared, dropout=0.0, dynamics_grad_scale=grad_scale).train()
+    """Gradients of the teacher-forced loss of plan step ``step`` only (0-based) for one fixed planner whose g
+    scales the gradient into earlier states by ``grad_scale``."""
+    planner = tiny_planner(prepared, dropout=0.0).train()
+    assert planner.dynamics.grad_scale == 0.5  # the planner's own
+    planner.dynamics.grad_scale = grad_scale
     split = prepared["train"]
     sentences = np.arange(40)
     context_embeds, context_mask = boundary_contexts(split, sentences, planner.config.max_sentences)
@@ -33,7 +35,7 @@ def step_gradients(prepared, grad_scale: float, step: int) -> dict[str, torch.Te
 
 
 @pytest.mark.parametrize("step", [1, 2])
-def test_dynamics_grad_scale_scales_the_gradient_into_earlier_states(synthetic_cycle, step):
+def test_g_scales_the_gradient_into_earlier_states(synthetic_cycle, step):
     """Step k's prediction reaches h's latents through k applications of g, each scaling the gradient by s:
     h's gradient is s^k times the unscaled one (0 stops it), g's and f's own gradients do not change."""
     prepared = PreparedDataset(synthetic_cycle)

@@ -76,16 +76,15 @@ def test_causal_dynamics_learns_the_cycle_rule_and_samples_from_its_cache(synthe
     assert np.mean(paths[..., 1:] == (paths[..., :-1] + 1) % 8) >= 0.9
 
 
-def test_a_pre_norm_planner_with_warm_up_learns_the_cycle_rule(synthetic_cycle, tmp_path):
-    """norm_first and warmup_steps reach the trained planner (its config, its folder's key) and it still learns."""
+def test_a_planner_with_warm_up_learns_the_cycle_rule(synthetic_cycle, tmp_path):
+    """warmup_steps reaches the trained planner's folder key and it still learns."""
     from dataclasses import replace
 
-    out = train_planner(str(synthetic_cycle), str(tmp_path / "planner"),
-                        replace(TINY_MODEL, dynamics="causal", norm_first=True), tiny_train(max_epochs=10, warmup_steps=5))
+    out = train_planner(str(synthetic_cycle), str(tmp_path / "planner"), replace(TINY_MODEL, dynamics="causal"),
+                        tiny_train(max_epochs=10, warmup_steps=5))
     planner = Planner.from_pretrained(out)
-    assert planner.config.norm_first is True
     key = json.loads((out / "manifest.json").read_text())["config"]
-    assert key["model"]["norm_first"] is True and key["train"]["warmup_steps"] == 5
+    assert key["train"]["warmup_steps"] == 5
     split = PreparedDataset(synthetic_cycle)["validation"]
     metrics = evaluate_planner(planner, split, horizon=4, sentences=with_context(split, 1))
     assert min(metrics["planner_teacher_forced"]["top1"][:3]) >= 0.9, metrics
