@@ -75,7 +75,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--base_epochs", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--adapter_lr", type=float, default=None)
     parser.add_argument("--multipath_lr_scale", type=float, default=0.2)
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--batch_size", type=int, default=32)

@@ -301,8 +301,7 @@ def condition_config(name: str, planner_dir: str, args, seed: int) -> dict:
              "sampled": PlanSpec(horizon=1, **sampled), "ours": PlanSpec(horizon=args.horizon, **sampled),
              # not in CONDITIONS: sampled's plans in expectation (K = 1), experiments/bench_expectation.py
              "expected": PlanSpec(horizon=1, **{**sampled, "num_paths": 1}, expectation=True)}[name]
-    return {"plans": plans, "adapter": AdapterSettings(kind="multipath" if name == "ours" else "project_avg",
-                                                       center=getattr(args, "center", False))}
+    return {"plans": plans, "adapter": AdapterSettings(kind="multipath" if name == "ours" else "project_avg")}
 
 
 def prepare_corpus(args, out: Path, clock: Clock) -> tuple[str, dict[str, list[int]]]:
@@ -378,9 +377,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=3, help="epochs of each condition, from its seed's base LM")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping of the conditions (0: none)")
-    parser.add_argument("--center", action="store_true",
-                        help="centered plan vectors (adapter.center: a constant plan is no plan)")
-    parser.add_argument("--adapter_lr", type=float, default=None, help="the adapter's learning rate (default: --lr)")
     parser.add_argument("--multipath_lr_scale", type=float, default=None,
                         help="rate of the multipath adapter's transformers / the adapter's (default: the library's)")
     parser.add_argument("--tag", default="", help="train and evaluate the LMs under <out_dir>/<tag> (a recipe variant "
@@ -545,8 +541,7 @@ def train_condition(args, name: str, seed: int, prepared_dir: str, planner_dir: 
     condition["adapter"] = adapter or condition["adapter"]
     clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(model_dir),
           model=LMModelConfig(init_from=str(base_dir)), **condition,
-          train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, adapter_lr=args.adapter_lr,
-                              max_epochs=args.epochs, warmup_steps=5, gradient_clip_val=args.clip or None,
+          train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, max_epochs=args.epochs, warmup_steps=5, gradient_clip_val=args.clip or None,
                               multipath_lr_scale=args.multipath_lr_scale, seed=seed, progress_bar=False,
                               log_every_n_steps=10, **lm_window(args)))
     metrics = clock("evaluate", evaluate, model_dir=str(model_dir), prepared_dir=prepared_dir, out_dir=str(eval_dir),
@@ -622,8 +617,8 @@ def report(args, prepared, score, test_score, counts, summary, optimum, floor, m
 
     seeds = args.seeds
     say(f"\n## LM test perplexity, {len(seeds)} seed(s) (each condition from its seed's base LM, "
-          f"{args.epochs} epoch(s) after {args.base_epochs} base epoch(s); lr {args.lr:g}, adapter lr "
-          f"{args.adapter_lr or args.lr:g}, multipath transformers at {args.multipath_lr_scale:g} of it, "
+          f"{args.epochs} epoch(s) after {args.base_epochs} base epoch(s); lr {args.lr:g}, multipath "
+          f"transformers at {args.multipath_lr_scale:g} of it, "
           f"gradient clipping {args.clip or 'none'})\n")
     say("| condition | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | pooled |")
     say("|---" * (len(seeds) + 3) + "|")

@@ -9,12 +9,12 @@ articles, per seed and pooled. A seed missing from the folder gets its base LM a
 trained here (``<out_dir>/recipes/_refs``). Results are appended to ``<out_dir>/recipes/results.txt``.
 
 Every ``bench_mechanism.py`` option applies and means what it means there (``--out_dir`` names the finished
-folder; ``--seeds``, ``--epochs``, ``--multipath_lr_scale``, ``--adapter_lr``, ``--horizon``, ...; the options
-it was run with, such as ``--lag``, must be given again). Variants of the adapter: ``--kind project_avg``
-(ours with the gates shut for good), ``--dropout``, and these, for the record:
-``--alpha_scale`` (the ReZero scalars' rate as a fraction of the adapter's) and ``--init``
-(``zero_branches``: the library's ``--adapter.branch_init zero``, the attention and feed-forward outputs of PT
-and ST start at zero, so each transformer starts as the identity; ``small``: their weight matrices drawn with std 0.02).
+folder; ``--seeds``, ``--epochs``, ``--multipath_lr_scale``, ``--horizon``, ...; the options it was run with,
+such as ``--lag``, must be given again). Variants of the adapter: ``--kind project_avg`` (ours with the gates
+shut for good), and these, which the library does not offer, for the record: ``--dropout`` (inside PT and ST),
+``--alpha_scale`` (the ReZero scalars' rate as a fraction of the adapter's) and ``--init`` (``zero_branches``: the
+attention and feed-forward outputs of PT and ST start at zero, so each transformer starts as the identity;
+``small``: their weight matrices drawn with std 0.02).
 
     python experiments/bench_multipath_recipe.py --out_dir runs/bench_mechanism --recipe full_rate_e3 \
         --epochs 3 --multipath_lr_scale 1.0
@@ -47,9 +47,11 @@ def parse_args() -> tuple[argparse.Namespace, argparse.Namespace]:
 
 
 def patch_variants(args) -> None:
-    """The two variants the library does not offer: the scalars' own rate, and another init of PT and ST."""
+    """The variants the library does not offer: dropout in PT and ST, the scalars' own rate, and another init of PT
+    and ST."""
     import torch
 
+    from planlm.models import adapter as adapter_module
     from planlm.models.adapter import MultiPath
     from planlm.train.lm_module import LightningLM
 
@@ -72,12 +74,29 @@ def patch_variants(args) -> None:
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
         LightningLM.configure_optimizers = configure_optimizers
-    if args.init == "small":  # zero_branches is the library's --adapter.branch_init zero
+    if args.dropout:
+        library_encoder = adapter_module._encoder
+
+        def encoder_with_dropout(config):  # as nn.TransformerEncoderLayer(dropout=...) builds it
+            stack = library_encoder(config)
+            for layer in stack.layers:
+                for module in (layer.dropout, layer.dropout1, layer.dropout2):
+                    module.p = args.dropout
+                layer.self_attn.dropout = args.dropout
+            return stack
+
+        adapter_module._encoder = encoder_with_dropout
+    if args.init != "default":
         library_reset = MultiPath.reset_parameters
 
         def reset_parameters(self, codebook=None):
             library_reset(self, codebook)
             for layer in [*self.path_transformer.layers, *self.sample_transformer.layers]:
+                if args.init == "zero_branches":  # each transformer starts as the identity (pre-norm residuals)
+                    for branch_out in (layer.self_attn.out_proj, layer.linear2):
+                        torch.nn.init.zeros_(branch_out.weight)
+                        torch.nn.init.zeros_(branch_out.bias)
+                    continue
                 for name, weight in layer.named_parameters():
                     if weight.dim() == 2:
                         torch.nn.init.normal_(weight, std=0.02)
@@ -107,7 +126,6 @@ def main() -> None:
     patch_variants(args)
     from planlm.models.adapter import AdapterSettings
 
-    branch_init = "zero" if args.init == "zero_branches" else "default"
     root = Path(bench_args.out_dir)
     prepared_dir, planner_dir = str(root / "prepared"), bench_args.planner_dir or str(root / "planner")
     refs = {seed: references(bench_args, seed, prepared_dir, planner_dir) for seed in bench_args.seeds}
@@ -116,8 +134,7 @@ def main() -> None:
     for seed in bench_args.seeds:
         began = time.time()
         eval_dir, _ = bench.train_condition(variant, "ours", seed, prepared_dir, planner_dir, refs[seed][0],
-                                            bench.Clock(), adapter=AdapterSettings(kind=args.kind, dropout=args.dropout,
-                                                                                branch_init=branch_init))
+                                            bench.Clock(), adapter=AdapterSettings(kind=args.kind))
         seconds, evals = time.time() - began, evals + [eval_dir]
         manifest = json.loads((root / variant.tag / "lm" / f"ours-seed{seed}" / "manifest.json").read_text())
         diff = bench.paired([refs[seed][1]], [eval_dir], bench_args.bootstrap_samples)

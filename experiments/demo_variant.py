@@ -6,11 +6,12 @@ windows in the same order, and is evaluated on the same test articles as the run
 from any of them is paired. It is written under ``<run>/variants/<name>/{lm,eval}/seed<S>`` and never touches
 the run's own folders. Compare it afterwards with ``planlm compare`` against the run's evaluations.
 
-    python -m experiments.demo_variant runs/demo --condition ours --name ours_zero_branches \
-        --set adapter.branch_init=zero --seeds 0 1
+    python -m experiments.demo_variant runs/demo-bigplanner --condition ours --name ours_window3_planner \
+        --set plans.planner_dir=runs/planner_recipe/max_sentences-3/n2325-seed0 --seeds 0 1
 
 Each stage is a ``planlm train-lm`` / ``planlm evaluate`` call with the condition's recorded config (the LM's
-manifest and the evaluation's manifest), so a finished variant is reused and an interrupted one resumes.
+manifest and the evaluation's manifest), so a finished variant is reused and an interrupted one resumes. A key
+that an earlier planlm recorded and ``train-lm`` no longer takes (lab/removed-options.md) is left out.
 """
 
 from __future__ import annotations
@@ -28,9 +29,19 @@ from planlm.train.args import recorded_runtime
 
 def variant_config(run: Path, condition: str, seed: int, changes: list[str]) -> dict:
     """The ``train-lm`` arguments of ``condition``'s seed, with ``section.key=value`` changes (values as YAML)."""
+    from dataclasses import fields
+
+    from planlm.models.adapter import AdapterSettings
+    from planlm.plans.spec import PlanSpec
+    from planlm.train.lm import LMModelConfig, LMTrainConfig
+
     config = json.loads((run / "lm" / condition / f"seed{seed}" / "manifest.json").read_text())["config"]
     args = {name: dict(config[name]) for name in ("model", "plans", "adapter", "train")}
     args["train"], args["runtime"] = recorded_runtime(args["train"])
+    taken = {"model": LMModelConfig, "plans": PlanSpec, "adapter": AdapterSettings, "train": LMTrainConfig}
+    for section, group in taken.items():  # the keys train-lm takes now
+        args[section] = {key: value for key, value in args[section].items()
+                         if key in {knob.name for knob in fields(group)}}
     for change in changes:
         key, value = change.split("=", 1)
         section, name = key.split(".", 1)

@@ -94,7 +94,7 @@ def main() -> None:
     source = plan_source(spec, prepared, split)
     manifest = json.loads((Path(args.model_dir) / "manifest.json").read_text())
     train = manifest["config"]["train"]
-    lr = (train["adapter_lr"] or train["lr"]) * train["multipath_lr_scale"]  # the gated transformers' group
+    lr = (train.get("adapter_lr") or train["lr"]) * train["multipath_lr_scale"]  # the gated transformers' group
     steps = int(manifest["global_step"])
     trained = tuple(float(getattr(model.adapter, g).detach()) for g in GATES)
     rows_list = batches(split, args.batch_size, args.batches, seed=0)

@@ -50,7 +50,7 @@ def tiny_planned_lm(prepared: PreparedDataset, adapter: str = "project_avg", see
     from planlm.models.adapter import AdapterConfig
 
     adapter_config = AdapterConfig(kind=adapter, num_actions=prepared.num_actions, action_dim=prepared.embedding_dim,
-                                   hidden_size=32, horizon=4, num_heads=2, init_no_op=False)
+                                   hidden_size=32, horizon=4, num_heads=2)
     config = PlannedLMConfig(plans=PlanSpec(kind="oracle", num_paths=2, horizon=3), adapter=adapter_config,
                              num_actions=prepared.num_actions, codebook_hash=prepared.codebook_hash,
                              tokenizer=prepared.tokenizer_name, base_model_config={"model_type": "gpt2"})

@@ -54,28 +54,15 @@ Design decisions the paper leaves open, made here:
 - ``rezero=False`` (the paper's "no ReZero" ablation) drops both scalars *and* both skip connections
   to the Project-and-Avg solution: c^j = PT(U Emb(a)_{1:T}^j + p_{1:T}), c = ST(c^1, ..., c^K): a
   plain stack of two transformers on the action embeddings, which does not start as a no-op.
-- ``init_no_op`` (default True) initialises W and b to zero, so a fresh adapter with ReZero returns
-  c = 0 and the conditioned LM starts exactly as the base LM (the gradient with respect to W is not
-  zero, so it learns from the first step). Set it False for the usual random init of W.
-- ``branch_init="zero"`` starts the output projections of PT's and ST's residual branches at zero (as Fixup and
-  SkipInit do), so each pre-norm transformer starts as the identity: at alpha = 1, ST's term is then the path
-  vectors' mean, the plan's own scale, where PyTorch's init gives an O(sqrt(D)) random vector.
-- ``init_from_codebook`` copies the k-means centroids (A, E) into the action embedding table Emb.
-- ``center`` (opt-in) subtracts the mean (the batch's sentences in training, a running mean in evaluation,
-  as batch norm does). A constant plan (Fixed) is then no plan. Without it, c's shared part is a shift of
-  every token embedding that Adam moves ||Emb(a)||_1 times faster than the rate (W's gradient is rank one),
-  which costs Fixed perplexity (see docs/results.md).
-  Project and Avg centers the mean action embedding *before* W and drops b: c = W (e - mean e). A constant
-  plan then gives W an exactly zero gradient, so W stays at its no-op zero. Centering c after W (as
-  multipath still does, ``plan_mean``) leaves W a rounding-level gradient that Adam scales up to full-size
-  steps: W drifts at random, training never sees it (the batch mean cancels it) but evaluation does, since
-  the running mean lags the drift (see docs/results.md).
+- W and b start at zero, so a fresh adapter with ReZero returns c = 0 and the conditioned LM starts exactly as
+  the base LM (the gradient with respect to W is not zero, so it learns from the first step).
+- The action embedding table Emb starts as the k-means centroids (A, E): E is the codebook's width.
+- PT and ST have no dropout; their layers start at PyTorch's init.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -83,7 +70,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from planlm.errors import PlanlmError
 
-BranchInit = Literal["default", "zero"]
 ADAPTER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
@@ -94,30 +80,14 @@ class AdapterSettings:
     kind: str = "project_avg"
     """project_avg (Project and Avg), multipath (PathTransformer + SampleTransformer + ReZero), or a registered
     adapter (planlm.models.adapter)."""
-    action_dim: int | None = None
-    """E: width of the action embedding table (None: the codebook width; needed to initialise from it)."""
     num_layers: int = 1
     """Layers of the PathTransformer and of the SampleTransformer (multipath only)."""
     num_heads: int = 2
     """Attention heads of both transformers (must divide the LM width; multipath only)."""
     dim_feedforward: int | None = None
     """Feed-forward width of both transformers (None: 2 x the LM width)."""
-    dropout: float = 0.0
-    """Dropout inside both transformers."""
     rezero: bool = True
     """multipath: ReZero scalars alpha_1, alpha_2 (init 0) around Project-and-Avg; False = the paper's ablation."""
-    init_from_codebook: bool = True
-    """Initialise Emb from the codebook centroids (needs action_dim == codebook width)."""
-    init_no_op: bool = True
-    """Initialise the projection W, b to zero so that a fresh adapter leaves the LM unchanged."""
-    branch_init: BranchInit = "default"
-    """multipath: zero starts the output projections of PT's and ST's residual branches (attention and feed-forward)
-    at zero, so that each transformer starts as the identity and alpha_2 x ST starts at the scale of the plan it is
-    added to, not as an O(sqrt(D)) random vector far larger than it (see docs/results.md); default: PyTorch's init."""
-    center: bool = False
-    """Subtract the mean plan vector (of the batch's sentences in training, a running mean in evaluation, as batch
-    norm does): the plan channel carries only how a sentence's plan differs from the others, never a shift of
-    every token. A plan that says nothing (Fixed) is then exactly no plan."""
 
 
 @dataclass
@@ -125,7 +95,7 @@ class AdapterConfig(AdapterSettings):
     """The whole shape of an adapter: the settings plus the sizes of its actions, its LM and its paths."""
 
     action_dim: int = 768
-    """E: width of the action embedding table (the codebook width when initialised from it)."""
+    """E: width of the action embedding table (the codebook's width)."""
     num_actions: int = 1024
     """A: size of the action vocabulary (codebook rows)."""
     hidden_size: int = 768
@@ -138,20 +108,33 @@ class AdapterConfig(AdapterSettings):
            horizon: int) -> AdapterConfig:
         """The config of ``settings`` for a codebook of ``num_actions`` x ``codebook_width``, an LM of width
         ``hidden_size`` and paths of ``horizon`` steps."""
-        values = asdict(settings)
-        values["action_dim"] = settings.action_dim or codebook_width
-        return cls(**values, num_actions=num_actions, hidden_size=hidden_size, horizon=horizon)
+        return cls(**asdict(settings), action_dim=codebook_width, num_actions=num_actions, hidden_size=hidden_size,
+                   horizon=horizon)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> AdapterConfig:
+        """An adapter config as a model folder's planned_lm.json records it. A folder saved by an earlier planlm
+        also records settings planlm no longer has: read at the values it always uses now, a one-line error for an
+        adapter built otherwise."""
+        values = dict(values)
+        for name, value in REMOVED_SETTINGS.items():
+            saved = values.pop(name, value)
+            if saved != value:
+                raise PlanlmError(f"adapter {name}={saved!r}, an adapter setting planlm no longer has (it always uses "
+                                  f"{value!r}); retrain the model with this planlm")
+        return cls(**values)
 
     def __post_init__(self):
         cls = adapter_class(self.kind)  # one-line error naming the adapters
         for name in ("num_actions", "action_dim", "hidden_size", "horizon", "num_layers", "num_heads"):
             if getattr(self, name) < 1:
                 raise PlanlmError(f"adapter {name} must be >= 1 (got {getattr(self, name)})")
-        if self.branch_init not in ("default", "zero"):
-            raise PlanlmError(f"--adapter.branch_init {self.branch_init!r}: choose default or zero")
-        if not 0.0 <= self.dropout < 1.0:
-            raise PlanlmError(f"--adapter.dropout must be in [0, 1) (got {self.dropout})")
         cls.check(self)
+
+
+REMOVED_SETTINGS = {"init_from_codebook": True, "init_no_op": True, "branch_init": "default", "center": False,
+                    "dropout": 0.0}
+"""Adapter settings of earlier planlm versions, by the value planlm always uses now (``AdapterConfig.from_dict``)."""
 
 
 def gather_rows(table: Tensor, index: Tensor) -> Tensor:
@@ -176,7 +159,7 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int) -> Tensor:
 def _encoder(config: AdapterConfig) -> nn.TransformerEncoder:
     layer = nn.TransformerEncoderLayer(
         d_model=config.hidden_size, nhead=config.num_heads,
-        dim_feedforward=config.dim_feedforward or 2 * config.hidden_size, dropout=config.dropout,
+        dim_feedforward=config.dim_feedforward or 2 * config.hidden_size, dropout=0.0,
         activation="gelu", batch_first=True, norm_first=True)
     # enable_nested_tensor=False: the padded fast path would change results between train and eval.
     return nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
@@ -224,22 +207,19 @@ class ProjectAvg(Adapter):
         super().__init__(config, codebook)
         self.action_embedding = nn.Embedding(config.num_actions, config.action_dim)  # Emb
         self.projection = nn.Linear(config.action_dim, config.hidden_size)  # W, b
-        if config.center:
-            self.register_buffer("embedding_mean", torch.zeros(config.action_dim))  # running mean of e (E,)
         self.reset_parameters(codebook)
 
     def reset_parameters(self, codebook: Tensor | None = None) -> None:
-        if self.config.init_from_codebook and codebook is not None:
+        if codebook is not None:
             if tuple(codebook.shape) != (self.config.num_actions, self.config.action_dim):
                 raise PlanlmError(
                     f"codebook of shape {tuple(codebook.shape)} cannot initialise an action embedding of "
-                    f"({self.config.num_actions}, {self.config.action_dim}); set action_dim to the codebook "
-                    f"width or init_from_codebook: false")
+                    f"({self.config.num_actions}, {self.config.action_dim}); give the codebook the adapter was "
+                    f"built for")
             with torch.no_grad():
                 self.action_embedding.weight.copy_(codebook)
-        if self.config.init_no_op:
-            nn.init.zeros_(self.projection.weight)
-            nn.init.zeros_(self.projection.bias)
+        nn.init.zeros_(self.projection.weight)  # a fresh adapter is a no-op
+        nn.init.zeros_(self.projection.bias)
 
     def step_vectors(self, action_paths: Tensor, action_probs: Tensor | None = None) -> Tensor:
         """(N, K, T) long [or (N, K, T, M) with their probabilities] -> c_t^j (N, K, T, D)."""
@@ -263,9 +243,6 @@ class ProjectAvg(Adapter):
         # W and b are linear: averaging Emb before projecting gives the same c^, T*K times cheaper.
         mean_embedding = masked_mean(self.step_embeddings(action_paths, action_probs), path_mask, dim=-2)  # (N, K, E)
         mean_embedding = masked_mean(mean_embedding, path_valid, dim=-2)  # e (N, E)
-        if self.config.center:  # W (e - mean e): b cancels, and a constant plan gives W no gradient at all
-            return nn.functional.linear(centered(mean_embedding, self.embedding_mean, self.training),
-                                        self.projection.weight)  # (N, D)
         return self.projection(mean_embedding)  # (N, D)
 
 
@@ -287,8 +264,6 @@ class MultiPath(ProjectAvg):
         self.config = config
         self.action_embedding = nn.Embedding(config.num_actions, config.action_dim)
         self.projection = nn.Linear(config.action_dim, config.hidden_size)
-        if config.center:
-            self.register_buffer("plan_mean", torch.zeros(config.hidden_size))  # running mean of c (D,)
         # U: PT reads the action embeddings (eq. 1); a map E -> D only when the widths differ, never zero.
         self.path_input = (nn.Identity() if config.action_dim == config.hidden_size
                            else nn.Linear(config.action_dim, config.hidden_size))
@@ -306,11 +281,6 @@ class MultiPath(ProjectAvg):
         with torch.no_grad():
             scale = self.path_input(self.action_embedding.weight).std().clamp(min=1e-3)
         nn.init.normal_(self.step_position.weight, std=float(scale))
-        if self.config.branch_init == "zero":  # each transformer starts as the identity (pre-norm residuals)
-            for layer in [*self.path_transformer.layers, *self.sample_transformer.layers]:
-                for branch_out in (layer.self_attn.out_proj, layer.linear2):
-                    nn.init.zeros_(branch_out.weight)
-                    nn.init.zeros_(branch_out.bias)
 
     def alphas(self) -> dict[str, float] | None:
         """The ReZero scalars {alpha_1, alpha_2} (None for the no-ReZero ablation)."""
@@ -378,20 +348,7 @@ class MultiPath(ProjectAvg):
             plans = sample_out * self.alpha_sample + sample_avg  # c, eq. 2 (N, D)
         else:
             plans = sample_out
-        return centered(plans, self.plan_mean, self.training) if self.config.center else plans
-
-
-def centered(values: Tensor, running_mean: Tensor, training: bool, momentum: float = 0.1) -> Tensor:
-    """``values`` (N, F) minus their mean: the batch's in training (and ``running_mean`` (F,) moves toward it),
-    ``running_mean`` in evaluation, so that results do not depend on the batch."""
-    if not training:
-        return values - running_mean.to(values.dtype)
-    # Differences from the first row, then their mean: exactly 0 for identical rows (values.mean(0) is not,
-    # it rounds), so a constant plan gives the weights before it exactly no gradient.
-    offsets = values - values[:1]  # (N, F)
-    with torch.no_grad():
-        running_mean.lerp_((values[0] + offsets.mean(0)).detach().to(running_mean.dtype), momentum)
-    return offsets - offsets.mean(0)
+        return plans
 
 
 def _default_mask(action_paths: Tensor, path_mask: Tensor | None, action_probs: Tensor | None = None) -> Tensor:

@@ -85,17 +85,10 @@ class LMTrainConfig(TrainArgs):
     """Tokens per window (windows never cross articles)."""
     stride: int = 127
     """Tokens between window starts (context_length - 1: every token predicted once)."""
-    adapter_lr: float | None = None
-    """Learning rate of the conditioning parameters (the adapter; None: lr). The adapter starts as a no-op
-    on an LM that is already trained, so a higher rate lets the plan channel open within a short finetune."""
     multipath_lr_scale: float = MULTIPATH_LR_SCALE
     """The multipath adapter's PathTransformer and SampleTransformer (behind the ReZero scalars) train at this
-    fraction of adapter_lr: while the gates are near zero their gradient is mostly noise, which Adam turns into
+    fraction of lr: while the gates are near zero their gradient is mostly noise, which Adam turns into
     full-size steps, so at the full rate a gate opens in some seeds and not in others (see docs/results.md)."""
-    gradient_clip_scope: Literal["apart", "joint"] = "apart"
-    """apart: the LM's gradient norm and the adapter's are each clipped on their own; joint: one norm over both.
-    Under joint clipping the adapter's gradient (as large as the whole LM's: its plan vectors collect the gradient
-    of every token) shrinks the LM's own steps, so the LM learns less next to a plan than without one."""
     joint: bool = False
     """Finetune the planner with the LM (planner kinds; beyond the paper, after Cornille et al.'s end-to-end
     follow-up), so that the LM's loss teaches the planner which plans help it. The planner runs on each batch's
@@ -124,12 +117,8 @@ class LMTrainConfig(TrainArgs):
             raise PlanlmError(f"--train.stride {self.stride} must be in [1, context_length - 1]")
         if self.train_split is None:
             raise PlanlmError("train-lm: --train.train_split: name the prepared split to train on (e.g. train)")
-        if self.adapter_lr is not None and self.adapter_lr <= 0:
-            raise PlanlmError(f"--train.lr and --train.adapter_lr must be > 0 (got {self.lr}, {self.adapter_lr})")
         if self.multipath_lr_scale <= 0:
             raise PlanlmError(f"--train.multipath_lr_scale must be > 0 (got {self.multipath_lr_scale})")
-        if self.gradient_clip_scope not in ("apart", "joint"):
-            raise PlanlmError(f"--train.gradient_clip_scope {self.gradient_clip_scope!r}: choose apart or joint")
         if self.planner_lr is not None and self.planner_lr <= 0:
             raise PlanlmError(f"--train.planner_lr must be > 0 (got {self.planner_lr})")
         if self.planner_loss_weight < 0:
@@ -411,8 +400,7 @@ def _train(planned: PlannedLM, train: LMTrainConfig, runtime: LMRuntime, out: Pa
     trainer, best = build_trainer(train, runtime, out, best_filename="step{step}",
                                   log_folders={"csv": "logs", "tensorboard": "tb"}, has_val=val_loaders is not None)
     knobs = dict(lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
-                 adapter_lr=train.adapter_lr, multipath_lr_scale=train.multipath_lr_scale,
-                 clip_apart=train.gradient_clip_scope == "apart")
+                 multipath_lr_scale=train.multipath_lr_scale)
     if planner is None:
         module = LightningLM(planned, **knobs)
     else:

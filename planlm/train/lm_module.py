@@ -30,16 +30,13 @@ class LightningLM(L.LightningModule):
     """Training / validation steps and the optimiser of a PlannedLM."""
 
     def __init__(self, model: PlannedLM, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0,
-                 adapter_lr: float | None = None, multipath_lr_scale: float = MULTIPATH_LR_SCALE,
-                 clip_apart: bool = True):
+                 multipath_lr_scale: float = MULTIPATH_LR_SCALE):
         super().__init__()
         from torchmetrics import SumMetric
 
         self.model = model
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
-        self.adapter_lr = lr if adapter_lr is None else adapter_lr
         self.multipath_lr_scale = multipath_lr_scale
-        self.clip_apart = clip_apart
         # Perplexity = exp(total NLL / total tokens) over the whole validation split (not a mean of batch means).
         # Validation loader 1 (models with plans) holds the same windows with the plans shuffled: plan usage.
         self.val_nll_sum, self.val_tokens = SumMetric(), SumMetric()
@@ -78,14 +75,14 @@ class LightningLM(L.LightningModule):
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Norm clipping, by torch where Lightning would refuse or clip jointly.
 
-        With ``clip_apart``, the LM's gradient norm and the adapter's are clipped each on their own. A plan vector
+        The LM's gradient norm and the adapter's are clipped each on their own. A plan vector
         collects the gradient of every token it conditions, so the adapter's gradient norm is about the whole LM's;
         clipped together, even a plan that carries nothing (Fixed) makes the joint norm cross the threshold far more
         often than the LM's alone, shrinking the LM's steps, and the LM learns less.
 
         Lightning also refuses to clip for a fused optimizer under mixed precision, in case the gradients were still
         loss-scaled; bf16 has no loss scaling (and fp16 gets no fused optimizer), so torch clips them."""
-        apart = self.clip_apart and self.model.adapter is not None
+        apart = self.model.adapter is not None
         fused = optimizer is not None and optimizer.param_groups[0].get("fused")
         if not gradient_clip_val or gradient_clip_algorithm not in (None, "norm") or not (apart or fused):
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
@@ -100,21 +97,21 @@ class LightningLM(L.LightningModule):
                 torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
     def clip_groups(self) -> list[list[torch.nn.Parameter]]:
-        """The parameters whose gradient norm is clipped on its own (``clip_apart``): the LM's, the adapter's."""
+        """The parameters whose gradient norm is clipped on its own: the LM's, the adapter's."""
         adapter = self.model.adapter
         in_adapter = {id(p) for p in adapter.parameters()}
         return [[p for p in self.model.parameters() if id(p) not in in_adapter], list(adapter.parameters())]
 
     def param_groups(self) -> list[dict]:
-        """The optimiser's groups: the LM (lr), the adapter (adapter_lr) and the transformers behind the adapter's
-        ReZero gates (adapter_lr x multipath_lr_scale)."""
+        """The optimiser's groups: the LM and the adapter (lr) and the transformers behind the adapter's ReZero gates
+        (lr x multipath_lr_scale)."""
         adapter = self.model.adapter
         gated = adapter.gated_parameters() if adapter is not None else []
         adapter_params = list(adapter.parameters()) if adapter is not None else []
         in_gated, in_adapter = {id(p) for p in gated}, {id(p) for p in adapter_params}
         return [{"params": [p for p in self.model.parameters() if id(p) not in in_adapter], "lr": self.lr},
-                {"params": [p for p in adapter_params if id(p) not in in_gated], "lr": self.adapter_lr},
-                {"params": gated, "lr": self.adapter_lr * self.multipath_lr_scale}]
+                {"params": [p for p in adapter_params if id(p) not in in_gated], "lr": self.lr},
+                {"params": gated, "lr": self.lr * self.multipath_lr_scale}]
 
     def configure_optimizers(self):
         """AdamW over ``param_groups``; a group with nothing to train is left out."""

@@ -25,12 +25,15 @@ ARCHITECTURES = {
 
 
 def planned(model_type: str = "gpt2", adapter: str = "multipath", init_no_op: bool = True, seed: int = 0):
+    """A planned LM; ``init_no_op`` false: W and b at PyTorch's init instead of the no-op zero (plans that move)."""
     torch.manual_seed(seed)
     lm = load_causal_lm(None, ARCHITECTURES[model_type], vocab_size=VOCAB).eval()
-    adapter_config = AdapterConfig(kind=adapter, num_actions=8, action_dim=6, hidden_size=WIDTH, horizon=3,
-                                   init_no_op=init_no_op)
+    adapter_config = AdapterConfig(kind=adapter, num_actions=8, action_dim=6, hidden_size=WIDTH, horizon=3)
     config = PlannedLMConfig(plans=PlanSpec(kind="oracle", num_paths=2, horizon=3), adapter=adapter_config, num_actions=8)
-    return PlannedLM(config, lm, codebook=torch.randn(8, 6)).eval()
+    model = PlannedLM(config, lm, codebook=torch.randn(8, 6)).eval()
+    if not init_no_op:
+        model.adapter.projection.reset_parameters()
+    return model
 
 
 def inputs(seed: int = 0):

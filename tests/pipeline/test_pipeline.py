@@ -194,10 +194,10 @@ def test_shipped_configs_validate_offline(tmp_path, capsys):
     with pytest.raises(SystemExit) as printed:  # --print_config prints the merged config and exits
         main(["run", "--config", str(root / "configs" / "demo.yaml"), "--print_config"])
     assert printed.value.code in (0, None) and "conditions:" in capsys.readouterr().out
-    # the centered-plans diagnosis is an overlay on the demo: its own run folder and conditions
+    # the joint-training overlay on the demo: its own run folder and conditions
     out = _dry_run(capsys, "--config", str(root / "configs" / "demo.yaml"), "--config",
-                   str(root / "configs" / "demo-centered.yaml"), "--out_dir", str(tmp_path / "centered"))
-    assert "train-lm fixed_center seed1" in out and "train-lm ours" not in out
+                   str(root / "configs" / "demo-joint.yaml"), "--out_dir", str(tmp_path / "joint"))
+    assert "train-lm ours_joint seed1" in out and "train-lm ours seed1" not in out
 
 
 def test_one_planner_per_horizon_in_the_paper_config(tmp_path):

@@ -25,8 +25,9 @@ def adapter(prepared: PreparedDataset, kind: str = "project_avg", horizon: int =
     """A random adapter (W not zero; multipath with both gates open) over the corpus's actions."""
     torch.manual_seed(0)
     config = AdapterConfig(kind=kind, num_actions=prepared.num_actions, action_dim=prepared.embedding_dim,
-                           hidden_size=16, horizon=horizon, num_heads=2, init_no_op=False)
+                           hidden_size=16, horizon=horizon, num_heads=2)
     module = build_adapter(config, prepared.codebook).eval()
+    module.projection.reset_parameters()  # W and b at PyTorch's init, not the no-op zero
     if kind == "multipath":
         with torch.no_grad():
             module.alpha_path.fill_(1.0)

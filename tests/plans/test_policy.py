@@ -93,9 +93,9 @@ def test_per_boundary_counts_sample_valid_paths_in_one_batch(synthetic_cycle, dy
 @pytest.mark.parametrize("adapter", ["project_avg", "multipath"])
 def test_mixed_k_batch_equals_each_boundary_alone(adapter):
     torch.manual_seed(0)
-    config = AdapterConfig(kind=adapter, num_actions=9, action_dim=8, hidden_size=16, horizon=3, num_heads=2,
-                           init_no_op=False)
+    config = AdapterConfig(kind=adapter, num_actions=9, action_dim=8, hidden_size=16, horizon=3, num_heads=2)
     module = build_adapter(config).eval()
+    module.projection.reset_parameters()  # W and b at PyTorch's init, not the no-op zero: plan vectors that move
     if adapter == "multipath":
         with torch.no_grad():
             module.alpha_path.fill_(1.0)

@@ -149,7 +149,7 @@ def test_the_joint_forward_is_the_frozen_expectation_mode_at_t1(synthetic_cycle,
 def train_args(prepared_dir: Path, out: Path, *extra: str) -> list[str]:
     return ["train-lm", "--prepared_dir", str(prepared_dir), "--out_dir", str(out), "--model.model_config", TINY,
             "--plans.kind", "planner_sampled", "--plans.num_paths", "2", "--plans.horizon", "2",
-            "--adapter.init_no_op", "false", "--train.max_steps", "3", "--train.batch_size", "8",
+            "--train.max_steps", "3", "--train.batch_size", "8",
             "--train.context_length", "32", "--train.stride", "31", "--train.limit_val_batches", "1",
             "--train.lr", "0.003", "--train.progress_bar", "false", *extra]
 

@@ -18,7 +18,6 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import read_csv, tiny_gpt2_config, tiny_run_config
-from planlm.models.adapter import AdapterSettings
 from planlm.models.planner import PlannerShape
 from planlm.plans.spec import PlanSpec
 from planlm.stage import read_manifest
@@ -47,7 +46,7 @@ def test_train_lm_resumed_after_an_epoch_equals_the_uninterrupted_run(synthetic_
     """Dropout on (GPT-2's default 0.1), shuffled windows: the resumed epoch must see the same batches and the same
     dropout masks as the straight run's second epoch."""
     kwargs = dict(model=LMModelConfig(model_config=tiny_gpt2_config()),
-                  plans=PlanSpec(kind="oracle"), adapter=AdapterSettings(init_no_op=False))
+                  plans=PlanSpec(kind="oracle"))
 
     def train(out: Path, epochs: int) -> Path:
         return train_lm(str(synthetic_random), str(out), **kwargs, train=LMTrainConfig(
@@ -103,7 +102,7 @@ def test_train_lm_resumed_within_an_epoch_equals_the_uninterrupted_run(synthetic
     from planlm.train.lm_module import LightningLM
 
     kwargs = dict(model=LMModelConfig(model_config=tiny_gpt2_config()),
-                  plans=PlanSpec(kind="oracle"), adapter=AdapterSettings(init_no_op=False))
+                  plans=PlanSpec(kind="oracle"))
 
     def train(out: Path) -> Path:
         return train_lm(str(synthetic_random), str(out), **kwargs, train=LMTrainConfig(
