@@ -34,15 +34,14 @@ def bf16_allowed(monkeypatch):
 
 @pytest.fixture(scope="session")
 def wiki_slice(tmp_path_factory):
-    """``planlm prepare`` of 30 articles of the embedded Wikipedia corpus, 4 actions, chunked embedding (read only)."""
+    """``planlm prepare`` of 30 articles of the embedded Wikipedia corpus, 4 actions (read only)."""
     from planlm.data.corpus import CorpusConfig
-    from planlm.data.embed import EmbedConfig
     from planlm.data.kmeans import ActionsConfig
     from planlm.data.prepare import prepare
 
     out = tmp_path_factory.mktemp("wiki") / "prepared"
     return prepare(str(out), corpus=CorpusConfig(source="wiki-offline", num_train=24, num_validation=3, num_test=3),
-                   embedding=EmbedConfig(chunk_size=32), actions=ActionsConfig(num_actions=4), progress=False)
+                   actions=ActionsConfig(num_actions=4))
 
 
 @pytest.fixture(scope="session")

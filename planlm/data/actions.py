@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 
 from planlm.data.artifacts import PreparedDataset
-from planlm.errors import PlanlmError
 from planlm.jsonio import write_json
 
 
@@ -72,39 +71,38 @@ def _plot_sizes(sizes: np.ndarray, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def actions(prepared_dir: str, out_dir: str | None = None, split: str = "train", num_nearest: int = 5,
-            max_print: int | None = 20, max_chars: int = 160) -> Path:
+NUM_NEAREST, MAX_PRINT, MAX_CHARS = 5, 20, 160
+"""Sentences shown per action; actions printed to the terminal (the files hold all); characters a sentence is
+shortened to in the output."""
+
+
+def actions(prepared_dir: str, out_dir: str | None = None, split: str = "train") -> Path:
     """Show each abstract writing action: its size and the sentences nearest its centroid.
 
-    Writes ``actions.md`` (every action), ``actions.json`` and ``cluster_sizes.png`` (the
-    cluster-size distribution) into ``out_dir`` and prints the largest actions.
+    Writes ``actions.md`` (every action, with its 5 nearest sentences), ``actions.json`` and ``cluster_sizes.png``
+    (the cluster-size distribution) into ``out_dir`` and prints the 20 largest actions.
 
     Args:
         prepared_dir: A folder written by ``planlm prepare``.
         out_dir: Where to write the files (default: ``<prepared_dir>/actions``).
         split: Which split's sentences to show (train, validation, test).
-        num_nearest: Sentences shown per action.
-        max_print: Actions printed to the terminal, largest first (None: all; the files always hold all).
-        max_chars: Longer sentences are shortened to this many characters in the output.
 
     Returns:
         The folder holding actions.md, actions.json and cluster_sizes.png.
     """
-    if num_nearest < 1:
-        raise PlanlmError(f"--num_nearest must be >= 1 (got {num_nearest})")
     prepared = PreparedDataset(prepared_dir)
     data = prepared.split(split)
     codebook = prepared.codebook.numpy().astype(np.float64)  # (A, E)
     split_actions = np.asarray(data.actions)  # (N,)
     num_actions = prepared.num_actions
     sizes = np.bincount(split_actions, minlength=num_actions)  # (A,)
-    nearest = nearest_members(data.embeddings, split_actions, codebook, num_nearest)
+    nearest = nearest_members(data.embeddings, split_actions, codebook, NUM_NEAREST)
     out = Path(out_dir) if out_dir else Path(prepared_dir) / "actions"
     out.mkdir(parents=True, exist_ok=True)
 
     def shorten(text: str) -> str:
         text = " ".join(text.split())
-        return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+        return text if len(text) <= MAX_CHARS else text[: MAX_CHARS - 1] + "…"
 
     records = []
     for action in np.argsort(-sizes, kind="stable"):
@@ -130,7 +128,7 @@ def actions(prepared_dir: str, out_dir: str | None = None, split: str = "train",
     _plot_sizes(sizes, out / "cluster_sizes.png", f"{num_actions} actions, {total:,} {split} sentences")
 
     print(header)
-    for r in records[: max_print if max_print is not None else len(records)]:
+    for r in records[:MAX_PRINT]:
         print(f"\naction {r['action']}: {r['size']:,} sentences ({r['share']:.1%})")
         for n in r["nearest"]:
             print(f"  - {shorten(n['text'])}")

@@ -1,7 +1,7 @@
 """Sentence embeddings streamed to a memory-mappable ``.npy`` file, in resumable chunks.
 
 The output is created with ``np.lib.format.open_memmap`` and filled chunk by chunk, so the only
-copy of the embeddings is the file itself (a chunk of ``chunk_size`` rows lives in RAM at a time).
+copy of the embeddings is the file itself (a chunk of ``CHUNK_SIZE`` rows lives in RAM at a time).
 After every chunk the file is flushed and ``<name>.progress.json`` records how many chunks are done
 together with a fingerprint of (encoder, its settings, the exact sentence texts): an interrupted
 run resumes after the last finished chunk, and a run on other sentences or with another encoder
@@ -35,6 +35,8 @@ from planlm.jsonio import fingerprint, write_json
 
 
 _BATCHES_PER_CALL = 4  # encode() calls carry a small fixed cost; the bar still moves often
+CHUNK_SIZE = 8192
+"""Sentences per resumable chunk (the unit written to disk and recorded as done)."""
 
 
 @dataclass
@@ -51,22 +53,12 @@ class EmbedConfig:
     see docs/benchmarks.md; the actions can change), native (bf16 where it is native,
     fp32 elsewhere) or auto (bf16 on CUDA, fp32 elsewhere)."""
     device: str | None = None
-    """``cpu``, ``cuda``, ``cuda:1`` ...; None picks CUDA when present."""
-    normalize: bool = False
-    """L2-normalise the embeddings (k-means then clusters by cosine similarity)."""
-    chunk_size: int = 8192
-    """Sentences per resumable chunk (the unit written to disk and recorded as done)."""
-    multi_gpu: bool = True
-    """Use every CUDA device through sentence-transformers' multi-process pool when there are several."""
-    pool_devices: list[str] | None = None
-    """Explicit devices for the multi-process pool (``[cuda:0, cuda:2]``; ``[cpu, cpu]`` also works);
-    None: every CUDA device when there are several and ``multi_gpu``."""
+    """``cpu``, ``cuda``, ``cuda:1`` ...; None picks CUDA when present, and every CUDA device (through
+    sentence-transformers' multi-process pool) when there are several."""
 
     def __post_init__(self):
         if self.batch_size < 1:
             raise PlanlmError(f"--embedding.batch_size must be >= 1 (got {self.batch_size})")
-        if self.chunk_size < 1:
-            raise PlanlmError(f"--embedding.chunk_size must be >= 1 (got {self.chunk_size})")
         self.precision = read_precision(self.precision, "--embedding.precision")
 
 
@@ -91,9 +83,7 @@ def _read_progress(path: Path) -> dict:
 
 def _target_devices(config: EmbedConfig) -> list[str] | None:
     """The CUDA devices for the multi-process pool, or None for a single device."""
-    if config.pool_devices:
-        return list(config.pool_devices)
-    if not config.multi_gpu or (config.device and config.device != "cuda") or not torch.cuda.is_available():
+    if (config.device and config.device != "cuda") or not torch.cuda.is_available():
         return None
     count = torch.cuda.device_count()
     return [f"cuda:{i}" for i in range(count)] if count > 1 else None
@@ -116,13 +106,13 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
     progress_path = _progress_path(out_path)
     num_sentences = len(texts)
     num_known = sum(len(block) for block in known)
-    key = {"encoder": config.encoder, "normalize": config.normalize, "chunk_size": config.chunk_size,
-           "texts": texts_hash(texts), "num_sentences": num_sentences}
+    key = {"encoder": config.encoder, "normalize": False, "chunk_size": CHUNK_SIZE, "texts": texts_hash(texts),
+           "num_sentences": num_sentences}
     if config.precision != "fp32":  # fp32 files written before the setting existed stay resumable
         key["precision"] = config.precision
     if known:
         key["known"] = [num_known, known_id]
-    num_chunks = -(-(num_sentences - num_known) // config.chunk_size)  # chunks of the rows to encode
+    num_chunks = -(-(num_sentences - num_known) // CHUNK_SIZE)  # chunks of the rows to encode
     record = _read_progress(progress_path)
     resumable = record.get("key") == fingerprint(key) and out_path.is_file()
     if resumable and record.get("done") == num_chunks:
@@ -140,7 +130,7 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
         write_json(progress_path, {})  # not resumable until the known rows are in
         out_path.unlink(missing_ok=True)  # a new file, never written into: a codebook folder may link the old one
         out = np.lib.format.open_memmap(out_path, mode="w+", dtype=np.float32, shape=(num_sentences, dim))
-        _copy_known(known, out, dim, config.chunk_size)
+        _copy_known(known, out, dim, CHUNK_SIZE)
         write_json(progress_path, record)
     done = int(record["done"])
     devices = _target_devices(config)
@@ -148,7 +138,7 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
         model = copy.deepcopy(model).to(torch.bfloat16)  # a bf16 copy (the encoder is cached, shared in-process)
     pool = model.start_multi_process_pool(devices) if devices and done < num_chunks else None
     autocast = torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
-    bar = open_bar(desc, num_sentences, "sentences", progress, completed=min(num_known + done * config.chunk_size,
+    bar = open_bar(desc, num_sentences, "sentences", progress, completed=min(num_known + done * CHUNK_SIZE,
                                                                               num_sentences))
     try:
         with autocast:
@@ -181,12 +171,12 @@ def _encode_chunks(model, texts: Sequence[str], out: np.ndarray, record: dict, c
     """Encode ``chunks`` of ``texts[first:]`` into ``out``, recording each finished chunk in ``progress_path``."""
     num_sentences = len(texts)
     for chunk in chunks:
-        start = first + chunk * config.chunk_size
-        stop = min(start + config.chunk_size, num_sentences)
+        start = first + chunk * CHUNK_SIZE
+        stop = min(start + CHUNK_SIZE, num_sentences)
         chunk_texts = list(texts[start:stop])
         if pool is not None:
             out[start:stop] = model.encode(chunk_texts, pool=pool, batch_size=config.batch_size,
-                                           normalize_embeddings=config.normalize, convert_to_numpy=True)
+                                           convert_to_numpy=True)
             bar.advance(stop - start)
         else:
             # longest first, like SentenceTransformer.encode, a few batches per call for the bar
@@ -195,8 +185,7 @@ def _encode_chunks(model, texts: Sequence[str], out: np.ndarray, record: dict, c
             for b in range(0, len(order), group):
                 rows = order[b:b + group]
                 out[start + rows] = model.encode([chunk_texts[i] for i in rows], batch_size=config.batch_size,
-                                                 show_progress_bar=False, normalize_embeddings=config.normalize,
-                                                 convert_to_numpy=True)
+                                                 show_progress_bar=False, convert_to_numpy=True)
                 bar.advance(len(rows))
         out.flush()
         record["done"] = chunk + 1

@@ -9,10 +9,10 @@ Backends:
   splits the largest cluster).
 - ``sklearn``: ``sklearn.cluster.KMeans`` (the paper's reference; slow on millions of sentences).
 
-Initialisation: ``k-means++`` (the paper's choice) or ``random`` (``num_actions`` distinct training
-points). For faiss, k-means++ seeds are computed with ``sklearn.cluster.kmeans_plusplus`` on a
-seeded subsample of at most ``init_sample`` points (32 per action by default): k-means++ is sequential and costs
-O(points x actions x log(actions)), which on the full corpus would take longer than the fit.
+Initialisation: ``k-means++`` (the paper's choice). For faiss, k-means++ seeds are computed with
+``sklearn.cluster.kmeans_plusplus`` on a seeded subsample of at most ``INIT_SAMPLE_PER_ACTION`` points per action:
+k-means++ is sequential and costs O(points x actions x log(actions)), which on the full corpus would take longer
+than the fit; the Lloyd iterations (``NUM_ITERATIONS``) then use every point.
 
 Assignment: every sentence (train included) gets its nearest centroid (squared L2), computed in
 chunks straight from the memory-mapped embeddings. For train sentences this is the cluster of the
@@ -33,6 +33,10 @@ from planlm.errors import PlanlmError
 MIN_SENTENCES_PER_ACTION = 39
 """Below this many training sentences per action a codebook is fitted on too little (faiss's own threshold,
 ``min_points_per_centroid``, under which it warns)."""
+NUM_ITERATIONS = 25
+"""Lloyd iterations (faiss) / the iteration cap (scikit-learn, which also stops on its ``tol``)."""
+INIT_SAMPLE_PER_ACTION = 32
+"""faiss: the k-means++ seeds are drawn from a seeded subsample of this many points per action."""
 
 
 @dataclass
@@ -42,34 +46,19 @@ class ActionsConfig:
     num_actions: int = 128
     """Number of clusters = abstract writing actions (the paper: 1,024)."""
     backend: Literal["faiss", "sklearn"] = "faiss"
-    """faiss (fast, GPU when present) or scikit-learn (the reference)."""
-    init: Literal["k-means++", "random"] = "k-means++"
-    """Centroid initialisation."""
-    init_sample: int | None = None
-    """faiss + k-means++: points the seeds are drawn from (a seeded subsample; None: 32 per action).
-    The seeding costs O(init_sample x num_actions x log num_actions); the Lloyd iterations then use
-    every point, so a larger sample costs time and buys no better clusters."""
-    num_iterations: int = 25
-    """Lloyd iterations (faiss) / the iteration cap (scikit-learn, which also stops on ``tol``)."""
+    """faiss (fast, on every GPU when faiss was built with CUDA) or scikit-learn (the paper's reference)."""
     fit_sample: int | None = None
     """Fit on a seeded subsample of this many train sentences (None: all of them); every sentence is
     still assigned to its nearest centroid."""
     seed: int = 0
     """Seed of the initialisation and subsampling."""
-    use_gpu: bool = True
-    """faiss: use the GPUs when faiss was built with CUDA support."""
 
     def __post_init__(self):
         if self.num_actions < 1:
             raise PlanlmError(f"--actions.num_actions must be >= 1 (got {self.num_actions})")
-        if self.num_iterations < 1:
-            raise PlanlmError(f"--actions.num_iterations must be >= 1 (got {self.num_iterations})")
         if self.fit_sample is not None and self.fit_sample < self.num_actions:
             raise PlanlmError(f"--actions.fit_sample ({self.fit_sample}) must be >= --actions.num_actions "
                               f"({self.num_actions}) or null")
-        if self.init_sample is not None and self.init_sample < self.num_actions:
-            raise PlanlmError(f"--actions.init_sample ({self.init_sample}) must be >= --actions.num_actions "
-                              f"({self.num_actions})")
 
 
 _ITERATIONS_PER_CALL = 5
@@ -78,7 +67,7 @@ _ITERATIONS_PER_CALL = 5
 def _faiss_gpus(config: ActionsConfig) -> int:
     import faiss
 
-    return faiss.get_num_gpus() if config.use_gpu and hasattr(faiss, "get_num_gpus") else 0
+    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
 
 
 def _flat_index(dim: int, num_gpus: int):
@@ -98,11 +87,9 @@ def _fit_rows(num_rows: int, config: ActionsConfig) -> np.ndarray | None:
 def initial_centroids(x: np.ndarray, config: ActionsConfig) -> np.ndarray:
     """(A, E) starting centroids from the (N, E) fit data."""
     rng = np.random.default_rng(config.seed)
-    if config.init == "random":
-        return np.ascontiguousarray(x[np.sort(rng.choice(len(x), size=config.num_actions, replace=False))])
     from sklearn.cluster import kmeans_plusplus
 
-    init_sample = config.init_sample or 32 * config.num_actions
+    init_sample = INIT_SAMPLE_PER_ACTION * config.num_actions
     sample = x
     if len(x) > init_sample:
         sample = x[np.sort(rng.choice(len(x), size=init_sample, replace=False))]
@@ -122,12 +109,12 @@ def _fit_faiss(x: np.ndarray, config: ActionsConfig, progress: bool) -> tuple[np
     params.verbose = False
     centroids = initial_centroids(x, config)
     index = _flat_index(x.shape[1], num_gpus)
-    bar = open_bar(f"k-means (faiss{', gpu' if num_gpus else ''})", config.num_iterations, "iterations", progress)
+    bar = open_bar(f"k-means (faiss{', gpu' if num_gpus else ''})", NUM_ITERATIONS, "iterations", progress)
     inertia = float("nan")
     done = 0
-    while done < config.num_iterations:
+    while done < NUM_ITERATIONS:
         # a few Lloyd steps per call: the bar advances, at a small fixed cost per call
-        params.niter = min(_ITERATIONS_PER_CALL, config.num_iterations - done)
+        params.niter = min(_ITERATIONS_PER_CALL, NUM_ITERATIONS - done)
         clustering = faiss.Clustering(x.shape[1], config.num_actions, params)
         faiss.copy_array_to_vector(centroids.ravel(), clustering.centroids)
         clustering.train(x, index)
@@ -144,7 +131,7 @@ def _fit_sklearn(x: np.ndarray, config: ActionsConfig, progress: bool) -> tuple[
     from sklearn.cluster import KMeans
 
     with open_bar("k-means (scikit-learn)", enabled=progress):
-        km = KMeans(n_clusters=config.num_actions, init=config.init, n_init=1, max_iter=config.num_iterations,
+        km = KMeans(n_clusters=config.num_actions, init="k-means++", n_init=1, max_iter=NUM_ITERATIONS,
                     random_state=config.seed).fit(x)
     return np.ascontiguousarray(km.cluster_centers_, dtype=np.float32), float(km.inertia_)
 

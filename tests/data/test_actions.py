@@ -24,7 +24,7 @@ def test_nearest_members_are_sorted_members():
 
 
 def test_actions_writes_markdown_json_and_plot(synthetic_cycle, tmp_path, capsys):
-    out = actions(str(synthetic_cycle), out_dir=str(tmp_path / "inspect"), num_nearest=3, max_print=2)
+    out = actions(str(synthetic_cycle), out_dir=str(tmp_path / "inspect"))
     ds = PreparedDataset(synthetic_cycle)
     train = ds["train"]
     sizes = np.bincount(np.asarray(train.actions), minlength=ds.num_actions)
@@ -36,7 +36,7 @@ def test_actions_writes_markdown_json_and_plot(synthetic_cycle, tmp_path, capsys
     codebook = ds.codebook.numpy()
     for r in record["actions"]:
         nearest = r["nearest"]
-        assert len(nearest) == min(3, r["size"])
+        assert len(nearest) == min(5, r["size"])
         for n in nearest:  # members of the action, text matches the split, distances ascending
             assert train.actions[n["sentence"]] == r["action"]
             assert n["text"] == train.sentence_text(n["sentence"])
@@ -50,7 +50,7 @@ def test_actions_writes_markdown_json_and_plot(synthetic_cycle, tmp_path, capsys
     assert (out / "cluster_sizes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     printed = capsys.readouterr().out
-    assert printed.count("\naction ") == 2  # max_print
+    assert printed.count("\naction ") == min(20, ds.num_actions)  # the largest 20 at most
     assert f"action {record['actions'][0]['action']}: {record['actions'][0]['size']:,} sentences" in printed
 
 
@@ -59,7 +59,7 @@ def test_actions_cli_default_folder_and_errors(synthetic_cycle, tmp_path, capsys
 
     prepared = tmp_path / "prepared"
     shutil.copytree(synthetic_cycle, prepared)
-    cli_main(["actions", "--prepared_dir", str(prepared), "--split", "validation", "--max_print", "1"])
+    cli_main(["actions", "--prepared_dir", str(prepared), "--split", "validation"])
     assert (prepared / "actions" / "actions.md").is_file()
     assert json.loads((prepared / "actions" / "actions.json").read_text())["split"] == "validation"
     capsys.readouterr()

@@ -1,6 +1,6 @@
-"""``prepare.planner_corpus``: the planner and the codebook read more documents than the LM (issue 36), on tiny
-corpora with the real MiniLM encoder: what reaches the planner's split, the codebook and train-planner but not the
-LM's windows; no document in two splits; the note; the encoder check; reuse and rebuild."""
+"""``prepare.planner_corpus``: the planner and the codebook read more documents than the LM, on tiny corpora with
+the real MiniLM encoder: what reaches the planner's split, the codebook and train-planner but not the LM's windows;
+no document in two splits; the note; reuse and rebuild."""
 
 from __future__ import annotations
 
@@ -13,13 +13,11 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.data.corpus import CorpusConfig
 from planlm.data.planner_corpus import PLANNER_SPLIT, PlannerCorpusConfig
 from planlm.data.prepare import prepare
-from planlm.errors import PlanlmError
 from planlm.models.planner import PlannerShape
 from planlm.stage import read_manifest
-from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.planner import PlannerTrainArgs, train_planner
 
-from test_prepare import CountingEncoder, tiny_config, tiny_jsonl
+from test_prepare import tiny_config, tiny_jsonl
 
 
 def pieces_config(source, **corpus) -> dict:
@@ -56,7 +54,7 @@ def test_the_rest_of_the_training_side_reaches_the_planner_and_the_codebook_not_
     assert [a["id"] for a in planner.articles[:train.num_articles]] == [a["id"] for a in train.articles]
     np.testing.assert_array_equal(planner.embeddings[:train.num_sentences], train.embeddings)
     origin = rest.manifest["planner_origin"]
-    assert origin == {"lm_train": 4, "rest_of_train": 16, "source": 0} and planner.num_articles == 20
+    assert origin == {"lm_train": 4, "rest_of_train": 16} and planner.num_articles == 20
     # every piece of the training documents and every later document; never a test or validation document
     held_out = documents(rest["validation"]) | documents(rest["test"])
     assert not documents(planner) & held_out and len(documents(planner)) == 10
@@ -76,91 +74,31 @@ def test_the_rest_of_the_training_side_reaches_the_planner_and_the_codebook_not_
 
 def test_train_planner_fits_on_the_planner_split_and_validates_on_validation(with_rest, tmp_path):
     _, _, rest = with_rest
-    args = PlannerTrainArgs(batch_size=8, max_epochs=1, lr=1e-2, progress_bar=False)
+    args = PlannerTrainArgs(batch_size=8, max_epochs=1, lr=1e-2)
     out = train_planner(str(rest.path), str(tmp_path / "planner"),
                         PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2), args)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["train_split"] == PLANNER_SPLIT and summary["eval_split"] == "validation"
     assert summary["global_step"] == -(-rest[PLANNER_SPLIT].num_sentences // 8)  # one epoch over all 40 boundaries
-    assert read_manifest(out)["config"]["train"]["train_split"] == PLANNER_SPLIT
 
 
-def test_max_articles_the_note_and_reuse_or_rebuild(with_rest, tmp_path, capsys):
+def test_the_note_and_reuse_or_rebuild(with_rest, tmp_path, capsys):
     source, _, rest = with_rest
     # unchanged option: reused as it is
     capsys.readouterr()
     prepare(str(rest.path), **pieces_config(source), planner_corpus=PlannerCorpusConfig(rest_of_train=True))
     assert "reusing it" in capsys.readouterr().out
-    # a planner set smaller than the LM's training set: one note line; a changed option rebuilds
-    small = PlannerCorpusConfig(rest_of_train=True, max_articles=2)
-    out = prepare(str(tmp_path / "small"), **pieces_config(source), planner_corpus=small)
+    # a planner set smaller than the LM's training set: one note line. Five documents of two pieces, every piece
+    # kept: one each for test and validation, two for training (8 sentences), one more for the planner (4)
+    few = tiny_jsonl(tmp_path / "five.jsonl", 5)
+    out = prepare(str(tmp_path / "small"), **pieces_config(few, pieces_per_source=None),
+                  planner_corpus=PlannerCorpusConfig(rest_of_train=True))
     note = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
     assert len(note) == 1 and "the planner's extra documents hold 4 sentences (2 articles), fewer than the LM's 8" \
         in note[0]
-    assert PreparedDataset(out).manifest["planner_origin"]["rest_of_train"] == 2
+    assert PreparedDataset(out).manifest["planner_origin"] == {"lm_train": 4, "rest_of_train": 2}
     before = read_manifest(out)["config_fingerprint"]
-    prepare(str(out), **pieces_config(source), planner_corpus=PlannerCorpusConfig(rest_of_train=True, max_articles=3))
-    assert read_manifest(out)["config_fingerprint"] != before and PreparedDataset(out)[PLANNER_SPLIT].num_articles == 7
-    # switched off: the planner's split goes, and the folder is the one prepared without the option
-    prepare(str(out), **pieces_config(source))
+    # switched off: rebuilt, the planner's split goes
+    prepare(str(out), **pieces_config(few, pieces_per_source=None))
     assert not (out / PLANNER_SPLIT).exists() and PreparedDataset(out).planner_split == "train"
-    assert read_manifest(out)["config_fingerprint"] == read_manifest(with_rest[1].path)["config_fingerprint"]
-
-
-def test_another_source_and_a_prepared_folder_as_source(tmp_path, monkeypatch):
-    source = tiny_jsonl(tmp_path / "c.jsonl", 10)
-    other = tmp_path / "other.jsonl"
-    other.write_text("".join(json.dumps({"id": f"o{i}", "text": f"Ships sail at dawn {i}. The crew sings. "
-                                                                  f"Gulls follow them home."}) + "\n" for i in range(6)))
-    config = tiny_config(source)
-    out = prepare(str(tmp_path / "extra"), **config, planner_corpus=PlannerCorpusConfig(source=str(other)))
-    prepared = PreparedDataset(out)
-    assert prepared.manifest["planner_origin"] == {"lm_train": 6, "rest_of_train": 0, "source": 6}
-    assert {f"o{i}" for i in range(6)} < documents(prepared[PLANNER_SPLIT])
-
-    # a prepared folder as the source: its train split and its embeddings, copied (nothing re-encoded)
-    lender = prepare(str(tmp_path / "lender"), **tiny_config(other))
-    encoder = CountingEncoder()
-    monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: encoder)
-    prepare(str(tmp_path / "borrower"), **config, planner_corpus=PlannerCorpusConfig(source=str(lender)))
-    borrower, lent = PreparedDataset(tmp_path / "borrower"), PreparedDataset(lender)["train"]
-    planner, train = borrower[PLANNER_SPLIT], borrower["train"]
-    assert borrower.manifest["planner_origin"]["source"] == lent.num_articles
-    np.testing.assert_array_equal(planner.embeddings[train.num_sentences:], lent.embeddings)
-    np.testing.assert_array_equal(planner.embeddings[:train.num_sentences], train.embeddings)
-
-
-def test_a_planner_document_in_validation_or_test_is_a_one_line_error(tmp_path):
-    source = tmp_path / "c.jsonl"  # documents of one 32-word paragraph each
-    source.write_text("".join(json.dumps({"id": f"d{i}", "text": " ".join(
-        f"Document {i} tells part {j} of its long story in eight words." for j in range(4))}) + "\n" for i in range(10)))
-    plain = PreparedDataset(prepare(str(tmp_path / "plain"), **tiny_config(source)))
-    held = plain["test"].articles[0]
-    leaky = tmp_path / "leaky.jsonl"  # a test document's paragraph, its whitespace changed, in another document
-    text = "An opening paragraph of its own. It is short.\n\n" + held["text"].replace(" ", "  \n", 3)
-    leaky.write_text(json.dumps({"id": "copy", "title": "A copy", "text": text}) + "\n")
-    with pytest.raises(PlanlmError) as error:
-        prepare(str(tmp_path / "p"), **tiny_config(source), planner_corpus=PlannerCorpusConfig(source=str(leaky)))
-    message = str(error.value)
-    assert "\n" not in message and str(leaky) in message
-    assert f"'copy' (A copy) is a near-copy of the test document {held['id']!r} (100% of the shorter one's" in message
-    assert "remove it from" in message and read_manifest(tmp_path / "p") is None
-
-    # the same id: the test split's own document, named
-    same = tmp_path / "same.jsonl"
-    same.write_text(json.dumps({"id": held["id"], "text": "Other words here. And more of them."}) + "\n")
-    with pytest.raises(PlanlmError, match=f"{same}: the planner's document '{held['id']}' .*also in the test split "
-                                          f"\\(the same document id\\)"):
-        prepare(str(tmp_path / "p"), **tiny_config(source), planner_corpus=PlannerCorpusConfig(source=str(same)))
-
-
-def test_a_source_embedded_by_another_encoder_fails_before_any_file_is_written(tmp_path):
-    source = tiny_jsonl(tmp_path / "c.jsonl", 10)
-    synthetic = make_synthetic_prepared(tmp_path / "synthetic", num_articles={"train": 4, "validation": 2, "test": 2})
-    out = tmp_path / "p"
-    with pytest.raises(PlanlmError) as error:
-        prepare(str(out), **tiny_config(source), planner_corpus=PlannerCorpusConfig(source=str(synthetic)))
-    message = str(error.value)
-    assert "\n" not in message and message.startswith(f"{synthetic}/manifest.json: its sentences were embedded by "
-                                                      f"'synthetic'") and "--embedding.encoder" in message
-    assert not out.exists()
+    assert read_manifest(out)["config_fingerprint"] != before

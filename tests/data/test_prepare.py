@@ -42,9 +42,13 @@ def tiny_jsonl(path, num_articles: int = 10):
 
 def tiny_config(source, **actions) -> dict:
     return dict(corpus=CorpusConfig(source=str(source), num_validation=2, num_test=2),
-                embedding=EmbedConfig(chunk_size=16), actions=ActionsConfig(**{"num_actions": 3, **actions}),
-                progress=False)
+                actions=ActionsConfig(**{"num_actions": 3, **actions}))
 
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Embedding chunks of 4 sentences (8,192 in planlm), so that tiny corpora have several to resume."""
+    monkeypatch.setattr("planlm.data.embed.CHUNK_SIZE", 4)
 
 
 def test_manifest_counts_and_codebook(wiki_slice):
@@ -144,12 +148,10 @@ def test_faiss_agrees_with_sklearn_on_clustered_data():
         assert adjusted_rand_score(truth, labels) == 1.0
         results[backend] = inertia(x, codebook, labels)
     assert results["faiss"] <= 1.01 * results["sklearn"]
-    sampled = fit_codebook(x, ActionsConfig(num_actions=6, fit_sample=120, init_sample=60, seed=1), progress=False)
+    sampled = fit_codebook(x, ActionsConfig(num_actions=6, fit_sample=120, seed=1), progress=False)
     assert adjusted_rand_score(truth, assign_actions(x, sampled, progress=False)) == 1.0
-    again = fit_codebook(x, ActionsConfig(num_actions=6, fit_sample=120, init_sample=60, seed=1), progress=False)
+    again = fit_codebook(x, ActionsConfig(num_actions=6, fit_sample=120, seed=1), progress=False)
     assert np.array_equal(sampled, again)  # seeded
-    random_init = fit_codebook(x, ActionsConfig(num_actions=6, init="random", seed=1), progress=False)
-    assert inertia(x, random_init, assign_actions(x, random_init, progress=False)) >= results["faiss"] * 0.999
     with pytest.raises(PlanlmError, match="num_actions \\(601\\) is larger than the number of training sentences"):
         fit_codebook(x, ActionsConfig(num_actions=601), progress=False)
 
@@ -176,9 +178,9 @@ class CountingEncoder:
         return self.model.encode(texts, **kwargs)
 
 
-def test_embedding_resumes_after_an_interrupt(tmp_path, monkeypatch):
+def test_embedding_resumes_after_an_interrupt(tmp_path, monkeypatch, small_chunks):
     texts = SENTENCES * 2  # 16 sentences, 4 chunks of 4, one encode call per chunk
-    config = EmbedConfig(chunk_size=4, batch_size=1)
+    config = EmbedConfig(batch_size=1)
     broken = CountingEncoder(fail_after=2)  # dies in chunk 3
     monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: broken)
     with pytest.raises(KeyboardInterrupt):
@@ -197,11 +199,12 @@ def test_embedding_resumes_after_an_interrupt(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not cpu_supports_bf16(), reason="this CPU has no native bf16")
 def test_bf16_embeddings_match_fp32_and_are_not_resumed_across_precisions(tmp_path, monkeypatch):
+    monkeypatch.setattr("planlm.data.embed.CHUNK_SIZE", 8)
     texts = SENTENCES * 2
-    single = embed_sentences(texts, tmp_path / "e.npy", EmbedConfig(chunk_size=8), progress=False).copy()
+    single = embed_sentences(texts, tmp_path / "e.npy", EmbedConfig(), progress=False).copy()
     counted = CountingEncoder()
     monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: counted)
-    half = embed_sentences(texts, tmp_path / "e.npy", EmbedConfig(chunk_size=8, precision="bf16"), progress=False)
+    half = embed_sentences(texts, tmp_path / "e.npy", EmbedConfig(precision="bf16"), progress=False)
     assert counted.calls == 2 and half.dtype == np.float32  # encoded again (another fingerprint), stored in fp32
     cosine = (single * half).sum(1) / np.linalg.norm(single, axis=1) / np.linalg.norm(half, axis=1)
     assert cosine.min() > 0.999 and np.abs(single - half).max() > 0  # measured: 0.99998 on the demo's sentences
@@ -231,23 +234,26 @@ def test_native_precision_is_bf16_where_the_cpu_has_it_and_fp32_elsewhere(tmp_pa
 
 
 @pytest.mark.slow
-def test_multi_process_pool_matches_single_process(tmp_path):
-    """The multi-GPU route (sentence-transformers' multi-process pool), exercised with two CPU workers."""
+def test_multi_process_pool_matches_single_process(tmp_path, monkeypatch):
+    """The multi-GPU route (sentence-transformers' multi-process pool, taken with several CUDA devices), exercised
+    with two CPU workers."""
+    from planlm.data import embed
+
+    monkeypatch.setattr(embed, "CHUNK_SIZE", 10)
     texts = SENTENCES * 3
-    pooled = embed_sentences(texts, tmp_path / "pool.npy", EmbedConfig(chunk_size=10, pool_devices=["cpu", "cpu"]),
-                             progress=False)
-    single = embed_sentences(texts, tmp_path / "one.npy", EmbedConfig(chunk_size=10), progress=False)
+    single = embed_sentences(texts, tmp_path / "one.npy", EmbedConfig(), progress=False)
+    monkeypatch.setattr(embed, "_target_devices", lambda config: ["cpu", "cpu"])
+    pooled = embed_sentences(texts, tmp_path / "pool.npy", EmbedConfig(), progress=False)
     np.testing.assert_allclose(np.asarray(pooled), np.asarray(single), atol=1e-4)
     if cpu_supports_bf16():  # bf16 in the pool: the weights are cast (autocast does not reach the processes)
-        half = embed_sentences(texts, tmp_path / "half.npy", EmbedConfig(chunk_size=10, pool_devices=["cpu", "cpu"],
-                                                                         precision="bf16"), progress=False)
+        half = embed_sentences(texts, tmp_path / "half.npy", EmbedConfig(precision="bf16"), progress=False)
         cosine = (single * half).sum(1) / np.linalg.norm(single, axis=1) / np.linalg.norm(half, axis=1)
         assert half.dtype == np.float32 and cosine.min() > 0.99
         encoder = load_sentence_encoder(EmbedConfig().encoder, None)  # the instance embed_sentences got: not cast
         assert all(p.dtype == torch.float32 for p in encoder.parameters())
 
 
-def test_reuse_rebuild_and_interrupted_runs(tmp_path, monkeypatch):
+def test_reuse_rebuild_and_interrupted_runs(tmp_path, monkeypatch, small_chunks):
     source = tiny_jsonl(tmp_path / "c.jsonl")
     out = tmp_path / "prepared"
     prepare(str(out), **tiny_config(source))
@@ -272,7 +278,7 @@ def test_reuse_rebuild_and_interrupted_runs(tmp_path, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    config = {**tiny_config(source), "embedding": EmbedConfig(chunk_size=16, normalize=True)}
+    config = {**tiny_config(source), "corpus": CorpusConfig(source=str(source), num_validation=2, num_test=2, seed=1)}
     monkeypatch.setattr("planlm.data.prepare.fit_codebook", interrupt)
     with pytest.raises(KeyboardInterrupt):
         prepare(str(out), **config)
@@ -280,13 +286,13 @@ def test_reuse_rebuild_and_interrupted_runs(tmp_path, monkeypatch):
     with pytest.raises(PlanlmError, match="manifest.json missing"):
         PreparedDataset(out)
     calls_after_interrupt = encoder.calls
-    assert calls_after_interrupt > 0  # normalize changes the embeddings: re-encoded
+    assert calls_after_interrupt > 0  # another draw of the articles: other sentences, re-encoded
     monkeypatch.undo()
+    monkeypatch.setattr("planlm.data.embed.CHUNK_SIZE", 4)
     monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: encoder)
     prepare(str(out), **config)
     assert encoder.calls == calls_after_interrupt  # resumed from the finished embedding files
-    emb = np.asarray(PreparedDataset(out)["train"].embeddings)
-    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+    assert np.asarray(PreparedDataset(out)["train"].embeddings).shape[1] == 384
 
 
 def test_bad_inputs(tmp_path):
@@ -297,12 +303,6 @@ def test_bad_inputs(tmp_path):
     out = prepare(str(tmp_path / "ok"), **tiny_config(source))
     assert read_manifest(out)["skipped"] == {"malformed_json": 1, "duplicate_id": 1, "empty_text": 1,
                                              "too_few_sentences": 1, "undecodable": 1}
-
-    strict = tiny_config(source)
-    strict["corpus"] = CorpusConfig(source=str(source), num_validation=2, num_test=2, on_bad_record="error")
-    with pytest.raises(PlanlmError, match=f"{source} line 11 .*: malformed json; fix or delete that line"):
-        prepare(str(tmp_path / "strict"), **strict)
-    assert read_manifest(tmp_path / "strict") is None
 
     with pytest.raises(PlanlmError, match="num_actions \\(500\\) is larger than the number of training sentences "
                                           "\\(24\\); lower --actions.num_actions"):
@@ -327,7 +327,7 @@ def test_cli_help_print_config_and_run(tmp_path, capsys):
     assert printed["corpus"]["source"] == "sotu" and printed["corpus"]["piece_sentences"] == 30
 
     source = tiny_jsonl(tmp_path / "c.jsonl")
-    printed.update(out_dir=str(tmp_path / "cli"), progress=False)
+    printed.update(out_dir=str(tmp_path / "cli"))
     printed["corpus"].update(source=str(source), num_validation=2, num_test=2)
     printed["actions"]["num_actions"] = 3
     (tmp_path / "prepare.yaml").write_text(yaml.safe_dump(printed))
@@ -343,7 +343,7 @@ def test_cli_help_print_config_and_run(tmp_path, capsys):
     assert err.startswith("planlm: error: --actions.num_actions (500)") and "\n" not in err
 
 
-@pytest.mark.parametrize("setting, column", [("text_column", "body"), ("id_column", "doc_id")])
+@pytest.mark.parametrize("setting, column", [("text_column", "body")])
 def test_a_column_that_no_record_has_is_one_line_error_before_any_artifact(tmp_path, capsys, setting, column):
     source = tiny_jsonl(tmp_path / "data.jsonl")
     out = tmp_path / "prepared"
@@ -445,12 +445,6 @@ def test_the_summary_states_the_share_beyond_the_window_and_warns_without_long_d
     share = PreparedDataset(out).manifest["counts"]["train"]["beyond_window_share"]
     assert share == 0.0 and "0.0% beyond the 128-token window" in printed.out
     assert "warning: only 0.0% of the training tokens have context beyond the 128-token LM window" in printed.err
-    # the same documents through an 8-token window: most tokens lie beyond it, no warning
-    prepare(str(tmp_path / "window8"), **{**tiny_config(source), "corpus": long_documents}, lm_window=8)
-    printed = capsys.readouterr()
-    assert "beyond the 8-token window" in printed.out and "warning" not in printed.err
-    with pytest.raises(PlanlmError, match="--lm_window must be >= 2"):
-        prepare(str(tmp_path / "bad"), **tiny_config(source), lm_window=1)
 
 
 def test_a_bpe_tokenizer_trained_on_the_training_split_is_saved_and_used_downstream(tmp_path):
@@ -470,8 +464,7 @@ def test_a_bpe_tokenizer_trained_on_the_training_split_is_saved_and_used_downstr
         assert tok.decode(train.input_ids[train.token_range(article)]) == train.articles[article]["text"]
     assert len(tok("Café ☃")["input_ids"]) > 0  # unseen characters still tokenize (the byte alphabet)
     model = train_lm(str(out), str(tmp_path / "lm"), model=LMModelConfig(model_config=tiny_gpt2_config()),
-                     train=LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1,
-                                         progress_bar=False))
+                     train=LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1))
     lm = PlannedLM.from_pretrained(model).base_lm()
     assert lm.get_input_embeddings().num_embeddings == 300 and lm.config.eos_token_id == tok.eos_token_id < 300
     for bad in ("bpe:100", "bpe:many"):

@@ -3,6 +3,7 @@ documents than the LM, end to end on a tiny config."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import yaml
 from helpers import tiny_run_config
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset
+from planlm.data.corpus import CorpusConfig, Skips, read_articles
 from planlm.stage import read_manifest
 
 
@@ -20,25 +22,30 @@ def test_run_with_a_planner_corpus_overlay(tmp_path):
                              conditions=[{"name": "none", "plans": {"kind": "none"}},
                                          {"name": "ours", "plans": {"kind": "planner_sampled", "num_paths": 2,
                                                                     "horizon": 2}, "adapter": {"kind": "multipath"}}])
-    config["prepare"]["corpus"]["num_train"] = 12
+    # 60 lead sections: 12 for the LM's training split, 12 held out, the rest for the planner alone
+    corpus = tmp_path / "leads.jsonl"
+    leads = itertools.islice(read_articles(CorpusConfig(source="wiki-offline"), Skips()), 60)
+    corpus.write_text("".join(json.dumps(article) + "\n" for article in leads))
+    config["prepare"]["corpus"] = {"source": str(corpus), "num_train": 12, "num_validation": 6, "num_test": 6}
     config["planner"]["train"]["max_epochs"] = 1
     config["lm"]["train"]["max_steps"] = 2
     base, overlay = tmp_path / "base.yaml", tmp_path / "bigplanner.yaml"
     base.write_text(yaml.safe_dump(config))
     # a second --config replaces whole sections: the overlay repeats prepare (as configs/demo-bigplanner.yaml does)
-    planner_corpus = {"rest_of_train": True, "max_articles": 30}
+    planner_corpus = {"rest_of_train": True}
     overlay.write_text(yaml.safe_dump({"overlay_of": str(base),
                                        "prepare": {**config["prepare"], "planner_corpus": planner_corpus}}))
     cli_main(["run", "--config", str(base), "--config", str(overlay)])
     assert "overlay_of" not in (out / "run_state.json").read_text()  # a file's marker, no setting of the run
 
     prepared = PreparedDataset(out / "prepared")
-    assert prepared.manifest["planner_origin"] == {"lm_train": 12, "rest_of_train": 30, "source": 0}
+    origin = prepared.manifest["planner_origin"]
+    assert origin["lm_train"] == 12 and origin["rest_of_train"] > 20
+    assert prepared["planner_train"].num_articles == 12 + origin["rest_of_train"]
     assert prepared["train"].num_articles == 12  # the LM's split is the configured one
     summary = json.loads((out / "planner" / "summary.json").read_text())
     assert summary["train_split"] == "planner_train" and summary["eval_split"] == "validation"
     planner_sentences = prepared["planner_train"].num_sentences
-    assert read_manifest(out / "planner")["config"]["train"]["train_split"] == "planner_train"
     assert summary["global_step"] == -(-planner_sentences // config["planner"]["train"]["batch_size"])
     state = json.loads((out / "run_state.json").read_text())["stages"]
     assert all(stage["status"] == "done" for stage in state.values())
