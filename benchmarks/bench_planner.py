@@ -200,7 +200,7 @@ def time_encoders(args) -> None:
             num_articles={"train": args.epoch_articles, "validation": 4, "test": 4}, seed=0)
         prepared = PreparedDataset(prepared_dir)
         split = prepared["train"]
-        train = PlannerTrainArgs(batch_size=128, lr=1e-3, progress_bar=False)
+        train = PlannerTrainArgs(batch_size=128, lr=1e-3)
         rows = []
         for label, encoder, dynamics in ENCODERS:
             config = PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim, d_model=128,

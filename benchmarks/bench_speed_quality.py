@@ -62,7 +62,7 @@ def run(root: Path, args) -> list[tuple[str, int, float, float]]:
             ppl = {}
             for name, (train_precision, eval_precision, chunk) in SETTINGS.items():
                 folder = root / f"{condition}-{seed}-{name}"
-                train = LMTrainConfig(batch_size=8, lr=1e-3, max_epochs=args.epochs, seed=seed, progress_bar=False,
+                train = LMTrainConfig(batch_size=8, lr=1e-3, max_epochs=args.epochs, seed=seed,
                                       loggers=["csv"])
                 train_lm(str(prepared), str(folder / "lm"), model, plans, AdapterSettings(kind="project_avg"), train,
                          runtime=LMRuntime(device="cpu", precision=train_precision, loss_chunk_size=chunk))

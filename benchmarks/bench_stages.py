@@ -94,7 +94,7 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     began = time.perf_counter()
     planner = train_planner(str(prepared_dir), str(root / "planner"),
                             PlannerShape(horizon=10, dynamics=args.dynamics, **PLANNERS[args.planner]),
-                            PlannerTrainArgs(max_epochs=args.planner_epochs, progress_bar=False), runtime)
+                            PlannerTrainArgs(max_epochs=args.planner_epochs), runtime)
     rows.append(("train_planner (per epoch)", (time.perf_counter() - began) / args.planner_epochs, boundaries,
                  "boundaries"))
 
@@ -109,7 +109,7 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
                   LMModelConfig(model_config={"model_type": "gpt2", "n_positions": 128, **LMS[args.lm]}),
                   PlanSpec(kind="planner_sampled", num_paths=10, horizon=10, plans_dir=str(plans)),
                   AdapterSettings(kind="multipath", num_heads=2),
-                  LMTrainConfig(batch_size=32, max_epochs=1, progress_bar=False), LMRuntime(device=args.device))
+                  LMTrainConfig(batch_size=32, max_epochs=1), LMRuntime(device=args.device))
     rows.append(("train_lm multipath K=T=10 (one epoch)", time.perf_counter() - began, tokens, "tokens"))
 
     for stride, articles, name in ((127, None, "evaluate, windows of 128 (test)"),

@@ -176,8 +176,7 @@ def train_planner(args, prepared_dir: str, horizon: int) -> None:
     train(prepared_dir=prepared_dir, out_dir=str(Path(args.out_dir) / f"planner-h{horizon}"),
           model=PlannerShape(d_model=d, num_heads=2, dim_feedforward=2 * d, num_layers=1, horizon=horizon,
                              max_sentences=args.lag, dynamics="causal"),
-          train=PlannerTrainArgs(batch_size=128, lr=args.planner_lr, max_epochs=args.planner_epochs,
-                                 eval_split="test", progress_bar=False, seed=0))
+          train=PlannerTrainArgs(batch_size=128, lr=args.planner_lr, max_epochs=args.planner_epochs, seed=0))
 
 
 def run_jobs(args, jobs: list[tuple]) -> list:

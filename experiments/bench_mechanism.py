@@ -322,7 +322,7 @@ def prepare_corpus(args, out: Path, clock: Clock) -> tuple[str, dict[str, list[i
                           num_validation=args.validation_articles, num_test=args.test_articles, seed=0)
 
     def prepare_with(kmeans_seed: int) -> float:
-        clock("prepare", prepare, out_dir=prepared_dir, corpus=corpus, tokenizer=tokenizer, progress=False,
+        clock("prepare", prepare, out_dir=prepared_dir, corpus=corpus, tokenizer=tokenizer,
               actions=ActionsConfig(num_actions=NUM_TYPES, seed=kmeans_seed))
         return float(PreparedDataset(prepared_dir).manifest["kmeans"]["inertia_per_sentence"])
 
@@ -461,7 +461,7 @@ def main() -> None:
 
     # 2. planner against the Bayes optimum given the clustering
     planner_dir = train_mechanism_planner(args, prepared_dir, clock)
-    summary = json.loads((Path(planner_dir) / "summary.json").read_text())["metrics"]
+    summary = planner_test_metrics(prepared, planner_dir, args.horizon)
     optimum = bayes_optimum(splits["test"], types["test"], confusion, args.horizon, args.lag, args.successors)
     floor = lm_floor(splits["test"], types["test"], args.lag, args.successors)
 
@@ -502,9 +502,20 @@ def train_mechanism_planner(args, prepared_dir: str, clock: Clock) -> str:
     clock("train-planner", train_planner, prepared_dir=prepared_dir, out_dir=planner_dir,
           model=PlannerShape(d_model=args.planner_d_model, num_heads=2, dim_feedforward=2 * args.planner_d_model,
                              num_layers=args.planner_layers, horizon=args.horizon),
-          train=PlannerTrainArgs(batch_size=128, lr=args.planner_lr, max_epochs=args.planner_epochs,
-                                 eval_split="test", progress_bar=False))
+          train=PlannerTrainArgs(batch_size=128, lr=args.planner_lr, max_epochs=args.planner_epochs))
     return planner_dir
+
+
+def planner_test_metrics(prepared, planner_dir: str, horizon: int) -> dict:
+    """The planner's and the baselines' per-step metrics on the test split (the planner's summary holds them on
+    validation)."""
+    from planlm.models.planner import Planner
+    from planlm.train.planner_metrics import baseline_metrics, evaluate_planner
+
+    planner, test = Planner.from_pretrained(planner_dir), prepared.split("test")
+    metrics = evaluate_planner(planner, test, horizon, 512)
+    metrics.update(baseline_metrics(prepared.split(prepared.planner_split), test, horizon, prepared.num_actions))
+    return metrics
 
 
 def lm_window(args) -> dict:
@@ -523,7 +534,7 @@ def train_base(args, seed: int, prepared_dir: str, clock: Clock) -> Path:
     clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(base_dir),
           model=LMModelConfig(model_config=lm_model),
           train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, max_epochs=args.base_epochs,
-                              warmup_steps=20, seed=seed, progress_bar=False, log_every_n_steps=10, **lm_window(args)))
+                              warmup_steps=20, seed=seed, log_every_n_steps=10, **lm_window(args)))
     return base_dir
 
 
@@ -542,7 +553,7 @@ def train_condition(args, name: str, seed: int, prepared_dir: str, planner_dir: 
     clock("train-lm", train_lm, prepared_dir=prepared_dir, out_dir=str(model_dir),
           model=LMModelConfig(init_from=str(base_dir)), **condition,
           train=LMTrainConfig(batch_size=args.batch_size, lr=args.lr, max_epochs=args.epochs, warmup_steps=5, gradient_clip_val=args.clip or None,
-                              multipath_lr_scale=args.multipath_lr_scale, seed=seed, progress_bar=False,
+                              multipath_lr_scale=args.multipath_lr_scale, seed=seed,
                               log_every_n_steps=10, **lm_window(args)))
     metrics = clock("evaluate", evaluate, model_dir=str(model_dir), prepared_dir=prepared_dir, out_dir=str(eval_dir),
                     split="test", batch_size=64, **lm_window(args), bootstrap_samples=args.bootstrap_samples)

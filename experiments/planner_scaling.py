@@ -71,7 +71,7 @@ def train_one(prepared: Path, out: Path, shape: PlannerShape, train: dict, runti
     """Train (or reuse) one planner on the first ``size`` planner-split articles; its information and time."""
     start = time.perf_counter()
     folder = train_planner(str(prepared), str(out), shape,
-                           PlannerTrainArgs(**{**train, "seed": seed, "progress_bar": False,
+                           PlannerTrainArgs(**{**train, "seed": seed,
                                                "max_train_articles": size or None}), runtime)
     wall = time.perf_counter() - start
     summary = json.loads((folder / "summary.json").read_text())

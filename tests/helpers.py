@@ -138,10 +138,9 @@ def tiny_run_config(out_dir: Path, **overrides) -> dict:
         "prepare": {"corpus": {"source": "wiki-offline", "num_train": 40, "num_validation": 6, "num_test": 6},
                     "actions": {"num_actions": 8}, "tokenizer": "gpt2"},
         "planner": {"model": {"d_model": 32, "num_heads": 2, "dim_feedforward": 64, "horizon": 3},
-                    "train": {"batch_size": 64, "lr": 0.003, "max_epochs": 2, "progress_bar": False}},
+                    "train": {"batch_size": 64, "lr": 0.003, "max_epochs": 2}},
         "lm": {"model": {"model_config": tiny_gpt2_config(n_positions=64)},
-               "train": {"context_length": 64, "stride": 63, "batch_size": 8, "lr": 0.003, "max_steps": 6,
-                         "progress_bar": False}},
+               "train": {"context_length": 64, "stride": 63, "batch_size": 8, "lr": 0.003, "max_steps": 6}},
         "conditions": [
             {"name": "none", "plans": {"kind": "none"}},
             {"name": "fixed", "paper": "Fixed", "plans": {"kind": "fixed"}},

@@ -58,8 +58,7 @@ def test_an_adapter_of_the_page_trains_and_reloads_through_train_lm(registries, 
     adapter_block = next(block for block in python_blocks() if "class GatedMean" in block)
     namespace = {"__name__": "extending", "torch": torch}
     exec(compile(adapter_block, str(PAGE), "exec"), namespace)
-    train = LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1,
-                          progress_bar=False, log_every_n_steps=1)
+    train = LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1, log_every_n_steps=1)
     model_dir = train_lm(str(synthetic_cycle), str(tmp_path / "lm"), LMModelConfig(model_config=tiny_gpt2_config()),
                          plans=PlanSpec(kind="oracle", num_paths=2, horizon=2),
                          adapter=AdapterSettings(kind="gated_mean"), train=train)

@@ -35,7 +35,7 @@ tiny_planner(prepared).save_pretrained(out / "planner")
 tiny_planned_lm(prepared).save_pretrained(out / "planned", tokenizer=load_tokenizer("gpt2"))
 train_bpe(["one text of a few words.", "another text, with more words in it."] * 4, 300, out / "bpe")
 train_lm(str(prepared_dir), str(out / "lm"), model=LMModelConfig(model_config=tiny_gpt2_config()),
-         train=LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=1, limit_val_batches=1, progress_bar=False))
+         train=LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=1, limit_val_batches=1))
 """
 
 

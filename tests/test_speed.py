@@ -22,7 +22,7 @@ from planlm.train.lm_module import LightningLM
 
 from helpers import tiny_gpt2_config, tiny_planned_lm
 
-QUICK = dict(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1, lr=1e-3, progress_bar=False,
+QUICK = dict(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1, lr=1e-3,
              log_every_n_steps=1, loggers=["csv"])
 needs_bf16 = pytest.mark.skipif(not cpu_supports_bf16(), reason="this CPU has no native bf16")
 

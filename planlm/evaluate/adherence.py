@@ -42,7 +42,7 @@ from planlm.console import open_bar
 from planlm.data.actions import ranked_actions
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.errors import PlanlmError
-from planlm.evaluate.bootstrap import seed_folders, seeded_interval
+from planlm.evaluate.bootstrap import CONFIDENCE, seed_folders, seeded_interval
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
 from planlm.evaluate.generator import GENERATION_VERSION, EmbedFn, SamplingConfig
 from planlm.evaluate.loading import model_fingerprint
@@ -76,7 +76,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
               seed: int = 0, context_length: int = 128,
               tokens_per_sentence: int = 64, temperature: float = 1.0, top_k: Optional[int] = None,
               top_p: Optional[float] = None, plan_guidance: float = 1.0, bootstrap_samples: int = 1000,
-              confidence: float = 0.95, runtime: Runtime = Runtime()) -> AdherenceMetrics:
+              runtime: Runtime = Runtime()) -> AdherenceMetrics:
     """How often a planned LM writes the action its plan asks for, against chance, its own plans and Fixed.
 
     Writes ``per_sentence.csv`` (every generated sentence: requested and realised action, top-5 hit, text),
@@ -105,8 +105,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         top_p: Nucleus sampling (None: off).
         plan_guidance: Plan guidance w of every condition (``SamplingConfig.plan_guidance``; 1: off, > 1: each
             condition's plans, outline, own, Fixed or shuffled, steer more strongly).
-        bootstrap_samples: Bootstrap resamples of the intervals.
-        confidence: Confidence level.
+        bootstrap_samples: Bootstrap resamples of the 95% intervals.
         runtime: The device and precision of the LM, the adapter and the planner (runtime.device,
             runtime.precision).
 
@@ -126,7 +125,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
            "prepared": config_fingerprint(prepared_dir), "split": split, "tasks": tasks,
            "conditions": list(conditions), "specs": {c: _spec_key(specs[c]) for c in conditions}, "seed": seed,
            "context_length": context_length, "sampling": sampling.reuse_key(), "bootstrap_samples": bootstrap_samples,
-           "confidence": confidence, "generation_version": GENERATION_VERSION,
+           "confidence": CONFIDENCE, "generation_version": GENERATION_VERSION,
            "scoring": "of_asked, shuffled from another document"}  # folders scored otherwise are rebuilt
     with StageDir(out_dir, key) as stage:
         if stage.reused:
@@ -139,7 +138,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
                 for row in run.measure(folder, model_seed, condition, specs[condition], bar)]
         bar.close()
         metrics = summarise(rows, tasks, split_view, list(models), list(conditions), prepared.num_actions,
-                            bootstrap_samples, confidence, seed)
+                            bootstrap_samples, CONFIDENCE, seed)
         _write_outputs(stage, rows, metrics)
     guidance = f", plan guidance {plan_guidance:g}" if sampling.guided else ""
     print(f"{model_dir} on {split} ({len(tasks)} outlines of {outline_length} sentences, seeds {list(models)}"

@@ -44,6 +44,8 @@ from planlm.jsonio import write_json
 
 PER_ARTICLE = "per_article.csv"
 PER_ARTICLE_FIELDS = ("article", "id", "source", "nll_sum", "tokens")
+CONFIDENCE = 0.95
+"""The level of the intervals every command reports."""
 _PIECE_ID = re.compile(r"^(.+)#\d+$")
 
 
@@ -615,11 +617,10 @@ def evaluation_arrays(dirs: list[str | Path]) -> tuple[list[np.ndarray], np.ndar
             reference["source"], seeds)
 
 
-def compare(a: str, b: str, num_samples: int = 1000, confidence: float = 0.95, seed: int = 0,
-            out_file: str | None = None, seed_noise: bool = True) -> dict:
+def compare(a: str, b: str, num_samples: int = 1000, out_file: str | None = None, seed_noise: bool = True) -> dict:
     """Compare two evaluations of the same articles with a paired bootstrap.
 
-    Reports ppl(B) - ppl(A) with its confidence interval (negative: B is better) and a bootstrap
+    Reports ppl(B) - ppl(A) with its 95% confidence interval (negative: B is better) and a bootstrap
     p-value-ish number (how often a resample disagrees with the observed sign). Evaluation folders of
     runs with seeds (``eval/<condition>`` holding ``seed<N>/``) are paired seed by seed: each seed's
     difference is printed, then the difference of the seed-mean NLL with a two-level bootstrap interval
@@ -630,14 +631,12 @@ def compare(a: str, b: str, num_samples: int = 1000, confidence: float = 0.95, s
     Args:
         a: evaluation folder of the first model (written by ``planlm evaluate``, or a run's eval/<condition>).
         b: evaluation folder of the second model, on the same split, articles and protocol.
-        num_samples: bootstrap resamples.
-        confidence: confidence level of the interval.
-        seed: seed of the resampling.
+        num_samples: bootstrap resamples (seeded: the same result every time).
         out_file: also write the result as JSON here.
         seed_noise: with seeds, let the interval carry the spread over training seeds.
     """
-    result = compare_evaluations(a, b, num_samples, confidence, seed, seed_noise)
-    level = int(round(confidence * 100))
+    result = compare_evaluations(a, b, num_samples, CONFIDENCE, 0, seed_noise)
+    level = int(round(CONFIDENCE * 100))
     for training_seed, one in result.get("seeds", {}).items():
         print(f"seed {training_seed}: B - A = {one['diff']:+.4f} ({level}% CI [{one['ci_low']:+.4f}, "
               f"{one['ci_high']:+.4f}])")

@@ -25,7 +25,7 @@ from planlm.console import open_bar
 from planlm.data.actions import nearest_actions
 from planlm.data.resources import split_sentences
 from planlm.errors import PlanlmError
-from planlm.evaluate.bootstrap import bootstrap_mean
+from planlm.evaluate.bootstrap import CONFIDENCE, bootstrap_mean
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
 from planlm.evaluate.generator import GENERATION_VERSION, SamplingConfig
 from planlm.evaluate.loading import evaluation_inputs
@@ -77,7 +77,7 @@ FIELDS = ("article", "id", "boundary", "distance", "normalized", "generated_acti
 def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test",
                   max_articles: Optional[int] = 100, max_boundaries_per_article: Optional[int] = 2, seed: int = 0,
                   context_length: int = 128, sampling: SamplingConfig = SamplingConfig(),
-                  plans: PlanSettings = PlanSettings(), bootstrap_samples: int = 1000, confidence: float = 0.95,
+                  plans: PlanSettings = PlanSettings(), bootstrap_samples: int = 1000,
                   runtime: Runtime = Runtime()) -> EditDistanceMetrics:
     """Edit distance between the action sequences of generated and true continuations at sentence starts.
 
@@ -95,10 +95,8 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
         context_length: Context tokens before the boundary (at most).
         sampling: How tokens are drawn, as `generate` takes it; max_new_tokens is also the length of the true
             continuation taken as the reference (the protocol: 128 tokens, temperature 1.0, no top_k nor top_p).
-        plans: The plans (kind, num_paths, horizon, temperature, planner_dir, expectation); unset fields: the
-            model's own.
-        bootstrap_samples: Bootstrap resamples of the confidence intervals.
-        confidence: Confidence level.
+        plans: The plans (kind, num_paths, horizon, temperature, planner_dir); unset fields: the model's own.
+        bootstrap_samples: Bootstrap resamples of the 95% confidence intervals.
         runtime: The device and precision of the LM, the adapter and the planner (runtime.device,
             runtime.precision).
 
@@ -114,7 +112,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     key = {**evaluation_inputs(model_dir, prepared_dir, spec.planner_dir), "split": split, "articles": num_articles,
            "max_boundaries_per_article": max_boundaries_per_article, "seed": seed, "context_length": context_length,
            "sampling": sampling.reuse_key(), "plan_spec": spec.cache_key(), "device_type": generator.device.type,
-           "precision": generator.precision, "bootstrap_samples": bootstrap_samples, "confidence": confidence,
+           "precision": generator.precision, "bootstrap_samples": bootstrap_samples, "confidence": CONFIDENCE,
            "generation_version": GENERATION_VERSION, "resampled": "source documents"}
     with StageDir(out_dir, key) as stage:
         if stage.reused:
@@ -128,7 +126,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
         articles = split_view.articles
         sources = [str(articles[r["article"]].get("source", articles[r["article"]]["id"])) for r in rows]
         metrics = EditDistanceMetrics(
-            **_distance_summary(rows, bootstrap_samples, confidence, seed, sources), articles=num_articles,
+            **_distance_summary(rows, bootstrap_samples, CONFIDENCE, seed, sources), articles=num_articles,
             generated_tokens=generated_tokens, wall_time_s=wall_time,
             tokens_per_s=generated_tokens / max(wall_time, 1e-9), conditioning=str(spec.kind), K=spec.num_paths,
             T=spec.horizon, tau=spec.temperature, temperature=sampling.temperature, top_k=sampling.top_k,

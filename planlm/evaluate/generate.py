@@ -89,19 +89,22 @@ def action_prior(prepared: PreparedDataset) -> np.ndarray:
 def generate_text(model, tokenizer, prompt: str, *, plans: PlanSpec | None = None, planner=None,
                   embed_fn: EmbedFn | None = None, sampling: SamplingConfig | None = None, seed: int = 0,
                   device: str = "cpu", precision: str = "auto", outline: Outline | list | None = None,
-                  after_outline: AfterOutline = "planner", action_prior: np.ndarray | None = None) -> GenerationResult:
+                  after_outline: AfterOutline = "planner", action_prior: np.ndarray | None = None,
+                  stop: list[str] | None = None, use_cache: bool = True) -> GenerationResult:
     """Python API: continue ``prompt`` with a PlannedLM (plans from ``planner`` when ``plans`` asks; default none).
 
     ``outline``: the action ids or plain-word sentences the generated sentences should follow (an ``Outline``,
     or its items with ``after_outline``); sentences need ``embed_fn`` (the corpus's encoder) and the model's
     codebook. Each generated sentence then records its ``requested`` action. ``action_prior``: the action
     frequencies of the null plan that ``sampling.plan_guidance`` contrasts with (``action_prior(prepared)``; None:
-    uniform)."""
+    uniform). ``stop``: end once the generated text holds one of these strings. ``use_cache`` False re-runs the
+    window every step (the same tokens, slower)."""
     generator = PlannedGenerator(model, tokenizer, plans or PlanSpec(), planner=planner, embed_fn=embed_fn,
-                                 device=device, seed=seed, precision=precision, action_prior=action_prior)
+                                 device=device, seed=seed, precision=precision, action_prior=action_prior,
+                                 use_cache=use_cache)
     if outline is not None and not isinstance(outline, Outline):
         outline = Outline(list(outline), after_outline)
-    return generator.generate(generator.prompt_from_text(prompt), sampling, outline=outline)
+    return generator.generate(generator.prompt_from_text(prompt), sampling, outline=outline, stop=stop)
 
 
 def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSettings, runtime: Runtime, seed: int,
@@ -149,10 +152,10 @@ def generate(model_dir: str, prepared_dir: str, prompt: Optional[str] = None, ar
         article: Continue this article of --split from its sentence --boundary (the true prefix).
         boundary: With --article: how many of its sentences form the prefix (generation starts the next one).
         split: Split of --article.
-        sampling: How tokens are drawn (max_new_tokens, temperature, top_k, top_p, use_cache; plan_guidance: > 1
+        sampling: How tokens are drawn (max_new_tokens, temperature, top_k, top_p; plan_guidance: > 1
             strengthens the plans' steer, e.g. an outline's, against the null plan of the train action frequencies).
         plans: The plans (kind: none, fixed, oracle (needs --article), planner_argmax, planner_sampled; num_paths,
-            horizon, temperature, planner_dir, expectation); unset fields: the model's own.
+            horizon, temperature, planner_dir); unset fields: the model's own.
         context_length: With --article: prefix tokens at most.
         seed: Seed of token and plan sampling.
         out_file: Also write the result as JSON here.

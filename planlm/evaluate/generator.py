@@ -32,8 +32,8 @@ Plan guidance (``SamplingConfig.plan_guidance`` w != 1; docs/method.md) runs the
 null plan (``null_vector``: the action prior in expectation), and draws each token from
 l_null + w (l_plan - l_null); the KV cache holds both rows, and a rollback crops both.
 
-With ``use_cache`` the KV cache (``past_key_values``) is extended token by token; without it, every
-step re-runs the whole window (the reference the cache is tested against). When the sequence
+With ``use_cache`` (the default) the KV cache (``past_key_values``) is extended token by token; without it,
+every step re-runs the whole window (the reference the cache is tested against). When the sequence
 outgrows the LM's position limit, the window slides by one token per step, so that every token is predicted
 from the last ``max_positions`` tokens, all the LM can read; past the limit each step
 re-runs the whole window, since the positions of the kept tokens move.
@@ -77,10 +77,6 @@ class SamplingConfig:
     """Keep only the k most likely tokens (None: off)."""
     top_p: Optional[float] = None
     """Nucleus sampling: keep the smallest set of tokens with this much probability (None: off)."""
-    use_cache: bool = True
-    """Extend a KV cache token by token (False: re-run the window every step; same result, slower)."""
-    stop: Optional[list[str]] = None
-    """Stop once the generated text holds one of these strings (lm-eval's ``until``; None: max_new_tokens)."""
     plan_guidance: float = 1.0
     """Plan guidance w (beyond the paper: classifier-free guidance with the plan as the condition). Each token is
     drawn from l_null + w (l_plan - l_null), where l_null are the LM's logits under the null plan (every step the
@@ -105,10 +101,13 @@ class SamplingConfig:
         return self.plan_guidance != 1
 
     def reuse_key(self) -> dict:
-        """These settings as a stage's reuse key holds them: plan_guidance only when set (older keys lack it)."""
+        """These settings as a stage's reuse key holds them: plan_guidance only when set (older keys lack it);
+        the cache always on and no stop strings, as the keys of generation folders have always recorded them."""
         key = asdict(self)
-        if not self.guided:
-            del key["plan_guidance"]
+        guidance = key.pop("plan_guidance")
+        key.update(use_cache=True, stop=None)
+        if self.guided:
+            key["plan_guidance"] = guidance
         return key
 
 
@@ -235,8 +234,9 @@ class PlannedGenerator:
     def __init__(self, model, tokenizer, plans: PlanSpec, *, planner=None,
                  embed_fn: EmbedFn | None = None, split: PreparedSplit | None = None,
                  sentence_splitter: str = "sentencizer", device: str | torch.device = "cpu", seed: int = 0,
-                 precision: str = "auto", action_prior: np.ndarray | None = None):
+                 precision: str = "auto", action_prior: np.ndarray | None = None, use_cache: bool = True):
         self.model = model.to(device).eval()
+        self.use_cache = use_cache  # False: re-run the window every step (same result, slower)
         self.precision = precision  # autocast of the LM, the adapter and the planner (auto: bf16 on CUDA)
         self.tokenizer = tokenizer
         self.spec = plans.resolve()  # a hand-built spec: its unset fields get the defaults
@@ -469,9 +469,10 @@ class PlannedGenerator:
 
     @torch.no_grad()
     def generate(self, prompt: Prompt, sampling: SamplingConfig | None = None, outline: Outline | None = None,
-                 max_sentences: int | None = None) -> GenerationResult:
+                 max_sentences: int | None = None, stop: list[str] | None = None) -> GenerationResult:
         """Continue ``prompt``; ``outline``: the actions its sentences should take (``planlm.evaluate.outline``);
-        ``max_sentences``: stop once that many sentences are written (an outline that ends in stop: its length)."""
+        ``max_sentences``: stop once that many sentences are written (an outline that ends in stop: its length);
+        ``stop``: stop once the generated text holds one of these strings (lm-eval's ``until``)."""
         sampling = sampling or SamplingConfig()
         self.planner_calls = self.lm_calls = 0
         if self.spec.strategy.reads_future and outline is None and (self.split is None or
@@ -488,11 +489,12 @@ class PlannedGenerator:
             raise PlanlmError(f"--sampling.plan_guidance {sampling.plan_guidance}: this model reads no plans (plans "
                               f"kind none), so there is nothing to guide; leave it at 1")
         try:
-            return self._generate(prompt, sampling, max_sentences)
+            return self._generate(prompt, sampling, max_sentences, stop or [])
         finally:
             self.document = None
 
-    def _generate(self, prompt: Prompt, sampling: SamplingConfig, max_sentences: int | None) -> GenerationResult:
+    def _generate(self, prompt: Prompt, sampling: SamplingConfig, max_sentences: int | None,
+                  stop: list[str]) -> GenerationResult:
         state = self._start(prompt)
         state.max_sentences = max_sentences
         steps = 0
@@ -500,7 +502,7 @@ class PlannedGenerator:
                and not state.stopped):
             steps += 1
             self._step(state, prompt, sampling)
-            if sampling.stop and any(stop in self.tokenizer.decode(state.generated) for stop in sampling.stop):
+            if stop and any(string in self.tokenizer.decode(state.generated) for string in stop):
                 break
         return self._result(state, prompt)
 
@@ -525,7 +527,7 @@ class PlannedGenerator:
 
     def _step(self, state: GenerationState, prompt: Prompt, sampling: SamplingConfig) -> None:
         """Sample one token, then follow the splitter: re-plan when a sentence ended, step back when it merged."""
-        logits = self._next_logits(state, sampling.use_cache, sampling.plan_guidance)  # (V,)
+        logits = self._next_logits(state, self.use_cache, sampling.plan_guidance)  # (V,)
         token = self._sample(logits, sampling)
         state.logprobs.append(float(torch.log_softmax(logits.float(), -1)[token]))
         state.ids.append(token)

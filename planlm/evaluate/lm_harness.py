@@ -185,9 +185,9 @@ class PlannedLMEval(TemplateLM):
             until = handle_stop_sequences(kwargs.pop("until", None), eos=self.tok_decode([self.eot_token_id]))
             temperature = float(kwargs.get("temperature") or 0.0) if kwargs["do_sample"] else 0.0
             sampling = SamplingConfig(max_new_tokens=int(kwargs["max_gen_toks"]), temperature=temperature,
-                                      top_k=kwargs.get("top_k"), top_p=kwargs.get("top_p"),
-                                      stop=[stop for stop in until if stop])
-            text = generator.generate(generator.prompt_from_text(context), sampling).text
+                                      top_k=kwargs.get("top_k"), top_p=kwargs.get("top_p"))
+            text = generator.generate(generator.prompt_from_text(context), sampling,
+                                      stop=[stop for stop in until if stop]).text
             for stop in until:
                 text = text.split(stop)[0] if stop else text
             outputs.append(text)

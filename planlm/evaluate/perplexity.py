@@ -41,7 +41,7 @@ from planlm.console import open_bar
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.device import autocast
 from planlm.errors import PlanlmError
-from planlm.evaluate.bootstrap import bootstrap_perplexity, write_per_article
+from planlm.evaluate.bootstrap import CONFIDENCE, bootstrap_perplexity, write_per_article
 from planlm.evaluate.loading import evaluation_inputs, load_checked
 from planlm.evaluate.metrics import PathCounts, PerplexityMetrics, PlanUsage
 from planlm.evaluate.positions import (NUM_CELLS, PER_ARTICLE_POSITIONS, cell_token_counts, target_cells,
@@ -218,7 +218,7 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
 
 def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test", plans: PlanSpec = PlanSpec(),
              stride: int = 1, context_length: int = 128, max_articles: Optional[int] = None, batch_size: int = 32,
-             bootstrap_samples: int = 1000, confidence: float = 0.95, plan_usage: Optional[bool] = None,
+             bootstrap_samples: int = 1000, plan_usage: Optional[bool] = None,
              runtime: Runtime = Runtime()) -> PerplexityMetrics:
     """Perplexity of a trained (planned) LM on a prepared split, with a bootstrap CI over articles.
 
@@ -243,8 +243,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         context_length: Window length in tokens (context + scored token).
         max_articles: Evaluate only the first N articles of the split.
         batch_size: Windows per LM forward pass.
-        bootstrap_samples: Bootstrap resamples of the confidence interval.
-        confidence: Confidence level of the interval.
+        bootstrap_samples: Bootstrap resamples of the 95% confidence interval.
         plan_usage: Also score the split with the plans shuffled across its sentences (a fixed seeded
             permutation): how much the LM reads its plans (plan_usage_* in metrics.json). None: whenever
             the model reads plans; true with plans kind none is an error.
@@ -268,7 +267,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     key = {**evaluation_inputs(model_dir, prepared_dir, spec.planner_dir), "split": split,
            "plan_spec": spec.cache_key(), "stride": stride, "context_length": context_length, "articles": num_articles,
            "device_type": torch_device.type, "precision": precision, "bootstrap_samples": bootstrap_samples,
-           "confidence": confidence, "plan_usage": plan_usage, "plans": config_fingerprint(spec.plans_dir)}
+           "confidence": CONFIDENCE, "plan_usage": plan_usage, "plans": config_fingerprint(spec.plans_dir)}
     with StageDir(out_dir, key) as stage:
         if stage.reused:
             metrics = PerplexityMetrics.load(stage.path)
@@ -279,7 +278,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         result = evaluate_split(model, prepared, split_view, spec, num_articles, stride, context_length, batch_size,
                                 torch_device, precision, plan_usage)
         metrics = _metrics(result, spec, split_view, num_articles, plans_manifest, stride=stride,
-                           context_length=context_length, bootstrap_samples=bootstrap_samples, confidence=confidence,
+                           context_length=context_length, bootstrap_samples=bootstrap_samples, confidence=CONFIDENCE,
                            plan_usage=plan_usage, model_dir=model_dir, prepared_dir=prepared_dir, split=split,
                            device=torch_device, precision=precision)
         _write_evaluation(stage, metrics, result, split_view, num_articles)

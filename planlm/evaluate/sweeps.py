@@ -24,7 +24,7 @@ from planlm.evaluate.metrics import PerplexityMetrics
 from planlm.evaluate.perplexity import evaluate
 from planlm.jsonio import to_jsonable
 from planlm.plans.policy import PathPolicy
-from planlm.plans.spec import PlanKind, PlanSpec
+from planlm.plans.spec import PlanKind, PlanSettings, PlanSpec
 from planlm.stage import StageDir
 
 COLUMNS = ("value", "ppl", "ci_low", "ci_high", "reference", "paired_diff", "paired_ci_low", "paired_ci_high",
@@ -77,7 +77,8 @@ def add_paired_differences(rows: list[dict], reference: float, bootstrap_samples
 def sweep(model_dir: str, prepared_dir: str, out_dir: str,
           kind: Literal["num_paths", "temperature", "compute"] = "num_paths",
           num_paths: list[int] = [1, 2, 5, 10, 20, 50], temperatures: list[float] = [0.25, 0.5, 1.0, 2.0, 4.0],
-          policies: list[PathPolicy] = DEFAULT_POLICIES, plans: PlanSpec = PlanSpec(kind=PlanKind.planner_sampled),
+          policies: list[PathPolicy] = DEFAULT_POLICIES,
+          plans: PlanSettings = PlanSettings(kind=PlanKind.planner_sampled),
           split: str = "test", stride: int = 1, context_length: int = 128,
           max_articles: Optional[int] = None, batch_size: int = 32, bootstrap_samples: int = 1000,
           expectation: bool = False, runtime: Runtime = Runtime()) -> Path:
@@ -99,7 +100,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
         policies: compute sweep: the adaptive path policies at their budgets (max_paths unset: K_max), e.g.
             [{kind: entropy, max_paths: 10}, {kind: entropy, min_paths: 2}].
         plans: The plans of every point, but for the swept value (kind planner_sampled; num_paths: K of the
-            temperature sweep, temperature: tau of the K sweep, horizon, seed, planner_dir); unset: the model's.
+            temperature sweep, temperature: tau of the K sweep, horizon, planner_dir); unset: the model's.
         split: Split to evaluate.
         stride: Perplexity protocol (1 = reference).
         context_length: Window length in tokens.
@@ -115,6 +116,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
     """
     if kind not in ("num_paths", "temperature", "compute"):
         raise PlanlmError(f"--kind {kind!r}: choose num_paths, temperature or compute")
+    plans = PlanSpec.of(plans)
     protocol = dict(split=split, stride=stride, context_length=context_length, max_articles=max_articles,
                     batch_size=batch_size, bootstrap_samples=bootstrap_samples, runtime=runtime)
     if kind == "compute":

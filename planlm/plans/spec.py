@@ -1,9 +1,9 @@
 """``PlanSpec``: where the plans of a planned LM come from, as one typed value.
 
-Training (``planlm train-lm --plans.kind ...``), plan caches, evaluation and sweeps take it as one argument group,
-``plans``; generation, edit distance and adherence take its ``PlanSettings`` (they draw their plans from the
-planner as they write, with the command's seed: no plan seed, cache or path policy). A field left unset (None) is
-inherited: at training from
+Training (``planlm train-lm --plans.kind ...``), plan caches and evaluation take it as one argument group, ``plans``;
+generation, edit distance, adherence and sweeps take its ``PlanSettings`` (kind, K, T, tau, planner: generation
+draws its plans from the planner as it writes, with the command's seed, and a sweep sets what it sweeps). A field
+left unset (None) is inherited: at training from
 the defaults below, at evaluation from the spec the model was trained with (``trained_plans``: the settings in its
 ``planned_lm.json``, the planner folder its card names), so
 ``planlm evaluate --plans.num_paths 20`` changes K and keeps everything else of the model's plans.
@@ -50,8 +50,9 @@ FIXED_ACTION = 0
 
 @dataclass
 class PlanSettings:
-    """The plans of a command that draws them from the planner as it writes (generate, edit-distance, adherence):
-    kind, K, T, tau, planner and expectation. Unset fields (None) are the model's own."""
+    """The plans of a command that draws them from the planner as it writes or sweeps one of them (generate,
+    edit-distance, adherence, sweep): kind, K, T, tau and planner. Unset fields (None) are the model's own (a model
+    trained in expectation is read in expectation)."""
 
     kind: Optional[str] = None
     """none (plain LM), fixed (one constant action), oracle (true actions), planner_argmax, planner_sampled, or a
@@ -65,9 +66,6 @@ class PlanSettings:
     """tau, the planner's sampling temperature (default 1.0; planner_argmax: 0)."""
     planner_dir: Optional[str] = None
     """A planner folder (`planlm train-planner`): plans are sampled from it."""
-    expectation: Optional[bool] = None
-    """Plans in expectation (planner kinds; beyond the paper): each step is the planner's next-action distribution
-    along the path (tau; planner_argmax: tau 1), the adapter reads sum_a p(a) Emb(a). Default false."""
 
     def __post_init__(self):
         if self.kind is not None and not isinstance(self.kind, PlanKind):
@@ -77,7 +75,7 @@ class PlanSettings:
 
 @dataclass
 class PlanSpec(PlanSettings):
-    """Where the plans come from and how many: kind, K, T, tau, seed, planner or plan cache, path policy and
+    """Where the plans come from and how many: kind, K, T, tau, planner, seed, plan cache, path policy and
     expectation. Unset fields (None) are inherited (training: the defaults; evaluation: the model's own)."""
 
     seed: Optional[int] = None
@@ -87,6 +85,9 @@ class PlanSpec(PlanSettings):
     path_policy: Optional[PathPolicy] = None
     """Paths per boundary of sampled plans: fixed (K everywhere; default) or entropy (at most K, more where the
     planner is unsure of the next action)."""
+    expectation: Optional[bool] = None
+    """Plans in expectation (planner kinds; beyond the paper): each step is the planner's next-action distribution
+    along the path (tau; planner_argmax: tau 1), the adapter reads sum_a p(a) Emb(a). Default false."""
 
     @classmethod
     def of(cls, plans: PlanSettings) -> PlanSpec:

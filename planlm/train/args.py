@@ -45,10 +45,6 @@ class TrainArgs:
     """Clip the gradient norm (None: no clipping)."""
     early_stopping_patience: Optional[int] = None
     """Stop when val/loss has not improved for this many validations (None: off)."""
-    train_split: Optional[str] = "train"
-    """Prepared split to train on."""
-    val_split: str = "validation"
-    """Held-out prepared split for the validation loss (the best checkpoint, early stopping)."""
     seed: int = 0
     """Run seed of the initialisation, the order of the data and dropout (train-lm draws each from a stream of its
     own, so every condition of a run starts from the same weights and sees the same data)."""
@@ -65,8 +61,6 @@ class TrainArgs:
     loggers: list[str] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
     """Where metrics are logged: csv and tensorboard (default), wandb, mlflow or comet (when installed), or a
     Lightning Logger class path (module.Class)."""
-    progress_bar: bool = True
-    """Show the progress bar."""
 
     # Knobs that do not change the trained model: left out of the reuse key (a command adds its own).
     DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "loggers")

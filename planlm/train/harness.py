@@ -157,7 +157,7 @@ def build_trainer(train: TrainArgs, runtime: Runtime, out: Path, *, best_filenam
         monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=not has_val)
     callbacks = [best, last_checkpoint(out / "checkpoints")] if has_val else [best]
     callbacks.append(RestoreRNG())
-    if train.progress_bar and not is_verbose():  # verbose: Lightning's own bar
+    if not is_verbose():  # verbose: Lightning's own bar
         callbacks.append(StageProgressBar())
     if train.early_stopping_patience is not None:
         callbacks.append(L.pytorch.callbacks.EarlyStopping(monitor="val/loss", mode="min",
@@ -169,7 +169,7 @@ def build_trainer(train: TrainArgs, runtime: Runtime, out: Path, *, best_filenam
         limit_val_batches=train.limit_val_batches if has_val else 0,
         accumulate_grad_batches=train.accumulate_grad_batches, gradient_clip_val=train.gradient_clip_val,
         callbacks=callbacks, logger=make_loggers(train.loggers, out, log_folders),
-        log_every_n_steps=train.log_every_n_steps, enable_progress_bar=train.progress_bar,
+        log_every_n_steps=train.log_every_n_steps, enable_progress_bar=True,
         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=out)
     return trainer, best
 

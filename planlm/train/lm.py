@@ -43,6 +43,8 @@ from planlm.train.lm_module import MULTIPATH_LR_SCALE, LightningJointLM, Lightni
 from planlm.train.resume import EpochShuffle
 
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
+TRAIN_SPLIT, VALIDATION_SPLIT = "train", "validation"
+"""The prepared splits train-lm trains and validates on."""
 
 
 @dataclass
@@ -115,8 +117,6 @@ class LMTrainConfig(TrainArgs):
             raise PlanlmError(f"--train.context_length must be >= 2 (got {self.context_length})")
         if not 1 <= self.stride <= self.context_length - 1:
             raise PlanlmError(f"--train.stride {self.stride} must be in [1, context_length - 1]")
-        if self.train_split is None:
-            raise PlanlmError("train-lm: --train.train_split: name the prepared split to train on (e.g. train)")
         if self.multipath_lr_scale <= 0:
             raise PlanlmError(f"--train.multipath_lr_scale must be > 0 (got {self.multipath_lr_scale})")
         if self.planner_lr is not None and self.planner_lr <= 0:
@@ -190,21 +190,21 @@ def _loaders(prepared: PreparedDataset, spec: PlanSpec, train: LMTrainConfig, pa
     with what ``planner`` reads at their boundaries, ``ContextSource``); with plans, a second validation loader holds
     the same windows with the plans shuffled (plan usage)."""
     loaders = {}
-    for split_name, shuffle in ((train.train_split, True), (train.val_split, False)):
+    for split_name, shuffle in ((TRAIN_SPLIT, True), (VALIDATION_SPLIT, False)):
         split = prepared[split_name]
         windows = article_windows(split, train.context_length, train.stride)
         source = plan_source(spec, prepared, split) if planner is None else \
             ContextSource(split, planner.config.max_sentences, planner.config.horizon, spec.num_paths, spec.horizon)
         loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers,
                                       pad_token_id, train.seed)
-    if not len(loaders[train.train_split]):
-        raise PlanlmError(f"{prepared.path / train.train_split}: no training window (articles with >= 2 tokens)")
-    if not len(loaders[train.val_split]):
-        return loaders[train.train_split], None
-    val_loaders = [loaders[train.val_split]]
+    if not len(loaders[TRAIN_SPLIT]):
+        raise PlanlmError(f"{prepared.path / TRAIN_SPLIT}: no training window (articles with >= 2 tokens)")
+    if not len(loaders[VALIDATION_SPLIT]):
+        return loaders[TRAIN_SPLIT], None
+    val_loaders = [loaders[VALIDATION_SPLIT]]
     if spec.has_plans:  # plan usage: the same windows, the plans shuffled
-        val_loaders.append(_shuffled_plans_loader(loaders[train.val_split]))
-    return loaders[train.train_split], val_loaders
+        val_loaders.append(_shuffled_plans_loader(loaders[VALIDATION_SPLIT]))
+    return loaders[TRAIN_SPLIT], val_loaders
 
 
 def _loader(split: PreparedSplit, windows: list, source, batch_size: int, shuffle: bool, num_workers: int,
@@ -339,7 +339,7 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
             spec = with_source_horizon(replace(plans, expectation=True)).resolve()
     spec.check_source()
     prepared = PreparedDataset(prepared_dir)
-    splits = [train.train_split, train.val_split]
+    splits = [TRAIN_SPLIT, VALIDATION_SPLIT]
     for split in splits:
         prepared.split(split)  # one-line error for a missing split
     with StageDir(out_dir, _run_config(prepared, model, spec, adapter, train, runtime), keep_partial=True) as stage:
@@ -359,7 +359,7 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
     planner = _joint_planner(spec, prepared) if train.joint else None
     planner_hash = planner_file_hash(spec.planner_dir) if train.joint else (plans_manifest or {}).get("planner_hash")
 
-    planned = _build_model(prepared, model, spec, adapter, tokenizer, planner_hash, train.train_split, train.seed)
+    planned = _build_model(prepared, model, spec, adapter, tokenizer, planner_hash, TRAIN_SPLIT, train.seed)
     keep_freed_memory()
     speed_up_lm(planned, runtime, "train-lm")
     L.seed_everything(derive_seed(train.seed, "dropout"), verbose=False)  # the same dropout stream in every condition

@@ -21,7 +21,7 @@ Letters: B boundaries, S context sentences, E embedding width, T horizon, A acti
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar, Optional, Union
 
@@ -48,25 +48,20 @@ from planlm.train.resume import EpochShuffle
 @dataclass
 class PlannerTrainArgs(TrainArgs):
     """Run knobs: the trainer and optimiser group (``TrainArgs``) at the paper's planner recipe (batch 512, lr 1e-4,
-    weight decay 1e-4, no gradient clipping) plus the encoder's learning rate and the final evaluation."""
+    weight decay 1e-4, no gradient clipping) plus the encoder's learning rate and the articles to fit on. The planner
+    and the baselines are fitted on the corpus's planner split (``planner_train`` when ``prepare.planner_corpus``
+    gave the planner more documents than the LM, else ``train``), validated and summarised on ``validation``."""
 
     batch_size: int = 512
     weight_decay: float = 1e-4
     max_epochs: int = 20
     val_check_interval: Optional[Union[int, float]] = 1.0
     gradient_clip_val: Optional[float] = None
-    train_split: Optional[str] = None
-    """Split the planner and the baselines are fitted on (None: the corpus's planner split, ``planner_train`` when
-    ``prepare.planner_corpus`` gave the planner more documents than the LM, else ``train``)."""
     encoder_lr: float = 1e-5
     """Learning rate of the sentence encoder when finetune_encoder is on."""
     max_train_articles: Optional[int] = None
     """Fit on the first N articles of the train split only (None: all): a planner scaling study on one corpus,
     codebook and validation split."""
-    eval_split: str = "validation"
-    """Split the final summary (planner vs baselines) is computed on."""
-    eval_batch_size: int = 512
-    """Boundaries per batch in the final evaluation."""
 
     DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "log_every_n_steps", "eval_batch_size",
                                                "loggers")
@@ -74,11 +69,14 @@ class PlannerTrainArgs(TrainArgs):
 
     def __post_init__(self):
         super().__post_init__()
-        self._at_least("eval_batch_size", 1)
         if self.encoder_lr <= 0:
             raise PlanlmError(f"train-planner: --train.encoder_lr={self.encoder_lr} must be > 0")
         if self.max_train_articles is not None and self.max_train_articles < 1:
             raise PlanlmError(f"train-planner: --train.max_train_articles={self.max_train_articles} must be >= 1 or null")
+
+
+EVAL_BATCH_SIZE = 512
+"""Boundaries per batch of the final evaluation (the summary)."""
 
 
 # ---- the command --------------------------------------------------------------------------------------
@@ -101,7 +99,6 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
     """
     runtime.check_training_precision("train-planner")
     prepared = PreparedDataset(prepared_dir)
-    train = replace(train, train_split=train.train_split or prepared.planner_split)  # the reuse key names it
     config = PlannerConfig(num_actions=prepared.num_actions, embedding_dim=prepared.embedding_dim,
                            encoder_name=prepared.encoder_name if model.finetune_encoder else None, **asdict(model))
     splits = _checked_splits(prepared, config, train)
@@ -114,10 +111,10 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
 
 def _train_into(stage: StageDir, prepared: PreparedDataset, prepared_dir: str, config: PlannerConfig,
                 train: PlannerTrainArgs, runtime: Runtime,
-                splits: tuple[PreparedSplit, PreparedSplit, PreparedSplit]) -> None:
+                splits: tuple[PreparedSplit, PreparedSplit]) -> None:
     """Train the planner into ``stage`` (resuming its last checkpoint of the same key) and, on rank 0, write the
     weights, the summary and, last, the manifest."""
-    out, (train_split, val_split, eval_split) = stage.path, splits
+    out, (train_split, val_split) = stage.path, splits
     # Checkpoints left by a run with another configuration are never resumed (the folder starts again);
     # only the stopping knobs may change (rerun with a larger --train.max_epochs to continue from last.ckpt).
     ckpt_path = resume_checkpoint(out, "run_config.json", stage.key, reset=out)
@@ -136,11 +133,11 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, prepared_dir: str, c
     load_best(module, best)
     planner = module.planner.float().cpu()
     planner.save_pretrained(out)
-    metrics = _final_metrics(planner, prepared, train_split, eval_split, train.eval_batch_size,
+    metrics = _final_metrics(planner, prepared, train_split, val_split, EVAL_BATCH_SIZE,
                              runtime.training_device_type())
     write_summary(out, {
-        "prepared_dir": str(Path(prepared_dir).resolve()), "train_split": train.train_split,
-        "eval_split": train.eval_split, "num_boundaries": eval_split.num_sentences, "horizon": config.horizon,
+        "prepared_dir": str(Path(prepared_dir).resolve()), "train_split": prepared.planner_split,
+        "eval_split": "validation", "num_boundaries": val_split.num_sentences, "horizon": config.horizon,
         "num_actions": prepared.num_actions, "dynamics": config.dynamics,
         "best_checkpoint": Path(best.best_model_path).name if best.best_model_path else None,
         "best_val_loss": float(best.best_model_score) if best.best_model_score is not None else None,
@@ -150,11 +147,11 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, prepared_dir: str, c
 
 
 def _checked_splits(prepared: PreparedDataset, config: PlannerConfig,
-                    train: PlannerTrainArgs) -> tuple[PreparedSplit, PreparedSplit, PreparedSplit]:
-    """The train, validation and evaluation splits, after the checks that name the flag to fix."""
-    splits = prepared.split(train.train_split), prepared.split(train.val_split), prepared.split(train.eval_split)
-    for split, flag in zip(splits, ("--train.train_split", "--train.val_split", "--train.eval_split")):
-        check_split(split, flag)
+                    train: PlannerTrainArgs) -> tuple[PreparedSplit, PreparedSplit]:
+    """The train and validation splits, after the checks that name the flag to fix."""
+    splits = prepared.split(prepared.planner_split), prepared.split("validation")
+    for split, what in zip(splits, ("the planner's training split", "the validation split")):
+        check_split(split, what)
     if train.max_train_articles is not None:
         splits = (splits[0].head(min(train.max_train_articles, splits[0].num_articles)), *splits[1:])
     train_split = splits[0]

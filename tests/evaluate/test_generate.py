@@ -94,9 +94,9 @@ def test_kv_cache_gives_the_same_tokens_as_rerunning_the_window(synthetic_cycle,
     outputs = []
     for use_cache in (True, False):
         generator = PlannedGenerator(model, tok, sampled(), planner=tiny_planner(prepared),
-                                     embed_fn=synthetic_embed_fn(prepared), seed=5)
+                                     embed_fn=synthetic_embed_fn(prepared), seed=5, use_cache=use_cache)
         # greedy for the plain tiny LM; sampling (same seed) for the chatty one, to cross sentence ends
-        config = SamplingConfig(max_new_tokens=60, temperature=1.0 if chatty else 0.0, use_cache=use_cache)
+        config = SamplingConfig(max_new_tokens=60, temperature=1.0 if chatty else 0.0)
         outputs.append(generator.generate(generator.prompt_from_text("Red water red. Water"), config))
     cached, rerun = outputs
     assert cached.token_ids == rerun.token_ids and cached.planner_calls == rerun.planner_calls
@@ -113,8 +113,8 @@ def test_window_slides_past_the_position_limit(synthetic_cycle):
     model.lm = tiny_gpt2(n_positions=16)
     results = []
     for use_cache in (True, False):
-        result = generate_text(model, tok, "Red water red.", sampling=SamplingConfig(max_new_tokens=40, temperature=0,
-                                                                                      use_cache=use_cache))
+        result = generate_text(model, tok, "Red water red.", sampling=SamplingConfig(max_new_tokens=40, temperature=0),
+                               use_cache=use_cache)
         results.append(result.token_ids)
     assert len(results[0]) == 40 and results[0] == results[1]
 
@@ -130,8 +130,8 @@ def test_at_the_position_limit_every_token_sees_the_last_positions_of_context(sy
     prompt = " ".join(["Red water red."] * 4)
     prompt_ids = tok(prompt)["input_ids"]
     assert len(prompt_ids) == 16
-    result = generate_text(model, tok, prompt, sampling=SamplingConfig(max_new_tokens=12, temperature=0,
-                                                                        use_cache=use_cache))
+    result = generate_text(model, tok, prompt, sampling=SamplingConfig(max_new_tokens=12, temperature=0),
+                           use_cache=use_cache)
     ids = prompt_ids + result.token_ids
     with torch.no_grad():
         expected = [float(torch.log_softmax(model.lm(torch.tensor([ids[max(0, i - 16):i]])).logits[0, -1], -1)[ids[i]])

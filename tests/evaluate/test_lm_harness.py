@@ -216,7 +216,6 @@ def test_generation_stops_at_a_stop_string(synthetic_random):
     model = chatty_planned_lm(PreparedDataset(synthetic_random))
     tokenizer = model.load_tokenizer()
     full = generate_text(model, tokenizer, "Red water.", sampling=SamplingConfig(max_new_tokens=30))  # seed 0
-    stopped = generate_text(model, tokenizer, "Red water.",
-                            sampling=SamplingConfig(max_new_tokens=30, stop=["water"]))
+    stopped = generate_text(model, tokenizer, "Red water.", sampling=SamplingConfig(max_new_tokens=30), stop=["water"])
     assert "water" in full.text[:-5] and len(full.token_ids) == 30
     assert stopped.text.endswith("water") and stopped.text.count("water") == 1 and full.text.startswith(stopped.text)

@@ -159,7 +159,7 @@ def oracle_model(synthetic_random, tmp_path_factory):
     return train_lm(str(synthetic_random), str(tmp_path_factory.mktemp("outline") / "oracle"),
                     model=LMModelConfig(model_config=tiny_gpt2_config()), plans=PlanSpec(kind="oracle"),
                     train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
-                                        limit_val_batches=1, progress_bar=False))
+                                        limit_val_batches=1))
 
 
 @pytest.mark.slow  # about 35 s on 2 busy cores: trains the LM (40 batches), then writes to 16 outlines

@@ -243,7 +243,7 @@ def test_trained_oracle_model_end_to_end_beats_its_own_fixed_plans_in_a_paired_c
                          model=LMModelConfig(model_config=tiny_gpt2_config()),
                          plans=PlanSpec(kind="oracle"),
                          train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
-                                             limit_val_batches=4, progress_bar=False))
+                                             limit_val_batches=4))
     runs = {kind: evaluate(str(model_dir), str(synthetic_random), str(tmp_path / f"eval-{kind}"), plans=PlanSpec(kind=kind),
                            bootstrap_samples=200, runtime=Runtime(device="cpu")) for kind in ("fixed", "oracle")}
     assert runs["oracle"].ppl < runs["fixed"].ppl

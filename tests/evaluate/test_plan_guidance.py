@@ -27,10 +27,10 @@ from planlm.stage.manifest import read_manifest
 from helpers import chatty_planned_lm, tiny_gpt2
 
 
-def _generator(prepared, adapter="project_avg", prior=None, seed=0):
+def _generator(prepared, adapter="project_avg", prior=None, seed=0, use_cache=True):
     return PlannedGenerator(chatty_planned_lm(prepared, adapter=adapter), load_tokenizer("gpt2"),
                             PlanSpec(kind="oracle", num_paths=2, horizon=3), split=prepared["test"], seed=seed,
-                            embed_fn=synthetic_embed_fn(prepared), action_prior=prior)
+                            embed_fn=synthetic_embed_fn(prepared), action_prior=prior, use_cache=use_cache)
 
 
 @pytest.mark.parametrize("adapter", ["project_avg", "multipath"])
@@ -99,9 +99,8 @@ def test_guidance_one_is_plain_generation_and_the_cache_serves_both_rows(synthet
     prompt = _generator(prepared).prompt_from_article(prepared["test"], article=1, boundary=2)
     runs = {}
     for w, use_cache in ((None, True), (1.0, True), (3.0, True), (3.0, False)):
-        config = SamplingConfig(max_new_tokens=40, use_cache=use_cache,
-                                **({} if w is None else {"plan_guidance": w}))
-        runs[w, use_cache] = _generator(prepared, seed=4).generate(prompt, config)
+        config = SamplingConfig(max_new_tokens=40, **({} if w is None else {"plan_guidance": w}))
+        runs[w, use_cache] = _generator(prepared, seed=4, use_cache=use_cache).generate(prompt, config)
     assert runs[None, True].token_ids == runs[1.0, True].token_ids
     guided, rerun = runs[3.0, True], runs[3.0, False]
     assert guided.token_ids == rerun.token_ids and guided.rollbacks >= 1  # cropped and extended, both rows

@@ -35,7 +35,7 @@ def tiny_gguf(tmp_path_factory):
 
 
 def quick(**overrides) -> LMTrainConfig:
-    base = dict(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1, lr=1e-3, progress_bar=False,
+    base = dict(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1, lr=1e-3,
                 log_every_n_steps=1)
     return LMTrainConfig(**{**base, **overrides})
 

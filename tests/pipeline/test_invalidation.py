@@ -107,8 +107,7 @@ def test_train_lm_is_rebuilt_when_the_planner_in_its_folder_changes(tmp_path):
         return train_lm(str(prepared_dir), str(tmp_path / "model"),
                         model=LMModelConfig(model_config=tiny_gpt2_config()),
                         plans=PlanSpec(kind="planner_sampled", num_paths=2, horizon=2, planner_dir=str(planner)),
-                        train=LMTrainConfig(batch_size=4, limit_train_batches=1, limit_val_batches=1,
-                                            progress_bar=False))
+                        train=LMTrainConfig(batch_size=4, limit_train_batches=1, limit_val_batches=1))
 
     out = train()
     first = read_manifest(out)

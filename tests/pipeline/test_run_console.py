@@ -26,12 +26,10 @@ def planlm(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def console_run(tmp_path_factory):
-    """A tiny run of six stages with the training bars on (the default), and its console."""
+    """A tiny run of six stages with the training bars on, and its console."""
     out = tmp_path_factory.mktemp("console") / "run"
     config = tiny_run_config(out, edit_distance=None, sweeps=[])
     config["conditions"] = [c for c in config["conditions"] if c["name"] in ("none", "ours")]
-    for section in ("planner", "lm"):
-        del config[section]["train"]["progress_bar"]
     path = out.parent / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     result = planlm("run", "--config", str(path))

@@ -176,7 +176,7 @@ def test_train_evaluate_sweep_and_generate_in_expectation_through_the_cli(synthe
     prepared = PreparedDataset(synthetic_cycle)
     base = ["--prepared_dir", str(synthetic_cycle), "--plans.kind", "planner_sampled", "--plans.horizon", "2",
             "--plans.planner_dir", str(planner_dir), "--train.max_steps", "3", "--train.batch_size", "8",
-            "--train.context_length", "32", "--train.stride", "31", "--train.progress_bar", "false",
+            "--train.context_length", "32", "--train.stride", "31",
             "--model.model_config", '{"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, '
                                     '"n_positions": 32}']
     main(["train-lm", "--out_dir", str(tmp_path / "sampled"), *base])

@@ -58,8 +58,7 @@ def test_a_kind_registered_outside_the_package_runs_through_train_evaluate_and_g
     paths, mask, _ = source(np.arange(5))
     assert paths.shape == (5, 2, 2) and mask.all() and 0 <= paths.min() and paths.max() < prepared.num_actions
     assert torch.equal(source(np.arange(5))[0], paths)  # made once: every read gives the same plans
-    train = LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1,
-                          progress_bar=False, log_every_n_steps=1)
+    train = LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1, log_every_n_steps=1)
     model_dir = train_lm(str(synthetic_cycle), str(tmp_path / "lm"), LMModelConfig(model_config=tiny_gpt2_config()),
                          plans=plans, train=train)
     assert json.loads((model_dir / "planned_lm.json").read_text())["plans"]["kind"] == "uniform"

@@ -51,7 +51,7 @@ def regression_loader() -> DataLoader:
 
 
 def run_tiny(out: Path, **knobs) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, TinyRegression]:
-    knobs = TrainArgs(**{"max_epochs": 2, "devices": 1, "progress_bar": False, "log_every_n_steps": 1,
+    knobs = TrainArgs(**{"max_epochs": 2, "devices": 1, "log_every_n_steps": 1,
                          "gradient_clip_val": None, **knobs})
     trainer, best = build_trainer(knobs, Runtime(device="cpu"), out, best_filename="best",
                                   log_folders={"csv": "logs", "tensorboard": "tb"})
@@ -107,13 +107,13 @@ def test_cli_reports_an_unknown_logger_in_one_line(synthetic_cycle, tmp_path, ca
 def test_loggers_stay_out_of_the_reuse_keys(synthetic_cycle, synthetic_random, tmp_path):
     """Changing only the loggers reuses a finished folder, as changing the progress bar does."""
     shape = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2)
-    args = dict(batch_size=128, max_epochs=1, progress_bar=False)
+    args = dict(batch_size=128, max_epochs=1)
     planner = train_planner(str(synthetic_cycle), str(tmp_path / "planner"), shape, PlannerTrainArgs(**args))
     assert list((planner / "logs").glob("version_*/events.out.tfevents.*"))  # tensorboard shares logs/ with csv
     manifest = (planner / "manifest.json").read_text()
     train_planner(str(synthetic_cycle), str(planner), shape, PlannerTrainArgs(**args, loggers=["csv"]))
     assert (planner / "manifest.json").read_text() == manifest
-    lm_args = dict(batch_size=4, max_epochs=1, limit_train_batches=1, limit_val_batches=1, progress_bar=False)
+    lm_args = dict(batch_size=4, max_epochs=1, limit_train_batches=1, limit_val_batches=1)
     model = LMModelConfig(model_config=tiny_gpt2_config())
     lm = train_lm(str(synthetic_random), str(tmp_path / "lm"), model=model, train=LMTrainConfig(**lm_args, loggers=["csv"]))
     assert (lm / "logs" / "version_0" / "metrics.csv").is_file() and not (lm / "tb").exists()

@@ -151,7 +151,7 @@ def train_args(prepared_dir: Path, out: Path, *extra: str) -> list[str]:
             "--plans.kind", "planner_sampled", "--plans.num_paths", "2", "--plans.horizon", "2",
             "--train.max_steps", "3", "--train.batch_size", "8",
             "--train.context_length", "32", "--train.stride", "31", "--train.limit_val_batches", "1",
-            "--train.lr", "0.003", "--train.progress_bar", "false", *extra]
+            "--train.lr", "0.003", *extra]
 
 
 def test_joint_training_moves_the_planner_that_its_evaluation_runs(synthetic_cycle, tmp_path):
@@ -219,7 +219,7 @@ def test_bad_joint_settings_are_one_line_errors(spec, message):
 
 def test_joint_runs_without_a_fitting_planner_stop_before_training(synthetic_cycle, tmp_path, capsys):
     prepared = PreparedDataset(synthetic_cycle)
-    model, quick = LMModelConfig(model_config=tiny_gpt2_config()), LMTrainConfig(max_steps=1, progress_bar=False)
+    model, quick = LMModelConfig(model_config=tiny_gpt2_config()), LMTrainConfig(max_steps=1)
 
     def refused(out: str, message: str, plans: PlanSpec, train: LMTrainConfig = quick) -> None:
         with pytest.raises(PlanlmError, match=message) as error:

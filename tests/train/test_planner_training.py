@@ -58,8 +58,7 @@ def test_early_stopping_stops_after_patience_validations_without_improvement(tmp
     patience, max_epochs = 2, 30
     out = train_planner(str(prepared), str(tmp_path / "planner"),
                         PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2, dropout=0.0),
-                        PlannerTrainArgs(batch_size=64, lr=1.0, max_epochs=max_epochs, early_stopping_patience=patience,
-                                         progress_bar=False))
+                        PlannerTrainArgs(batch_size=64, lr=1.0, max_epochs=max_epochs, early_stopping_patience=patience))
     losses = [float(row["val/loss"]) for row in read_csv(next((out / "logs").glob("version_*/metrics.csv")))
               if row.get("val/loss")]
     best = int(np.argmin(losses))

@@ -50,8 +50,7 @@ def test_train_lm_resumed_after_an_epoch_equals_the_uninterrupted_run(synthetic_
 
     def train(out: Path, epochs: int) -> Path:
         return train_lm(str(synthetic_random), str(out), **kwargs, train=LMTrainConfig(
-            batch_size=4, max_epochs=epochs, limit_train_batches=3, limit_val_batches=1, lr=1e-3,
-            progress_bar=False, log_every_n_steps=1))
+            batch_size=4, max_epochs=epochs, limit_train_batches=3, limit_val_batches=1, lr=1e-3, log_every_n_steps=1))
 
     straight = train(tmp_path / "straight", 2)
     interrupted = train(tmp_path / "resumed", 1)  # stops after epoch 1, as a run killed during epoch 2 would
@@ -70,7 +69,7 @@ def test_train_planner_resumed_after_an_epoch_equals_the_uninterrupted_run(tmp_p
 
     def train(out: Path, epochs: int) -> Path:
         return train_planner(str(prepared), str(out), shape, PlannerTrainArgs(
-            batch_size=64, lr=1e-2, max_epochs=epochs, progress_bar=False, log_every_n_steps=1))
+            batch_size=64, lr=1e-2, max_epochs=epochs, log_every_n_steps=1))
 
     straight = train(tmp_path / "straight", 2)
     resumed = train(train(tmp_path / "resumed", 1), 2)
@@ -107,7 +106,7 @@ def test_train_lm_resumed_within_an_epoch_equals_the_uninterrupted_run(synthetic
     def train(out: Path) -> Path:
         return train_lm(str(synthetic_random), str(out), **kwargs, train=LMTrainConfig(
             batch_size=2, max_epochs=2, limit_train_batches=6, val_check_interval=2, limit_val_batches=1,
-            lr=1e-3, progress_bar=False, log_every_n_steps=1))
+            lr=1e-3, log_every_n_steps=1))
 
     straight = train(tmp_path / "straight")
     with monkeypatch.context() as patch:
@@ -132,7 +131,7 @@ def test_train_planner_resumed_within_an_epoch_equals_the_uninterrupted_run(tmp_
 
     def train(out: Path) -> Path:
         return train_planner(str(prepared), str(out), shape, PlannerTrainArgs(
-            batch_size=16, lr=1e-2, max_epochs=2, val_check_interval=2, progress_bar=False, log_every_n_steps=1))
+            batch_size=16, lr=1e-2, max_epochs=2, val_check_interval=2, log_every_n_steps=1))
 
     straight = train(tmp_path / "straight")
     assert len(logged_train_steps(straight)[0]) >= 8  # several batches per epoch, so step 3 is within epoch 1

@@ -30,7 +30,7 @@ TINY = tiny_gpt2_config()
 
 def quick(**overrides) -> LMTrainConfig:
     """One epoch of two optimiser steps, then validation on one batch."""
-    base = dict(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1, lr=1e-3, progress_bar=False, log_every_n_steps=1)
+    base = dict(batch_size=4, max_epochs=1, limit_train_batches=2, limit_val_batches=1, lr=1e-3, log_every_n_steps=1)
     return LMTrainConfig(**{**base, **overrides})
 
 
@@ -94,7 +94,7 @@ def test_oracle_plans_beat_the_fixed_action_on_plan_determined_wording_long(synt
     for kind in ("oracle", "fixed"):
         out = train_lm(str(synthetic_random), str(tmp_path / kind), model=LMModelConfig(model_config=TINY),
                        plans=PlanSpec(kind=kind, num_paths=2, horizon=2), adapter=AdapterSettings(kind="multipath"),
-                       train=LMTrainConfig(batch_size=8, lr=1e-2, max_epochs=3, progress_bar=False))
+                       train=LMTrainConfig(batch_size=8, lr=1e-2, max_epochs=3))
         losses[kind] = val_loss(out)
     assert losses["oracle"] < losses["fixed"] - 0.2, losses
 
@@ -106,8 +106,7 @@ def test_oracle_plans_beat_the_fixed_action_on_plan_determined_wording(synthetic
     for kind in ("oracle", "fixed"):
         out = train_lm(str(synthetic_random), str(tmp_path / kind), model=LMModelConfig(model_config=TINY),
                        plans=PlanSpec(kind=kind),
-                       train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
-                                           progress_bar=False))
+                       train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1))
         losses[kind] = val_loss(out)
     assert losses["oracle"] < losses["fixed"] - 0.7, losses
 
@@ -419,8 +418,7 @@ def test_cli_train_lm(synthetic_random, tmp_path, capsys):
     args = ["train-lm", "--prepared_dir", str(synthetic_random), "--out_dir", str(out),
             "--model.model_config", json.dumps(TINY), "--plans.kind", "oracle",
             "--adapter.kind", "multipath", "--plans.num_paths", "2", "--plans.horizon", "2",
-            "--train.limit_train_batches", "1", "--train.batch_size", "4", "--train.limit_val_batches", "1",
-            "--train.progress_bar", "false"]
+            "--train.limit_train_batches", "1", "--train.batch_size", "4", "--train.limit_val_batches", "1"]
     cli_main(args)
     model = PlannedLM.from_pretrained(out)
     assert model.config.adapter.kind == "multipath" and trained_plans(model).num_paths == 2

@@ -25,7 +25,7 @@ def test_train_lm_saves_the_best_checkpoint_not_the_last(synthetic_random, tmp_p
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=tiny_gpt2_config()),
                    plans=PlanSpec(kind="none"),
                    train=LMTrainConfig(batch_size=4, lr=0.3, max_steps=4, val_check_interval=2, limit_val_batches=2,
-                                       gradient_clip_val=None, progress_bar=False, log_every_n_steps=1))
+                                       gradient_clip_val=None, log_every_n_steps=1))
     manifest = read_manifest(out)
     losses = [float(row["val/loss"]) for row in read_csv(next((out / "logs").glob("version_*/metrics.csv")))
               if row.get("val/loss")]
@@ -44,7 +44,7 @@ def test_train_lm_saves_the_best_checkpoint_not_the_last(synthetic_random, tmp_p
 
 def test_init_from_a_planned_lm_carries_its_adapter_over(synthetic_random, tmp_path):
     plans = dict(plans=PlanSpec(kind="oracle", num_paths=2, horizon=2), adapter=AdapterSettings(kind="multipath"))
-    quick = dict(batch_size=4, limit_train_batches=2, limit_val_batches=1, progress_bar=False)
+    quick = dict(batch_size=4, limit_train_batches=2, limit_val_batches=1)
     first = train_lm(str(synthetic_random), str(tmp_path / "first"), **plans,
                      model=LMModelConfig(model_config=tiny_gpt2_config()), train=LMTrainConfig(lr=1e-2, **quick))
     trained = load_file(str(first / "adapter.safetensors"))

@@ -27,7 +27,7 @@ TINY_MODEL = PlannerShape(d_model=32, num_heads=2, dim_feedforward=64, horizon=4
 
 
 def tiny_train(**overrides) -> PlannerTrainArgs:
-    return PlannerTrainArgs(**{"batch_size": 64, "lr": 1e-2, "max_epochs": 5, "progress_bar": False, **overrides})
+    return PlannerTrainArgs(**{"batch_size": 64, "lr": 1e-2, "max_epochs": 5, **overrides})
 
 
 def with_context(split: PreparedSplit, min_context: int) -> np.ndarray:
@@ -187,7 +187,7 @@ def test_rerun_reuses_a_complete_folder_and_resumes_an_interrupted_one(synthetic
     weights = out / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     assert train_planner(*args) == out and weights.stat().st_mtime_ns == stamp  # complete: reused
-    quieter = tiny_train(max_epochs=1, log_every_n_steps=7, eval_batch_size=33)  # display knobs: still reused
+    quieter = tiny_train(max_epochs=1, log_every_n_steps=7)  # display knobs: still reused
     assert train_planner(args[0], args[1], TINY_MODEL, quieter) == out and weights.stat().st_mtime_ns == stamp
     # Interrupted after training but before the manifest: the rerun resumes from last.ckpt (no new epoch).
     (out / "manifest.json").unlink()
@@ -237,8 +237,7 @@ def test_cli_train_planner(synthetic_cycle, tmp_path, capsys):
     out = tmp_path / "cli"
     cli_main(["train-planner", "--prepared_dir", str(synthetic_cycle), "--out_dir", str(out),
               "--model.d_model", "16", "--model.num_heads", "2", "--model.dim_feedforward", "32",
-              "--model.horizon", "2", "--train.max_epochs", "1", "--train.batch_size", "128",
-              "--train.progress_bar", "false"])
+              "--model.horizon", "2", "--train.max_epochs", "1", "--train.batch_size", "128"])
     assert (out / "manifest.json").is_file()
     assert Planner.from_pretrained(out).config.horizon == 2
     with pytest.raises(SystemExit) as exit_info:
@@ -270,7 +269,7 @@ def test_finetuned_encoder_planner_end_to_end(tmp_path):
 
     prepared = prepare(str(tmp_path / "prepared"),
                        corpus=CorpusConfig(source="wiki-offline", num_train=12, num_validation=3, num_test=3),
-                       actions=ActionsConfig(num_actions=4, backend="sklearn"), progress=False)
+                       actions=ActionsConfig(num_actions=4, backend="sklearn"))
     model = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2, finetune_encoder=True)
     out = train_planner(str(prepared), str(tmp_path / "planner"), model, tiny_train(max_epochs=1, batch_size=16))
     planner = Planner.from_pretrained(out)
