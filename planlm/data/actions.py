@@ -71,9 +71,8 @@ def _plot_sizes(sizes: np.ndarray, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-NUM_NEAREST, MAX_PRINT, MAX_CHARS = 5, 20, 160
-"""Sentences shown per action; actions printed to the terminal (the files hold all); characters a sentence is
-shortened to in the output."""
+MAX_CHARS = 160
+"""Longer sentences are shortened to this many characters in the output."""
 
 
 def actions(prepared_dir: str, out_dir: str | None = None, split: str = "train") -> Path:
@@ -90,13 +89,20 @@ def actions(prepared_dir: str, out_dir: str | None = None, split: str = "train")
     Returns:
         The folder holding actions.md, actions.json and cluster_sizes.png.
     """
+    return describe_actions(prepared_dir, out_dir, split)
+
+
+def describe_actions(prepared_dir: str, out_dir: str | None = None, split: str = "train", num_nearest: int = 5,
+                     max_print: int = 20) -> Path:
+    """``planlm actions`` with ``num_nearest`` sentences per action and the ``max_print`` largest actions printed
+    (a run's report shows 3 and prints none)."""
     prepared = PreparedDataset(prepared_dir)
     data = prepared.split(split)
     codebook = prepared.codebook.numpy().astype(np.float64)  # (A, E)
     split_actions = np.asarray(data.actions)  # (N,)
     num_actions = prepared.num_actions
     sizes = np.bincount(split_actions, minlength=num_actions)  # (A,)
-    nearest = nearest_members(data.embeddings, split_actions, codebook, NUM_NEAREST)
+    nearest = nearest_members(data.embeddings, split_actions, codebook, num_nearest)
     out = Path(out_dir) if out_dir else Path(prepared_dir) / "actions"
     out.mkdir(parents=True, exist_ok=True)
 
@@ -128,7 +134,7 @@ def actions(prepared_dir: str, out_dir: str | None = None, split: str = "train")
     _plot_sizes(sizes, out / "cluster_sizes.png", f"{num_actions} actions, {total:,} {split} sentences")
 
     print(header)
-    for r in records[:MAX_PRINT]:
+    for r in records[:max_print]:
         print(f"\naction {r['action']}: {r['size']:,} sentences ({r['share']:.1%})")
         for n in r["nearest"]:
             print(f"  - {shorten(n['text'])}")

@@ -93,7 +93,7 @@ def _draw(source: Path, out: Path, manifest: dict, dataset: PreparedDataset, act
     kmeans = dict(manifest["kmeans"])
     for split in splits:
         part = dataset.split(split)
-        split_actions = assign_actions(part.embeddings, codebook, use_gpu=actions.use_gpu, progress=progress,
+        split_actions = assign_actions(part.embeddings, codebook, progress=progress,
                                        desc=f"assigning {split}")  # (N_sent,)
         if split == "train":
             kmeans["inertia_per_sentence"] = inertia(part.embeddings, codebook, split_actions) / max(1, len(split_actions))

@@ -101,13 +101,10 @@ class SamplingConfig:
         return self.plan_guidance != 1
 
     def reuse_key(self) -> dict:
-        """These settings as a stage's reuse key holds them: plan_guidance only when set (older keys lack it);
-        the cache always on and no stop strings, as the keys of generation folders have always recorded them."""
+        """These settings as a stage's reuse key holds them: plan_guidance only when set (older keys lack it)."""
         key = asdict(self)
-        guidance = key.pop("plan_guidance")
-        key.update(use_cache=True, stop=None)
-        if self.guided:
-            key["plan_guidance"] = guidance
+        if not self.guided:
+            del key["plan_guidance"]
         return key
 
 

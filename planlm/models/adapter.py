@@ -111,30 +111,12 @@ class AdapterConfig(AdapterSettings):
         return cls(**asdict(settings), action_dim=codebook_width, num_actions=num_actions, hidden_size=hidden_size,
                    horizon=horizon)
 
-    @classmethod
-    def from_dict(cls, values: dict) -> AdapterConfig:
-        """An adapter config as a model folder's planned_lm.json records it. A folder saved by an earlier planlm
-        also records settings planlm no longer has: read at the values it always uses now, a one-line error for an
-        adapter built otherwise."""
-        values = dict(values)
-        for name, value in REMOVED_SETTINGS.items():
-            saved = values.pop(name, value)
-            if saved != value:
-                raise PlanlmError(f"adapter {name}={saved!r}, an adapter setting planlm no longer has (it always uses "
-                                  f"{value!r}); retrain the model with this planlm")
-        return cls(**values)
-
     def __post_init__(self):
         cls = adapter_class(self.kind)  # one-line error naming the adapters
         for name in ("num_actions", "action_dim", "hidden_size", "horizon", "num_layers", "num_heads"):
             if getattr(self, name) < 1:
                 raise PlanlmError(f"adapter {name} must be >= 1 (got {getattr(self, name)})")
         cls.check(self)
-
-
-REMOVED_SETTINGS = {"init_from_codebook": True, "init_no_op": True, "branch_init": "default", "center": False,
-                    "dropout": 0.0}
-"""Adapter settings of earlier planlm versions, by the value planlm always uses now (``AdapterConfig.from_dict``)."""
 
 
 def gather_rows(table: Tensor, index: Tensor) -> Tensor:

@@ -76,7 +76,7 @@ class PlannedLMConfig:
 
     def __post_init__(self):
         if isinstance(self.adapter, dict):
-            self.adapter = AdapterConfig.from_dict(self.adapter)
+            self.adapter = AdapterConfig(**self.adapter)
         self.plans = {key: value for key, value in to_jsonable(self.plans).items() if key not in PLAN_FOLDERS}
         self.plans["kind"] = self.plans.get("kind") or "none"  # a plain LM: no plans, the default kind
 

@@ -121,18 +121,8 @@ class PlannerConfig(PlannerShape):
 
     @classmethod
     def from_dict(cls, values: dict) -> "PlannerConfig":
-        """From a planner folder's config.json. A planner saved by an earlier planlm may record settings planlm no
-        longer has: read at the values it always uses now, a one-line error for a planner built otherwise."""
-        for name, value in REMOVED_SHAPES.items():
-            if values.get(name, value) != value:
-                raise PlanlmError(f"planner config: {name}={values[name]!r}, a planner shape planlm no longer builds "
-                                  f"(it always uses {value!r}); retrain the planner with this planlm")
         known = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in values.items() if key in known})
-
-
-REMOVED_SHAPES = {"norm_first": False, "positions": "sinusoidal", "pool": "mean"}
-"""Shapes of earlier planners, by the value planlm builds now (``PlannerConfig.from_dict``)."""
 
 
 def sinusoidal_positions(slots: torch.Tensor, width: int) -> torch.Tensor:

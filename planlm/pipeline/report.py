@@ -719,10 +719,10 @@ def _actions_section(layout: RunLayout, actions_shown: int) -> list[str]:
     import contextlib
     import io
 
-    from planlm.data.actions import actions
+    from planlm.data.actions import describe_actions
 
     with contextlib.redirect_stdout(io.StringIO()):  # the report shows them; the terminal need not
-        folder = actions(str(prepared), out_dir=str(layout.actions), num_nearest=3, max_print=0)
+        folder = describe_actions(str(prepared), out_dir=str(layout.actions), num_nearest=3, max_print=0)
     described = _read_json(folder / "actions.json") or {"actions": []}
     lines = ["## A few writing actions and their nearest sentences", "",
              f"The largest {actions_shown} of {described.get('num_actions')} actions (all of them: "

@@ -55,12 +55,6 @@ class PathPolicy:
         if self.entropy_high is not None and not self.entropy_high > 0:
             raise PlanlmError(f"--path_policy.entropy_high {self.entropy_high} must be > 0 nats (or null: log A)")
 
-    @classmethod
-    def from_dict(cls, values: dict) -> "PathPolicy":
-        """A policy as a saved config records it (a plan cache's manifest, a model's plans); a cache or model saved
-        with an earlier planlm also records the ``tolerance`` of a policy since removed, which this one drops."""
-        return cls(**{name: value for name, value in values.items() if name != "tolerance"})
-
     def resolve(self, num_paths: int) -> "PathPolicy":
         """This policy with max_paths filled in from the command's K (one-line error when it cannot be)."""
         max_paths = num_paths if self.max_paths is None else self.max_paths

@@ -107,7 +107,7 @@ class PlanSpec(PlanSettings):
     def __post_init__(self):
         super().__post_init__()
         if isinstance(self.path_policy, dict):
-            self.path_policy = PathPolicy.from_dict(self.path_policy)
+            self.path_policy = PathPolicy(**self.path_policy)
 
     def resolve(self, base: Optional[PlanSpec] = None) -> PlanSpec:
         """This spec with its unset fields taken from ``base`` (then the defaults), normalised and validated.
@@ -228,22 +228,7 @@ def trained_plans(model) -> PlanSpec:
     (``PlannedLM.plan_folders``; a model config holds no run paths)."""
     folders = {key: value for key, value in getattr(model, "plan_folders", {}).items() if value}
     plans = model.config.plans  # a dict; a PlanSpec where Python code builds the model's config itself
-    return replace(plans if isinstance(plans, PlanSpec) else saved_spec(plans), **folders).resolve()
-
-
-def saved_spec(plans: dict) -> PlanSpec:
-    """The spec a model folder's planned_lm.json records. A folder saved by an earlier planlm also records settings
-    planlm no longer has: the Fixed action and the actions kept in expectation, each read when it holds the value
-    planlm now always uses (one-line error otherwise), and whether the planner trained with the LM (the training's,
-    which no evaluation inherits)."""
-    plans = dict(plans)
-    plans.pop("joint", None)
-    for name, value in (("fixed_action", FIXED_ACTION), ("top_actions", TOP_ACTIONS)):
-        saved = plans.pop(name, None)
-        if saved not in (None, value) and (name == "fixed_action" or plans.get("expectation")):
-            raise PlanlmError(f"the model was trained with plans {name} {saved}, which planlm no longer sets (it always "
-                              f"uses {value}); retrain it with this planlm")
-    return PlanSpec(**plans)
+    return replace(plans if isinstance(plans, PlanSpec) else PlanSpec(**plans), **folders).resolve()
 
 
 def evaluation_spec(overrides: PlanSettings, model, model_dir: str) -> PlanSpec:
@@ -286,7 +271,7 @@ def _cache_overrides(overrides: PlanSpec, kind: PlanStrategy) -> PlanSpec:
     if overrides.num_paths not in (None, num_paths):
         raise PlanlmError(f"{overrides.plans_dir}: the plan cache holds K={num_paths} paths, not --plans.num_paths "
                           f"{overrides.num_paths}; drop --plans.num_paths or sample a cache with it")
-    cached = PathPolicy.from_dict(manifest["path_policy"]) if manifest.get("path_policy") else PathPolicy()
+    cached = PathPolicy(**manifest["path_policy"]) if manifest.get("path_policy") else PathPolicy()
     asked = overrides.path_policy
     if asked is not None and asked.adaptive and asked.resolve(num_paths) != cached.resolve(num_paths):
         raise PlanlmError(f"{overrides.plans_dir}: the plan cache was sampled under path policy "
@@ -295,5 +280,5 @@ def _cache_overrides(overrides: PlanSpec, kind: PlanStrategy) -> PlanSpec:
     return replace(overrides, planner_dir=None, num_paths=num_paths, path_policy=cached)
 
 
-__all__ = ["PlanKind", "PlanSettings", "PlanSpec", "TOP_ACTIONS", "FIXED_ACTION", "trained_plans", "saved_spec",
+__all__ = ["PlanKind", "PlanSettings", "PlanSpec", "TOP_ACTIONS", "FIXED_ACTION", "trained_plans",
            "evaluation_spec", "with_source_horizon", "check_planner_horizon"]

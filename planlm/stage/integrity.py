@@ -44,10 +44,11 @@ MANIFEST = "manifest.json"
 STAGE_LOCK = ".lock"
 
 FORMAT_KEY = "format_version"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The format of the folders planlm writes. Every ``manifest.json``, a planned LM's ``planned_lm.json`` and a
 planner's ``config.json`` hold it under ``format_version``; a reader refuses a folder of any other format in one
-line (``check_format``) instead of reusing or loading it. Format 1 is every folder written before the key existed.
+line (``check_format``) instead of reusing or loading it. Format 1 is every folder written before the key existed;
+2 recorded settings planlm no longer has (options that left the CLI) in its keys and configs.
 Raise it when what a folder holds, or how it is keyed, changes so that an older folder would read differently."""
 
 QUICK_HASH_BYTES = 128 << 20

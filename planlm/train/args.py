@@ -63,7 +63,7 @@ class TrainArgs:
     Lightning Logger class path (module.Class)."""
 
     # Knobs that do not change the trained model: left out of the reuse key (a command adds its own).
-    DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "loggers")
+    DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("num_workers", "loggers")
     # The command's name in its error messages.
     COMMAND: ClassVar[str] = "train"
 

@@ -108,7 +108,7 @@ class LMTrainConfig(TrainArgs):
     resume: bool = True
     """Resume from checkpoints/last.ckpt of an interrupted run with the same config."""
 
-    DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "resume", "loggers")
+    DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("num_workers", "resume", "loggers")
     COMMAND: ClassVar[str] = "train-lm"
 
     def __post_init__(self):

@@ -63,8 +63,7 @@ class PlannerTrainArgs(TrainArgs):
     """Fit on the first N articles of the train split only (None: all): a planner scaling study on one corpus,
     codebook and validation split."""
 
-    DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("progress_bar", "num_workers", "log_every_n_steps", "eval_batch_size",
-                                               "loggers")
+    DISPLAY_ONLY: ClassVar[tuple[str, ...]] = ("num_workers", "log_every_n_steps", "loggers")
     COMMAND: ClassVar[str] = "train-planner"
 
     def __post_init__(self):

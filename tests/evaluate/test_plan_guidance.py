@@ -112,7 +112,7 @@ def test_reuse_keys_are_unchanged_without_guidance_and_bad_settings_are_one_line
     plain = SamplingConfig(max_new_tokens=12)
     assert "plan_guidance" not in plain.reuse_key()
     assert fingerprint(plain.reuse_key()) == fingerprint({"max_new_tokens": 12, "temperature": 1.0, "top_k": None,
-                                                          "top_p": None, "use_cache": True, "stop": None})
+                                                          "top_p": None})
     assert SamplingConfig(plan_guidance=2.0).reuse_key()["plan_guidance"] == 2.0
     as_int, as_float = SamplingConfig(plan_guidance=3), SamplingConfig(plan_guidance=3.0)
     assert fingerprint(as_int.reuse_key()) == fingerprint(as_float.reuse_key())

@@ -127,17 +127,6 @@ def test_save_and_load_round_trip(dynamics, tmp_path):
         Planner.from_pretrained(tmp_path / "missing")
 
 
-def test_a_planner_of_a_removed_shape_is_a_one_line_error():
-    """A planner folder saved with a shape planlm no longer builds (pre-norm layers, learned positions, the
-    mean_last pool) is refused by name; the shapes planlm builds read as before."""
-    saved = {**TINY, "norm_first": False, "positions": "sinusoidal", "pool": "mean", "dynamics_grad_scale": 0.5}
-    assert PlannerConfig.from_dict(saved) == PlannerConfig(**TINY)
-    for name, value in (("norm_first", True), ("positions", "learned"), ("pool", "mean_last")):
-        with pytest.raises(PlanlmError, match=f"{name}=") as error:
-            PlannerConfig.from_dict({**saved, name: value})
-        assert "\n" not in str(error.value)
-
-
 def test_codebook_initialisation():
     torch.manual_seed(0)
     codebook = torch.randn(8, 16)

@@ -98,7 +98,7 @@ def test_a_plan_cache_owns_its_k(synthetic_cycle, tmp_path):
     folder.mkdir()
     write_manifest(folder, {"test": True}, num_paths=4, horizon=3, codebook_hash=prepared.codebook_hash,
                    num_actions=prepared.num_actions, path_policy={"kind": "fixed", "min_paths": 1, "max_paths": 4,
-                                                                  "tolerance": 0.05, "entropy_high": None})
+                                                                  "entropy_high": None})
     trained = PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, planner_dir="planner").resolve()
     model = SimpleNamespace(config=SimpleNamespace(plans=trained, num_actions=prepared.num_actions),
                             adapter=SimpleNamespace(config=SimpleNamespace(horizon=3)))
