@@ -34,7 +34,7 @@ from planlm.stage.integrity import FORMAT_KEY
 _OWN = ("actions", "token_actions")  # the arrays a codebook changes; the other ARRAYS are linked
 
 
-def codebook(prepared_dir: str, seed: int, out_dir: Optional[str] = None, progress: bool = True) -> Path:
+def codebook(prepared_dir: str, seed: int, out_dir: Optional[str] = None) -> Path:
     """Draw the action codebook of a prepared corpus again, with k-means seed ``seed``.
 
     Writes a prepared folder that shares the corpus, the embeddings and the tokens of ``prepared_dir`` (hard links)
@@ -45,7 +45,6 @@ def codebook(prepared_dir: str, seed: int, out_dir: Optional[str] = None, progre
         prepared_dir: A folder written by ``planlm prepare``.
         seed: The k-means seed of the new codebook (the source's own seed gives its own codebook again).
         out_dir: Where to write it (default: ``<prepared_dir>-codebook<seed>``).
-        progress: Show progress bars.
 
     Returns:
         The folder written.
@@ -68,7 +67,7 @@ def codebook(prepared_dir: str, seed: int, out_dir: Optional[str] = None, progre
         if stage.reused:
             print(f"planlm codebook: {out} is complete for this source and seed; reusing it")
             return out
-        record = _draw(source, out, manifest, dataset, actions, progress)
+        record = _draw(source, out, manifest, dataset, actions, progress=True)
         stage.finish(**record)
     print(f"planlm codebook: wrote {out} (k-means seed {seed}, inertia per sentence "
           f"{record['kmeans']['inertia_per_sentence']:.4g}, {record['kmeans']['empty_clusters']} empty clusters)")

@@ -617,7 +617,7 @@ def evaluation_arrays(dirs: list[str | Path]) -> tuple[list[np.ndarray], np.ndar
             reference["source"], seeds)
 
 
-def compare(a: str, b: str, num_samples: int = 1000, out_file: str | None = None, seed_noise: bool = True) -> dict:
+def compare(a: str, b: str, num_samples: int = 1000, out_file: str | None = None) -> dict:
     """Compare two evaluations of the same articles with a paired bootstrap.
 
     Reports ppl(B) - ppl(A) with its 95% confidence interval (negative: B is better) and a bootstrap
@@ -625,17 +625,17 @@ def compare(a: str, b: str, num_samples: int = 1000, out_file: str | None = None
     runs with seeds (``eval/<condition>`` holding ``seed<N>/``) are paired seed by seed: each seed's
     difference is printed, then the difference of the seed-mean NLL with a two-level bootstrap interval
     over training seeds and source documents (seed noise with a t quantile on S - 1 degrees of freedom, so it
-    holds its coverage at 2-3 seeds; over documents alone for single evaluations, one seed or
-    ``--seed_noise false``). Articles are resampled by source document, with all their pieces.
+    holds its coverage at 2-3 seeds; over documents alone for single evaluations or one seed; the JSON also holds
+    the interval over documents alone, ``article_ci_low`` / ``article_ci_high``). Articles are resampled by source
+    document, with all their pieces.
 
     Args:
         a: evaluation folder of the first model (written by ``planlm evaluate``, or a run's eval/<condition>).
         b: evaluation folder of the second model, on the same split, articles and protocol.
         num_samples: bootstrap resamples (seeded: the same result every time).
         out_file: also write the result as JSON here.
-        seed_noise: with seeds, let the interval carry the spread over training seeds.
     """
-    result = compare_evaluations(a, b, num_samples, CONFIDENCE, 0, seed_noise)
+    result = compare_evaluations(a, b, num_samples, CONFIDENCE, 0)
     level = int(round(CONFIDENCE * 100))
     for training_seed, one in result.get("seeds", {}).items():
         print(f"seed {training_seed}: B - A = {one['diff']:+.4f} ({level}% CI [{one['ci_low']:+.4f}, "

@@ -56,7 +56,7 @@ class StagesFailed(PlanlmError):
 
     exit_status = 1
 
-_IO = {"prepare": {"out_dir", "progress"}, "train_planner": {"prepared_dir", "out_dir"},
+_IO = {"prepare": {"out_dir"}, "train_planner": {"prepared_dir", "out_dir"},
        "train_lm": {"prepared_dir", "out_dir"}, "evaluate": {"model_dir", "prepared_dir", "out_dir"},
        "edit_distance": {"model_dir", "prepared_dir", "out_dir"}, "sweep": {"model_dir", "prepared_dir", "out_dir"}}
 

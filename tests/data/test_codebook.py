@@ -11,7 +11,6 @@ from planlm.cli import main as cli_main
 from planlm.data.artifacts import ARRAYS, SPLITS, PreparedDataset
 from planlm.data.codebook import codebook
 from planlm.data.corpus import CorpusConfig
-from planlm.data.embed import EmbedConfig
 from planlm.data.kmeans import ActionsConfig
 from planlm.data.prepare import prepare
 from planlm.errors import PlanlmError
@@ -23,8 +22,7 @@ from test_prepare import tiny_jsonl
 
 def _prepare(out, corpus, num_actions: int = 3):
     return prepare(str(out), corpus=CorpusConfig(source=str(corpus), num_validation=3, num_test=3),
-                   embedding=EmbedConfig(chunk_size=32), actions=ActionsConfig(num_actions=num_actions),
-                   tokenizer="bpe:300", progress=False)
+                   actions=ActionsConfig(num_actions=num_actions), tokenizer="bpe:300")
 
 
 @pytest.fixture
@@ -33,7 +31,7 @@ def source(wiki_slice):
 
 
 def test_a_new_seed_draws_another_codebook_over_the_same_corpus(source, tmp_path):
-    out = codebook(str(source), seed=7, out_dir=str(tmp_path / "seed7"), progress=False)
+    out = codebook(str(source), seed=7, out_dir=str(tmp_path / "seed7"))
     old, new = PreparedDataset(source), PreparedDataset(out)
     assert not np.allclose(old.codebook.numpy(), new.codebook.numpy())  # another draw of k-means
     assert new.manifest["codebook_seed"] == 7 and new.manifest["config"]["actions"]["seed"] == 7
@@ -53,13 +51,13 @@ def test_a_new_seed_draws_another_codebook_over_the_same_corpus(source, tmp_path
 
 def test_the_sources_seed_gives_the_sources_codebook_and_a_rerun_reuses(source, tmp_path, capsys):
     seed = read_manifest(source)["config"]["actions"]["seed"]
-    out = codebook(str(source), seed=seed, out_dir=str(tmp_path / "same"), progress=False)
+    out = codebook(str(source), seed=seed, out_dir=str(tmp_path / "same"))
     np.testing.assert_array_equal(PreparedDataset(out).codebook.numpy(), PreparedDataset(source).codebook.numpy())
     for split in SPLITS:
         np.testing.assert_array_equal(PreparedDataset(out).split(split).actions, PreparedDataset(source).split(split).actions)
     manifest = (out / "manifest.json").stat().st_mtime_ns
     capsys.readouterr()
-    codebook(str(source), seed=seed, out_dir=str(out), progress=False)
+    codebook(str(source), seed=seed, out_dir=str(out))
     assert "reusing it" in capsys.readouterr().out and (out / "manifest.json").stat().st_mtime_ns == manifest
 
 
@@ -67,7 +65,7 @@ def test_a_rebuilt_source_never_changes_a_codebook_folder(tmp_path):
     """The writers of a prepared folder replace their files: a linked codebook folder keeps its bytes."""
     corpus = tiny_jsonl(tmp_path / "corpus.jsonl", num_articles=12)
     copy = _prepare(tmp_path / "copy", corpus)
-    out = codebook(str(copy), seed=3, out_dir=str(tmp_path / "seed3"), progress=False)
+    out = codebook(str(copy), seed=3, out_dir=str(tmp_path / "seed3"))
     assert PreparedDataset(out).tokenizer_name == str((out / "tokenizer").resolve())  # its own link of the BPE
     _prepare(copy, corpus, num_actions=2)  # another config: the split files written again, the embeddings kept
     assert read_manifest(copy)["num_actions"] == 2
@@ -79,7 +77,6 @@ def test_bad_inputs_and_the_cli(source, tmp_path, capsys):
         codebook(str(tmp_path / "nothing"), seed=1)
     with pytest.raises(PlanlmError, match="is the prepared folder itself"):
         codebook(str(source), seed=1, out_dir=str(source))
-    cli_main(["codebook", "--prepared_dir", str(source), "--seed", "2", "--out_dir", str(tmp_path / "two"),
-              "--progress", "false"])
+    cli_main(["codebook", "--prepared_dir", str(source), "--seed", "2", "--out_dir", str(tmp_path / "two")])
     assert (tmp_path / "two" / "manifest.json").is_file()
     assert "k-means seed 2" in capsys.readouterr().out
