@@ -1,4 +1,4 @@
-"""Count the flags of every planlm command (issue 31): each leaf option that ``planlm CMD --help`` lists, a nested
+"""Count the flags of every planlm command: each leaf option that ``planlm CMD --help`` lists, a nested
 dataclass field (``--train.lr``) counting as one (``planlm.config_docs.command_flags``).
 
     python benchmarks/count_flags.py          # one line per command, then the total
