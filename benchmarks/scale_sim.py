@@ -439,7 +439,7 @@ def child_prepare(settings: Settings, size: int, paths: dict, probe: Probe) -> d
     from planlm.data.corpus import CorpusConfig
     from planlm.data.embed import EmbedConfig
     from planlm.data.kmeans import ActionsConfig
-    from planlm.data.prepare import SentencesConfig, prepare
+    from planlm.data.prepare import prepare
     from planlm.stage import read_manifest
     from scale_sim_data import install_hashing_encoder
 
@@ -453,12 +453,11 @@ def child_prepare(settings: Settings, size: int, paths: dict, probe: Probe) -> d
             corpus=CorpusConfig(source=str(paths["corpus"] / "corpus.jsonl"), num_train=size,
                                 num_validation=settings.heldout, num_test=settings.heldout, piece_sentences=None,
                                 seed=settings.seed),
-            sentences=SentencesConfig(splitter="sentencizer"),
             embedding=EmbedConfig(encoder=f"scale-sim-hashing-{settings.embedding_dim}", batch_size=256,
                                   device="cpu"),
             actions=ActionsConfig(num_actions=settings.num_actions, fit_sample=settings.fit_sample,
                                   seed=settings.seed),
-            tokenizer=settings.tokenizer, progress=False)
+            tokenizer=settings.tokenizer)
     manifest = read_manifest(paths["prepare"])
     return {"splits": manifest["counts"], "skipped": manifest["skipped"]}
 
@@ -479,8 +478,8 @@ def child_train_planner(settings: Settings, size: int, paths: dict, probe: Probe
                                      dim_feedforward=2 * settings.planner_width, horizon=settings.horizon,
                                      dynamics=settings.planner_dynamics),
                         PlannerTrainArgs(batch_size=settings.planner_batch_size, max_epochs=1,
-                                         limit_train_batches=settings.planner_steps, progress_bar=False,
-                                         loggers=["csv"], seed=settings.seed),
+                                         limit_train_batches=settings.planner_steps, loggers=["csv"],
+                                         seed=settings.seed),
                         Runtime(device=settings.device))
     summary = json.loads((out / "summary.json").read_text())
     return {"global_step": summary["global_step"], "boundaries_evaluated": summary["num_boundaries"]}
@@ -521,7 +520,7 @@ def child_train_lm(settings: Settings, size: int, paths: dict, probe: Probe) -> 
                       plans_dir=str(paths["sample-plans"])),
              AdapterSettings(kind="multipath", num_heads=2),
              LMTrainConfig(batch_size=settings.lm_batch_size, max_epochs=1, limit_train_batches=settings.lm_steps,
-                           progress_bar=False, loggers=["csv"], seed=settings.seed),
+                           loggers=["csv"], seed=settings.seed),
              Runtime(device=settings.device))
     return {"global_step": read_manifest(paths["train-lm"])["global_step"]}
 

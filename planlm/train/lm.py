@@ -330,6 +330,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     from planlm.data.resources import use_offline_mode_if_no_hub
 
     use_offline_mode_if_no_hub()
+    if not isinstance(runtime, LMRuntime):  # a plain Runtime (Python callers): the speed knobs at their defaults
+        runtime = LMRuntime(device=runtime.device, precision=runtime.precision)
     runtime.check_training_precision("train-lm")
     spec = with_source_horizon(plans).resolve()  # T unset: the planner's (or the plan cache's)
     train.check_joint()
