@@ -46,9 +46,12 @@ def tiny_config(source, **actions) -> dict:
 
 
 @pytest.fixture
-def small_chunks(monkeypatch):
-    """Embedding chunks of 4 sentences (8,192 in planlm), so that tiny corpora have several to resume."""
-    monkeypatch.setattr("planlm.data.embed.CHUNK_SIZE", 4)
+def small_chunks():
+    """Embedding chunks of 4 sentences (8,192 in planlm), so that tiny corpora have several to resume; a patch of
+    its own, which a test's ``monkeypatch.undo()`` leaves in place."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("planlm.data.embed.CHUNK_SIZE", 4)
+        yield
 
 
 def test_manifest_counts_and_codebook(wiki_slice):
