@@ -57,10 +57,12 @@ def build(root: Path, lm_size: str, num_articles: int, planner_size: str, dynami
     width = LMS[lm_size]["n_embd"]
     lm = GPT2LMHeadModel(GPT2Config(n_positions=128, vocab_size=50257, **LMS[lm_size]))
     adapter = AdapterConfig(kind="multipath", num_actions=NUM_ACTIONS, action_dim=32, hidden_size=width,
-                            horizon=10, num_heads=2, init_no_op=False)
+                            horizon=10, num_heads=2)
     config = PlannedLMConfig(plans=PlanSpec(kind="planner_sampled", num_paths=10, horizon=10), adapter=adapter,
                              num_actions=NUM_ACTIONS, codebook_hash=prepared.codebook_hash)
-    return prepared, PlannedLM(config, lm, prepared.codebook).eval()
+    model = PlannedLM(config, lm, prepared.codebook).eval()
+    model.adapter.projection.reset_parameters()  # W and b at PyTorch's init, not zero: plans that move
+    return prepared, model
 
 
 def sync(device: torch.device) -> None:

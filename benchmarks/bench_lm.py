@@ -59,11 +59,12 @@ def build(kind: str, lm_config: dict, args, device: torch.device,
         config = PlannedLMConfig()
     else:
         adapter = AdapterConfig(kind=kind, num_actions=args.num_actions, action_dim=args.action_dim,
-                                hidden_size=width, horizon=args.horizon, num_heads=args.num_heads,
-                                init_no_op=False)
+                                hidden_size=width, horizon=args.horizon, num_heads=args.num_heads)
         config = PlannedLMConfig(plans=PlanSpec(kind="planner_sampled", num_paths=args.num_paths,
                                                   horizon=args.horizon), adapter=adapter, num_actions=args.num_actions)
     model = PlannedLM(config, lm).to(device).train()
+    if model.adapter is not None:
+        model.adapter.projection.reset_parameters()  # W and b at PyTorch's init, not zero: plans that move
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
 
 

@@ -43,9 +43,10 @@ def build(lm, finetune: str, args) -> tuple[PlannedLM, torch.optim.Optimizer]:
     """A planned LM (oracle-style Project-and-Avg adapter) over a copy of ``lm``, finetuned as asked."""
     torch.manual_seed(0)
     adapter = AdapterConfig(kind="project_avg", num_actions=args.num_actions, action_dim=args.action_dim,
-                            hidden_size=lm.get_input_embeddings().embedding_dim, init_no_op=False)
+                            hidden_size=lm.get_input_embeddings().embedding_dim)
     config = PlannedLMConfig(plans=PlanSpec(kind="oracle"), adapter=adapter, num_actions=args.num_actions)
     model = PlannedLM(config, lm if finetune == "frozen" else copy.deepcopy(lm)).train()
+    model.adapter.projection.reset_parameters()  # W and b at PyTorch's init, not zero: plans that move
     model.apply_finetune(finetune, lora_rank=args.lora_rank)
     trainable = [p for p in model.parameters() if p.requires_grad]
     return model, torch.optim.AdamW(trainable, lr=1e-5)
