@@ -478,8 +478,8 @@ class PlannedGenerator:
                               f"or an outline (--outline)")
         self.document = None if outline is None else self.outline_document(prompt, outline)
         if outline is not None and outline.then == "stop":  # the sentences before the outline count too
-            stop = self.document.first - len(prompt.context_embeds) + len(outline)
-            max_sentences = stop if max_sentences is None else min(max_sentences, stop)
+            outlined = self.document.first - len(prompt.context_embeds) + len(outline)
+            max_sentences = outlined if max_sentences is None else min(max_sentences, outlined)
         if max_sentences is not None and max_sentences < 1:
             raise PlanlmError(f"max_sentences {max_sentences} must be >= 1")
         if sampling.guided and (not self.spec.has_plans or self.model.adapter is None):
