@@ -55,7 +55,9 @@ def test_growth_and_extrapolation_come_from_the_two_largest_sizes(tmp_path):
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps({"stage": "prepare", "articles": size, "wall_s": wall, "cpu_s": wall,
                                     "peak_rss_mb": rss, "peak_anon_mb": rss / 2, "disk_mb": size / 10,
-                                    "phases": [], "counts": {}}))
+                                    "phases": [], "counts": {"splits": {"train": {"articles": size,
+                                                                                   "sentences": 35 * size,
+                                                                                   "tokens": 1050 * size}}}}))
     results = sim.summarise(tmp_path, [100, 200, 400], [1000], sim.Settings())
     assert results["growth"]["prepare"]["rss_ratio"] == pytest.approx(800 / 600)
     assert results["growth"]["prepare"]["per_1k_articles"]["peak_rss_mb"] == pytest.approx(1000)
@@ -63,6 +65,7 @@ def test_growth_and_extrapolation_come_from_the_two_largest_sizes(tmp_path):
     assert at["wall_s"] == pytest.approx(55.0) and at["peak_rss_mb"] == pytest.approx(1400.0)
     assert sim.linear(10, 5, 100, 200, 1000) == 5  # a noisy decrease extrapolates flat
     assert "| prepare |" in results["report"] and "1,000 articles" in results["report"]
+    assert "35.0 sentences and 1,050 tokens each" in results["report"]
 
 
 @pytest.mark.slow
