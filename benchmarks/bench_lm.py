@@ -34,6 +34,8 @@ from planlm.args import LMRuntime
 from planlm.speed import keep_freed_memory, speed_up_lm
 
 GPT2_VOCAB = 50257
+# Dense bf16 peak (FLOP/s) by a substring of the GPU's name: the SXM H100 and H200, the A100.
+BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 def make_batch(batch_size: int, context_length: int, sentence_tokens: int, num_paths: int, horizon: int,
@@ -100,6 +102,8 @@ def main() -> None:
     parser.add_argument("--speed", action="store_true", help="the speed settings on the bare LM instead of the adapters")
     parser.add_argument("--loss-chunk-size", type=int, default=LMRuntime().loss_chunk_size)
     parser.add_argument("--no-compile", action="store_true", help="--speed without the torch.compile variant")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile every variant's transformer and adapter (LMRuntime.compile)")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="glibc malloc keeps freed memory (planlm.speed.keep_freed_memory; process-wide: compare two runs)")
     args = parser.parse_args()
@@ -120,6 +124,9 @@ def main() -> None:
         return
     variants = ["none", "project_avg", "multipath"]
     models = {kind: build(kind, lm_config, args, device) for kind in variants}
+    if args.compile:
+        for kind, (model, _) in models.items():
+            speed_up_lm(model, LMRuntime(compile=True, loss_chunk_size=model.loss_chunk_size), f"bench_lm {kind}")
     elapsed, cpu_time = time_interleaved(args, device, batches, variants, lambda kind, batch: train_step(
         *models[kind], batch, kind != "none", device))
 
@@ -128,17 +135,32 @@ def main() -> None:
     shape = f"{lm_config['n_layer']} layers x {lm_config['n_embd']}"
     print(f"GPT-2 architecture {shape}, vocab {args.vocab_size}; device {device}; batch {batch_size} x "
           f"{args.context_length} tokens; {num_plans} plans/batch of K={args.num_paths} paths x T={args.horizon}; "
-          f"{args.steps} timed steps each (threads: {torch.get_num_threads()})")
+          f"{args.steps} timed steps each (threads: {torch.get_num_threads()}); compile {args.compile}")
+    peak = bf16_peak(device)
+    lm_params = sum(p.numel() for p in models["none"][0].lm.parameters())
     print(f"| {'variant':<12} | {'conditioning params':>19} | {'s/step':>7} | {'tokens/s':>9} | {'vs none':>7} "
-          f"| {'CPU s/step':>10} | {'tokens/CPU-s':>12} | {'vs none':>7} |")
-    print(f"|{'-' * 14}|{'-' * 21}|{'-' * 9}|{'-' * 11}|{'-' * 9}|{'-' * 12}|{'-' * 14}|{'-' * 9}|")
+          f"| {'CPU s/step':>10} | {'tokens/CPU-s':>12} | {'vs none':>7} | {'MFU':>6} |")
+    print(f"|{'-' * 14}|{'-' * 21}|{'-' * 9}|{'-' * 11}|{'-' * 9}|{'-' * 12}|{'-' * 14}|{'-' * 9}|{'-' * 8}|")
     for kind in variants:
         model = models[kind][0]
         params = sum(p.numel() for p in model.adapter.parameters()) if model.adapter is not None else 0
         rate, cpu_rate = tokens / elapsed[kind], tokens / cpu_time[kind]
         print(f"| {kind:<12} | {params:>19,} | {elapsed[kind] / args.steps:>7.3f} | {rate:>9,.0f} | "
               f"{elapsed['none'] / elapsed[kind]:>6.2f}x | {cpu_time[kind] / args.steps:>10.3f} | {cpu_rate:>12,.0f} | "
-              f"{cpu_time['none'] / cpu_time[kind]:>6.2f}x |")
+              f"{cpu_time['none'] / cpu_time[kind]:>6.2f}x | {mfu(lm_params, rate, peak)} |")
+
+
+def bf16_peak(device: torch.device) -> float | None:
+    """The GPU's dense bf16 peak in FLOP/s, for the ones named in BF16_PEAK; None elsewhere."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in BF16_PEAK.items() if key in name), None)
+
+
+def mfu(params: int, tokens_per_s: float, peak: float | None) -> str:
+    """Model FLOPs utilisation, 6 x parameters x tokens/s over the peak (attention's FLOPs left out)."""
+    return f"{6 * params * tokens_per_s / peak:>6.1%}" if peak else f"{'-':>6}"
 
 
 def time_interleaved(args, device: torch.device, batches: list[dict], names, step) -> tuple[dict, dict]:

@@ -35,6 +35,10 @@ import json
 import tempfile
 import time
 from pathlib import Path
+
+import lightning as L
+import torch
+
 from planlm.args import LMRuntime, Runtime
 from planlm.plans.spec import PlanSpec
 
@@ -58,8 +62,11 @@ def main() -> None:
     parser.add_argument("--precision", default=None, help="--stage_vs_loop: precision (auto, native, fp32, bf16)")
     parser.add_argument("--loss_chunk_size", type=int, default=None, help="--stage_vs_loop: runtime.loss_chunk_size")
     parser.add_argument("--stage_lm", choices=sorted(STAGE_LMS), default="demo",
-                        help="--stage_vs_loop: the demo's LM, or a near-zero-compute one that exposes per-step "
-                             "overhead")
+                        help="--stage_vs_loop: the demo's LM, a near-zero-compute one that exposes per-step "
+                             "overhead, or GPT-2 small's shape (a GPU)")
+    parser.add_argument("--batch_size", type=int, default=None, help="--stage_vs_loop: windows per batch (16)")
+    parser.add_argument("--compile", action="store_true", help="--stage_vs_loop: runtime.compile (torch.compile)")
+    parser.add_argument("--num_workers", type=int, default=0, help="--stage_vs_loop: train.num_workers")
     args = parser.parse_args()
     if args.stage_vs_loop:
         with tempfile.TemporaryDirectory() as tmp:
@@ -121,14 +128,51 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     return rows
 
 
-# --stage_vs_loop's LMs: the demo's, and one whose steps cost almost nothing, so that what the stage adds per step
-# (logging, host syncs, collation) is not hidden behind the model's compute.
+# --stage_vs_loop's LMs: the demo's, one whose steps cost almost nothing, so that what the stage adds per step
+# (logging, host syncs, collation) is not hidden behind the model's compute, and GPT-2 small's shape (a GPU).
 STAGE_LMS = {"demo": {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128},
-             "near_zero": {"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 1, "n_positions": 128}}
+             "near_zero": {"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 1, "n_positions": 128},
+             "gpt2_small": {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024}}
+# Dense bf16 peak (FLOP/s) of the GPUs that MFU is reported for, by a substring of the device name.
+BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+class PhaseTimer(L.pytorch.callbacks.Callback):
+    """Wall seconds of the training steps, of validation and of the plan-usage pass (the second validation loader,
+    plans shuffled), each between the hooks around its batches (CUDA synchronised)."""
+
+    PHASES = ("train steps", "validation", "plan usage (shuffled plans)")
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(self.PHASES, 0.0)
+        self._began = 0.0
+
+    def _start(self) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self._began = time.perf_counter()
+
+    def _stop(self, phase: str) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.seconds[phase] += time.perf_counter() - self._began
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self._start()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self._stop("train steps")
+
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+        self._start()
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._stop(self.PHASES[1] if dataloader_idx == 0 else self.PHASES[2])
 
 
 def stage_vs_loop(root: Path, args) -> None:
-    """Tokens/s of one train_lm epoch, timed whole, against a bare loop over the same batches."""
+    """Tokens/s of one train_lm epoch, timed whole and by phase, against a bare loop over the same batches."""
+    import planlm.train.lm as lm_stage
     from planlm.models.adapter import AdapterSettings
     from planlm.stage import read_manifest
     from planlm.testing.synthetic import make_synthetic_prepared
@@ -140,50 +184,81 @@ def stage_vs_loop(root: Path, args) -> None:
                                            sentence_words=(18, 34))
     lm_config = STAGE_LMS[args.stage_lm]
     chunk = {} if args.loss_chunk_size is None else {"loss_chunk_size": args.loss_chunk_size}
-    runtime = LMRuntime(device=args.device, precision=args.precision or "auto", **chunk)
+    runtime = LMRuntime(device=args.device, precision=args.precision or "auto", compile=args.compile, **chunk)
+    batch_size = args.batch_size or 16
     kwargs = dict(model=LMModelConfig(model_config=lm_config), plans=PlanSpec(kind="oracle", num_paths=1, horizon=1),
                   adapter=AdapterSettings(kind="project_avg"), runtime=runtime,
-                  train=LMTrainConfig(batch_size=16, lr=1e-3, max_epochs=1, warmup_steps=5, log_every_n_steps=10))
-    loop_s, tokens = bare_loop(prepared_dir, kwargs)  # first: it pays the one-time imports and page-ins
-    began = time.perf_counter()
-    out = train_lm(str(prepared_dir), str(root / "lm"), **kwargs)
-    stage_s = time.perf_counter() - began
+                  train=LMTrainConfig(batch_size=batch_size, lr=1e-3, max_epochs=1, warmup_steps=5,
+                                      log_every_n_steps=10, num_workers=args.num_workers))
+    loop_s, tokens, params = bare_loop(prepared_dir, kwargs)  # first: it pays the one-time imports and page-ins
+    timer = PhaseTimer()
+    build_trainer = lm_stage.build_trainer
+
+    def timed_trainer(*a, **k):
+        trainer, best = build_trainer(*a, **k)
+        trainer.callbacks.append(timer)
+        return trainer, best
+
+    lm_stage.build_trainer = timed_trainer
+    try:
+        began = time.perf_counter()
+        out = train_lm(str(prepared_dir), str(root / "lm"), **kwargs)
+        stage_s = time.perf_counter() - began
+    finally:
+        lm_stage.build_trainer = build_trainer
     fit_s = read_manifest(out)["train_wall_time_s"]
-    print(f"train_lm, one epoch of {tokens:,} training tokens ({args.stage_lm} LM, batch 16 x 128, oracle plans, "
-          f"precision {runtime.precision}, loss chunk {runtime.loss_chunk_size}; under load if the machine is "
-          f"shared)")
-    print(f"| {'run':<46} | {'seconds':>8} | {'tokens/s':>9} | vs loop |")
-    print(f"|{'-' * 48}|{'-' * 10}|{'-' * 11}|---------|")
-    for name, seconds in (("bare loop (train steps only)", loop_s), ("stage: fit (steps, validation, checkpoints)", fit_s),
-                          ("stage: whole call (+ loading, saving, manifest)", stage_s)):
-        print(f"| {name:<46} | {seconds:>8.1f} | {tokens / seconds:>9,.0f} | {loop_s / seconds:>6.2f}x |")
+    device = runtime.training_device_type()
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    peak = next((flops for key, flops in BF16_PEAK.items() if key in name), None) \
+        if runtime.arithmetic(device) == "bf16" else None
+    print(f"train_lm, one epoch of {tokens:,} training tokens ({args.stage_lm} LM, {params / 1e6:.1f}M parameters, "
+          f"batch {batch_size} x 128, oracle plans through Project-and-Avg, {name}, precision "
+          f"{runtime.arithmetic(device)}, compile {runtime.compile}, loss chunk {runtime.loss_chunk_size}, "
+          f"loader workers {args.num_workers}; under load if the machine is shared)")
+    print(f"| {'run':<48} | {'seconds':>8} | {'tokens/s':>9} | vs loop | {'MFU':>6} |")
+    print(f"|{'-' * 50}|{'-' * 10}|{'-' * 11}|---------|--------|")
+    rows = [("bare loop (train steps only)", loop_s, True),
+            ("stage: its train steps (hooks around each)", timer.seconds["train steps"], True),
+            ("stage: fit (steps, validation, checkpoints)", fit_s, True),
+            ("stage: whole call (+ loading, saving, manifest)", stage_s, True),
+            ("  of which validation", timer.seconds["validation"], False),
+            ("  of which plan usage (shuffled plans)", timer.seconds["plan usage (shuffled plans)"], False)]
+    for what, seconds, rated in rows:
+        if not rated:
+            print(f"| {what:<48} | {seconds:>8.1f} | {'':>9} | {'':>7} | {'':>6} |")
+            continue
+        rate = tokens / seconds
+        mfu = f"{6 * params * rate / peak:>6.1%}" if peak else f"{'-':>6}"
+        print(f"| {what:<48} | {seconds:>8.1f} | {rate:>9,.0f} | {loop_s / seconds:>6.2f}x | {mfu} |")
 
 
-def bare_loop(prepared_dir: Path, kwargs: dict) -> tuple[float, int]:
-    """(seconds, training tokens) of a plain PyTorch loop over train_lm's own training batches: its loader,
-    model, optimiser and scheduler, precision, chunked loss and gradient clipping; nothing else."""
-    import torch
-
+def bare_loop(prepared_dir: Path, kwargs: dict) -> tuple[float, int, int]:
+    """(seconds, training tokens, parameters) of a plain PyTorch loop over train_lm's own training batches: its
+    loader, model, optimiser and scheduler, device, precision, compilation, chunked loss and gradient clipping;
+    nothing else."""
     from planlm.data.artifacts import PreparedDataset
     from planlm.data.resources import load_tokenizer
     from planlm.speed import speed_up_lm
     from planlm.train.lm import _build_model, _loaders
     from planlm.train.lm_module import LightningLM
 
-    train, spec = kwargs["train"], kwargs["plans"].resolve()
+    train, spec, runtime = kwargs["train"], kwargs["plans"].resolve(), kwargs["runtime"]
     prepared = PreparedDataset(prepared_dir)
     tokenizer = load_tokenizer(prepared.tokenizer_name)
     planned = _build_model(prepared, kwargs["model"], spec, kwargs["adapter"], tokenizer, None, "train", train.seed)
-    speed_up_lm(planned, kwargs["runtime"], "bare loop")
+    device = torch.device(runtime.training_device_type())
+    planned.to(device)
+    speed_up_lm(planned, runtime, "bare loop")
     train_loader, _ = _loaders(prepared, spec, train, tokenizer.pad_token_id or 0)
     module = LightningLM(planned, lr=train.lr, warmup_steps=train.warmup_steps)
     optimizers = module.configure_optimizers()
     optimizer, scheduler = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
-    bf16 = kwargs["runtime"].arithmetic("cpu") == "bf16"
+    bf16 = runtime.arithmetic(device.type) == "bf16"
     tokens = 0
     began = time.perf_counter()
     for batch in train_loader:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = module.model_step(batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(planned.parameters(), train.gradient_clip_val)
@@ -191,7 +266,9 @@ def bare_loop(prepared_dir: Path, kwargs: dict) -> tuple[float, int]:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         tokens += int(batch["input_ids"].numel())
-    return time.perf_counter() - began, tokens
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - began, tokens, sum(p.numel() for p in planned.lm.parameters())
 
 
 def print_table(rows, args) -> None:
