@@ -14,7 +14,8 @@
 # The checks, in order of value:
 #   pytest_gpu        pytest -m gpu (bf16 autocast, planner sampling, evaluation, generation on CUDA)
 #   stage_eager       train_lm's Lightning stage against its bare loop on the same batches, batch 32 x 128, bf16,
-#                     with validation and plan usage timed apart, and MFU (bench_stages.py --stage_vs_loop)
+#                     with validation and plan usage timed apart, and MFU (bench_stages.py --stage_vs_loop); with
+#                     the chunked loss (runtime.loss_chunk_size 1024, the default) and with the LM's own loss (0)
 #   lm_eager          the training step with no conditioning, Project-and-Avg and multipath at K = T = 10
 #                     (bench_lm.py), interleaved, with MFU
 #   stage_compiled    stage_eager under torch.compile
@@ -89,7 +90,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 $py -c "import torch, transformers, lightning; print('torch', torch.__version__, 'transformers', transformers.__version__, 'lightning', lightning.__version__)"
 
 check pytest_gpu 150 $py -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider
-check stage_eager 150 $py benchmarks/bench_stages.py --stage_vs_loop --device $device "${stage[@]}"
+stage_eager="$py benchmarks/bench_stages.py --stage_vs_loop --device $device ${stage[*]}"
+check stage_eager 200 bash -c "$stage_eager && $stage_eager --loss_chunk_size 0"  # the chunked loss, then the LM's own
 check lm_eager 90 $py benchmarks/bench_lm.py --device $device "${lm[@]}"
 check stage_compiled 180 $py benchmarks/bench_stages.py --stage_vs_loop --device $device --compile "${stage[@]}"
 check planner 120 $py benchmarks/bench_planner.py --device $device --horizon 10 "${planner[@]}"
