@@ -190,7 +190,7 @@ def stage_vs_loop(root: Path, args) -> None:
                   adapter=AdapterSettings(kind="project_avg"), runtime=runtime,
                   train=LMTrainConfig(batch_size=batch_size, lr=1e-3, max_epochs=1, warmup_steps=5,
                                       log_every_n_steps=10, num_workers=args.num_workers))
-    loop_s, tokens, params = bare_loop(prepared_dir, kwargs)  # first: it pays the one-time imports and page-ins
+    loop_s, tokens, params = bare_loop(prepared_dir, kwargs)  # first, after untimed warm-up steps
     timer = PhaseTimer()
     build_trainer = lm_stage.build_trainer
 
@@ -232,10 +232,10 @@ def stage_vs_loop(root: Path, args) -> None:
         print(f"| {what:<48} | {seconds:>8.1f} | {rate:>9,.0f} | {loop_s / seconds:>6.2f}x | {mfu} |")
 
 
-def bare_loop(prepared_dir: Path, kwargs: dict) -> tuple[float, int, int]:
-    """(seconds, training tokens, parameters) of a plain PyTorch loop over train_lm's own training batches: its
-    loader, model, optimiser and scheduler, device, precision, compilation, chunked loss and gradient clipping;
-    nothing else."""
+def bare_loop(prepared_dir: Path, kwargs: dict, warmup_steps: int = 3) -> tuple[float, int, int]:
+    """(seconds, training tokens, parameters) of a plain PyTorch loop over train_lm's own training batches, timed
+    after ``warmup_steps`` untimed steps: its loader, model, optimiser and scheduler, device, precision,
+    compilation, chunked loss and gradient clipping; nothing else."""
     from planlm.data.artifacts import PreparedDataset
     from planlm.data.resources import load_tokenizer
     from planlm.speed import speed_up_lm
@@ -254,9 +254,8 @@ def bare_loop(prepared_dir: Path, kwargs: dict) -> tuple[float, int, int]:
     optimizers = module.configure_optimizers()
     optimizer, scheduler = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
     bf16 = runtime.arithmetic(device.type) == "bf16"
-    tokens = 0
-    began = time.perf_counter()
-    for batch in train_loader:
+
+    def step(batch: dict) -> int:
         batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = module.model_step(batch)
@@ -265,7 +264,18 @@ def bare_loop(prepared_dir: Path, kwargs: dict) -> tuple[float, int, int]:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        tokens += int(batch["input_ids"].numel())
+        return int(batch["input_ids"].numel())
+
+    # warm-up steps, untimed: the device's libraries, the allocator and (compile) the graph, which the stage,
+    # running second, finds ready
+    for _, batch in zip(range(warmup_steps), train_loader):
+        step(batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    tokens = 0
+    began = time.perf_counter()
+    for batch in train_loader:
+        tokens += step(batch)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - began, tokens, sum(p.numel() for p in planned.lm.parameters())

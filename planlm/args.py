@@ -132,7 +132,7 @@ class LMRuntime(Runtime):
     loss_chunk_size: int = 1024
     """Tokens per chunk of the LM's output projection + cross-entropy (planlm.models.lm_loss): the B x L x V logits
     are never held at once, in training and validation. 0: the LM's own loss on all the logits (a model whose head
-    is not a plain linear map uses its own loss anyway)."""
+    is not a plain linear map uses its own loss anyway), faster on a GPU with memory to spare (docs/benchmarks.md)."""
     compile_loss: bool = False
     """torch.compile the element-wise work of the chunked loss's training chunks (planlm.models.lm_loss.softmax_grad:
     one fused pass over the chunk's logits instead of eight); needs ``loss_chunk_size`` > 0. When compilation is
