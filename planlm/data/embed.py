@@ -31,6 +31,7 @@ from planlm.console import open_bar
 from planlm.data.resources import DEFAULT_ENCODER, load_sentence_encoder
 from planlm.device import check_bf16, resolve_device
 from planlm.errors import PlanlmError
+from planlm.files import require_space
 from planlm.jsonio import fingerprint, write_json
 
 
@@ -125,7 +126,9 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
         out = np.lib.format.open_memmap(out_path, mode="r+")
         if out.shape != (num_sentences, dim):
             resumable = False
-    if not resumable:
+    if not resumable:  # the whole file is allocated now and filled in place: its space must be there
+        old_bytes = out_path.stat().st_size if out_path.is_file() else 0  # unlinked below
+        require_space(out_path, max(0, num_sentences * dim * 4 - old_bytes), desc)
         record = {"key": fingerprint(key), "done": 0, "num_sentences": num_sentences, "dim": dim}
         write_json(progress_path, {})  # not resumable until the known rows are in
         out_path.unlink(missing_ok=True)  # a new file, never written into: a codebook folder may link the old one

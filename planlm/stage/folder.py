@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Any, Optional
 
 from planlm.errors import PlanlmError
+from planlm.files import folder_bytes, human_bytes, is_disk_full
 from planlm.jsonio import fingerprint
 from planlm.stage.integrity import MANIFEST, STAGE_LOCK, check_files, check_format
 from planlm.stage.lock import lock_stage_dir, unlock_stage_dir
@@ -47,6 +48,12 @@ class StageDir:
     def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException],
                  traceback: Optional[TracebackType]) -> None:
         unlock_stage_dir(self.path)  # a build that raised or stopped short lets go of the folder at once
+        if is_disk_full(error):  # one line naming the stage and what it had written; the folder has no manifest
+            raise PlanlmError(f"{self.path}: the disk filled while this stage wrote {error.filename or 'a file'} "
+                              f"({human_bytes(folder_bytes(self.path))} written, "
+                              f"{human_bytes(shutil.disk_usage(self.path).free)} free); free at least as much again "
+                              f"and rerun the same command: the unfinished stage has no manifest, so it is never "
+                              f"taken as complete, and it resumes") from error
 
 
 def prepare_stage_dir(stage_dir: str | Path, config: Any, *, keep_partial: bool = False) -> bool:
