@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import tempfile
 from importlib import metadata
@@ -155,10 +156,50 @@ def load_sentencizer(spacy_model: str = "sentencizer"):
                           f"{spacy_model}` or use sentence_splitter: sentencizer") from e
 
 
+# The most characters one spaCy call reads: a longer text is split in blocks (``text_blocks``). spaCy refuses texts
+# over its max_length (1,000,000), and its parser needs about 1 GB per 100,000 characters.
+SPLIT_BLOCK_CHARS = 100_000
+
+
+# Where a block may end: after a sentence's final mark (and a closing quote or bracket), before the white space of a
+# line break; else after such a mark and its space within a line. spaCy's rule-based sentencizer starts a sentence at
+# the first token after the mark that is not punctuation, so both cuts keep the sentences of one pass.
+_END_BEFORE_LINE_BREAK = re.compile(r"""[.?!]["')\]]?(?=[^\S\n]*\n)""")
+_END_WITHIN_LINE = re.compile(r"""[.?!]["')\]]? (?=[^\s.?!"')\]])""")
+
+
+def text_blocks(text: str, size: int = SPLIT_BLOCK_CHARS) -> list[tuple[int, int]]:
+    """(start, end) of consecutive blocks of ``text`` of at most ``size`` characters that cover it. Each ends where a
+    sentence ends: at the last sentence end before a line break in its second half, else at the last one within a
+    line, else after its last space (else at ``size``). With the rule-based sentencizer, a block's sentences are
+    then the ones spaCy finds in the whole text."""
+    blocks, start = [], 0
+    while len(text) - start > size:
+        window = text[start:start + size]
+        cut = 0
+        for pattern in (_END_BEFORE_LINE_BREAK, _END_WITHIN_LINE):
+            ends = [m.end() for m in pattern.finditer(window, size // 2)]
+            if ends:
+                cut = ends[-1]
+                break
+        if not cut:
+            cut = window.rfind(" ") + 1 or size
+        blocks.append((start, start + cut))
+        start += cut
+    blocks.append((start, len(text)))
+    return blocks
+
+
 def split_sentences(texts: list[str], spacy_model: str = "sentencizer", batch_size: int = 256) -> list[list[tuple[int, int]]]:
-    """Character spans (start, end) of the sentences of each text, whitespace-only sentences dropped."""
+    """Character spans (start, end) of the sentences of each text, whitespace-only sentences dropped. A text longer
+    than ``SPLIT_BLOCK_CHARS`` is split in blocks (``text_blocks``), so an article of any length is split in bounded
+    memory."""
     nlp = load_sentencizer(spacy_model)
-    spans = []
-    for doc in nlp.pipe(texts, batch_size=batch_size):
-        spans.append([(s.start_char, s.end_char) for s in doc.sents if s.text.strip()])
+    if all(len(text) <= SPLIT_BLOCK_CHARS for text in texts):
+        return [[(s.start_char, s.end_char) for s in doc.sents if s.text.strip()]
+                for doc in nlp.pipe(texts, batch_size=batch_size)]
+    pieces = [(index, start, text[start:end]) for index, text in enumerate(texts) for start, end in text_blocks(text)]
+    spans: list[list[tuple[int, int]]] = [[] for _ in texts]
+    for (index, offset, _), doc in zip(pieces, nlp.pipe((piece for _, _, piece in pieces), batch_size=batch_size)):
+        spans[index] += [(offset + s.start_char, offset + s.end_char) for s in doc.sents if s.text.strip()]
     return spans
