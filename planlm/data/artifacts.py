@@ -30,9 +30,12 @@ Letters: A actions, E embedding width, N_art articles, N_sent sentences, N_tok t
 from __future__ import annotations
 
 import json
+import os
+from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -43,6 +46,11 @@ SPLITS = ("train", "validation", "test")
 _FIX = "rebuild the prepared corpus: rerun `planlm prepare --out_dir {path}` or the `planlm run` that made it"
 ARRAYS = ("sentence_offsets", "sentence_spans", "embeddings", "actions", "token_offsets", "input_ids",
           "token_sentence", "token_plan_sentence", "token_actions")
+TOKEN_ARRAYS = ("input_ids", "token_sentence", "token_plan_sentence", "token_actions")
+"""The (N_tok,) arrays: written an article chunk at a time (``write_token_arrays``), never held whole."""
+CHUNK_TOKENS = 1 << 18
+"""About how many tokens the token arrays are written in at a time (an article longer than that is one chunk): the
+memory that writing them holds is a few int64 arrays of this length, whatever the size of the split."""
 
 
 def token_plan_sentence(token_sentence: np.ndarray, token_offsets: np.ndarray) -> np.ndarray:
@@ -61,6 +69,127 @@ def token_plan_sentence(token_sentence: np.ndarray, token_offsets: np.ndarray) -
     move = np.flatnonzero(last_of_sentence & ~article_last[:-1])
     plan[move] = token_sentence[move + 1]
     return plan
+
+
+def article_chunks(token_offsets: np.ndarray, chunk_tokens: int | None = None) -> Iterator[tuple[int, int]]:
+    """[first, end) ranges of whole articles of at most ``chunk_tokens`` (``CHUNK_TOKENS``) tokens each (or one
+    longer article)."""
+    chunk_tokens = CHUNK_TOKENS if chunk_tokens is None else chunk_tokens
+    num_articles = len(token_offsets) - 1
+    first = 0
+    while first < num_articles:
+        end = int(np.searchsorted(token_offsets, token_offsets[first] + chunk_tokens, side="right")) - 1
+        end = min(max(end, first + 1), num_articles)
+        yield first, end
+        first = end
+
+
+class NpyStream:
+    """Writes the 1-D int64 ``.npy`` file ``path`` of ``length`` values chunk by chunk, byte for byte what ``np.save``
+    writes. The old file is unlinked first (never written into: a ``planlm codebook`` folder may hard-link it) and the
+    new one is written as ``<name>.tmp`` in the same folder, renamed into place only once complete, so an interrupted
+    write leaves no short file under the final name (and stage records skip ``.tmp`` files)."""
+
+    def __init__(self, path: Path, length: int):
+        self.path, self.length, self.written = Path(path), int(length), 0
+        self.part = self.path.with_name(self.path.name + ".tmp")
+
+    def __enter__(self) -> NpyStream:
+        self.path.unlink(missing_ok=True)
+        self.part.unlink(missing_ok=True)
+        self.file = open(self.part, "wb")
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.int64)), "fortran_order": False,
+                  "shape": (self.length,)}
+        np.lib.format.write_array_header_1_0(self.file, header)  # np.save's: version 1.0 fits any 1-D shape
+        return self
+
+    def write(self, chunk: np.ndarray) -> None:
+        chunk = np.ascontiguousarray(chunk, dtype=np.int64)
+        self.file.write(chunk.data)
+        self.written += len(chunk)
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.file.close()
+        if kind is None and self.written != self.length:
+            self.part.unlink(missing_ok=True)
+            raise PlanlmError(f"{self.path}: {self.written} values written, {self.length} expected (a bug)")
+        if kind is None:
+            os.replace(self.part, self.path)
+        else:
+            self.part.unlink(missing_ok=True)
+
+
+def write_token_arrays(split_dir: str | Path, token_offsets: np.ndarray, actions: np.ndarray,
+                       read: Callable[[str, int, int], np.ndarray]) -> None:
+    """Write a split's ``TOKEN_ARRAYS`` an article chunk at a time (``article_chunks``): ``input_ids`` and
+    ``token_sentence`` as ``read(name, start, end)`` gives their tokens [start, end), ``token_plan_sentence`` and
+    ``token_actions`` derived from them. Deriving chunk by chunk is exact: the alignment convention looks one token
+    ahead only within an article, and every chunk ends at an article's end."""
+    split_dir = Path(split_dir)
+    num_tokens = int(token_offsets[-1])
+    actions = np.asarray(actions)
+    with ExitStack() as stack:
+        out = {name: stack.enter_context(NpyStream(split_dir / f"{name}.npy", num_tokens)) for name in TOKEN_ARRAYS}
+        for first, end in article_chunks(token_offsets):
+            start, stop = int(token_offsets[first]), int(token_offsets[end])
+            sentence = read("token_sentence", start, stop)
+            plan = token_plan_sentence(sentence, np.asarray(token_offsets[first:end + 1]) - start)
+            out["input_ids"].write(read("input_ids", start, stop))
+            out["token_sentence"].write(sentence)
+            out["token_plan_sentence"].write(plan)
+            out["token_actions"].write(actions[plan])
+
+
+class TokenSpool:
+    """A split's tokens as a tokeniser makes them, a chunk of articles at a time: ``append`` adds each article's
+    ``input_ids`` and split-global ``token_sentence`` to raw int64 files in the split folder (``*.spool.tmp``), and
+    ``write`` turns those into the split's ``TOKEN_ARRAYS`` (``write_token_arrays``) and returns ``token_offsets``
+    (N_art + 1,). Only one chunk is ever in memory; leaving the ``with`` removes the raw files, written or not::
+
+        with TokenSpool(split_dir) as spool:
+            for chunk in ...:
+                spool.append(input_ids, token_sentence)  # lists of (L,) arrays, one per article
+            token_offsets = spool.write(actions)
+    """
+
+    SPOOLED = ("input_ids", "token_sentence")
+
+    def __init__(self, split_dir: str | Path):
+        self.split_dir = Path(split_dir)
+        self.paths = {name: self.split_dir / f"{name}.spool.tmp" for name in self.SPOOLED}
+        self.lengths: list[np.ndarray] = []  # tokens per article, one array per chunk
+
+    def __enter__(self) -> TokenSpool:
+        self.split_dir.mkdir(parents=True, exist_ok=True)
+        self.files = {}
+        for name, path in self.paths.items():
+            path.unlink(missing_ok=True)
+            self.files[name] = open(path, "wb")
+        return self
+
+    def append(self, input_ids: list[np.ndarray], token_sentence: list[np.ndarray]) -> None:
+        for ids, sentence in zip(input_ids, token_sentence, strict=True):
+            if len(ids) != len(sentence):
+                raise PlanlmError(f"{len(ids)} tokens but {len(sentence)} token sentences in an article (a bug)")
+            self.files["input_ids"].write(np.ascontiguousarray(ids, dtype=np.int64).data)
+            self.files["token_sentence"].write(np.ascontiguousarray(sentence, dtype=np.int64).data)
+        self.lengths.append(np.array([len(ids) for ids in input_ids], dtype=np.int64))
+
+    def write(self, actions: np.ndarray) -> np.ndarray:
+        """Write the token arrays (``actions`` (N_sent,): the split's, for ``token_actions``); token_offsets."""
+        for file in self.files.values():
+            file.close()
+        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
+        token_offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+        itemsize = np.dtype(np.int64).itemsize
+        write_token_arrays(self.split_dir, token_offsets, actions, lambda name, start, stop: np.fromfile(
+            self.paths[name], dtype=np.int64, count=stop - start, offset=start * itemsize))
+        return token_offsets
+
+    def __exit__(self, kind, error, traceback) -> None:
+        for name, file in self.files.items():
+            file.close()
+            self.paths[name].unlink(missing_ok=True)
 
 
 @dataclass
@@ -219,21 +348,24 @@ class PreparedDataset:
 
 def write_split(split_dir: str | Path, articles: list[dict], arrays: dict[str, np.ndarray]) -> None:
     """Write one split. ``arrays`` holds every name in ARRAYS except the derived token ones and
-    those already written to ``split_dir`` (e.g. embeddings streamed to disk with ``open_memmap``)."""
+    those already written to ``split_dir`` (e.g. embeddings streamed to disk with ``open_memmap``, or the
+    token arrays streamed by ``TokenSpool``). In-memory ``input_ids`` and ``token_sentence`` are written with
+    the derived arrays by ``write_token_arrays``."""
     split_dir = Path(split_dir)
     split_dir.mkdir(parents=True, exist_ok=True)
-    arrays = dict(arrays)
-    if "token_plan_sentence" not in arrays:
-        arrays["token_plan_sentence"] = token_plan_sentence(arrays["token_sentence"], arrays["token_offsets"])
-    if "token_actions" not in arrays:
-        arrays["token_actions"] = np.asarray(arrays["actions"])[arrays["token_plan_sentence"]]
+    if "input_ids" in arrays or "token_sentence" in arrays:
+        write_token_arrays(split_dir, np.asarray(arrays["token_offsets"]), arrays["actions"],
+                           lambda name, start, stop: np.asarray(arrays[name])[start:stop])
+    missing = [name for name in ARRAYS if name not in arrays and not (split_dir / f"{name}.npy").is_file()]
+    if missing:
+        raise PlanlmError(f"{split_dir}: write_split got neither arrays nor files for {missing} (a bug)")
     (split_dir / "articles.jsonl").unlink(missing_ok=True)  # a new file, never written into: it may be a hard link
     with open(split_dir / "articles.jsonl", "w") as f:
         for art in articles:
             source = {"source": art["source"]} if art.get("source", art["id"]) != art["id"] else {}
             f.write(json.dumps({"id": art["id"], "title": art.get("title", ""), "text": art["text"], **source}) + "\n")
     for name in ARRAYS:
-        if name not in arrays and (split_dir / f"{name}.npy").is_file():
+        if name in TOKEN_ARRAYS or name not in arrays:  # written above, or already on disk
             continue
         dtype = np.float32 if name == "embeddings" else np.int64
         (split_dir / f"{name}.npy").unlink(missing_ok=True)

@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from planlm.data.artifacts import ARRAYS, PreparedDataset
+from planlm.data.artifacts import ARRAYS, CHUNK_TOKENS, NpyStream, PreparedDataset
 from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.errors import PlanlmError
 from planlm.files import file_sha256, save_safetensors
@@ -98,7 +98,10 @@ def _draw(source: Path, out: Path, manifest: dict, dataset: PreparedDataset, act
             kmeans["inertia_per_sentence"] = inertia(part.embeddings, codebook, split_actions) / max(1, len(split_actions))
             kmeans["empty_clusters"] = int(actions.num_actions - len(np.unique(split_actions)))
         np.save(out / split / "actions.npy", split_actions.astype(np.int64))
-        np.save(out / split / "token_actions.npy", split_actions[np.asarray(part.token_plan_sentence)].astype(np.int64))
+        plan = part.token_plan_sentence  # (N_tok,) memory-mapped: read a chunk at a time, never held whole
+        with NpyStream(out / split / "token_actions.npy", len(plan)) as token_actions:
+            for start in range(0, len(plan), CHUNK_TOKENS):
+                token_actions.write(split_actions[plan[start:start + CHUNK_TOKENS]])
     save_safetensors({"centroids": torch.from_numpy(codebook)}, out / "codebook.safetensors")
     hashes = {name: file_sha256(out / name) for name in manifest["hashes"]}
     tokenizer = manifest["tokenizer"]

@@ -28,7 +28,7 @@ from typing import Iterator
 import numpy as np
 
 from planlm.console import note, open_bar
-from planlm.data.artifacts import ARRAYS, SPLITS, write_split
+from planlm.data.artifacts import ARRAYS, SPLITS, TokenSpool, write_split
 from planlm.data.bpe import train_bpe, trained_vocab_size
 from planlm.data.corpus import CorpusConfig, Skips, local_files, read_articles, resolve_kind
 from planlm.data.embed import EmbedConfig, embed_sentences
@@ -189,21 +189,19 @@ def _not_copies(pieces: Pieces, held_out: HeldOut | None, skips: Skips, corpus: 
     return kept
 
 
-def _tokenize(tokenizer, articles: list[dict], spans: list[np.ndarray], sentence_offsets: np.ndarray,
-              desc: str, progress: bool, batch: int = 512) -> dict[str, np.ndarray]:
-    ids_all, sent_all = [], []
-    with open_bar(desc, len(articles), "articles", progress and bool(articles)) as bar:
-        for start in range(0, len(articles), batch):
-            ids, token_sentence = tokenize_articles(tokenizer, [a["text"] for a in articles[start:start + batch]],
-                                                    spans[start:start + batch])
-            ids_all += ids
-            sent_all += [s + sentence_offsets[start + j] for j, s in enumerate(token_sentence)]  # split-global
-            bar.advance(len(ids))
-    token_offsets = np.concatenate([[0], np.cumsum([len(i) for i in ids_all], dtype=np.int64)]).astype(np.int64)
-    empty = np.zeros(0, np.int64)
-    return {"token_offsets": token_offsets,
-            "input_ids": np.concatenate(ids_all) if ids_all else empty,
-            "token_sentence": np.concatenate(sent_all) if sent_all else empty}
+def _tokenize(tokenizer, split_dir: Path, articles: list[dict], spans: list[np.ndarray], sentence_offsets: np.ndarray,
+              actions: np.ndarray, desc: str, progress: bool, batch: int = 512) -> np.ndarray:
+    """Tokenise the articles ``batch`` at a time into the split's token arrays in ``split_dir``, streamed through a
+    ``TokenSpool`` so that memory does not grow with the split's tokens; token_offsets (N_art + 1,)."""
+    with TokenSpool(split_dir) as spool:
+        with open_bar(desc, len(articles), "articles", progress and bool(articles)) as bar:
+            for start in range(0, len(articles), batch):
+                ids, token_sentence = tokenize_articles(tokenizer, [a["text"] for a in articles[start:start + batch]],
+                                                        spans[start:start + batch])
+                spool.append(ids, [s + sentence_offsets[start + j] for j, s in enumerate(token_sentence)])  # global
+                bar.advance(len(ids))
+        ids = token_sentence = None  # the last chunk is not held while the arrays are written
+        return spool.write(actions)
 
 
 def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(),
@@ -313,6 +311,9 @@ def _drop_stale(out: Path, keep_planner_split: bool = False) -> None:
         for name in ARRAYS:
             if name != "embeddings":
                 (out / split / f"{name}.npy").unlink(missing_ok=True)
+                (out / split / f"{name}.npy.tmp").unlink(missing_ok=True)  # a write that was cut off (NpyStream)
+        for name in TokenSpool.SPOOLED:
+            (out / split / f"{name}.spool.tmp").unlink(missing_ok=True)
     (out / "codebook.safetensors").unlink(missing_ok=True)
     shutil.rmtree(out / "tokenizer", ignore_errors=True)  # a bpe:V tokenizer trained on the old training split
     shutil.rmtree(out / "actions", ignore_errors=True)  # `planlm actions` output of the old codebook
@@ -339,16 +340,17 @@ def _write_split(out: Path, split: str, articles: list, spans: list, sentence_of
     if split == "train":
         kmeans["inertia_per_sentence"] = inertia(embeddings, codebook, split_actions) / max(1, len(embeddings))
         kmeans["empty_clusters"] = int(actions.num_actions - len(np.unique(split_actions)))
-    tokens = _tokenize(tok, articles, spans, sentence_offsets, f"tokenizing {split}", progress)
-    write_split(out / split, articles, {
+    token_offsets = _tokenize(tok, out / split, articles, spans, sentence_offsets, split_actions,
+                              f"tokenizing {split}", progress)
+    write_split(out / split, articles, {  # the token arrays are on disk already
         "sentence_offsets": sentence_offsets,
         "sentence_spans": np.concatenate(spans) if spans else np.zeros((0, 2), np.int64),
         "actions": split_actions,
-        **tokens,
+        "token_offsets": token_offsets,
     })
-    return {"articles": len(articles), "sentences": int(len(split_actions)), "tokens": int(tokens["token_offsets"][-1]),
+    return {"articles": len(articles), "sentences": int(len(split_actions)), "tokens": int(token_offsets[-1]),
             "sources": len({a.get("source", a["id"]) for a in articles}),
-            "beyond_window_share": round(beyond_window_share(tokens["token_offsets"], lm_window), 4)}
+            "beyond_window_share": round(beyond_window_share(token_offsets, lm_window), 4)}
 
 
 def _planner_set(drawn: dict, rest: Pieces | None, held_out: HeldOut, corpus: CorpusConfig) -> dict:

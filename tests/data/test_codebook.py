@@ -55,6 +55,8 @@ def test_the_sources_seed_gives_the_sources_codebook_and_a_rerun_reuses(source, 
     np.testing.assert_array_equal(PreparedDataset(out).codebook.numpy(), PreparedDataset(source).codebook.numpy())
     for split in SPLITS:
         np.testing.assert_array_equal(PreparedDataset(out).split(split).actions, PreparedDataset(source).split(split).actions)
+        # written a chunk at a time by each, the same bytes
+        assert (out / split / "token_actions.npy").read_bytes() == (source / split / "token_actions.npy").read_bytes()
     manifest = (out / "manifest.json").stat().st_mtime_ns
     capsys.readouterr()
     codebook(str(source), seed=seed, out_dir=str(out))
