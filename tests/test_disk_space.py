@@ -58,7 +58,7 @@ def test_a_write_on_a_full_disk_is_one_line_and_the_rerun_resumes_to_the_same_fi
     with pytest.raises(PlanlmError) as raised:
         prepare(str(out), **tiny_config(source))
     message = str(raised.value)
-    assert "\n" not in message and message.startswith(f"{out}: the disk filled while this stage wrote ")
+    assert "\n" not in message and message.startswith(f"{out}: No space left on device while this stage wrote ")
     assert "test" in message and "never taken as complete" in message
     assert read_manifest(out) is None
     with pytest.raises(PlanlmError, match="manifest.json missing"):
@@ -71,7 +71,7 @@ def test_a_write_on_a_full_disk_is_one_line_and_the_rerun_resumes_to_the_same_fi
 
 
 def test_a_stage_dir_turns_only_a_full_disk_into_its_one_line_error(tmp_path):
-    with pytest.raises(PlanlmError, match="the disk filled while this stage wrote x.bin"):
+    with pytest.raises(PlanlmError, match="Disk quota exceeded while this stage wrote x.bin"):
         with StageDir(tmp_path / "stage", {"k": 1}):
             raise OSError(errno.EDQUOT, "Disk quota exceeded", "x.bin")
     with pytest.raises(PermissionError):

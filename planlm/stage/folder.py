@@ -48,9 +48,9 @@ class StageDir:
     def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException],
                  traceback: Optional[TracebackType]) -> None:
         unlock_stage_dir(self.path)  # a build that raised or stopped short lets go of the folder at once
-        if is_disk_full(error):  # one line naming the stage and what it had written; the folder has no manifest
-            raise PlanlmError(f"{self.path}: the disk filled while this stage wrote {error.filename or 'a file'} "
-                              f"({human_bytes(folder_bytes(self.path))} written, "
+        if is_disk_full(error):  # one line: the stage, the file, what the system said; the folder has no manifest
+            raise PlanlmError(f"{self.path}: {error.strerror or 'the disk is full'} while this stage wrote "
+                              f"{error.filename or 'a file'} ({human_bytes(folder_bytes(self.path))} written, "
                               f"{human_bytes(shutil.disk_usage(self.path).free)} free); free at least as much again "
                               f"and rerun the same command: the unfinished stage has no manifest, so it is never "
                               f"taken as complete, and it resumes") from error
