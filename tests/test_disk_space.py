@@ -41,6 +41,22 @@ def test_prepare_stops_before_embedding_into_a_disk_too_small(tmp_path, monkeypa
     assert read_manifest(tmp_path / "prepared") is None
 
 
+def test_resumed_embedding_checks_the_space_of_the_rows_left(tmp_path, monkeypatch):
+    from planlm.data.embed import EmbedConfig, embed_sentences
+
+    from data.test_prepare import SENTENCES, CountingEncoder
+
+    monkeypatch.setattr("planlm.data.embed.CHUNK_SIZE", 4)
+    monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: CountingEncoder(fail_after=1))
+    out = tmp_path / "embeddings.npy"
+    with pytest.raises(KeyboardInterrupt):  # one chunk of 4 written, 12 rows left
+        embed_sentences(SENTENCES * 2, out, EmbedConfig(batch_size=4))
+    monkeypatch.setattr("planlm.data.embed.load_sentence_encoder", lambda *a: CountingEncoder())
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(PlanlmError, match=r"needs 18\.4 kB, but its file system has 1\.0 kB free"):  # 12 x 384 x 4
+        embed_sentences(SENTENCES * 2, out, EmbedConfig(batch_size=4))
+
+
 def test_a_write_on_a_full_disk_is_one_line_and_the_rerun_resumes_to_the_same_files(tmp_path, monkeypatch):
     source = tiny_jsonl(tmp_path / "c.jsonl")
     reference = prepare(str(tmp_path / "reference"), **tiny_config(source))

@@ -122,12 +122,17 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
     model = load_sentence_encoder(config.encoder, config.device)
     check_bf16(config.precision, model.device.type, "--embedding.precision")
     dim = model.get_embedding_dimension()
+    # The file is filled in place through a memory map, where a full disk kills the process without an error: the
+    # space of the rows still to write must be free before any is written.
     if resumable:
         out = np.lib.format.open_memmap(out_path, mode="r+")
         if out.shape != (num_sentences, dim):
             resumable = False
-    if not resumable:  # the whole file is allocated now and filled in place: its space must be there
-        old_bytes = out_path.stat().st_size if out_path.is_file() else 0  # unlinked below
+        else:
+            rows_left = max(0, num_sentences - num_known - int(record["done"]) * CHUNK_SIZE)
+            require_space(out_path, rows_left * dim * 4, desc)
+    if not resumable:
+        old_bytes = out_path.stat().st_blocks * 512 if out_path.is_file() else 0  # unlinked below
         require_space(out_path, max(0, num_sentences * dim * 4 - old_bytes), desc)
         record = {"key": fingerprint(key), "done": 0, "num_sentences": num_sentences, "dim": dim}
         write_json(progress_path, {})  # not resumable until the known rows are in
