@@ -39,6 +39,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from bench_lm import bf16_peak, mfu  # the GPUs' bf16 peaks and MFU, as bench_lm reports them
 from planlm.args import LMRuntime, Runtime
 from planlm.plans.spec import PlanSpec
 
@@ -133,8 +134,6 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
 STAGE_LMS = {"demo": {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128},
              "near_zero": {"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 1, "n_positions": 128},
              "gpt2_small": {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024}}
-# Dense bf16 peak (FLOP/s) of the GPUs that MFU is reported for, by a substring of the device name.
-BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 class PhaseTimer(L.pytorch.callbacks.Callback):
@@ -209,8 +208,7 @@ def stage_vs_loop(root: Path, args) -> None:
     fit_s = read_manifest(out)["train_wall_time_s"]
     device = runtime.training_device_type()
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
-    peak = next((flops for key, flops in BF16_PEAK.items() if key in name), None) \
-        if runtime.arithmetic(device) == "bf16" else None
+    peak = bf16_peak(torch.device(device)) if runtime.arithmetic(device) == "bf16" else None
     print(f"train_lm, one epoch of {tokens:,} training tokens ({args.stage_lm} LM, {params / 1e6:.1f}M parameters, "
           f"batch {batch_size} x 128, oracle plans through Project-and-Avg, {name}, precision "
           f"{runtime.arithmetic(device)}, compile {runtime.compile}, loss chunk {runtime.loss_chunk_size}, "
@@ -228,8 +226,7 @@ def stage_vs_loop(root: Path, args) -> None:
             print(f"| {what:<48} | {seconds:>8.1f} | {'':>9} | {'':>7} | {'':>6} |")
             continue
         rate = tokens / seconds
-        mfu = f"{6 * params * rate / peak:>6.1%}" if peak else f"{'-':>6}"
-        print(f"| {what:<48} | {seconds:>8.1f} | {rate:>9,.0f} | {loop_s / seconds:>6.2f}x | {mfu} |")
+        print(f"| {what:<48} | {seconds:>8.1f} | {rate:>9,.0f} | {loop_s / seconds:>6.2f}x | {mfu(params, rate, peak)} |")
 
 
 def bare_loop(prepared_dir: Path, kwargs: dict, warmup_steps: int = 3) -> tuple[float, int, int]:
