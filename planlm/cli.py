@@ -61,10 +61,30 @@ def _check_known_keys(argv: list[str], command) -> None:
             where, prefix = str(path), ""
         elif flag.startswith("--") and flag[2:] not in _PARSER_FLAGS:
             unknown, where, prefix = sorted({flag[2:].split(".")[0]} - accepted), f"planlm {argv[0]}", "--"
+            if not unknown:
+                _check_group_field(command, flag, argv[0])
         else:
             continue
         if unknown:
             raise unknown_keys(command, unknown, accepted, where, prefix)
+
+
+def _check_group_field(command, flag: str, name: str) -> None:
+    """``--group.field`` where ``group`` is a settings group (a dataclass) that has no ``field``: one line naming the
+    group's fields, instead of jsonargparse's usage text."""
+    import dataclasses
+    import inspect
+
+    from planlm.errors import PlanlmError
+
+    group, _, rest = flag[2:].partition(".")
+    default = inspect.signature(command).parameters[group].default
+    if not rest or not dataclasses.is_dataclass(default) or isinstance(default, type):
+        return
+    fields = {field.name for field in dataclasses.fields(default)}
+    if rest.split(".")[0] not in fields | {"help"}:
+        raise PlanlmError(f"planlm {name}: unknown flag {flag}; --{group} takes "
+                          f"{['--' + group + '.' + field for field in sorted(fields)]}")
 
 
 _PARSER_FLAGS = ("help", "config", "print_config")

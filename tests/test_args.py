@@ -93,16 +93,19 @@ def test_the_runtime_group_checks_its_device_and_reads_lightnings_gpu():
 def test_a_key_of_a_group_given_flat_is_a_one_line_error_naming_the_groups_key(tmp_path, capsys):
     from planlm import cli
 
-    with pytest.raises(PlanlmError, match=r"run.yaml: unknown key\(s\) \['top_k'\] \(top_k is "
-                                          r"sampling.top_k\)") as error:
-        bind_section(edit_distance, {"top_k": 12}, skip={"model_dir", "prepared_dir", "out_dir"},
+    with pytest.raises(PlanlmError, match=r"run.yaml: unknown key\(s\) \['plan_guidance'\] \(plan_guidance is "
+                                          r"sampling.plan_guidance\)") as error:
+        bind_section(edit_distance, {"plan_guidance": 2.0}, skip={"model_dir", "prepared_dir", "out_dir"},
                      where="run.yaml")
     assert "\n" not in str(error.value)
     config = tmp_path / "edit.yaml"
-    config.write_text(yaml.safe_dump({"top_p": 0.5, "split": "validation"}))
+    config.write_text(yaml.safe_dump({"plan_guidance": 2.0, "split": "validation"}))
     for extra, message in [(["--max_new_tokens", "7"], "unknown flag(s) ['--max_new_tokens'] (--max_new_tokens "
                                                        "is --sampling.max_new_tokens)"),
-                           (["--config", str(config)], f"{config}: unknown key(s) ['top_p'] (top_p is sampling.top_p)")]:
+                           (["--config", str(config)], f"{config}: unknown key(s) ['plan_guidance'] (plan_guidance is "
+                                                        "sampling.plan_guidance)"),
+                           (["--sampling.top_k", "5"], "unknown flag --sampling.top_k; --sampling takes ['--sampling.max_new_tokens', "
+                                                       "'--sampling.plan_guidance', '--sampling.temperature']")]:
         with pytest.raises(SystemExit) as exited:
             cli.main(["edit-distance", "--model_dir", "m", "--prepared_dir", "p", "--out_dir", str(tmp_path / "out"),
                       *extra])

@@ -54,6 +54,8 @@ from planlm.stage import StageDir, config_fingerprint, read_manifest
 
 Condition = Literal["outline", "own", "fixed", "shuffled"]
 TOP = 5
+ADHERENCE_TEMPERATURE = 1.0
+"""The LM's sampling temperature in every condition: the protocol draws from the whole vocabulary as trained."""
 FIELDS = ("seed", "condition", "article", "id", "source", "boundary", "position", "requested", "asked", "realised",
           f"top{TOP}", "ranked", "text")
 ASKED = "shuffled_asked"
@@ -74,7 +76,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
               outlines_per_article: int = 2, outline_length: int = 3,
               conditions: list[Condition] = ["outline", "own", "fixed"], plans: PlanSettings = PlanSettings(),
               seed: int = 0, context_length: int = 128,
-              tokens_per_sentence: int = 64, temperature: float = 1.0, plan_guidance: float = 1.0,
+              tokens_per_sentence: int = 64, plan_guidance: float = 1.0,
               bootstrap_samples: int = 1000,
               runtime: Runtime = Runtime()) -> AdherenceMetrics:
     """How often a planned LM writes the action its plan asks for, against chance, its own plans and Fixed.
@@ -100,7 +102,6 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         seed: Seed of the outlines drawn, the shuffle, generation and the bootstrap.
         context_length: Prefix tokens at most.
         tokens_per_sentence: Tokens generated at most per outlined sentence (L times this in all).
-        temperature: LM sampling temperature (over the whole vocabulary).
         plan_guidance: Plan guidance w of every condition (``SamplingConfig.plan_guidance``; 1: off, > 1: each
             condition's plans, outline, own, Fixed or shuffled, steer more strongly).
         bootstrap_samples: Bootstrap resamples of the 95% intervals.
@@ -112,7 +113,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
         ``<out_dir>/metrics.json`` holds its ``to_dict()``).
     """
     _check_args(outline_length, outlines_per_article, max_articles, tokens_per_sentence, conditions)
-    sampling = SamplingConfig(max_new_tokens=outline_length * tokens_per_sentence, temperature=temperature,
+    sampling = SamplingConfig(max_new_tokens=outline_length * tokens_per_sentence, temperature=ADHERENCE_TEMPERATURE,
                               plan_guidance=plan_guidance)
     models = model_seeds(model_dir)
     prepared = PreparedDataset(prepared_dir)

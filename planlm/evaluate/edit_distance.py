@@ -27,7 +27,7 @@ from planlm.data.resources import split_sentences
 from planlm.errors import PlanlmError
 from planlm.evaluate.bootstrap import CONFIDENCE, bootstrap_mean
 from planlm.evaluate.generate import build_generator, encoder_embed_fn
-from planlm.evaluate.generator import GENERATION_VERSION, SamplingConfig
+from planlm.evaluate.generator import GENERATION_VERSION, ProtocolSampling, SamplingConfig
 from planlm.evaluate.loading import evaluation_inputs
 from planlm.evaluate.metrics import EditDistanceMetrics, PathCounts
 from planlm.jsonio import write_json
@@ -76,7 +76,7 @@ FIELDS = ("article", "id", "boundary", "distance", "normalized", "generated_acti
 
 def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test",
                   max_articles: Optional[int] = 100, max_boundaries_per_article: Optional[int] = 2, seed: int = 0,
-                  context_length: int = 128, sampling: SamplingConfig = SamplingConfig(),
+                  context_length: int = 128, sampling: ProtocolSampling = ProtocolSampling(),
                   plans: PlanSettings = PlanSettings(), bootstrap_samples: int = 1000,
                   runtime: Runtime = Runtime()) -> EditDistanceMetrics:
     """Edit distance between the action sequences of generated and true continuations at sentence starts.
@@ -93,8 +93,8 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
         max_boundaries_per_article: Sentence starts drawn per article (None: all).
         seed: Seed of the boundary subsampling and of generation.
         context_length: Context tokens before the boundary (at most).
-        sampling: How tokens are drawn, as `generate` takes it; max_new_tokens is also the length of the true
-            continuation taken as the reference (the protocol: 128 tokens, temperature 1.0, no top_k nor top_p).
+        sampling: How tokens are drawn (the protocol: 128 tokens, temperature 1.0, over the whole vocabulary);
+            max_new_tokens is also the length of the true continuation taken as the reference.
         plans: The plans (kind, num_paths, horizon, temperature, planner_dir); unset fields: the model's own.
         bootstrap_samples: Bootstrap resamples of the 95% confidence intervals.
         runtime: The device and precision of the LM, the adapter and the planner (runtime.device,
@@ -103,6 +103,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     Returns:
         The metrics (``EditDistanceMetrics``; ``<out_dir>/metrics.json`` holds its ``to_dict()``).
     """
+    sampling = sampling.sampling()
     new_tokens = sampling.max_new_tokens
     _check_limits(context_length, max_articles, max_boundaries_per_article)
     generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, plans, runtime, seed)

@@ -66,6 +66,27 @@ GENERATION_VERSION = 2
 
 
 @dataclass
+class ProtocolSampling:
+    """How tokens are drawn when a metric fixes the protocol: plain sampling over the whole vocabulary (the edit
+    distance's protocol has no top_k nor top_p)."""
+
+    max_new_tokens: int = 128
+    """Tokens to generate."""
+    temperature: float = 1.0
+    """Softmax temperature of the LM (0 = greedy)."""
+    plan_guidance: float = 1.0
+    """Plan guidance w (beyond the paper: classifier-free guidance with the plan as the condition). Each token is
+    drawn from l_null + w (l_plan - l_null), where l_null are the LM's logits under the null plan (every step the
+    action prior, in expectation: a plan that tells nothing). 1: the LM as trained; > 1 strengthens what the plan
+    changes (an outline's steer); 0: the null plan alone. Doubles the LM's batch; needs a model that reads plans."""
+
+    def sampling(self) -> "SamplingConfig":
+        """These settings as the generator takes them (no top_k nor top_p)."""
+        return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                              plan_guidance=self.plan_guidance)
+
+
+@dataclass
 class SamplingConfig:
     """How tokens are drawn."""
 
@@ -78,10 +99,7 @@ class SamplingConfig:
     top_p: Optional[float] = None
     """Nucleus sampling: keep the smallest set of tokens with this much probability (None: off)."""
     plan_guidance: float = 1.0
-    """Plan guidance w (beyond the paper: classifier-free guidance with the plan as the condition). Each token is
-    drawn from l_null + w (l_plan - l_null), where l_null are the LM's logits under the null plan (every step the
-    action prior, in expectation: a plan that tells nothing). 1: the LM as trained; > 1 strengthens what the plan
-    changes (an outline's steer); 0: the null plan alone. Doubles the LM's batch; needs a model that reads plans."""
+    """Plan guidance w (see ``ProtocolSampling.plan_guidance``)."""
 
     def __post_init__(self):
         if self.max_new_tokens < 1:

@@ -7,7 +7,7 @@ from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.edit_distance import action_edit_distance, edit_distance
 from planlm.evaluate.generate import generate
-from planlm.evaluate.generator import SamplingConfig
+from planlm.evaluate.generator import ProtocolSampling, SamplingConfig
 from planlm.evaluate.metrics import EditDistanceMetrics
 from planlm.plans.spec import PlanSpec
 
@@ -19,7 +19,7 @@ def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, cycle_planner
     use_planner(model, str(tmp_path / "planner"))
     model.save_pretrained(tmp_path / "model")
     # seed 6: the first continuation ends two sentences
-    kwargs = dict(max_articles=3, max_boundaries_per_article=1, sampling=SamplingConfig(max_new_tokens=12), seed=6,
+    kwargs = dict(max_articles=3, max_boundaries_per_article=1, sampling=ProtocolSampling(max_new_tokens=12), seed=6,
                   bootstrap_samples=20, runtime=Runtime(device="cpu"))
 
     metrics = edit_distance(str(tmp_path / "model"), str(synthetic_cycle), str(tmp_path / "edit"), **kwargs)
