@@ -19,7 +19,7 @@ OVERLAYS = [path for path in CONFIGS if OVERLAY_KEY in yaml.safe_load(path.read_
 
 
 def test_every_shipped_config_is_a_whole_run_or_an_overlay_that_says_so_in_its_first_line():
-    assert {path.name for path in OVERLAYS} >= {"demo-bigplanner.yaml", "demo-joint.yaml",
+    assert {path.name for path in OVERLAYS} >= {"demo-bigplanner.yaml", "demo-joint.yaml", "evidence-bigplanner.yaml",
                                                 "pretrained-offline-bigplanner.yaml"}
     for path in CONFIGS:
         config = yaml.safe_load(path.read_text())
