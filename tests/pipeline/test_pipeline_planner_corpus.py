@@ -7,6 +7,7 @@ import itertools
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from helpers import tiny_run_config
@@ -66,25 +67,15 @@ def test_the_demo_overlay_is_the_demo_plus_the_planner_corpus():
     assert planner == demo["planner"]
 
 
-def test_the_evidence_overlay_is_the_evidence_run_plus_the_demos_planner_corpus_and_recipe():
+@pytest.mark.parametrize("base_name, overlay_name", [("evidence.yaml", "evidence-bigplanner.yaml"),
+                                                     ("pretrained-offline.yaml", "pretrained-offline-bigplanner.yaml")])
+def test_a_bigplanner_overlay_is_its_base_plus_the_planner_corpus_and_the_demos_big_planner(base_name, overlay_name):
     configs = Path(__file__).resolve().parents[2] / "configs"
-    evidence = yaml.safe_load((configs / "evidence.yaml").read_text())
-    overlay = yaml.safe_load((configs / "evidence-bigplanner.yaml").read_text())
-    big = yaml.safe_load((configs / "demo-bigplanner.yaml").read_text())
-    prepare = dict(overlay["prepare"])
-    assert prepare.pop("planner_corpus") == {"rest_of_train": True}
-    assert prepare == evidence["prepare"] and set(overlay) == {"overlay_of", "out_dir", "prepare", "planner"}
-    assert overlay["overlay_of"] == "configs/evidence.yaml" and overlay["out_dir"] != evidence["out_dir"]
-    assert overlay["planner"] == big["planner"]
-
-
-def test_the_pretrained_overlay_is_the_pretrained_config_plus_the_planner_corpus_and_the_big_planner():
-    configs = Path(__file__).resolve().parents[2] / "configs"
-    base = yaml.safe_load((configs / "pretrained-offline.yaml").read_text())
-    overlay = yaml.safe_load((configs / "pretrained-offline-bigplanner.yaml").read_text())
+    base = yaml.safe_load((configs / base_name).read_text())
+    overlay = yaml.safe_load((configs / overlay_name).read_text())
     big = yaml.safe_load((configs / "demo-bigplanner.yaml").read_text())
     prepare = dict(overlay["prepare"])
     assert prepare.pop("planner_corpus") == {"rest_of_train": True}
     assert prepare == base["prepare"] and set(overlay) == {"overlay_of", "out_dir", "prepare", "planner"}
-    assert overlay["overlay_of"] == "configs/pretrained-offline.yaml"
+    assert overlay["overlay_of"] == f"configs/{base_name}" and overlay["out_dir"] != base["out_dir"]
     assert overlay["planner"] == big["planner"]  # the recipe chosen for a planner set of this size
