@@ -16,7 +16,9 @@ Prints, in Markdown:
    context fallen out of the window, for the target contrasts;
 6. **spread**: where the seed-to-seed spread of each contrast comes from. The run's seeds redraw the codebook, the
    planners and the LMs; the earlier runs that `experiments/power_analysis.py` lists redrew only the LMs. The
-   difference of the two variances estimates the codebook's and planners' part.
+   difference of the two variances estimates the codebook's and planners' part;
+7. **needs**: for each target whose interval includes 0, its power at the run's S and the S that would reach 80%, at
+   the measured effect, seed sd and document SE, with this test set and with twice the test documents.
 
 ``--overlay RUN`` adds, per contrast, the same contrast in a second run of the same seeds and test set (the larger
 planner's twin) and the cross-run difference of each condition, paired seed by seed.
@@ -221,6 +223,35 @@ def cross_run_table(run: Path, other_run: Path, conditions: Sequence[str] = ("no
     return lines
 
 
+def needs_table(run: Path, rows: list[dict], seeds: Sequence[int] = tuple(range(2, 33)), draws: int = 4000) -> list[str]:
+    """For each target whose interval includes 0: the power of the run's own S at the measured effect, seed sd and
+    document SE (``planlm compare``'s), and the S that would reach 80% (power_analysis.power_curve), with this
+    test set and with twice as many test documents (the document SE over sqrt(2))."""
+    from planlm.evaluate.bootstrap import compare_evaluations
+
+    lines = []
+    if not (Path(run) / "eval").is_dir():  # a results.json alone: no per-article tables to take the SEs from
+        return []
+    for r in rows:
+        if r["role"] != "target" or r["ci_high"] < 0 or r["b"].startswith("K="):
+            continue
+        result = compare_evaluations(str(Path(run) / "eval" / r["a"]), str(Path(run) / "eval" / r["b"]), 1000)
+        sd, doc_se, documents = result["diff_std"], result["document_se"], result["documents"]
+        cells = []
+        for factor in (1, 2):
+            curve = power_analysis.power_curve(r["diff"], sd, doc_se / math.sqrt(factor), documents * factor,
+                                               seeds=seeds, draws=draws)
+            own = next(row["power"] for row in curve if row["seeds"] == len(r["seed_diffs"]))
+            need = power_analysis.seeds_needed(curve)
+            cells += [f"{own:.0%}", str(need) if need else f"none up to {max(seeds)} ({max(c['power'] for c in curve):.1%})"]
+        lines.append(f"| {NAMES[r['b']]} - {NAMES[r['a']]} | {r['diff']:+.2f} | {sd:.2f} | {doc_se:.2f} ({documents}) | "
+                     + " | ".join(cells) + " |")
+    if not lines:
+        return []
+    return ["| target not shown | effect | seed sd | document SE (documents) | power at this S | S for 80% | power at "
+            "this S, 2x documents | S for 80%, 2x documents |", "|---|---|---|---|---|---|---|---|"] + lines
+
+
 def overlay_tables(results: dict, other: dict, rows: list[dict]) -> list[str]:
     """The claims in a second run beside the first (same seeds and test pieces)."""
     other_rows = {(r["b"], r["a"]): r for r in claim_rows(other)}
@@ -233,14 +264,15 @@ def overlay_tables(results: dict, other: dict, rows: list[dict]) -> list[str]:
     return lines
 
 
-def render(results: dict, other: Optional[dict] = None, runs: Optional[tuple[Path, Path]] = None) -> str:
+def render(results: dict, other: Optional[dict] = None, runs: Optional[tuple[Path, Optional[Path]]] = None) -> str:
     rows = claim_rows(results)
     parts = [("claims (README)", claims_table(rows, README_CLAIMS)), ("contrasts, every seed", contrasts_table(rows)),
              ("conditions", conditions_table(results)), ("K sweep", sweep_table(results)),
              ("where plans act", positions_table(results)), ("seed spread", spread_table(rows))]
+    if runs is not None:
+        parts.append(("what the targets not shown would need", needs_table(runs[0], rows)))
     if other is not None:
         parts.append(("the other run", overlay_tables(results, other, rows)))
-    if runs is not None:
         parts.append(("the other run, condition by condition", cross_run_table(*runs)))
     return "\n".join(f"### {title}\n\n" + "\n".join(lines) + "\n" for title, lines in parts if lines)
 
@@ -251,7 +283,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--overlay", type=Path, default=None, help="a second run of the same seeds and test set")
     args = parser.parse_args(argv)
     other = load(args.overlay) if args.overlay else None
-    print(render(load(args.run), other, (args.run, args.overlay) if args.overlay else None))
+    print(render(load(args.run), other, (args.run, args.overlay)))
 
 
 if __name__ == "__main__":
