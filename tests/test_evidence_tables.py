@@ -70,3 +70,12 @@ def test_the_script_prints_every_table_from_a_run_folder(tmp_path, capsys):
     assert out.count("### ") == 4  # claims, contrasts, sweep, spread (no conditions nor positions in this run)
     with pytest.raises(SystemExit, match="no results.json"):
         evidence_tables.main(["--run", str(tmp_path / "missing")])
+
+
+def test_a_second_run_is_shown_beside_the_first_contrast_by_contrast():
+    results, other = _results(), _results()
+    other["contrasts"][1] = _contrast("ours", "fixed", [-2.0, -1.5, -2.5], -3.0, -1.0)
+    table = evidence_tables.overlay_tables(results, other, evidence_tables.claim_rows(results))
+    ours = next(line for line in table if line.startswith("| ours - Fixed"))
+    assert "**-1.00 [-2.00, -0.10]** | **-2.00 [-3.00, -1.00]** | -2.00, -1.50, -2.50 |" in ours
+    assert len(table) == 2 + 7
