@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from helpers import chatty_planned_lm, read_csv, use_planner
 from planlm.args import Runtime
+from planlm.errors import PlanlmError
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.edit_distance import action_edit_distance, edit_distance
 from planlm.evaluate.generate import generate
@@ -43,3 +46,9 @@ def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, cycle_planner
     fixed = read_csv(tmp_path / "fixed" / "per_boundary.csv")
     assert [r["generated_text"] for r in fixed] != [r["generated_text"] for r in rows]
     assert EditDistanceMetrics.load(tmp_path / "fixed").conditioning == "fixed"
+
+
+def test_edit_distance_takes_the_protocols_sampling_only(tmp_path):
+    with pytest.raises(PlanlmError, match="sampling is a ProtocolSampling .* got SamplingConfig"):
+        edit_distance("model", "prepared", str(tmp_path / "edit"), sampling=SamplingConfig(top_k=5))
+    assert not (tmp_path / "edit").exists()

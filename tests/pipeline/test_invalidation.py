@@ -13,7 +13,7 @@ from helpers import read_csv, tiny_gpt2_config, tiny_planned_lm, tiny_planner, t
 from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.edit_distance import edit_distance
-from planlm.evaluate.generator import SamplingConfig
+from planlm.evaluate.generator import ProtocolSampling
 from planlm.evaluate.perplexity import evaluate
 from planlm.evaluate.sweeps import sweep
 from planlm.plans.spec import PlanSpec
@@ -72,7 +72,7 @@ def test_evaluate_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes
 
 def test_edit_distance_is_rebuilt_when_the_model_or_the_planner_in_its_folder_changes(folders, tmp_path):
     prepared, planner, model = folders
-    kwargs = dict(split="validation", max_articles=3, max_boundaries_per_article=1, sampling=SamplingConfig(max_new_tokens=8),
+    kwargs = dict(split="validation", max_articles=3, max_boundaries_per_article=1, sampling=ProtocolSampling(max_new_tokens=8),
                   context_length=32,
                   bootstrap_samples=20, runtime=Runtime(device="cpu"))
 
