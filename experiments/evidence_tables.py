@@ -185,11 +185,7 @@ def spread_rows(rows: list[dict]) -> list[dict]:
         if contrast.documents_only:
             out.append({**r, "method_sd": method_sd, "lm_sd": None, "lm_df": 0})
             continue
-        groups = [list(iv.per_seed) for iv in contrast.intervals]
-        if contrast.extra_seeds:
-            groups[0] += list(contrast.extra_seeds)
-        df = sum(len(g) - 1 for g in groups)
-        lm_var = sum((len(g) - 1) * float(np.var(g, ddof=1)) for g in groups) / df
+        lm_var, df = power_analysis.lm_seed_variance(contrast)
         out.append({**r, "method_sd": method_sd, "lm_sd": math.sqrt(lm_var), "lm_df": df,
                     "planner_sd": math.sqrt(max(method_sd ** 2 - lm_var, 0.0)),
                     "planner_share": max(method_sd ** 2 - lm_var, 0.0) / method_sd ** 2 if method_sd > 0 else 0.0})

@@ -181,6 +181,15 @@ def seeds_needed(curve: list[dict], target: float = TARGET_POWER) -> Optional[in
     return next((row["seeds"] for row in curve if row["power"] >= target), None)
 
 
+def lm_seed_variance(contrast: Contrast) -> tuple[float, int]:
+    """The LM-seed variance of a contrast's per-seed values and its degrees of freedom, pooled over its runs (the
+    extra seeds join the first run's)."""
+    groups = [list(iv.per_seed) for iv in contrast.intervals]
+    groups[0] += list(contrast.extra_seeds)
+    dof = sum(len(g) - 1 for g in groups)
+    return sum((len(g) - 1) * float(np.var(g, ddof=1)) for g in groups) / dof, dof
+
+
 def plan_inputs(contrast: Contrast, lm_sd_fallback: float, var_planner: float) -> dict:
     """Effect, seed sd (LM part, inflated) and document SE of one contrast, with how each was chosen."""
     first = contrast.intervals[0]
@@ -189,12 +198,9 @@ def plan_inputs(contrast: Contrast, lm_sd_fallback: float, var_planner: float) -
     if contrast.documents_only:
         lm_var, lm_how = lm_sd_fallback ** 2, "ours - Fixed's (one seed measured)"
     else:
-        groups = [iv.per_seed for iv in contrast.intervals]
-        if contrast.extra_seeds:
-            groups[0] = tuple(values)
-        dof = sum(len(g) - 1 for g in groups)
-        lm_var = sum((len(g) - 1) * float(np.var(g, ddof=1)) for g in groups) / dof
-        lm_how = f"pooled over {len(groups)} run(s), {dof} df" if len(groups) > 1 else f"{dof} df"
+        lm_var, dof = lm_seed_variance(contrast)
+        runs = len(contrast.intervals)
+        lm_how = f"pooled over {runs} run(s), {dof} df" if runs > 1 else f"{dof} df"
     seed_sd = float(np.sqrt(lm_var + contrast.planners * var_planner))
     own = document_se(first.per_seed, first.low, first.high, documents_only=contrast.documents_only)
     own_low, own_high = document_se_range(first, documents_only=contrast.documents_only)
