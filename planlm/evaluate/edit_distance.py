@@ -103,7 +103,7 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     Returns:
         The metrics (``EditDistanceMetrics``; ``<out_dir>/metrics.json`` holds its ``to_dict()``).
     """
-    if not isinstance(sampling, ProtocolSampling):
+    if isinstance(sampling, SamplingConfig) or not isinstance(sampling, ProtocolSampling):
         raise PlanlmError(f"edit_distance: sampling is a ProtocolSampling (max_new_tokens, temperature, plan_guidance), "
                           f"got {type(sampling).__name__}: the edit distance's protocol draws from the whole vocabulary, "
                           f"with no top_k nor top_p")

@@ -80,6 +80,15 @@ class ProtocolSampling:
     action prior, in expectation: a plan that tells nothing). 1: the LM as trained; > 1 strengthens what the plan
     changes (an outline's steer); 0: the null plan alone. Doubles the LM's batch; needs a model that reads plans."""
 
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise PlanlmError(f"--sampling.max_new_tokens {self.max_new_tokens} must be >= 1")
+        if self.temperature < 0:
+            raise PlanlmError(f"--sampling.temperature {self.temperature} must be >= 0 (0 = greedy)")
+        self.plan_guidance = float(self.plan_guidance)  # `--plan_guidance 3` and plan_guidance=3.0: one reuse key
+        if self.plan_guidance < 0:
+            raise PlanlmError(f"--sampling.plan_guidance {self.plan_guidance} must be >= 0 (1 = off)")
+
     def sampling(self) -> "SamplingConfig":
         """These settings as the generator takes them (no top_k nor top_p)."""
         return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
@@ -87,32 +96,23 @@ class ProtocolSampling:
 
 
 @dataclass
-class SamplingConfig:
-    """How tokens are drawn."""
+class SamplingConfig(ProtocolSampling):
+    """How tokens are drawn: the protocol's settings, and optionally the most likely tokens only."""
 
-    max_new_tokens: int = 128
-    """Tokens to generate."""
-    temperature: float = 1.0
-    """Softmax temperature of the LM (0 = greedy)."""
     top_k: Optional[int] = None
     """Keep only the k most likely tokens (None: off)."""
     top_p: Optional[float] = None
     """Nucleus sampling: keep the smallest set of tokens with this much probability (None: off)."""
-    plan_guidance: float = 1.0
-    """Plan guidance w (see ``ProtocolSampling.plan_guidance``)."""
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise PlanlmError(f"--sampling.max_new_tokens {self.max_new_tokens} must be >= 1")
-        if self.temperature < 0:
-            raise PlanlmError(f"--sampling.temperature {self.temperature} must be >= 0 (0 = greedy)")
+        super().__post_init__()
         if self.top_k is not None and self.top_k < 1:
             raise PlanlmError(f"--sampling.top_k {self.top_k} must be >= 1")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise PlanlmError(f"--sampling.top_p {self.top_p} must be in (0, 1]")
-        self.plan_guidance = float(self.plan_guidance)  # `--plan_guidance 3` and plan_guidance=3.0: one reuse key
-        if self.plan_guidance < 0:
-            raise PlanlmError(f"--sampling.plan_guidance {self.plan_guidance} must be >= 0 (1 = off)")
+
+    def sampling(self) -> "SamplingConfig":
+        return self
 
     @property
     def guided(self) -> bool:

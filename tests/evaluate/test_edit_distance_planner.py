@@ -52,3 +52,8 @@ def test_edit_distance_takes_the_protocols_sampling_only(tmp_path):
     with pytest.raises(PlanlmError, match="sampling is a ProtocolSampling .* got SamplingConfig"):
         edit_distance("model", "prepared", str(tmp_path / "edit"), sampling=SamplingConfig(top_k=5))
     assert not (tmp_path / "edit").exists()
+    # The protocol's settings are checked where they are declared, once for both classes.
+    with pytest.raises(PlanlmError, match="--sampling.max_new_tokens 0 must be >= 1"):
+        ProtocolSampling(max_new_tokens=0)
+    protocol = ProtocolSampling(max_new_tokens=12, temperature=0.5, plan_guidance=2)
+    assert protocol.sampling() == SamplingConfig(max_new_tokens=12, temperature=0.5, plan_guidance=2.0)
