@@ -264,7 +264,7 @@ def test_reuse_rebuild_and_interrupted_runs(tmp_path, monkeypatch, small_chunks)
     stamps = {p: p.stat().st_mtime_ns for p in files}
 
     # same config: reused, nothing recomputed or rewritten
-    monkeypatch.setattr("planlm.data.prepare.take_articles", lambda *a, **k: pytest.fail("recomputed"))
+    monkeypatch.setattr("planlm.data.prepare.draw_articles", lambda *a, **k: pytest.fail("recomputed"))
     assert prepare(str(out), **{**tiny_config(source), "embedding": EmbedConfig(batch_size=7)}) == out
     assert {p: p.stat().st_mtime_ns for p in files} == stamps
     monkeypatch.undo()
