@@ -9,7 +9,7 @@ of ``planlm.data.artifacts`` and the manifest last.
 
 Memory does not grow with the corpus's text: the corpus waits for its shuffle in a spool on disk, each split's
 drawn articles and sentence spans in another (``planlm.data.spool``) until the split is written, and every later
-step reads them back a run of articles at a time.
+step reads them back a run of articles (or one encoder chunk of sentences) at a time.
 
 Reuse and resume: a folder whose manifest matches the config is reused as is. Anything else is
 rebuilt, but the embedding files are kept while rebuilding and resumed chunk by chunk when they
@@ -345,12 +345,11 @@ def _drop_stale(out: Path, keep_planner_split: bool = False) -> None:
 def _embed_split(out: Path, split: str, articles: ArticleSpool, embedding: EmbedConfig, progress: bool,
                  known: list[np.ndarray] = (), known_id: str = "") -> tuple[np.ndarray, np.ndarray]:
     """(sentence_offsets (N_art + 1,), embeddings (N_sent, E)) of one split, streamed to <split>/embeddings.npy
-    (``known``: the embeddings of its first sentences, copied; see ``embed_sentences``)."""
-    texts = [record["text"][start:end] for record, spans in zip(articles.articles(), articles.spans())
-             for start, end in spans]
+    (``known``: the embeddings of its first sentences, copied; see ``embed_sentences``). The sentence strings are
+    cut from the spooled articles one encoder chunk at a time (``SentenceTexts``), never all at once."""
     (out / split).mkdir(parents=True, exist_ok=True)
-    embeddings = embed_sentences(texts, out / split / "embeddings.npy", embedding, desc=f"embedding {split}",
-                                 progress=progress, known=known, known_id=known_id)
+    embeddings = embed_sentences(articles.sentence_texts(), out / split / "embeddings.npy", embedding,
+                                 desc=f"embedding {split}", progress=progress, known=known, known_id=known_id)
     return articles.sentence_offsets(), embeddings
 
 

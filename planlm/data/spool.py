@@ -8,7 +8,8 @@ so an interrupted run leaves nothing behind and the stage never records them):
   before), and the seeded permutation then reads them back one at a time.
 - ``ArticleSpool``: a split's drawn articles (or pieces) in draw order, each as the line ``articles.jsonl`` will
   hold, and their sentence spans as raw int64 pairs. ``take_articles`` fills it as it would a list
-  (``spool += pieces``); the stages after it read back a run of articles at a time.
+  (``spool += pieces``); the stages after it read back a run of articles at a time, and the encoder the sentence
+  strings of one chunk at a time (``SentenceTexts``), cut from their articles' text.
 
 What stays in memory is 8 bytes per value or article (their byte offsets), 8 per article for its sentence count,
 and the ids of the split's documents (for its ``sources`` count).
@@ -20,6 +21,7 @@ import json
 import os
 import tempfile
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -142,6 +144,9 @@ class ArticleSpool:
         self.spans_file.flush()
         return np.memmap(self.spans_file, dtype=np.int64, mode="r", shape=(self.num_sentences, 2))
 
+    def sentence_texts(self) -> SentenceTexts:
+        return SentenceTexts(self)
+
     def extend_from(self, other: ArticleSpool, block: int = 1024) -> None:
         """Append every article of ``other`` with its spans, ``block`` articles at a time."""
         for start in range(0, len(other), block):
@@ -158,3 +163,38 @@ class ArticleSpool:
 
     def __exit__(self, *error) -> None:
         self.close()
+
+
+class SentenceTexts(Sequence):
+    """The sentences of a spool's articles as strings, in order, cut from their article's text only when read:
+    ``len``, iteration, and a slice (one chunk of the encoder) are what ``planlm.data.embed.embed_sentences`` asks
+    of its texts."""
+
+    def __init__(self, spool: ArticleSpool, block: int = 1024):
+        self.spool, self.block = spool, block
+        self.offsets = spool.sentence_offsets()  # (N_art + 1,)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def _cut(self, first: int, last: int) -> list[str]:
+        """The sentences of articles ``first`` .. ``last - 1``."""
+        return [record["text"][start:end] for record, spans in zip(self.spool.articles(first, last),
+                                                                   self.spool.spans(first, last))
+                for start, end in spans.tolist()]
+
+    def __iter__(self) -> Iterator[str]:
+        for first in range(0, len(self.spool), self.block):
+            yield from self._cut(first, min(first + self.block, len(self.spool)))
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice):
+            index = range(len(self))[index]
+            return self[index:index + 1][0]
+        start, stop, step = index.indices(len(self))
+        if start >= stop:
+            return []
+        first = int(np.searchsorted(self.offsets, start, side="right")) - 1  # the article holding sentence start
+        last = int(np.searchsorted(self.offsets, stop, side="left"))  # articles [first, last) hold [start, stop)
+        base = int(self.offsets[first])
+        return self._cut(first, last)[start - base:stop - base:step]

@@ -1,4 +1,5 @@
-"""Articles spooled to disk (``planlm.data.spool``): what is read back is what was added, in the same order."""
+"""Articles spooled to disk (``planlm.data.spool``): what is read back is what was added, in the same order, and the
+sentence strings of any run of sentences are those of the articles held in a list."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 
 from planlm.data.artifacts import article_record
-from planlm.data.spool import ArticleSpool, JsonLines
+from planlm.data.embed import texts_hash
+from planlm.data.spool import ArticleSpool, JsonLines, SentenceTexts
 
 
 ODD = " é\n\u2028"  # a non-ASCII letter, a newline and a line separator inside a sentence
@@ -71,4 +73,19 @@ def test_an_article_spool_reads_back_the_articles_and_spans_it_was_given(tmp_pat
         joined.close()
     with ArticleSpool(tmp_path) as empty:
         assert empty.sentence_spans().shape == (0, 2) and list(empty.sentence_offsets()) == [0]
+        assert len(empty.sentence_texts()) == 0 and list(empty.sentence_texts()) == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sentence_texts_are_the_list_of_every_sentence_in_any_run(tmp_path):
+    pieces = _pieces(40, seed=1)
+    every = [a["text"][start:end] for a, spans in pieces for start, end in spans.tolist()]
+    with ArticleSpool(tmp_path) as spool:
+        spool += pieces
+        texts = spool.sentence_texts()
+        assert len(texts) == len(every) and list(texts) == every and texts_hash(texts) == texts_hash(every)
+        for start in range(0, len(every) + 1, 3):  # runs that start and end inside articles and at their edges
+            for size in (1, 2, 5, 11, len(every)):
+                assert texts[start:start + size] == every[start:start + size], (start, size)
+        assert texts[-1] == every[-1] and texts[7] == every[7] and texts[::2] == every[::2]
+        assert list(SentenceTexts(spool, block=3)) == every  # read in blocks of 3 articles (1,024 in planlm)
