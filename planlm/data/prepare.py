@@ -47,8 +47,9 @@ from planlm.data.spool import ArticleSpool
 from planlm.data.tokens import tokenize_articles
 from planlm.data.windows import beyond_window_share
 from planlm.errors import PlanlmError
-from planlm.files import file_sha256, save_safetensors
+from planlm.files import save_safetensors
 from planlm.stage import StageDir, read_manifest
+from planlm.stage.integrity import record_files
 
 # Fields that change how fast the result is made, not what it is.
 _RUNTIME_FIELDS = {"embedding": ("batch_size", "device")}
@@ -301,7 +302,7 @@ def _prepare_into(stage: StageDir, corpus: CorpusConfig, sentences: SentencesCon
                                                          actions, progress)
             planner = {"planner_split": PLANNER_SPLIT, "planner_origin": planner_set["origin"],
                        "planner_skipped": planner_set["skipped"]}
-    hashes = _save_codebook_and_hash(out, codebook, [*SPLITS, *([PLANNER_SPLIT] if planner_set else [])])
+    files, hashes = _save_codebook_and_hash(out, codebook, [*SPLITS, *([PLANNER_SPLIT] if planner_set else [])])
     wall_time = time.time() - started
     short = {}
     if corpus.num_train is not None and counts["train"]["articles"] < corpus.num_train:
@@ -309,7 +310,7 @@ def _prepare_into(stage: StageDir, corpus: CorpusConfig, sentences: SentencesCon
     stage.finish(num_actions=actions.num_actions, embedding_dim=int(codebook.shape[1]), tokenizer=tokenizer_name,
                  encoder=embedding.encoder, splits=list(SPLITS), counts=counts, skipped=dict(skips), short=short,
                  kmeans=kmeans, hashes=hashes, lm_window=lm_window, wall_time_s=round(wall_time, 1),
-                 held_out_overlap=held_out.record(), **planner)
+                 held_out_overlap=held_out.record(), files=files, **planner)
     print(summary(out))
     _warn_if_short(counts["train"]["beyond_window_share"], lm_window)
 
@@ -411,17 +412,17 @@ def _write_planner_split(out: Path, articles: ArticleSpool, sentence_offsets: np
             "sources": len(articles.sources)}
 
 
-def _save_codebook_and_hash(out: Path, codebook: np.ndarray, splits: list[str]) -> dict[str, str]:
-    """Write codebook.safetensors; the sha256 of it and of every split file."""
+def _save_codebook_and_hash(out: Path, codebook: np.ndarray, splits: list[str]) -> tuple[dict, dict[str, str]]:
+    """Write codebook.safetensors, the last file; (the record of every file of the folder for its manifest, the
+    sha256 of the codebook and of every split file). Both come from one read of each file (``record_files``)."""
     import torch
     save_safetensors({"centroids": torch.from_numpy(codebook)}, out / "codebook.safetensors")
-    hashes = {"codebook.safetensors": file_sha256(out / "codebook.safetensors")}
+    files = record_files(out)
+    names = ["codebook.safetensors"]
     if (out / "tokenizer" / "tokenizer.json").is_file():
-        hashes["tokenizer/tokenizer.json"] = file_sha256(out / "tokenizer" / "tokenizer.json")
-    for split in splits:
-        for name in ("articles.jsonl", *(f"{a}.npy" for a in ARRAYS)):
-            hashes[f"{split}/{name}"] = file_sha256(out / split / name)
-    return hashes
+        names.append("tokenizer/tokenizer.json")
+    names += [f"{split}/{name}" for split in splits for name in ("articles.jsonl", *(f"{a}.npy" for a in ARRAYS))]
+    return files, {name: files[name]["sha256"] for name in names}
 
 
 def summary(out: Path) -> str:
