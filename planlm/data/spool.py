@@ -7,7 +7,7 @@ so an interrupted run leaves nothing behind and the stage never records them):
   (``planlm.data.corpus.read_articles``): the articles are read once in file order (skips and de-duplication as
   before), and the seeded permutation then reads them back one at a time.
 - ``ArticleSpool``: a split's drawn articles (or pieces) in draw order, each as the line ``articles.jsonl`` will
-  hold, and their sentence spans as raw int64 pairs. ``take_articles`` fills it as it would a list
+  hold, and their sentence spans as raw int64 pairs. ``draw_articles`` fills it as it would a list
   (``spool += pieces``); the stages after it read back a run of articles at a time, and the encoder the sentence
   strings of one chunk at a time (``SentenceTexts``), cut from their articles' text.
 
@@ -85,7 +85,7 @@ class JsonLines:
 
 class ArticleSpool:
     """A split's articles with their sentence spans, in the order they are added: ``spool += [(article, spans), ...]``
-    (a list of pieces, as ``take_articles`` adds them to a list), read back in runs (``articles``, ``spans``)."""
+    (a list of pieces, as ``draw_articles`` adds them to a list), read back in runs (``articles``, ``spans``)."""
 
     def __init__(self, folder: str | Path | None = None):
         self.lines = JsonLines(folder)
