@@ -2,8 +2,9 @@
 write the arrays) on a paper-shaped synthetic corpus of ``--articles`` articles (``scale_sim_data.write_corpus``).
 
 Sentences are cut by a regular expression instead of spaCy, and the embeddings are random (E = 4, 8 actions): the
-split's sentence-sized arrays stay small, so what grows with the corpus is what the token path holds. Two modes, run
-in separate processes because tracemalloc's bookkeeping inflates the RSS:
+split's sentence-sized arrays stay small, so what grows with the corpus is what the token path holds. The articles
+reach it in an ``ArticleSpool`` on disk, as ``prepare`` holds them. Two modes, run in separate processes because
+tracemalloc's bookkeeping inflates the RSS:
 
     python benchmarks/bench_tokenize_memory.py --articles 2000 --mode rss    # ru_maxrss, RSS before the call
     python benchmarks/bench_tokenize_memory.py --articles 2000 --mode trace  # tracemalloc peak during the call
@@ -59,6 +60,7 @@ def main() -> dict:
     from planlm.data.kmeans import ActionsConfig
     from planlm.data.prepare import _write_split
     from planlm.data.resources import load_tokenizer
+    from planlm.data.spool import ArticleSpool
 
     work = Path(args.work)
     corpus = work / f"corpus_{args.articles}.jsonl"
@@ -77,12 +79,15 @@ def main() -> dict:
     codebook = rng.standard_normal((8, 4), dtype=np.float32)  # (A, E)
     tok = load_tokenizer("gpt2")
     tok(["warm up"], add_special_tokens=False, return_offsets_mapping=True)
+    spool = ArticleSpool(out)  # the split's articles as prepare holds them: on disk
+    spool += zip(articles, spans)
+    del articles, spans
     rss_before = _rss_mib()
     if args.mode == "trace":
         tracemalloc.start()
     started = time.time()
-    counts = _write_split(out, "train", articles, spans, sentence_offsets, embeddings, codebook,
-                          ActionsConfig(num_actions=8), tok, {}, 128, False)
+    counts = _write_split(out, "train", spool, sentence_offsets, embeddings, codebook, ActionsConfig(num_actions=8),
+                          tok, {}, 128, False)
     seconds = time.time() - started
     record = {"articles": args.articles, "tokens": counts["tokens"], "sentences": counts["sentences"],
               "seconds": round(seconds, 1), "mode": args.mode}

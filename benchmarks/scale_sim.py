@@ -445,7 +445,7 @@ def child_prepare(settings: Settings, size: int, paths: dict, probe: Probe) -> d
 
     install_hashing_encoder(settings.embedding_dim)
     _imported(probe, began)
-    for name, label_arg in (("take_articles", None), ("_embed_split", 1), ("fit_codebook", None),
+    for name, label_arg in (("draw_articles", None), ("_embed_split", 1), ("fit_codebook", None),
                             ("_write_split", 1), ("_save_codebook_and_hash", None)):
         probe.wrap(prepare_module, name, label_arg)
     _watch_manifest(probe)

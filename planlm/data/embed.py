@@ -96,7 +96,9 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
     """Encode ``texts`` into ``out_path`` (an (N, E) float32 ``.npy``) and return it memory-mapped.
 
     Resumes a previous interrupted call on the same texts and encoder; returns at once when the
-    file is already complete. ``known``: blocks of embeddings of the first texts, in order, copied (chunk by
+    file is already complete. ``texts`` is read through ``len``, one pass (its hash) and one slice per chunk of
+    ``CHUNK_SIZE``, so it may be a sequence that makes the strings of a slice only when asked
+    (``planlm.data.spool.SentenceTexts``). ``known``: blocks of embeddings of the first texts, in order, copied (chunk by
     chunk) rather than encoded: the LM's training sentences at the head of the planner's split; ``known_id``
     names where they come from, in the resume key.
     """

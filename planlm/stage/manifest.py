@@ -47,10 +47,12 @@ def config_fingerprint(stage_dir: str | Path | None) -> str | None:
     return (read_manifest(stage_dir) or {}).get("config_fingerprint") if stage_dir else None
 
 
-def write_manifest(stage_dir: str | Path, config: Any, **extra: Any) -> dict:
+def write_manifest(stage_dir: str | Path, config: Any, files: dict[str, dict] | None = None, **extra: Any) -> dict:
     """Mark a stage folder complete and let go of its lock. Call this after every other artifact is written: the
     manifest records the size, the sha256 and the header of each (``planlm.stage.integrity``), which every later
-    reader checks. ``StageDir.finish`` calls it; a writer of a folder that is no stage (a fixture) calls it alone."""
+    reader checks. ``files``: that record (``record_files``), when the stage made it after its last file to use its
+    hashes itself, so that no file is read twice. ``StageDir.finish`` calls it; a writer of a folder that is no
+    stage (a fixture) calls it alone."""
     manifest = {
         FORMAT_KEY: FORMAT_VERSION,
         "config": to_jsonable(config),
@@ -58,7 +60,7 @@ def write_manifest(stage_dir: str | Path, config: Any, **extra: Any) -> dict:
         "versions": library_versions(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **to_jsonable(extra),
-        "files": record_files(stage_dir),
+        "files": record_files(stage_dir) if files is None else files,
     }
     write_json(Path(stage_dir) / MANIFEST, manifest)
     unlock_stage_dir(stage_dir)

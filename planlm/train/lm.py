@@ -207,14 +207,14 @@ def _loaders(prepared: PreparedDataset, spec: PlanSpec, train: LMTrainConfig, pa
     return loaders[TRAIN_SPLIT], val_loaders
 
 
-def _loader(split: PreparedSplit, windows: list, source, batch_size: int, shuffle: bool, num_workers: int,
+def _loader(split: PreparedSplit, windows: np.ndarray, source, batch_size: int, shuffle: bool, num_workers: int,
             pad_token_id: int, seed: int) -> DataLoader:
     sampler = data_order(windows, seed, batch_size) if shuffle else None
     return DataLoader(windows, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       collate_fn=WindowCollator(split, source, pad_token_id), drop_last=False)
 
 
-def data_order(windows: list, seed: int, batch_size: int) -> EpochShuffle:
+def data_order(windows: np.ndarray, seed: int, batch_size: int) -> EpochShuffle:
     """The sampler that shuffles the training windows: each epoch's order from (a stream of the run seed of
     its own, epoch) alone, so every condition of a run (whatever its adapter and its number of parameters)
     sees the same windows in the same order, and a resumed run the batches the interrupted one would have."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -188,3 +189,52 @@ def test_take_articles_splits_and_counts_one_sentence_articles(tmp_path):
     with pytest.raises(PlanlmError, match="only 12 usable articles.*--corpus.num_test"):
         take_articles(CorpusConfig(source=str(path), num_validation=6, num_test=6), SentencesConfig(), Skips(),
                       progress=False)
+
+
+PINNED_DRAWS = {  # read_articles' order before the corpus went through a spool on disk
+    "jsonl": ["a1", "a4", "a2", "a3", "a5", "a0"],
+    "parquet": ["a2", "a0", "a9", "a10", "a11", "a7", "a5", "a6", "a3", "a4", "a8", "a1"],
+    "text": ["one.txt:9", "two.txt:3", "two.txt:11", "one.txt:1", "one.txt:3", "one.txt:7", "two.txt:7", "two.txt:5",
+             "one.txt:5", "two.txt:1", "two.txt:9", "two.txt:13"],
+}
+
+
+def _permuted(valid_ids: list[str], seed: int) -> list[str]:
+    """The draw's definition: the valid, de-duplicated articles in file order, in the seed's permutation."""
+    return [valid_ids[i] for i in np.random.default_rng(seed).permutation(len(valid_ids))]
+
+
+def test_the_draw_is_the_seeded_permutation_of_the_valid_articles_in_file_order(tmp_path, bad_jsonl):
+    """Pinned for each kind of finite source (a changed draw would change every split), with the records whole."""
+    skips = Skips()
+    drawn = list(read_articles(CorpusConfig(source=str(bad_jsonl), seed=5), skips))
+    assert [a["id"] for a in drawn] == _permuted([a["id"] for a in ARTICLES[:6]], 5) == PINNED_DRAWS["jsonl"]
+    assert drawn == [{"id": a["id"], "title": a["title"], "text": a["text"]}
+                     for a in sorted(ARTICLES[:6], key=lambda a: PINNED_DRAWS["jsonl"].index(a["id"]))]
+    assert sum(skips.values()) == 8
+    for part, rows in enumerate((ARTICLES[:7], ARTICLES[5:])):  # a5 and a6 twice: the second ones dropped
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"part{part}.parquet")
+    assert ids(CorpusConfig(source=str(tmp_path / "*.parquet"), seed=2)) == _permuted(
+        [a["id"] for a in ARTICLES], 2) == PINNED_DRAWS["parquet"]
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "one.txt").write_text("\n\n".join(a["text"] for a in ARTICLES[:5]) + "\n")
+    (folder / "two.txt").write_text("\r\n\n".join(a["text"] for a in ARTICLES[5:]))
+    text_ids = [f"one.txt:{1 + 2 * i}" for i in range(5)] + [f"two.txt:{1 + 2 * i}" for i in range(7)]
+    assert ids(CorpusConfig(source=str(folder), seed=7)) == _permuted(text_ids, 7) == PINNED_DRAWS["text"]
+
+
+
+@pytest.mark.parametrize("content", [b"ok\n\xff bad\n", b"ok line\nends \xc3\n", b"fine\n\nends in \xe2\x82",
+                                     b"\xf0\x9f\x98\x80 ok \xc3\xa9\n\n x \xed\xa0\x80 surrogate", b"\xff"])
+def test_an_undecodable_text_file_is_one_skip_naming_the_byte_of_its_whole_decoding(tmp_path, content):
+    (tmp_path / "good.txt").write_text("Good article. Two sentences.")
+    (tmp_path / "bad.txt").write_bytes(b"A good first article.\n\n" + content)
+    skips = Skips()
+    assert ids(CorpusConfig(source=str(tmp_path)), skips) == ["good.txt:1"] and skips == {"undecodable": 1}
+    try:
+        (b"A good first article.\n\n" + content).decode("utf-8")
+    except UnicodeDecodeError as e:
+        byte = e.start
+    with pytest.raises(PlanlmError, match=rf"bad.txt \(byte {byte}\): undecodable"):
+        ids(CorpusConfig(source=str(tmp_path), on_bad_record="error"))

@@ -5,6 +5,8 @@ rebuild, bad inputs and the CLI."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -264,7 +266,7 @@ def test_reuse_rebuild_and_interrupted_runs(tmp_path, monkeypatch, small_chunks)
     stamps = {p: p.stat().st_mtime_ns for p in files}
 
     # same config: reused, nothing recomputed or rewritten
-    monkeypatch.setattr("planlm.data.prepare.take_articles", lambda *a, **k: pytest.fail("recomputed"))
+    monkeypatch.setattr("planlm.data.prepare.draw_articles", lambda *a, **k: pytest.fail("recomputed"))
     assert prepare(str(out), **{**tiny_config(source), "embedding": EmbedConfig(batch_size=7)}) == out
     assert {p: p.stat().st_mtime_ns for p in files} == stamps
     monkeypatch.undo()
@@ -296,6 +298,20 @@ def test_reuse_rebuild_and_interrupted_runs(tmp_path, monkeypatch, small_chunks)
     prepare(str(out), **config)
     assert encoder.calls == calls_after_interrupt  # resumed from the finished embedding files
     assert np.asarray(PreparedDataset(out)["train"].embeddings).shape[1] == 384
+
+
+def test_each_file_is_hashed_once_and_the_manifest_hashes_are_its_file_records(tmp_path, monkeypatch):
+    """prepare reads each file it wrote once to hash it: the manifest's ``hashes`` come from its ``files`` record."""
+    hashed = []
+    for name, module in list(sys.modules.items()):  # every planlm module's name for the one function
+        if name.startswith("planlm") and hasattr(module, "file_sha256"):
+            monkeypatch.setattr(module, "file_sha256", lambda path, *a, _real=module.file_sha256, **k:
+                                hashed.append(Path(path).resolve()) or _real(path, *a, **k))
+    out = prepare(str(tmp_path / "prepared"), **tiny_config(tiny_jsonl(tmp_path / "c.jsonl")))
+    manifest = read_manifest(out)
+    assert len(hashed) == len(set(hashed)) == len(manifest["files"])
+    assert len(manifest["hashes"]) == 1 + len(SPLITS) * (1 + len(ARRAYS))  # the codebook, each split's files
+    assert all(manifest["files"][name]["sha256"] == digest for name, digest in manifest["hashes"].items())
 
 
 def test_bad_inputs(tmp_path):

@@ -14,6 +14,7 @@ from planlm.data.artifacts import (TOKEN_ARRAYS, PreparedDataset, TokenSpool, ar
                                    write_split, write_token_arrays)
 from planlm.data.prepare import _drop_stale, _tokenize
 from planlm.data.resources import load_tokenizer
+from planlm.data.spool import ArticleSpool
 from planlm.data.tokens import tokenize_articles
 
 
@@ -44,8 +45,9 @@ def test_streamed_tokens_are_the_whole_split_result_byte_for_byte(wiki_slice, tm
     texts = [a["text"] for a in data.articles]
     spans = [np.asarray(data.sentence_spans[r.start:r.stop]) for r in map(data.sentence_range, range(len(texts)))]
     sentence_offsets, actions = np.asarray(data.sentence_offsets), np.asarray(data.actions)
-    token_offsets = _tokenize(tok, tmp_path, [{"text": t} for t in texts], spans, sentence_offsets, actions,
-                              "tokenizing", False, batch=3)
+    with ArticleSpool(tmp_path) as articles:  # the split's articles as prepare holds them: on disk
+        articles += [({"id": str(i), "text": text}, s) for i, (text, s) in enumerate(zip(texts, spans))]
+        token_offsets = _tokenize(tok, tmp_path, articles, sentence_offsets, actions, "tokenizing", False, batch=3)
     expected = _whole_split(tok, texts, spans, sentence_offsets, actions)
     if chunk_tokens == 1:  # the patch took: every article is a chunk
         assert len(list(article_chunks(token_offsets))) == len(texts)

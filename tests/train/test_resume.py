@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -209,3 +210,21 @@ def test_killed_run_resumes_the_interrupted_stage_to_the_uninterrupted_result(tm
     assert ppl[out] == ppl[reference]
     rows = {folder: json.loads((folder / "results.json").read_text())["conditions"] for folder in (reference, out)}
     assert [r["ppl"] for r in rows[out]] == [r["ppl"] for r in rows[reference]]
+
+
+PINNED_ORDER = [4, 1, 2, 8, 5, 0, 7, 9, 6, 3]  # seed 3, epoch 1
+
+
+def test_the_epoch_order_is_the_seeded_permutation_and_resumes_after_its_trained_batches():
+    """``EpochShuffle`` yields (seed, epoch)'s permutation as Python ints, pinned; a resumed epoch skips the batches
+    trained before the checkpoint and the next epoch starts whole."""
+    from planlm.train.resume import EpochShuffle
+
+    sampler = EpochShuffle(range(10), seed=3, batch_size=4)
+    sampler.set_epoch(1)
+    order = list(sampler)
+    assert order == np.random.default_rng((3, 1)).permutation(10).tolist() == PINNED_ORDER
+    assert all(type(index) is int for index in order)
+    sampler.skip_batches = 2
+    assert list(sampler) == order[8:] and list(sampler) == order
+
