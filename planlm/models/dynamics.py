@@ -8,7 +8,8 @@ A ``Dynamics`` is g together with the ways the planner runs g and f after h:
     teacher_forcing   the logits of all T steps for given actions (training, evaluation)
     start, step       step-by-step decoding: the state after h with its step-0 logits, then one action
                       per row and step (the argmax path)
-    sample            K sampled paths per boundary, batched the way this g allows
+    sample            K sampled paths per boundary, batched the way this g allows (``sample_from``: the
+                      same from a start state, which the greedy path and the sampled paths can share)
 
 f is passed in rather than owned by g: the planner holds g as ``dynamics`` and f as ``prediction``,
 the state-dict keys of every saved planner. Each g names the f it runs with (``prediction_class``).
@@ -84,7 +85,6 @@ class Dynamics(nn.Module, ABC):
     def step(self, prediction: nn.Module, state, actions: torch.Tensor):
         """actions (N,), one per row of ``state`` -> the state one step later, with the next ``logits`` (N, A)."""
 
-    @abstractmethod
     def sample(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
                num_paths: int | torch.Tensor, horizon: int, temperature: float,
                generator: torch.Generator | None, top_actions: int = 0):
@@ -93,15 +93,32 @@ class Dynamics(nn.Module, ABC):
         beyond num_paths[b] are zero padding. With ``top_actions`` M > 0, also the distribution each step was
         drawn from, as its M most likely actions: (paths, step_actions (B, K, T, M) long, step_probs (B, K, T, M)
         (``top_distribution``); the draws are the same."""
+        state = self.start(prediction, latents, latent_mask, slot, horizon)
+        return self.sample_from(prediction, state, num_paths, temperature, generator, top_actions)
+
+    @abstractmethod
+    def sample_from(self, prediction: nn.Module, state, num_paths: int | torch.Tensor, temperature: float,
+                    generator: torch.Generator | None, top_actions: int = 0):
+        """``sample`` from a start state (``start``, one row per boundary, its horizon T): the same draws, without
+        encoding the contexts again."""
+
+
+def step_distribution(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits (N, A) -> softmax(logits / temperature) (N, A) float32: the distribution a step is drawn from."""
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+def top_of(probs: torch.Tensor, top_actions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """probs (N, A) -> its M = min(top_actions, A) most likely actions (N, M) long and their probabilities (N, M)."""
+    top_probs, top_ids = probs.topk(min(top_actions, probs.shape[-1]), dim=-1)  # (N, M)
+    return top_ids, top_probs
 
 
 def top_distribution(logits: torch.Tensor, temperature: float, top_actions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """logits (N, A) -> the M = min(top_actions, A) most likely actions of softmax(logits / temperature),
     (N, M) long, and their probabilities, (N, M) float32 (not renormalised: 1 - their sum is the mass left out;
     the plan sources renormalise them)."""
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (N, A)
-    top_probs, top_ids = probs.topk(min(top_actions, probs.shape[-1]), dim=-1)  # (N, M)
-    return top_ids, top_probs
+    return top_of(step_distribution(logits, temperature), top_actions)
 
 
 class RecurrentPrediction(nn.Module):
@@ -123,16 +140,18 @@ class RecurrentPrediction(nn.Module):
 @dataclass
 class RecurrentState:
     """The set of latents after some steps: latents (N, n, D), latent_mask (N, n), slot (N,) of the next
-    action, logits (N, A) of the next action."""
+    action, logits (N, A) of the next action; horizon T of the paths it starts."""
 
     latents: torch.Tensor
     latent_mask: torch.Tensor
     slot: torch.Tensor
     logits: torch.Tensor
+    horizon: int
 
     def select(self, rows: torch.Tensor) -> RecurrentState:
         """rows (U,) -> the state of those rows."""
-        return RecurrentState(self.latents[rows], self.latent_mask[rows], self.slot[rows], self.logits[rows])
+        return RecurrentState(self.latents[rows], self.latent_mask[rows], self.slot[rows], self.logits[rows],
+                              self.horizon)
 
 
 class RecurrentDynamics(Dynamics):
@@ -161,11 +180,11 @@ class RecurrentDynamics(Dynamics):
 
     def start(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
               horizon: int) -> RecurrentState:
-        return RecurrentState(latents, latent_mask, slot, prediction(latents, latent_mask))  # logits (B, A)
+        return RecurrentState(latents, latent_mask, slot, prediction(latents, latent_mask), horizon)  # logits (B, A)
 
     def step(self, prediction: nn.Module, state: RecurrentState, actions: torch.Tensor) -> RecurrentState:
         latents, latent_mask = self(state.latents, state.latent_mask, actions, state.slot)  # (N, n+1, D)
-        return RecurrentState(latents, latent_mask, state.slot + 1, prediction(latents, latent_mask))
+        return RecurrentState(latents, latent_mask, state.slot + 1, prediction(latents, latent_mask), state.horizon)
 
     def teacher_forcing(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor,
                         slot: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -176,16 +195,14 @@ class RecurrentDynamics(Dynamics):
             logits.append(state.logits)
         return torch.stack(logits, dim=1)  # (B, T, A)
 
-    def sample(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
-               num_paths: int | torch.Tensor, horizon: int, temperature: float,
-               generator: torch.Generator | None, top_actions: int = 0):
-        batch_size = latents.shape[0]
+    def sample_from(self, prediction: nn.Module, state: RecurrentState, num_paths: int | torch.Tensor,
+                    temperature: float, generator: torch.Generator | None, top_actions: int = 0):
+        batch_size, device = state.logits.shape[0], state.logits.device
         if torch.is_tensor(num_paths):
-            counts = num_paths.to(latents.device)
+            counts = num_paths.to(device)
         else:
-            counts = torch.full((batch_size,), num_paths, dtype=torch.long, device=latents.device)
-        state = self.start(prediction, latents, latent_mask, slot, horizon)
-        paths, steps = self._sample_shared_prefixes(prediction, state, counts, horizon, temperature, generator,
+            counts = torch.full((batch_size,), num_paths, dtype=torch.long, device=device)
+        paths, steps = self._sample_shared_prefixes(prediction, state, counts, state.horizon, temperature, generator,
                                                     top_actions)
         most = int(counts.max())
         if int(counts.min()) == most:
@@ -211,10 +228,10 @@ class RecurrentDynamics(Dynamics):
                 keys = state_of_path * num_actions + actions[-1]  # (P,) (parent state, action)
                 unique_keys, state_of_path = torch.unique(keys, return_inverse=True)  # (U,), (P,)
                 state = self.step(prediction, state.select(unique_keys // num_actions), unique_keys % num_actions)
-            probs = torch.softmax(state.logits.float() / temperature, dim=-1)[state_of_path]  # (P, A)
-            actions.append(torch.multinomial(probs, 1, generator=generator).squeeze(1))  # (P,)
+            probs = step_distribution(state.logits, temperature)  # (U, A)
+            actions.append(torch.multinomial(probs[state_of_path], 1, generator=generator).squeeze(1))  # (P,)
             if top_actions:
-                ids, top = top_distribution(state.logits, temperature, top_actions)  # (U, M)
+                ids, top = top_of(probs, top_actions)  # (U, M)
                 step_ids.append(ids[state_of_path])
                 step_probs.append(top[state_of_path])
         steps = (torch.stack(step_ids, dim=1), torch.stack(step_probs, dim=1)) if top_actions else ()

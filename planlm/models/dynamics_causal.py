@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planlm.models.dynamics import Dynamics, PlannerFields, top_distribution
+from planlm.models.dynamics import Dynamics, PlannerFields, step_distribution, top_of
 
 Cache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, H, length, Dh)
 
@@ -310,36 +310,25 @@ class CausalDynamics(Dynamics):
                        g_own=g_own, f_own=f_own)
 
     @torch.no_grad()
-    def sample(self, prediction: CausalPrediction, latents: torch.Tensor, latent_mask: torch.Tensor,
-               slot: torch.Tensor, num_paths: int, horizon: int, temperature: float,
-               generator: torch.Generator | None, top_actions: int = 0):
-        """K draws per boundary at step 0 (a boundary's paths share that state), then one per path and step."""
-        state = self.start(prediction, latents, latent_mask, slot, horizon)
-        return self.sample_from(prediction, state, num_paths, temperature, generator, top_actions)
-
-    @torch.no_grad()
     def sample_from(self, prediction: CausalPrediction, state: CausalState, num_paths: int, temperature: float,
                     generator: torch.Generator | None, top_actions: int = 0):
-        """``sample`` from a start state (``start`` or ``article_start``; one row per boundary)."""
+        """``sample`` from a start state (``start`` or ``article_start``; one row per boundary): K draws per boundary
+        at step 0 (a boundary's paths share that state), then one per path and step."""
         horizon, batch = state.horizon, state.logits.shape[0]
 
-        def draw(logits: torch.Tensor, draws: int) -> torch.Tensor:  # (N, A) -> (N, draws)
-            probs = torch.softmax(logits.float() / temperature, dim=-1)
+        def draw(logits: torch.Tensor, draws: int, repeat: int = 1) -> torch.Tensor:  # (N, A) -> (N, draws)
+            probs = step_distribution(logits, temperature)
+            if top_actions:  # the step's top M, one row per path
+                for out, x in zip(steps, top_of(probs, top_actions)):
+                    out.append(x.repeat_interleave(repeat, dim=0))
             return torch.multinomial(probs, draws, replacement=True, generator=generator)
 
-        def distribution(logits: torch.Tensor, repeat: int = 1) -> None:  # the step's top M, one row per path
-            if top_actions:
-                for out, x in zip(steps, top_distribution(logits, temperature, top_actions)):
-                    out.append(x.repeat_interleave(repeat, dim=0))
-
         steps: tuple[list, list] = ([], [])
-        actions = [draw(state.logits, num_paths).reshape(-1)]  # (B*K,)
-        distribution(state.logits, num_paths)
+        actions = [draw(state.logits, num_paths, num_paths).reshape(-1)]  # (B*K,)
         state = state.repeat_paths(num_paths)
         for _ in range(1, horizon):
             state = self.step(prediction, state, actions[-1])
             actions.append(draw(state.logits, 1)[:, 0])
-            distribution(state.logits)
         paths = torch.stack(actions, dim=1).view(batch, num_paths, horizon)  # (B, K, T)
         if not top_actions:
             return paths

@@ -11,7 +11,9 @@ for training, ``article_start`` for decoding; planlm.models.dynamics_causal). g 
 recurrent g, which re-encodes the grown set each step, or (``dynamics="causal"``) a prefix-causal g and f
 with a key/value cache (planlm.models.dynamics_causal), which makes extra paths cheap. The planner runs
 h, then hands the latents to its dynamics: teacher forcing in training (``forward``), step-by-step
-decoding for the argmax path, and ``sample_paths`` for K paths, batched over paths and boundaries.
+decoding for the argmax path, and ``sample_paths`` for K paths, batched over paths and boundaries. A walk
+over a corpus reads each batch's contexts once (``start``) and continues that state to the argmax path
+(``decode``) and to the sampled paths (``sample_from``).
 
 Letters: B batch (boundaries), S context sentences, T horizon, K paths, A actions, D width
 (d_model), E sentence-embedding width, N flattened rows, n latents in a state, R article rows, J boundaries
@@ -21,9 +23,10 @@ of a row (its sentences + 1).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Iterator, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +35,7 @@ from torch import nn
 from planlm.errors import PlanlmError
 from planlm.files import file_sha256, honour_umask
 from planlm.jsonio import write_json
-from planlm.models.dynamics import Dynamics, RecurrentDynamics, top_distribution
+from planlm.models.dynamics import Dynamics, RecurrentDynamics
 from planlm.models.dynamics_causal import CausalDynamics
 from planlm.stage.integrity import with_format
 
@@ -259,9 +262,46 @@ class Planner(nn.Module):
         return self.dynamics.article_start(self.prediction, latents, latent_mask, row, bound, horizon)
 
     @torch.no_grad()
+    def start(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, horizon: int):
+        """The decoding state of every boundary after h (``Dynamics.start``'s; eval mode), its ``logits`` (B, A) the
+        first step's: ``decode`` continues it to the greedy path and ``sample_from`` to sampled paths, so the plans
+        of several kinds for one batch read the contexts once. context_embeds (B, S, E), context_mask (B, S)."""
+        with self._evaluating():
+            latents, latent_mask, slot = self.representation(context_embeds, context_mask)
+            return self.dynamics.start(self.prediction, latents, latent_mask, slot, horizon)
+
+    @torch.no_grad()
     def decode(self, state, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The greedy path from a start state (one row per boundary) -> logits (B, T, A), actions (B, T)."""
-        return self._greedy(state, horizon)
+        """The greedy path from a start state (one row per boundary; eval mode) -> logits (B, T, A), actions
+        (B, T)."""
+        with self._evaluating():
+            return self._greedy(state, horizon)
+
+    @torch.no_grad()
+    def sample_from(self, state, num_paths: int | torch.Tensor, temperature: float,
+                    generator: torch.Generator | None = None, top_actions: int = 0):
+        """``sample_paths`` (with ``top_actions`` M > 0: ``sample_expected_paths``) from a start state (``start`` or
+        ``article_start``) at temperature > 0: the same draws, without reading the contexts again. A LongTensor
+        ``num_paths`` (B,) of counts needs a dynamics that takes several in one call (``mixed_path_counts``)."""
+        counts = num_paths if torch.is_tensor(num_paths) else None
+        _check_sampling(num_paths if counts is None else int(counts.min()), state.horizon, temperature)
+        if temperature == 0:
+            raise PlanlmError("planner: sample_from draws at a temperature > 0; decode gives the greedy path")
+        if counts is not None and not self.dynamics.mixed_path_counts:
+            raise PlanlmError(f"planner: {self.config.dynamics} dynamics draw one K per call; sample_paths batches "
+                              f"per-boundary counts")
+        with self._evaluating():
+            return self.dynamics.sample_from(self.prediction, state, num_paths, temperature, generator, top_actions)
+
+    @contextmanager
+    def _evaluating(self) -> Iterator[None]:
+        """Eval mode (no dropout) inside, the mode before after."""
+        was_training = self.training
+        self.eval()
+        try:
+            yield
+        finally:
+            self.train(was_training)
 
     def _greedy(self, state, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed g its own argmax action for ``horizon`` steps from ``state`` -> logits (B, T, A), actions (B, T)."""
@@ -279,27 +319,24 @@ class Planner(nn.Module):
 
     @torch.no_grad()
     def sample_paths(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, num_paths: int | torch.Tensor,
-                     horizon: int, temperature: float, generator: torch.Generator | None = None) -> torch.Tensor:
+                     horizon: int, temperature: float, generator: torch.Generator | None = None,
+                     state=None) -> torch.Tensor:
         """Sample num_paths action paths per boundary -> LongTensor (B, K, T); temperature 0 = argmax.
 
         ``num_paths`` is one K for every boundary, or a LongTensor (B,) of per-boundary counts (an adaptive
         path policy, planlm.plans.policy): then K = its maximum and the paths of boundary b beyond
-        num_paths[b] are zero padding. How the paths are batched is the dynamics' (``Dynamics.sample``)."""
+        num_paths[b] are zero padding. How the paths are batched is the dynamics' (``Dynamics.sample``).
+        ``state``: these contexts' start state (``start``) when the caller holds it (the same draws; per-boundary
+        counts under a dynamics with one K per call read each count's contexts again)."""
         counts = num_paths if torch.is_tensor(num_paths) else None
         most = num_paths if counts is None else int(counts.max())
         _check_sampling(most if counts is None else int(counts.min()), horizon, temperature)
-        if temperature == 0:
-            return self.argmax_path(context_embeds, context_mask, horizon).unsqueeze(1).expand(-1, most, -1)
-        if counts is not None and not self.dynamics.mixed_path_counts:
+        if temperature > 0 and counts is not None and not self.dynamics.mixed_path_counts:
             return self._sample_count_groups(context_embeds, context_mask, counts, horizon, temperature, generator)
-        was_training = self.training
-        self.eval()
-        try:
-            latents, latent_mask, slot = self.representation(context_embeds, context_mask)
-            return self.dynamics.sample(self.prediction, latents, latent_mask, slot, num_paths, horizon, temperature,
-                                        generator)
-        finally:
-            self.train(was_training)
+        state = self.start(context_embeds, context_mask, horizon) if state is None else state
+        if temperature == 0:
+            return self.decode(state, horizon)[1].unsqueeze(1).expand(-1, most, -1)
+        return self.sample_from(state, num_paths, temperature, generator)
 
     @torch.no_grad()
     def sample_expected_paths(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, num_paths: int,
@@ -312,28 +349,8 @@ class Planner(nn.Module):
             paths = self.sample_paths(context_embeds, context_mask, num_paths, horizon, 0.0)
             return paths, paths.unsqueeze(-1), torch.ones(*paths.shape, 1, device=paths.device)
         _check_sampling(num_paths, horizon, temperature)
-        was_training = self.training
-        self.eval()
-        try:
-            latents, latent_mask, slot = self.representation(context_embeds, context_mask)
-            return self.dynamics.sample(self.prediction, latents, latent_mask, slot, num_paths, horizon, temperature,
-                                        generator, top_actions=top_actions)
-        finally:
-            self.train(was_training)
-
-    @torch.no_grad()
-    def expected_argmax_path(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, horizon: int,
-                             top_actions: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The greedy path (B, T) with the planner's distribution (tau 1) at each of its steps, as its M most
-        likely actions: step_actions (B, T, M) long, step_probs (B, T, M)."""
-        was_training = self.training
-        self.eval()
-        try:
-            logits, actions = self.rollout(context_embeds, context_mask, horizon)  # (B, T, A), (B, T)
-        finally:
-            self.train(was_training)
-        ids, probs = top_distribution(logits.flatten(0, 1), 1.0, top_actions)  # (B*T, M)
-        return actions, ids.view(*actions.shape, -1), probs.view(*actions.shape, -1)
+        return self.sample_from(self.start(context_embeds, context_mask, horizon), num_paths, temperature, generator,
+                                top_actions)
 
     def _sample_count_groups(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, counts: torch.Tensor,
                              horizon: int, temperature: float, generator: torch.Generator | None) -> torch.Tensor:

@@ -45,16 +45,20 @@ class Boundaries:
     sentences: Optional[np.ndarray] = None
     known: Optional[np.ndarray] = None
     states: dict = field(default_factory=dict)
-    """The planner's start states of article rows, by horizon: the kinds that plan one batch share one pass."""
+    """The planner's start states of these boundaries, by horizon: the kinds that plan one batch share one pass."""
 
     def __len__(self) -> int:
         return self.size
 
-    def article_state(self, planner, horizon: int):
-        """The decoding state of every boundary from one pass over the article rows (computed once per batch)."""
+    def start_state(self, planner, horizon: int):
+        """The decoding state of every boundary after the planner read its context (``Planner.start``; with article
+        rows, one pass over the rows: ``Planner.article_start``), computed once per batch."""
         if horizon not in self.states:
-            self.states[horizon] = planner.article_start(self.context_embeds, self.context_mask, self.row,
-                                                         self.bound, horizon)
+            if self.row is None:
+                self.states[horizon] = planner.start(self.context_embeds, self.context_mask, horizon)
+            else:
+                self.states[horizon] = planner.article_start(self.context_embeds, self.context_mask, self.row,
+                                                             self.bound, horizon)
         return self.states[horizon]
 
     @classmethod

@@ -296,17 +296,10 @@ class PlannerArgmax(PlannerKind):
     def draw(self, boundaries, spec, rng, planner) -> Draw:
         """The greedy path (B, 1, T); in expectation with the planner's distribution (tau 1) at each of its steps."""
         horizon, steps = spec.horizon, None
-        if boundaries.row is not None:  # article rows
-            logits, greedy = planner.decode(boundaries.article_state(planner, horizon), horizon)  # (B, T, A), (B, T)
-            if spec.expectation:
-                ids, probs = top_distribution(logits.flatten(0, 1), self.step_temperature(spec), spec.top_actions)
-                steps = (ids.view(*greedy.shape, -1), probs.view(*greedy.shape, -1))
-        elif spec.expectation:
-            greedy, *steps = planner.expected_argmax_path(boundaries.context_embeds, boundaries.context_mask, horizon,
-                                                          spec.top_actions)  # (B, T), (B, T, M) twice
-        else:
-            greedy = planner.argmax_path(boundaries.context_embeds, boundaries.context_mask, horizon)  # (B, T)
-        steps = None if steps is None else tuple(x.unsqueeze(1) for x in steps)  # (B, 1, T, M)
+        logits, greedy = planner.decode(boundaries.start_state(planner, horizon), horizon)  # (B, T, A), (B, T)
+        if spec.expectation:
+            ids, probs = top_distribution(logits.flatten(0, 1), self.step_temperature(spec), spec.top_actions)
+            steps = tuple(x.view(*greedy.shape, -1).unsqueeze(1) for x in (ids, probs))  # (B, 1, T, M)
         return Draw(greedy.unsqueeze(1), torch.ones(len(greedy), dtype=torch.long), steps)
 
 
@@ -328,30 +321,22 @@ class PlannerSampled(PlannerKind):
 
     def draw(self, boundaries, spec, rng, planner) -> Draw:
         """K sampled paths (B, K, T), as many per boundary as the path policy gives; in expectation with the
-        distribution each step was drawn from (the same draws)."""
-        if boundaries.row is not None:
-            return self._draw_article(boundaries, spec, rng, planner)
-        context = (boundaries.context_embeds, boundaries.context_mask)
-        if spec.expectation:
-            paths, *steps = planner.sample_expected_paths(*context, spec.num_paths, spec.horizon, spec.temperature,
-                                                          spec.top_actions, rng)  # (B, K, T), (B, K, T, M) twice
-            return Draw(paths, torch.full((len(paths),), spec.num_paths), tuple(steps))
-        paths, counts = sample_with_policy(planner, *context, spec.path_policy, spec.horizon, spec.temperature, rng)
-        return Draw(paths, counts)
-
-    def _draw_article(self, boundaries, spec, rng, planner) -> Draw:
-        """Article rows (fixed policy, or tau 0): the paths of every boundary from its row's one pass."""
-        state, steps = boundaries.article_state(planner, spec.horizon), None
+        distribution each step was drawn from (the same draws). Every kind of a batch continues one start state
+        (``Boundaries.start_state``); an adaptive policy reads contexts, not article rows (``article_batches``)."""
+        state, steps = boundaries.start_state(planner, spec.horizon), None
+        counts = torch.full((len(boundaries),), spec.num_paths)
         if spec.temperature == 0:  # every path is the greedy one
             paths = planner.decode(state, spec.horizon)[1][:, None].expand(-1, spec.num_paths, -1)  # (B, K, T)
             if spec.expectation:  # the distribution at tau 0 is the greedy action itself
-                steps = (paths.unsqueeze(-1), torch.ones(*paths.shape, 1))
+                steps = (paths.unsqueeze(-1), torch.ones(*paths.shape, 1, device=paths.device))
         elif spec.expectation:
-            paths, *steps = planner.dynamics.sample_from(planner.prediction, state, spec.num_paths, spec.temperature,
-                                                         rng, spec.top_actions)
+            paths, *steps = planner.sample_from(state, spec.num_paths, spec.temperature, rng, spec.top_actions)
+        elif spec.path_policy.adaptive:
+            paths, counts = sample_with_policy(planner, boundaries.context_embeds, boundaries.context_mask,
+                                               spec.path_policy, spec.horizon, spec.temperature, rng, state=state)
         else:
-            paths = planner.dynamics.sample_from(planner.prediction, state, spec.num_paths, spec.temperature, rng)
-        return Draw(paths, torch.full((len(paths),), spec.num_paths), None if steps is None else tuple(steps))
+            paths = planner.sample_from(state, spec.num_paths, spec.temperature, rng)
+        return Draw(paths, counts, None if steps is None else tuple(steps))
 
 
 def check_joint(spec: PlanSpec) -> None:

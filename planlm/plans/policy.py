@@ -127,18 +127,21 @@ def paths_summary(num_paths: np.ndarray, max_paths: Optional[int] = None) -> dic
 
 @torch.no_grad()
 def sample_with_policy(planner, context_embeds: torch.Tensor, context_mask: torch.Tensor, policy: PathPolicy,
-                       horizon: int, temperature: float,
-                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       horizon: int, temperature: float, generator: torch.Generator | None = None,
+                       state=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Paths of a batch of boundaries under ``policy`` (resolved: max_paths set).
 
     context_embeds (B, S, E), context_mask (B, S) -> action_paths (B, K_max, T) long (padding beyond a
-    boundary's count), num_paths (B,) long. ``fixed`` is exactly ``planner.sample_paths`` (same draws)."""
+    boundary's count), num_paths (B,) long. ``fixed`` is exactly ``planner.sample_paths`` (same draws).
+    ``state``: the contexts' start state (``Planner.start``) when the caller holds it (the same draws)."""
     batch = context_embeds.shape[0]
     device = context_embeds.device
     if policy.kind == "fixed" or temperature == 0:
-        paths = planner.sample_paths(context_embeds, context_mask, policy.max_paths, horizon, temperature, generator)
+        paths = planner.sample_paths(context_embeds, context_mask, policy.max_paths, horizon, temperature, generator,
+                                     state=state)
         return paths, torch.full((batch,), policy.max_paths, dtype=torch.long, device=device)
-    counts = entropy_num_paths(planner.first_step_logits(context_embeds, context_mask), policy, temperature)
-    paths = planner.sample_paths(context_embeds, context_mask, counts, horizon, temperature, generator)
+    first_logits = planner.first_step_logits(context_embeds, context_mask) if state is None else state.logits  # (B, A)
+    counts = entropy_num_paths(first_logits, policy, temperature)
+    paths = planner.sample_paths(context_embeds, context_mask, counts, horizon, temperature, generator, state=state)
     padding = policy.max_paths - paths.shape[1]  # no boundary of this batch may have needed K_max
     return torch.nn.functional.pad(paths, (0, 0, 0, padding)), counts  # (B, K_max, T), (B,)

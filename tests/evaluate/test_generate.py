@@ -15,18 +15,18 @@ from helpers import chatty_planned_lm, linear_output_dtypes, tiny_gpt2, tiny_pla
 from planlm.plans.spec import PlanSpec
 
 class CountingPlanner:
-    """Records the context of every sample_paths call (the planner itself does the work)."""
+    """Records the contexts the planner reads (``start``, once per plan call; the planner itself does the work)."""
 
     def __init__(self, planner):
         self.planner, self.contexts = planner, []
-        original = planner.sample_paths
+        original = planner.start
 
-        def sample_paths(context_embeds, context_mask, *args, **kwargs):
+        def start(context_embeds, context_mask, *args, **kwargs):
             for row, mask in zip(context_embeds, context_mask):
                 self.contexts.append(row[mask].clone())
             return original(context_embeds, context_mask, *args, **kwargs)
 
-        planner.sample_paths = sample_paths
+        planner.start = start
 
 
 def sampled(num_paths=2):

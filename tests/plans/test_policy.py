@@ -35,7 +35,7 @@ class HandMadePlanner:
     def first_step_logits(self, context_embeds, context_mask):
         return self.logits[: len(context_embeds)]
 
-    def sample_paths(self, context_embeds, context_mask, num_paths, horizon, temperature, generator=None):
+    def sample_paths(self, context_embeds, context_mask, num_paths, horizon, temperature, generator=None, state=None):
         rows = context_embeds[:, 0, 0].long()  # which boundary each row is (hand-made contexts carry it)
         counts = num_paths if torch.is_tensor(num_paths) else torch.full((len(rows),), num_paths)
         self.calls.append(counts.tolist())
