@@ -8,8 +8,17 @@ The Python API mirrors the CLI: every ``planlm COMMAND`` is a function here with
 
 from __future__ import annotations
 
-from planlm.commands import API as _API
-from planlm.commands import load as _load
+import os as _os
+
+# OpenMP threads that wait for work sleep rather than spin, unless the environment says otherwise. A planner's walk
+# over a corpus (sample-plans, live plans) is thousands of small operations per batch; threads spinning between them
+# cost many times the CPU of the work itself, most on a shared machine. It changes how threads wait, not how work is
+# split between them: the numbers are the same. The OpenMP runtime reads it when torch loads, so it holds where
+# planlm is imported before torch (the CLI, planlm's own processes).
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from planlm.commands import API as _API  # noqa: E402
+from planlm.commands import load as _load  # noqa: E402
 
 __version__ = "0.1.0"
 
