@@ -299,8 +299,12 @@ class MultiPath(ProjectAvg):
         path_valid = path_mask.any(-1)  # (N, K)
 
         # A path's vector depends only on its valid actions, so each distinct path is encoded once
-        # (oracle / argmax plans repeat one path K times; confident planners repeat paths too).
-        unique_paths, unique_probs, path_of = _unique_paths(action_paths, path_mask, action_probs)  # (U, T[, M])
+        # (oracle / argmax plans repeat one path K times; confident planners repeat paths too). Under
+        # torch.compile every path is encoded: the number of distinct paths, and whether any step is padding,
+        # are known only on the host, and asking would break the graph.
+        compiling = torch.compiler.is_compiling()
+        unique_paths, unique_probs, path_of = _unique_paths(action_paths, path_mask, action_probs,
+                                                            distinct=not compiling)  # (U, T[, M])
         step_mask = (unique_paths if unique_probs is None else unique_paths[..., 0]) >= 0  # (U, T)
         embeds = self.step_embeddings(unique_paths.clamp(min=0), unique_probs)  # Emb(a_t^j) (U, T, E)
         # W, b are linear: project the mean embedding, T times cheaper than projecting every step.
@@ -310,7 +314,8 @@ class MultiPath(ProjectAvg):
         # none (which would give NaN); such paths are dropped by path_valid below.
         step_mask = step_mask | ~step_mask.any(-1, keepdim=True)  # (U, T)
         tokens = self.path_input(embeds) + self.step_position.weight[:horizon]  # U Emb(a) + p (U, T, D)
-        padding = None if bool(step_mask.all()) else ~step_mask  # no mask: the fast attention kernels
+        # no mask: the fast attention kernels
+        padding = ~step_mask if compiling or not bool(step_mask.all()) else None
         path_out = self.path_transformer(tokens, src_key_padding_mask=padding)  # (U, T, D)
         path_out = masked_mean(path_out, step_mask, dim=-2)  # (U, D)
 
@@ -323,7 +328,7 @@ class MultiPath(ProjectAvg):
         sample_avg = masked_mean(path_avgs, path_valid, dim=-2)  # c^ (N, D)
 
         sample_mask = path_valid | ~path_valid.any(-1, keepdim=True)  # (N, K), same NaN guard as above
-        padding = None if bool(sample_mask.all()) else ~sample_mask
+        padding = ~sample_mask if compiling or not bool(sample_mask.all()) else None
         sample_out = self.sample_transformer(path_vectors, src_key_padding_mask=padding)  # (N, K, D)
         sample_out = masked_mean(sample_out, sample_mask, dim=-2)  # (N, D)
         if self.config.rezero:
@@ -345,21 +350,26 @@ def _default_mask(action_paths: Tensor, path_mask: Tensor | None, action_probs: 
     return path_mask.bool()
 
 
-def _unique_paths(action_paths: Tensor, path_mask: Tensor,
-                  action_probs: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor]:
+def _unique_paths(action_paths: Tensor, path_mask: Tensor, action_probs: Tensor | None,
+                  distinct: bool = True) -> tuple[Tensor, Tensor | None, Tensor]:
     """The distinct paths of a batch (masked steps -1): (U, T) long, or in expectation (U, T, M) long and their
-    probabilities (U, T, M); and the distinct path of each of the N*K paths, (N*K,).
+    probabilities (U, T, M); and the distinct path of each of the N*K paths, (N*K,). With ``distinct=False``
+    every path stands for itself (U = N*K), with no size that depends on the data.
 
     The probabilities of a distinct path are those of its first occurrence, indexed rather than rebuilt from the
     keys, so that they keep their gradient (a planner trained through them, ``train.joint``). Equal keys come
     from the same computation (a boundary's copies of one path), so that occurrence stands for all of them."""
     if action_probs is None:
         path_keys = torch.where(path_mask, action_paths, -1).flatten(0, 1)  # (N*K, T), -1 = masked step
+        if not distinct:
+            return path_keys, None, torch.arange(len(path_keys), device=path_keys.device)
         unique_paths, path_of = torch.unique(path_keys, dim=0, return_inverse=True)  # (U, T), (N*K,)
         return unique_paths, None, path_of
     step_mask = path_mask.unsqueeze(-1)  # (N, K, T, 1)
     actions = torch.where(step_mask, action_paths, -1).flatten(0, 1)  # (N*K, T, M)
     probs = torch.where(step_mask, action_probs, 0.0).flatten(0, 1)  # (N*K, T, M)
+    if not distinct:
+        return actions, probs, torch.arange(len(actions), device=actions.device)
     keys = torch.cat([actions.flatten(1).double(), probs.detach().flatten(1).double()], dim=1)  # (N*K, 2 T M), exact
     unique_keys, path_of = torch.unique(keys, dim=0, return_inverse=True)  # (U, 2 T M), (N*K,)
     rows = torch.arange(len(keys), device=keys.device)

@@ -204,6 +204,29 @@ def test_multipath_encodes_each_distinct_path_once_without_changing_results():
     torch.testing.assert_close(batched[0], batched[1])
 
 
+@pytest.mark.parametrize("in_expectation", [False, True])
+def test_multipath_compiles_in_one_graph_with_the_eager_result(in_expectation):
+    """Under torch.compile the adapter encodes every path with its padding mask: no graph break (torch.unique and
+    the host-side padding check would each break it), and the plan vectors are the eager ones."""
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    adapter = set_alphas(live(MultiPath(config(kind="multipath"))), 0.5, 0.7)
+    action_paths, path_mask = paths_and_mask(num_sentences=4)
+    action_paths[1] = action_paths[0]  # repeated paths, which eager mode encodes once
+    path_mask[1] = path_mask[0]
+    args = (action_paths, path_mask)
+    if in_expectation:
+        gen = torch.Generator().manual_seed(1)
+        args = (torch.randint(0, NUM_ACTIONS, (*action_paths.shape, 3), generator=gen), path_mask,
+                torch.softmax(torch.randn(*action_paths.shape, 3, generator=gen), -1))
+    explained = torch._dynamo.explain(adapter.forward)(*args)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    compiled = torch.compile(adapter.forward, backend="eager", fullgraph=True)(*args)
+    torch.testing.assert_close(compiled, adapter(*args), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("action_dim", [ACTION_DIM, WIDTH])  # a map E -> D, or the paper's identity (E = D)
 def test_path_transformer_reads_the_actions_from_the_first_step(action_dim):
     torch.manual_seed(0)
