@@ -40,6 +40,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from planlm.errors import PlanlmError
+from planlm.jsonio import write_json
 from planlm.stage.integrity import load_npy, load_safetensors, reading, stage_manifest
 
 SPLITS = ("train", "validation", "test")
@@ -142,30 +143,63 @@ def write_token_arrays(split_dir: str | Path, token_offsets: np.ndarray, actions
 
 class TokenSpool:
     """A split's tokens as a tokeniser makes them, a chunk of articles at a time: ``append`` adds each article's
-    ``input_ids`` and split-global ``token_sentence`` to raw int64 files in the split folder (``*.spool.tmp``), and
-    ``write`` turns those into the split's ``TOKEN_ARRAYS`` (``write_token_arrays``) and returns ``token_offsets``
-    (N_art + 1,). Only one chunk is ever in memory; leaving the ``with`` removes the raw files, written or not::
+    ``input_ids`` and split-global ``token_sentence`` to raw int64 files in the split folder (``*.spool.tmp``, with
+    the tokens per article), and ``write`` turns those into the split's ``TOKEN_ARRAYS`` (``write_token_arrays``)
+    and returns ``token_offsets`` (N_art + 1,). Only one chunk is ever in memory::
 
-        with TokenSpool(split_dir) as spool:
-            for chunk in ...:
+        with TokenSpool(split_dir, key) as spool:
+            for chunk in ...[spool.done:]:  # the articles an interrupted build with the same key spooled are kept
                 spool.append(input_ids, token_sentence)  # lists of (L,) arrays, one per article
             token_offsets = spool.write(actions)
-    """
 
-    SPOOLED = ("input_ids", "token_sentence")
+    With a ``key`` (what the tokens depend on: the tokeniser, the articles), each chunk is recorded in
+    ``tokens.progress.json`` once its tokens are on disk, and a spool that an interrupted build left under the
+    same key is continued from its last recorded chunk (``done``: the articles it holds); a spool under another
+    key, or none, is started afresh. Leaving the ``with`` after ``write`` removes the raw files; an error leaves
+    them to resume from, while the split's arrays are never written."""
 
-    def __init__(self, split_dir: str | Path):
+    SPOOLED = ("input_ids", "token_sentence", "article_tokens")
+    PROGRESS = "tokens.progress.json"
+
+    def __init__(self, split_dir: str | Path, key: str | None = None):
         self.split_dir = Path(split_dir)
+        self.key = key
         self.paths = {name: self.split_dir / f"{name}.spool.tmp" for name in self.SPOOLED}
-        self.lengths: list[np.ndarray] = []  # tokens per article, one array per chunk
+        self.progress = self.split_dir / self.PROGRESS
+        self.done = 0  # articles spooled
+        self.tokens = 0  # tokens spooled
 
     def __enter__(self) -> TokenSpool:
         self.split_dir.mkdir(parents=True, exist_ok=True)
-        self.files = {}
-        for name, path in self.paths.items():
-            path.unlink(missing_ok=True)
-            self.files[name] = open(path, "wb")
+        record = self._record()
+        if record:  # continue an interrupted build: drop whatever was written after its last recorded chunk
+            self.done, self.tokens = int(record["articles"]), int(record["tokens"])
+            sizes = {"input_ids": self.tokens, "token_sentence": self.tokens, "article_tokens": self.done}
+            for name, path in self.paths.items():
+                os.truncate(path, sizes[name] * np.dtype(np.int64).itemsize)
+        else:
+            self.progress.unlink(missing_ok=True)
+            for path in self.paths.values():
+                path.unlink(missing_ok=True)
+        self.files = {name: open(path, "ab") for name, path in self.paths.items()}
+        self.written = False
         return self
+
+    def _record(self) -> dict:
+        """The progress record of a spool this one can continue, or {}."""
+        if self.key is None:
+            return {}
+        try:
+            record = json.loads(self.progress.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+        if record.get("key") != self.key or not all(isinstance(record.get(n), int) for n in ("articles", "tokens")):
+            return {}
+        need = {"input_ids": record["tokens"], "token_sentence": record["tokens"], "article_tokens": record["articles"]}
+        for name, path in self.paths.items():  # every recorded value must still be there
+            if not path.is_file() or path.stat().st_size < need[name] * np.dtype(np.int64).itemsize:
+                return {}
+        return record
 
     def append(self, input_ids: list[np.ndarray], token_sentence: list[np.ndarray]) -> None:
         for ids, sentence in zip(input_ids, token_sentence, strict=True):
@@ -173,23 +207,34 @@ class TokenSpool:
                 raise PlanlmError(f"{len(ids)} tokens but {len(sentence)} token sentences in an article (a bug)")
             self.files["input_ids"].write(np.ascontiguousarray(ids, dtype=np.int64).data)
             self.files["token_sentence"].write(np.ascontiguousarray(sentence, dtype=np.int64).data)
-        self.lengths.append(np.array([len(ids) for ids in input_ids], dtype=np.int64))
+        lengths = np.array([len(ids) for ids in input_ids], dtype=np.int64)
+        self.files["article_tokens"].write(lengths.data)
+        self.done += len(lengths)
+        self.tokens += int(lengths.sum())
+        if self.key is not None:  # the chunk's tokens reach the file system before the record that counts them
+            for file in self.files.values():
+                file.flush()
+            write_json(self.progress, {"key": self.key, "articles": self.done, "tokens": self.tokens})
 
     def write(self, actions: np.ndarray) -> np.ndarray:
         """Write the token arrays (``actions`` (N_sent,): the split's, for ``token_actions``); token_offsets."""
         for file in self.files.values():
             file.close()
-        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
+        lengths = np.fromfile(self.paths["article_tokens"], dtype=np.int64)
         token_offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
         itemsize = np.dtype(np.int64).itemsize
         write_token_arrays(self.split_dir, token_offsets, actions, lambda name, start, stop: np.fromfile(
             self.paths[name], dtype=np.int64, count=stop - start, offset=start * itemsize))
+        self.written = True
         return token_offsets
 
     def __exit__(self, kind, error, traceback) -> None:
-        for name, file in self.files.items():
+        for file in self.files.values():
             file.close()
-            self.paths[name].unlink(missing_ok=True)
+        if self.written or self.key is None:
+            self.progress.unlink(missing_ok=True)
+            for path in self.paths.values():
+                path.unlink(missing_ok=True)
 
 
 @dataclass

@@ -22,7 +22,10 @@ config fingerprint.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
+import json
+import os
 import shutil
 import time
 from contextlib import ExitStack
@@ -48,6 +51,7 @@ from planlm.data.tokens import tokenize_articles
 from planlm.data.windows import beyond_window_share
 from planlm.errors import PlanlmError
 from planlm.files import save_safetensors
+from planlm.jsonio import fingerprint, write_json
 from planlm.stage import StageDir, read_manifest
 from planlm.stage.integrity import record_files
 
@@ -208,13 +212,20 @@ def _not_copies(pieces: Pieces, held_out: HeldOut | None, skips: Skips, corpus: 
     return kept
 
 
+# Articles tokenised at a time: the unit of memory while tokenising, and of resuming an interrupted build.
+TOKENIZE_BATCH = 512
+
+
 def _tokenize(tokenizer, split_dir: Path, articles: ArticleSpool, sentence_offsets: np.ndarray, actions: np.ndarray,
-              desc: str, progress: bool, batch: int = 512) -> np.ndarray:
+              desc: str, progress: bool, batch: int = TOKENIZE_BATCH) -> np.ndarray:
     """Tokenise the articles ``batch`` at a time into the split's token arrays in ``split_dir``, streamed through a
-    ``TokenSpool`` so that memory does not grow with the split's tokens; token_offsets (N_art + 1,)."""
-    with TokenSpool(split_dir) as spool:
-        with open_bar(desc, len(articles), "articles", progress and bool(len(articles))) as bar:
-            for start in range(0, len(articles), batch):
+    ``TokenSpool`` so that memory does not grow with the split's tokens; token_offsets (N_art + 1,). An
+    interrupted run on the same articles and tokeniser continues after its last finished batch."""
+    key = fingerprint({"tokenizer": _tokenizer_identity(tokenizer), "articles": articles.digest(), "batch": batch})
+    with TokenSpool(split_dir, key) as spool:
+        with open_bar(desc, len(articles), "articles", progress and bool(len(articles)),
+                      completed=spool.done) as bar:
+            for start in range(spool.done, len(articles), batch):
                 stop = min(start + batch, len(articles))
                 ids, token_sentence = tokenize_articles(tokenizer, [a["text"] for a in articles.articles(start, stop)],
                                                         articles.spans(start, stop))
@@ -222,6 +233,15 @@ def _tokenize(tokenizer, split_dir: Path, articles: ArticleSpool, sentence_offse
                 bar.advance(len(ids))
         ids = token_sentence = None  # the last chunk is not held while the arrays are written
         return spool.write(actions)
+
+
+def _tokenizer_identity(tokenizer) -> dict:
+    """What a tokeniser's tokens depend on: its name, size and, for a fast tokeniser, the sha256 of its definition."""
+    identity = {"name": str(getattr(tokenizer, "name_or_path", "")), "size": len(tokenizer)}
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        identity["definition"] = hashlib.sha256(backend.to_str().encode()).hexdigest()
+    return identity
 
 
 def prepare(out_dir: str = "runs/prepared", corpus: CorpusConfig = CorpusConfig(),
@@ -291,7 +311,7 @@ def _prepare_into(stage: StageDir, corpus: CorpusConfig, sentences: SentencesCon
         if planner_set:  # the LM's training sentences are copied, not encoded again
             layout[PLANNER_SPLIT] = _embed_split(out, PLANNER_SPLIT, drawn[PLANNER_SPLIT], embedding, progress,
                                                  known=[layout["train"][1]])
-        codebook = fit_codebook(layout[fit_split][1], actions, progress=progress)  # (A, E)
+        codebook = _fit_or_reuse_codebook(out, fit_split, layout[fit_split][1], actions, progress)  # (A, E)
         counts, kmeans = {}, {"backend": actions.backend, "init": "k-means++"}
         for split in SPLITS:
             counts[split] = _write_split(out, split, drawn[split], *layout[split], codebook, actions, tok, kmeans,
@@ -302,6 +322,8 @@ def _prepare_into(stage: StageDir, corpus: CorpusConfig, sentences: SentencesCon
                                                          actions, progress)
             planner = {"planner_split": PLANNER_SPLIT, "planner_origin": planner_set["origin"],
                        "planner_skipped": planner_set["skipped"]}
+    for path in _codebook_fit_files(out):  # the fit kept for an interrupted build: not part of the folder
+        path.unlink(missing_ok=True)
     files, hashes = _save_codebook_and_hash(out, codebook, [*SPLITS, *([PLANNER_SPLIT] if planner_set else [])])
     wall_time = time.time() - started
     short = {}
@@ -327,8 +349,9 @@ def _warn_if_short(share: float, lm_window: int) -> None:
 
 
 def _drop_stale(out: Path, keep_planner_split: bool = False) -> None:
-    """Drop the results of another config; keep the embeddings, to resume from (the planner's split's too when
-    this config has one)."""
+    """Drop the results of another config; keep what an interrupted build can resume from, each checked against
+    its own key when used: the embeddings (the planner's split's too when this config has one), the k-means fit
+    and the token spools."""
     if not keep_planner_split:
         shutil.rmtree(out / PLANNER_SPLIT, ignore_errors=True)
     for split in (*SPLITS, PLANNER_SPLIT):
@@ -336,11 +359,40 @@ def _drop_stale(out: Path, keep_planner_split: bool = False) -> None:
             if name != "embeddings":
                 (out / split / f"{name}.npy").unlink(missing_ok=True)
                 (out / split / f"{name}.npy.tmp").unlink(missing_ok=True)  # a write that was cut off (NpyStream)
-        for name in TokenSpool.SPOOLED:
-            (out / split / f"{name}.spool.tmp").unlink(missing_ok=True)
     (out / "codebook.safetensors").unlink(missing_ok=True)
     shutil.rmtree(out / "tokenizer", ignore_errors=True)  # a bpe:V tokenizer trained on the old training split
     shutil.rmtree(out / "actions", ignore_errors=True)  # `planlm actions` output of the old codebook
+
+
+def _codebook_fit_files(out: Path) -> tuple[Path, Path]:
+    return out / "codebook.fit.tmp.npy", out / "codebook.fit.tmp.json"
+
+
+def _fit_or_reuse_codebook(out: Path, split: str, embeddings: np.ndarray, actions: ActionsConfig,
+                           progress: bool) -> np.ndarray:
+    """``fit_codebook`` on the split's embeddings, or the fit that an interrupted build of the same embeddings and
+    ``actions`` left (kept until the folder is finished, so that a build stopped after k-means does not fit again)."""
+    encoded = out / split / "embeddings.npy.progress.json"
+    try:
+        embedded = json.loads(encoded.read_text()).get("key")
+    except (OSError, json.JSONDecodeError):
+        embedded = None
+    key = fingerprint({"embeddings": embedded, "rows": len(embeddings), "actions": dataclasses.asdict(actions)})
+    array_path, key_path = _codebook_fit_files(out)
+    if embedded is not None and array_path.is_file():
+        try:
+            if json.loads(key_path.read_text()).get("key") == key:
+                codebook = np.load(array_path)
+                print("planlm prepare: k-means: the fit of an interrupted build of the same embeddings, reused")
+                return codebook
+        except (OSError, ValueError):
+            pass
+    codebook = fit_codebook(embeddings, actions, progress=progress)
+    if embedded is not None:
+        np.save(array_path.with_suffix(".part.npy"), codebook)
+        os.replace(array_path.with_suffix(".part.npy"), array_path)
+        write_json(key_path, {"key": key})
+    return codebook
 
 
 def _embed_split(out: Path, split: str, articles: ArticleSpool, embedding: EmbedConfig, progress: bool,
@@ -364,7 +416,7 @@ def _write_split(out: Path, split: str, articles: ArticleSpool, sentence_offsets
         kmeans["inertia_per_sentence"] = inertia(embeddings, codebook, split_actions) / max(1, len(embeddings))
         kmeans["empty_clusters"] = int(actions.num_actions - len(np.unique(split_actions)))
     token_offsets = _tokenize(tok, out / split, articles, sentence_offsets, split_actions, f"tokenizing {split}",
-                              progress)
+                              progress, TOKENIZE_BATCH)
     write_split(out / split, articles.articles(), {  # the token arrays are on disk already
         "sentence_offsets": sentence_offsets,
         "sentence_spans": articles.sentence_spans(),

@@ -17,6 +17,7 @@ and the ids of the split's documents (for its ``sources`` count).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -146,6 +147,17 @@ class ArticleSpool:
 
     def sentence_texts(self) -> SentenceTexts:
         return SentenceTexts(self)
+
+    def digest(self, block: int = 1024) -> str:
+        """sha256 of the articles' texts and sentence spans, in order: what tokenising reads (its resume key)."""
+        hashed = hashlib.sha256()
+        for start in range(0, len(self), block):
+            stop = min(start + block, len(self))
+            for record, spans in zip(self.articles(start, stop), self.spans(start, stop)):
+                hashed.update(record["text"].encode("utf-8", "surrogatepass"))
+                hashed.update(b"\0")
+                hashed.update(np.ascontiguousarray(spans, dtype=np.int64).tobytes())
+        return hashed.hexdigest()
 
     def extend_from(self, other: ArticleSpool, block: int = 1024) -> None:
         """Append every article of ``other`` with its spans, ``block`` articles at a time."""

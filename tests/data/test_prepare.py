@@ -202,6 +202,50 @@ def test_embedding_resumes_after_an_interrupt(tmp_path, monkeypatch, small_chunk
     assert resumed.calls == 2 + 2 and np.load(tmp_path / "e.npy").shape == (6, 384)
 
 
+def test_prepare_interrupted_while_tokenizing_resumes_after_its_last_batch_to_the_same_files(tmp_path, monkeypatch):
+    """A build stopped while tokenising keeps its embeddings, its k-means fit and the batches it tokenised; the
+    rerun fits nothing and tokenises only the rest, and every file equals an uninterrupted build's."""
+    import planlm.data.prepare as prepare_module
+
+    source = tiny_jsonl(tmp_path / "c.jsonl", num_articles=14)
+    monkeypatch.setattr(prepare_module, "TOKENIZE_BATCH", 3)
+    clean = prepare(str(tmp_path / "clean"), **tiny_config(source))
+    train_articles = read_manifest(clean)["counts"]["train"]["articles"]
+    assert train_articles > 6  # the interrupt below falls inside the training split
+    tokenized, real = [], prepare_module.tokenize_articles
+
+    def interrupted_after(batches):
+        def tokenize(tokenizer, texts, spans):
+            if batches is not None and len(tokenized) >= batches:
+                raise KeyboardInterrupt
+            tokenized.append(len(texts))
+            return real(tokenizer, texts, spans)
+        return tokenize
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(prepare_module, "tokenize_articles", interrupted_after(2))
+    with pytest.raises(KeyboardInterrupt):
+        prepare(str(out), **tiny_config(source))
+    assert not (out / "manifest.json").exists()
+    assert json.loads((out / "train" / "tokens.progress.json").read_text())["articles"] == 6
+
+    fits = []
+    monkeypatch.setattr(prepare_module, "fit_codebook", lambda *args, **kwargs: fits.append(args))
+    monkeypatch.setattr(prepare_module, "tokenize_articles", interrupted_after(None))
+    tokenized.clear()
+    prepare(str(out), **tiny_config(source))
+    assert not fits  # the interrupted build's k-means fit is reused
+    assert sum(tokenized) == train_articles - 6 + 2 + 2  # the rest of train, then validation and test
+    files = sorted(p.relative_to(clean) for p in clean.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == files
+    for name in files:
+        if name.name != "manifest.json":
+            assert (out / name).read_bytes() == (clean / name).read_bytes(), name
+    drop = ("wall_time_s", "created", "finished")
+    manifests = [{k: v for k, v in read_manifest(d).items() if k not in drop} for d in (clean, out)]
+    assert manifests[0]["hashes"] == manifests[1]["hashes"]
+
+
 @pytest.mark.skipif(not cpu_supports_bf16(), reason="this CPU has no native bf16")
 def test_bf16_embeddings_match_fp32_and_are_not_resumed_across_precisions(tmp_path, monkeypatch):
     monkeypatch.setattr("planlm.data.embed.CHUNK_SIZE", 8)

@@ -5,6 +5,7 @@ existing file, and never a short file under a final name."""
 from __future__ import annotations
 
 import io
+import json
 import os
 
 import numpy as np
@@ -114,15 +115,51 @@ def test_no_existing_file_is_written_into_and_a_cut_write_leaves_no_file(tmp_pat
 
 def test_the_spool_files_go_with_the_spool_and_prepare_drops_what_a_killed_build_left(tmp_path):
     with pytest.raises(RuntimeError):
-        with TokenSpool(tmp_path / "train") as spool:
+        with TokenSpool(tmp_path / "train") as spool:  # no key: nothing to resume from, nothing kept
             spool.append([np.arange(3)], [np.zeros(3, np.int64)])
             raise RuntimeError("interrupted")
     assert list((tmp_path / "train").iterdir()) == []
-    # a build killed outright (no exception handling) leaves its temporary files: the next build drops them
-    left = [tmp_path / "train" / name for name in ("input_ids.spool.tmp", "token_sentence.spool.tmp",
-                                                     "token_actions.npy.tmp", "input_ids.npy")]
-    for path in left:
-        path.write_bytes(b"half")
-    (tmp_path / "train" / "embeddings.npy").write_bytes(b"kept: resumed chunk by chunk")
+    # a build killed outright leaves its temporary files: the next build drops the half-written arrays and keeps
+    # the embeddings and the token spools, which it resumes from only under their own key
+    kept = ["embeddings.npy", "input_ids.spool.tmp", "token_sentence.spool.tmp", "article_tokens.spool.tmp",
+            "tokens.progress.json"]
+    for name in [*kept, "token_actions.npy.tmp", "input_ids.npy"]:
+        (tmp_path / "train" / name).write_bytes(b"half")
     _drop_stale(tmp_path)
-    assert [p.name for p in (tmp_path / "train").iterdir()] == ["embeddings.npy"]
+    assert sorted(p.name for p in (tmp_path / "train").iterdir()) == sorted(kept)
+    with TokenSpool(tmp_path / "train", key="another build") as spool:  # not its record: started afresh
+        assert spool.done == 0
+        spool.append([np.arange(2)], [np.zeros(2, np.int64)])
+        offsets = spool.write(np.array([7]))
+    np.testing.assert_array_equal(offsets, [0, 2])
+    assert sorted(p.name for p in (tmp_path / "train").iterdir()) == sorted(
+        ["embeddings.npy", *(f"{name}.npy" for name in TOKEN_ARRAYS)])
+
+
+def spool_chunks(spool, chunks, start=0):
+    for ids in chunks[start:]:
+        spool.append(ids, [np.arange(len(a), dtype=np.int64) % 2 for a in ids])
+
+
+def test_a_keyed_spool_continues_after_its_last_recorded_chunk_to_the_uninterrupted_arrays(tmp_path):
+    rng = np.random.default_rng(0)
+    chunks = [[rng.integers(0, 50, size=n) for n in sizes] for sizes in ([3, 4], [2], [5, 1, 2], [4])]
+    actions = np.arange(10)  # (token sentences 0 and 1, looked one ahead)
+    with TokenSpool(tmp_path / "whole", key="k") as spool:
+        spool_chunks(spool, chunks)
+        whole = spool.write(actions)
+    split = tmp_path / "split"
+    with pytest.raises(KeyboardInterrupt):
+        with TokenSpool(split, key="k") as spool:
+            spool_chunks(spool, chunks[:2])
+            spool.files["input_ids"].write(b"partial chunk, never recorded")
+            raise KeyboardInterrupt
+    assert json.loads((split / TokenSpool.PROGRESS).read_text()) == {"key": "k", "articles": 3, "tokens": 9}
+    with TokenSpool(split, key="k") as spool:
+        assert (spool.done, spool.tokens) == (3, 9)
+        spool_chunks(spool, chunks, start=2)
+        resumed = spool.write(actions)
+    np.testing.assert_array_equal(resumed, whole)
+    for name in TOKEN_ARRAYS:
+        assert (split / f"{name}.npy").read_bytes() == (tmp_path / "whole" / f"{name}.npy").read_bytes(), name
+    assert sorted(p.name for p in split.iterdir()) == sorted(f"{name}.npy" for name in TOKEN_ARRAYS)
