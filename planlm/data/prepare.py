@@ -388,7 +388,8 @@ def _fit_or_reuse_codebook(out: Path, split: str, embeddings: np.ndarray, action
         except (OSError, ValueError):
             pass
     codebook = fit_codebook(embeddings, actions, progress=progress)
-    if embedded is not None:
+    if embedded is not None:  # the key last, so that a key on disk always describes the array beside it
+        key_path.unlink(missing_ok=True)
         np.save(array_path.with_suffix(".part.npy"), codebook)
         os.replace(array_path.with_suffix(".part.npy"), array_path)
         write_json(key_path, {"key": key})
