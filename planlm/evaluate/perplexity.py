@@ -116,7 +116,11 @@ def score_windows(model, split: PreparedSplit, windows: np.ndarray, plan_table: 
     if plan_table is not None:
         plan_table = plan_table.to(device)
     batches = window_batches(windows, batch_size)
-    sums, cell_sums = [], []
+    # Each batch's sums go straight into arrays made once: small results kept batch after batch between the
+    # batches' large transient buffers would fragment the heap, and it would grow with the split.
+    sums = torch.zeros(len(windows), dtype=torch.float64, device=device)  # (W,)
+    cell_sums = None if cells_all is None else torch.zeros(len(windows), NUM_CELLS, dtype=torch.float64,
+                                                           device=device)  # (W, C)
     bar = open_bar(description, len(windows), "windows")
     for rows in batches:
         start, first, end = windows[rows[0], 1], windows[rows[0], 2], windows[rows[0], 3]
@@ -131,21 +135,15 @@ def score_windows(model, split: PreparedSplit, windows: np.ndarray, plan_table: 
         with autocast(device, precision):
             token_nll = model.token_nll(input_ids, targets, **kwargs)  # (B, P)
         token_nll = token_nll.double()  # (B, P)
-        sums.append(token_nll.sum(1))  # (B,)
-        if cells_all is not None:  # (B, C) each window's NLL per cell, beside (never into) its sum
-            cell_sums.append(token_nll.new_zeros(len(rows), NUM_CELLS).scatter_add_(
+        index = torch.from_numpy(rows).to(device, non_blocking=True)  # (B,)
+        sums.index_copy_(0, index, token_nll.sum(1))
+        if cell_sums is not None:  # (B, C) each window's NLL per cell, beside (never into) its sum
+            cell_sums.index_copy_(0, index, token_nll.new_zeros(len(rows), NUM_CELLS).scatter_add_(
                 1, cells_all[positions[:, -num_scored:]], token_nll))
         bar.advance(len(rows))
     bar.close()
-    nll = np.zeros(len(windows), dtype=np.float64)
-    if batches:
-        nll[np.concatenate(batches)] = torch.cat(sums).cpu().numpy()
-    if cells is None:
-        return nll
-    cell_nll = np.zeros((len(windows), NUM_CELLS), dtype=np.float64)
-    if batches:
-        cell_nll[np.concatenate(batches)] = torch.cat(cell_sums).cpu().numpy()
-    return nll, cell_nll
+    nll = sums.cpu().numpy()
+    return nll if cells is None else (nll, cell_sums.cpu().numpy())
 
 
 @torch.no_grad()
