@@ -8,7 +8,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import planlm  # noqa: F401  before torch, so that its OpenMP threads sleep while they wait (planlm's wait policy)
 import pytest
 import torch
 
