@@ -1,5 +1,5 @@
-"""JSON as planlm writes it: values made JSON-able, files written atomically, and the short stable hash
-(``fingerprint``) that reuse keys are compared by."""
+"""JSON as planlm writes it: values made JSON-able, files written atomically, the short stable hash
+(``fingerprint``) that reuse keys are compared by, and the records of interrupted work read back."""
 
 from __future__ import annotations
 
@@ -44,3 +44,12 @@ def write_json(path: str | Path, obj: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
+
+
+def read_record(path: str | Path) -> dict:
+    """The JSON record at ``path`` (a progress or key file that interrupted work left), or {} when it is missing or
+    unreadable: then there is nothing to resume from."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}

@@ -40,7 +40,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from planlm.errors import PlanlmError
-from planlm.jsonio import write_json
+from planlm.jsonio import read_record, write_json
 from planlm.stage.integrity import load_npy, load_safetensors, reading, stage_manifest
 
 SPLITS = ("train", "validation", "test")
@@ -189,10 +189,7 @@ class TokenSpool:
         """The progress record of a spool this one can continue, or {}."""
         if self.key is None:
             return {}
-        try:
-            record = json.loads(self.progress.read_text())
-        except (OSError, json.JSONDecodeError):
-            return {}
+        record = read_record(self.progress)
         if record.get("key") != self.key or not all(isinstance(record.get(n), int) for n in ("articles", "tokens")):
             return {}
         need = {"input_ids": record["tokens"], "token_sentence": record["tokens"], "article_tokens": record["articles"]}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -32,7 +31,7 @@ from planlm.data.resources import DEFAULT_ENCODER, load_sentence_encoder
 from planlm.device import check_bf16, resolve_device
 from planlm.errors import PlanlmError
 from planlm.files import require_space
-from planlm.jsonio import fingerprint, write_json
+from planlm.jsonio import fingerprint, read_record, write_json
 
 
 _BATCHES_PER_CALL = 4  # encode() calls carry a small fixed cost; the bar still moves often
@@ -75,13 +74,6 @@ def _progress_path(out_path: Path) -> Path:
     return out_path.with_name(out_path.name + ".progress.json")
 
 
-def _read_progress(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
 def _target_devices(config: EmbedConfig) -> list[str] | None:
     """The CUDA devices for the multi-process pool, or None for a single device."""
     if (config.device and config.device != "cuda") or not torch.cuda.is_available():
@@ -116,7 +108,7 @@ def embed_sentences(texts: Sequence[str], out_path: str | Path, config: EmbedCon
     if known:
         key["known"] = [num_known, known_id]
     num_chunks = -(-(num_sentences - num_known) // CHUNK_SIZE)  # chunks of the rows to encode
-    record = _read_progress(progress_path)
+    record = read_record(progress_path)
     resumable = record.get("key") == fingerprint(key) and out_path.is_file()
     if resumable and record.get("done") == num_chunks:
         return np.load(out_path, mmap_mode="r")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
-import json
 import os
 import shutil
 import time
@@ -51,7 +50,7 @@ from planlm.data.tokens import tokenize_articles
 from planlm.data.windows import beyond_window_share
 from planlm.errors import PlanlmError
 from planlm.files import save_safetensors
-from planlm.jsonio import fingerprint, write_json
+from planlm.jsonio import fingerprint, read_record, write_json
 from planlm.stage import StageDir, read_manifest
 from planlm.stage.integrity import record_files
 
@@ -372,20 +371,15 @@ def _fit_or_reuse_codebook(out: Path, split: str, embeddings: np.ndarray, action
                            progress: bool) -> np.ndarray:
     """``fit_codebook`` on the split's embeddings, or the fit that an interrupted build of the same embeddings and
     ``actions`` left (kept until the folder is finished, so that a build stopped after k-means does not fit again)."""
-    encoded = out / split / "embeddings.npy.progress.json"
-    try:
-        embedded = json.loads(encoded.read_text()).get("key")
-    except (OSError, json.JSONDecodeError):
-        embedded = None
+    embedded = read_record(out / split / "embeddings.npy.progress.json").get("key")
     key = fingerprint({"embeddings": embedded, "rows": len(embeddings), "actions": dataclasses.asdict(actions)})
     array_path, key_path = _codebook_fit_files(out)
-    if embedded is not None and array_path.is_file():
+    if embedded is not None and read_record(key_path).get("key") == key:
         try:
-            if json.loads(key_path.read_text()).get("key") == key:
-                codebook = np.load(array_path)
-                print("planlm prepare: k-means: the fit of an interrupted build of the same embeddings, reused")
-                return codebook
-        except (OSError, ValueError):
+            codebook = np.load(array_path)
+            print("planlm prepare: k-means: the fit of an interrupted build of the same embeddings, reused")
+            return codebook
+        except (OSError, ValueError):  # a fit file that cannot be read: fit again
             pass
     codebook = fit_codebook(embeddings, actions, progress=progress)
     if embedded is not None:  # the key last, so that a key on disk always describes the array beside it
