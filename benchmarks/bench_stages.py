@@ -232,10 +232,10 @@ def stage_vs_loop(root: Path, args) -> None:
 def bare_loop(prepared_dir: Path, kwargs: dict, warmup_steps: int = 3) -> tuple[float, int, int]:
     """(seconds, training tokens, parameters) of a plain PyTorch loop over train_lm's own training batches, timed
     after ``warmup_steps`` untimed steps: its loader, model, optimiser and scheduler, device, precision,
-    compilation, chunked loss and gradient clipping; nothing else."""
+    compilation, chunked loss, gradient clipping and malloc setting; nothing else."""
     from planlm.data.artifacts import PreparedDataset
     from planlm.data.resources import load_tokenizer
-    from planlm.speed import speed_up_lm
+    from planlm.speed import keep_freed_memory, speed_up_lm
     from planlm.train.lm import _build_model, _loaders
     from planlm.train.lm_module import LightningLM
 
@@ -245,6 +245,7 @@ def bare_loop(prepared_dir: Path, kwargs: dict, warmup_steps: int = 3) -> tuple[
     planned = _build_model(prepared, kwargs["model"], spec, kwargs["adapter"], tokenizer, None, "train", train.seed)
     device = torch.device(runtime.training_device_type())
     planned.to(device)
+    keep_freed_memory()  # as train_lm does (process-wide): a step's large buffers are not mapped afresh each time
     speed_up_lm(planned, runtime, "bare loop")
     train_loader, _ = _loaders(prepared, spec, train, tokenizer.pad_token_id or 0)
     module = LightningLM(planned, lr=train.lr, warmup_steps=train.warmup_steps)

@@ -5,7 +5,8 @@ A command keeps its data, its LightningModule and what it writes after training;
 "here is a module and its loaders" and "here are the best weights" is written once, here. In the stage
 folder the harness writes::
 
-    checkpoints/          the best checkpoint (lowest val/loss) and last.ckpt, written at every validation
+    checkpoints/          the best weights (lowest val/loss) and last.ckpt (the whole state, to resume),
+                          written at every validation
     <stamp>               the fingerprint of the config the checkpoints belong to (resume only under it)
     logs/, tb/, ...       one folder per logger: csv and tensorboard by default; wandb, mlflow, comet or
                           any Lightning Logger class when its package is installed
@@ -148,13 +149,15 @@ def build_trainer(train: TrainArgs, runtime: Runtime, out: Path, *, best_filenam
                   has_val: bool = True) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint]:
     """(Trainer, its best-checkpoint callback) for a run writing into the stage folder ``out``.
 
-    With validation, ``checkpoints/{best_filename}.ckpt`` keeps the lowest val/loss and last.ckpt is
-    written at every validation, improved or not (see ``last_checkpoint``); without it, the one checkpoint
-    is the latest and ``save_last`` keeps last.ckpt current. The torch generators travel with every
-    checkpoint (``RestoreRNG``)."""
+    With validation, ``checkpoints/{best_filename}.ckpt`` keeps the weights of the lowest val/loss (only the
+    weights: it is read back by ``load_best``, never resumed, so it holds no optimiser state) and last.ckpt, the
+    whole state, is written at every validation, improved or not (see ``last_checkpoint``); without it, the one
+    checkpoint is the latest, whole, and ``save_last`` keeps last.ckpt current. The torch generators travel with
+    every checkpoint that is resumed (``RestoreRNG``)."""
     best = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=out / "checkpoints", filename=best_filename, auto_insert_metric_name=False,
-        monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=not has_val)
+        monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=not has_val,
+        save_weights_only=has_val)
     callbacks = [best, last_checkpoint(out / "checkpoints")] if has_val else [best]
     callbacks.append(RestoreRNG())
     if not is_verbose():  # verbose: Lightning's own bar

@@ -40,6 +40,13 @@ def test_train_lm_saves_the_best_checkpoint_not_the_last(synthetic_random, tmp_p
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == manifest["global_step"] == 4
     last = checkpoint_lm(out / "checkpoints" / "last.ckpt")
     assert not torch.equal(saved["transformer.wte.weight"], last["transformer.wte.weight"])
+    # The best checkpoint is read back, never resumed: its weights alone (a third of a whole AdamW state's bytes);
+    # last.ckpt keeps everything a resumed run needs.
+    best_keys = set(torch.load(best, map_location="cpu", weights_only=True))
+    last_keys = set(torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True))
+    assert "state_dict" in best_keys and not best_keys & {"optimizer_states", "lr_schedulers", "callbacks"}, best_keys
+    assert {"optimizer_states", "lr_schedulers", "callbacks"} <= last_keys, last_keys
+    assert best.stat().st_size < (out / "checkpoints" / "last.ckpt").stat().st_size / 2
 
 
 def test_init_from_a_planned_lm_carries_its_adapter_over(synthetic_random, tmp_path):
