@@ -153,7 +153,9 @@ def build_trainer(train: TrainArgs, runtime: Runtime, out: Path, *, best_filenam
     weights: it is read back by ``load_best``, never resumed, so it holds no optimiser state) and last.ckpt, the
     whole state, is written at every validation, improved or not (see ``last_checkpoint``); without it, the one
     checkpoint is the latest, whole, and ``save_last`` keeps last.ckpt current. The torch generators travel with
-    every checkpoint that is resumed (``RestoreRNG``)."""
+    every checkpoint that is resumed (``RestoreRNG``). A callback that rewrites the saved weights in its
+    ``on_save_checkpoint`` (Lightning's weight averaging) is not called for a weights-only checkpoint: set
+    ``best.save_weights_only = False`` beside it."""
     best = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=out / "checkpoints", filename=best_filename, auto_insert_metric_name=False,
         monitor="val/loss" if has_val else None, mode="min", save_top_k=1, save_last=not has_val,
