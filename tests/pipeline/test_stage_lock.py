@@ -105,7 +105,8 @@ def test_a_second_run_on_the_same_folder_is_refused_while_the_first_runs(tmp_pat
         while not (out / STAGE_LOCK).is_file():
             assert first.poll() is None and time.time() < deadline, f"the first run never took {out}"
             time.sleep(0.1)
-        second = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        os.killpg(first.pid, signal.SIGSTOP)  # it holds the folder until killed: a loaded machine cannot let it
+        second = subprocess.run(command, capture_output=True, text=True, timeout=600)  # finish before this starts
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
