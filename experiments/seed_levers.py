@@ -100,9 +100,9 @@ def run_lever(name: str, out_dir: Path, seeds: list[int], ema_decay: float, epoc
                 link.symlink_to(target)
     with lever(name, ema_decay):
         try:
+            extra = ["--config", longer(epochs, run / "lm.yaml")] if name == "epochs" else []
             main(["run", "--config", str(ROOT / "configs/demo.yaml"), "--config",
-                  str(ROOT / "experiments/seed_levers.yaml"), *(["--config", longer(epochs, run / "lm.yaml")] if name == "epochs" else []),
-                  "--out_dir", str(run), "--seeds", json.dumps(seeds)])
+                  str(ROOT / "experiments/seed_levers.yaml"), *extra, "--out_dir", str(run), "--seeds", json.dumps(seeds)])
         except SystemExit as e:
             if e.code not in (0, None):
                 raise
@@ -137,10 +137,14 @@ def seed_by_document(run: Path, seeds: list[int]) -> dict:
                 acc[1] += int(row["tokens"])
         return {d: (nll, tokens) for d, (nll, tokens) in sums.items()}
 
-    docs = sorted(table("fixed", seeds[0]))
-    d = np.array([[table("oracle", s)[doc][0] / table("oracle", s)[doc][1]
-                   - table("fixed", s)[doc][0] / table("fixed", s)[doc][1] for doc in docs] for s in seeds])
-    tokens = np.array([table("fixed", seeds[0])[doc][1] for doc in docs], dtype=float)
+    tables = {(c, s): table(c, s) for c in ("fixed", "oracle") for s in seeds}  # each file read once
+    docs = sorted(tables["fixed", seeds[0]])
+
+    def per_token(condition: str, seed: int) -> np.ndarray:
+        return np.array([tables[condition, seed][doc][0] / tables[condition, seed][doc][1] for doc in docs])
+
+    d = np.stack([per_token("oracle", s) - per_token("fixed", s) for s in seeds])
+    tokens = np.array([tables["fixed", seeds[0]][doc][1] for doc in docs], dtype=float)
     w = tokens / tokens.sum()
     residual = d - d.mean(axis=1, keepdims=True) - d.mean(axis=0, keepdims=True) + d.mean()
     var_interaction = float((residual ** 2).sum() / ((len(seeds) - 1) * (len(docs) - 1)))
@@ -168,7 +172,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6, help="the epochs lever's epochs per condition")
     args = parser.parse_args()
     levers = ["constant", *[x for x in args.levers if x != "constant"]]
-    rows, summary = [], {"seeds": args.seeds, "ema_decay": args.ema_decay, "epochs": args.epochs, "split": "validation", "levers": {}}
+    rows, summary = [], {"seeds": args.seeds, "ema_decay": args.ema_decay, "epochs": args.epochs,
+                         "split": "validation", "levers": {}}
     for name in levers:
         ppl = per_seed(run_lever(name, args.out_dir, args.seeds, args.ema_decay, args.epochs), args.seeds)
         diffs = np.array(ppl["oracle"]) - np.array(ppl["fixed"])
