@@ -95,3 +95,28 @@ def test_the_simulation_runs_every_stage_at_a_tiny_size(tmp_path, capsys):
     assert again["records"] == results["records"]
     with pytest.raises(SystemExit, match="other settings"):
         sim.main([*argv, "--num_actions", "9"])
+
+
+@pytest.mark.slow
+def test_prepare_killed_in_embedding_and_in_tokenising_resumes_to_the_uninterrupted_folder(tmp_path):
+    sim, resume = load("scale_sim"), load("scale_resume")
+    out = tmp_path / "sim"
+    # 600 articles: two embedding chunks of 8,192 sentences, two tokenising batches of 512 articles
+    sim.main(["--articles", "600", "--out_dir", str(out), "--heldout", "3", "--num_actions", "8",
+              "--embedding_dim", "16", "--stages", "corpus", "prepare"])
+    # killed at the second batch's record (540 of 600 articles), so the first batch's record is on disk
+    results = resume.main(["--out_dir", str(out), "--articles", "600", "--tokens_at", "0.9"])
+    first, second, third = results["attempts"]
+    assert (first["exit"], second["exit"], third["exit"]) == (-9, -9, 0)
+    assert first["found"] == {"embedding_chunks": None, "token_articles": None}
+    assert first["first_written"] == {"embedding": 1} and first["targets"]["embedding"] == 2
+    # the rerun finds the chunk recorded before the kill and writes the one the kill cut, not the first
+    assert second["found"]["embedding_chunks"] == 1 and second["first_written"]["embedding"] == 2
+    assert second["found"]["token_articles"] is None and second["first_written"]["tokens"] == 512
+    assert second["targets"]["tokens"] == 540 and second["last_written"]["tokens"] == 512
+    # the third finds the whole embedding and the first batch's tokens: it embeds nothing and tokenises the rest
+    assert third["found"] == {"embedding_chunks": 3, "token_articles": 512}
+    assert "embedding" not in third["first_written"] and third["first_written"]["tokens"] == 600
+    assert "fit_codebook" not in [p["phase"] for p in third["phases"]]  # the interrupted build's fit, reused
+    assert results["differing_files"] == [] and results["files_compared"] > 20
+    assert "all bit-identical" in (out / "n600" / "resume" / "report.md").read_text()
