@@ -193,31 +193,32 @@ def check_split(split: PreparedSplit, where: str) -> None:
 
 
 def split_batches(split: PreparedSplit, sentences: np.ndarray, num_actions: int, per_forward: int, planner=None,
-                  article: bool = False) -> Iterator[tuple[np.ndarray, Boundaries]]:
+                  article: bool = False, skip: int = 0) -> Iterator[tuple[np.ndarray, Boundaries]]:
     """The walk over ``sentences`` (N,) of a split: (positions in ``sentences`` (B,), their Boundaries), in a fixed
     order that a seeded sampler follows, so the plans depend on the seed, ``per_forward`` and the device type alone.
 
     Without a planner the boundaries come in order, with their place in the split only. With one, they come sorted
     by context length (little padding), ``per_forward`` at a time, with their contexts on the planner's device;
-    with ``article`` (an article-level planner), as article rows of about ``per_forward`` asked boundaries."""
+    with ``article`` (an article-level planner), as article rows of about ``per_forward`` asked boundaries. ``skip``:
+    the walk's first batches are passed over without their contexts being built (a walk that resumes)."""
     if planner is None:
-        for start in range(0, len(sentences), per_forward):
+        for start in range(skip * per_forward, len(sentences), per_forward):
             rows = np.arange(start, min(start + per_forward, len(sentences)))
             yield rows, Boundaries(len(rows), num_actions, split=split, sentences=sentences[rows])
     elif article:
-        yield from _article_batches(planner, split, sentences, num_actions, per_forward)
+        yield from _article_batches(planner, split, sentences, num_actions, per_forward, skip)
     else:
-        yield from _context_batches(planner, split, sentences, num_actions, per_forward)
+        yield from _context_batches(planner, split, sentences, num_actions, per_forward, skip)
 
 
 def _context_batches(planner, split: PreparedSplit, sentences: np.ndarray, num_actions: int,
-                     per_forward: int) -> Iterator[tuple[np.ndarray, Boundaries]]:
+                     per_forward: int, skip: int = 0) -> Iterator[tuple[np.ndarray, Boundaries]]:
     device = next(planner.parameters()).device
     max_sentences = planner.config.max_sentences
     embeddings = embed_split(planner, split) if planner.config.finetune_encoder else None
     context_lengths = sentences - split.sentence_offsets[split.sentence_article[sentences]]
     order = np.argsort(np.minimum(context_lengths, max_sentences), kind="stable")
-    for start in range(0, len(order), per_forward):
+    for start in range(skip * per_forward, len(order), per_forward):
         rows = np.sort(order[start:start + per_forward])  # positions in ``sentences``
         context_embeds, context_mask = boundary_contexts(split, sentences[rows], max_sentences, embeddings)
         yield rows, Boundaries(len(rows), num_actions, context_embeds.to(device), context_mask.to(device),
@@ -225,7 +226,7 @@ def _context_batches(planner, split: PreparedSplit, sentences: np.ndarray, num_a
 
 
 def _article_batches(planner, split: PreparedSplit, sentences: np.ndarray, num_actions: int,
-                     per_forward: int) -> Iterator[tuple[np.ndarray, Boundaries]]:
+                     per_forward: int, skip: int = 0) -> Iterator[tuple[np.ndarray, Boundaries]]:
     """Article rows of about ``per_forward`` asked boundaries each; a row's boundaries come in (row, bound) order."""
     device = next(planner.parameters()).device
     position = np.full(split.num_sentences, -1, dtype=np.int64)
@@ -234,7 +235,7 @@ def _article_batches(planner, split: PreparedSplit, sentences: np.ndarray, num_a
     asked = np.array([(position[b + f:b + j] >= 0).sum() for b, j, f in rows])  # (R,) boundaries asked for
     rows, asked = rows[asked > 0], asked[asked > 0]
     batch_of = np.cumsum(asked) // per_forward if len(rows) else asked  # consecutive rows of ~per_forward boundaries
-    for batch in np.unique(batch_of):
+    for batch in np.unique(batch_of)[skip:]:
         context_embeds, context_mask, row_sentences = article_contexts(split, rows[batch_of == batch])
         wanted = row_sentences >= 0
         wanted[wanted] = position[row_sentences[wanted]] >= 0  # (R, J)

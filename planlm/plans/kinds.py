@@ -28,6 +28,8 @@ for, N_sent sentences of the split.
 
 from __future__ import annotations
 
+import os
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import numpy as np
 import torch
 
+from planlm.console import open_bar
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.device import autocast
 from planlm.errors import PlanlmError
@@ -431,22 +434,78 @@ class DrawArrays:
 
 def draw_split(planner, split: PreparedSplit, sentences: np.ndarray,
                draws: list[tuple[PlannerKind, PlanSpec, DrawArrays]], device: torch.device, precision: str,
-               batch_size: int, max_rows: int = MAX_ROWS) -> None:
+               batch_size: int, max_rows: int = MAX_ROWS, checkpoint: Optional[WalkCheckpoint] = None) -> None:
     """Draw the plans of every (kind, spec) for ``sentences`` (N,) of ``split`` into their arrays, in one seeded
     walk (the first spec's seed): at most ``batch_size`` boundaries and ``max_rows`` paths per forward, article rows
     for an article-level planner when every kind allows. The draws depend on the seed, batch_size, max_rows and the
-    device type alone (a plan cache's key holds them all)."""
+    device type alone (a plan cache's key holds them all). ``checkpoint``: where the walk starts (after the batches
+    that an interrupted walk recorded, with its generator's state) and where it records itself as it goes."""
     check_split(split, "the plans")
     planner = planner.to(device).eval()
     rng = torch.Generator(device=device).manual_seed(draws[0][1].seed)
+    done, rows_done = (0, 0) if checkpoint is None else checkpoint.start(rng)
     most = max(max(1, kind.paths_drawn(spec)) for kind, spec, _ in draws)
     per_forward = max(1, min(batch_size, max_rows // most))
     article = planner.config.encoder == "article" and all(kind.article_batches(spec) for kind, spec, _ in draws)
-    batches = split_batches(split, sentences, planner.config.num_actions, per_forward, planner, article)
-    for rows, boundaries in batches:
-        with torch.no_grad(), autocast(device, precision):
-            for kind, spec, arrays in draws:
-                arrays.write(rows, kind.draw(boundaries, spec, rng, planner))
+    batches = split_batches(split, sentences, planner.config.num_actions, per_forward, planner, article, skip=done)
+    with open_bar(f"plans {split.name}", len(sentences), "boundaries", checkpoint is not None,
+                  completed=rows_done) as bar:
+        for rows, boundaries in batches:
+            with torch.no_grad(), autocast(device, precision):
+                for kind, spec, arrays in draws:
+                    arrays.write(rows, kind.draw(boundaries, spec, rng, planner))
+            done, rows_done = done + 1, rows_done + len(rows)
+            bar.advance(len(rows))
+            if checkpoint is not None:
+                checkpoint.save(done, rows_done, rng)
+    if checkpoint is not None:
+        checkpoint.save(done, rows_done, rng, now=True)
+
+
+class WalkCheckpoint:
+    """Where a split's seeded walk stands, so that an interrupted walk resumes to the same draws: the batches and
+    boundaries done, the generator's state and each draw's path counts, in one file written atomically after the
+    draws' arrays are flushed (at most every ``every_s`` seconds, and at the end). A record of another key, or one
+    that cannot be read, is no record: the walk starts from its first batch."""
+
+    def __init__(self, path: Path, key: str, draws: list[tuple[PlannerKind, PlanSpec, DrawArrays]],
+                 every_s: float = 60.0):
+        self.path, self.key, self.draws, self.every_s = Path(path), key, draws, every_s
+        self.saved = time.monotonic()
+
+    @staticmethod
+    def read(path: Path, key: str) -> dict:
+        """The record at ``path`` if it was written under ``key``, else {}."""
+        try:
+            with np.load(path) as record:
+                found = {name: record[name] for name in record.files}
+        except (OSError, ValueError, EOFError, KeyError):
+            return {}
+        return found if str(found.get("key")) == key else {}
+
+    def start(self, rng: torch.Generator) -> tuple[int, int]:
+        """(batches done, boundaries done) of the record; its counts into the draws' arrays, its state into ``rng``."""
+        record = self.read(self.path, self.key)
+        if not record:
+            return 0, 0
+        for i, (_, _, arrays) in enumerate(self.draws):
+            arrays.counts[:] = record[f"counts{i}"]
+        rng.set_state(torch.from_numpy(record["rng"]))
+        return int(record["batches"]), int(record["rows"])
+
+    def save(self, batches: int, rows: int, rng: torch.Generator, now: bool = False) -> None:
+        if not now and time.monotonic() - self.saved < self.every_s:
+            return
+        for _, _, arrays in self.draws:  # the draws reach the files before the record that counts them
+            for written in (arrays.paths, *(arrays.steps or ())):
+                if isinstance(written, np.memmap):
+                    written.flush()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, key=np.array(self.key), batches=np.int64(batches), rows=np.int64(rows),
+                     rng=rng.get_state().numpy(), **{f"counts{i}": a.counts for i, (_, _, a) in enumerate(self.draws)})
+        os.replace(tmp, self.path)
+        self.saved = time.monotonic()
 
 
 def draw_plans(planner, split: PreparedSplit, spec: PlanSpec, sentences: Optional[np.ndarray] = None, *,
@@ -520,4 +579,4 @@ def check_cache(spec: PlanSpec, prepared: PreparedDataset | None = None) -> dict
 
 
 __all__ = ["PlanKind", "PlanStrategy", "register_plan_kind", "plan_kind", "plan", "plan_source", "check_cache", "check_joint",
-           "Draw", "DrawArrays", "draw_split", "draw_plans", "PlannerKind", "KINDS", "kind_flag"]
+           "Draw", "DrawArrays", "WalkCheckpoint", "draw_split", "draw_plans", "PlannerKind", "KINDS", "kind_flag"]

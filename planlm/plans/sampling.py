@@ -10,6 +10,7 @@ Letters: K paths, T horizon, M top actions, N_sent sentences of a split.
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -21,13 +22,15 @@ from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.errors import PlanlmError
 from planlm.files import file_sha256
+from planlm.jsonio import fingerprint
 from planlm.models.planner import WEIGHTS_FILE, Planner
 from planlm.plans.cache import default_plans_dir, expected_mass
 from planlm.plans.contexts import MAX_ROWS, check_split
-from planlm.plans.kinds import DrawArrays, PlanKind, PlannerKind, draw_split
+from planlm.plans.kinds import DrawArrays, PlanKind, PlannerKind, WalkCheckpoint, draw_split
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec, check_planner_horizon
 from planlm.stage import StageDir
+from planlm.stage.integrity import STAGE_LOCK, record_files
 
 
 def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Optional[list[str]] = None,
@@ -69,13 +72,15 @@ def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Option
                                                           spec.temperature, spec.seed, spec.path_policy, expected)
     torch_device, precision = runtime.torch_device(), runtime.resolved_precision()
     key = _cache_key(spec, prepared, prepared_dir, splits, batch_size, torch_device.type, precision)
-    with StageDir(out, key) as stage:
+    with StageDir(out, key, keep_partial=True) as stage:
         if stage.reused:
             return out
+        walk_key = fingerprint(key)
+        _drop_stale(out, walk_key, splits)
         paths, planner_time, kept = {}, {}, {}
         for name, split in split_views.items():
             began = time.perf_counter()
-            paths[name] = _sample_split(planner, split, out, spec, batch_size, torch_device, precision)
+            paths[name] = _sample_split(planner, split, out, spec, batch_size, torch_device, precision, walk_key)
             planner_time[name] = time.perf_counter() - began
             if expected:
                 kept[name] = expected_mass(out, name)
@@ -85,8 +90,34 @@ def sample_plans(prepared_dir: str, plans: PlanSpec = PlanSpec(), splits: Option
                      prepared_dir=key["prepared_dir"], splits=splits,
                      counts={name: split.num_sentences for name, split in split_views.items()},
                      path_policy=asdict(spec.path_policy), paths=paths, planner_time_s=planner_time,
-                     expectation={"top_actions": expected, "kept": kept} if expected else None)
+                     expectation={"top_actions": expected, "kept": kept} if expected else None,
+                     files=_record_files_but_walks(out, splits))
+    for name in splits:
+        _walk_path(out, name).unlink(missing_ok=True)
     return out
+
+
+# Seconds between two records of a split's walk: what an interrupted sample-plans redoes at most.
+CHECKPOINT_EVERY_S = 60.0
+
+
+def _walk_path(out: Path, split: str) -> Path:
+    return out / f"{split}.walk.npz"
+
+
+def _drop_stale(out: Path, walk_key: str, splits: list[str]) -> None:
+    """Keep the files of the splits whose walk an interrupted run of this key recorded; drop every other file."""
+    resumable = {name for name in splits if WalkCheckpoint.read(_walk_path(out, name), walk_key)}
+    for path in out.iterdir():
+        if path.name == STAGE_LOCK or path.name.split(".")[0] in resumable and not path.name.endswith(".tmp"):
+            continue
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+def _record_files_but_walks(out: Path, splits: list[str]) -> dict:
+    """The manifest's record of the cache's files, without the walk records (dropped once it is written)."""
+    walks = {_walk_path(out, name).name for name in splits}
+    return {name: entry for name, entry in record_files(out).items() if name not in walks}
 
 
 def _cache_key(spec: PlanSpec, prepared: PreparedDataset, prepared_dir: str, splits: list[str], batch_size: int,
@@ -116,21 +147,43 @@ def _cached_spec(plans: PlanSpec, planner_horizon: int) -> PlanSpec:
 
 
 def _sample_split(planner: Planner, split: PreparedSplit, out: Path, spec: PlanSpec, batch_size: int, device,
-                  precision: str) -> dict:
+                  precision: str, walk_key: str) -> dict:
     """Write one split's greedy paths and sampled paths (with their counts; in expectation, also the distribution
-    of every step of both) into the cache; return its paths summary."""
-    draws = []
-    for kind in (PlanKind.planner_argmax, PlanKind.planner_sampled):  # the greedy path first: it draws nothing
-        drawn = replace(spec, kind=kind).resolve()
-        prefix = "argmax." if drawn.strategy.greedy else ""
+    of every step of both) into the cache; return its paths summary. A walk that an interrupted run of the same
+    key recorded (``WalkCheckpoint``) continues after its last record, into the same files."""
+    walk = _walk_path(out, split.name)
 
-        def memmap(name: str, shape: tuple, dtype, prefix: str = prefix) -> np.ndarray:
-            return np.lib.format.open_memmap(out / f"{split.name}.{prefix}{name}npy", mode="w+", dtype=dtype,
-                                             shape=shape)
+    def allocate(resume: bool) -> list[tuple[PlannerKind, PlanSpec, DrawArrays]]:
+        draws = []
+        for kind in (PlanKind.planner_argmax, PlanKind.planner_sampled):  # the greedy path first: it draws nothing
+            drawn = replace(spec, kind=kind).resolve()
+            prefix = "argmax." if drawn.strategy.greedy else ""
 
-        arrays = DrawArrays.allocate(drawn.strategy, drawn, planner.config.num_actions, split.num_sentences, memmap)
-        draws.append((drawn.strategy, drawn, arrays))
-    draw_split(planner, split, np.arange(split.num_sentences), draws, device, precision, batch_size)
+            def memmap(name: str, shape: tuple, dtype, prefix: str = prefix) -> np.ndarray:
+                path = out / f"{split.name}.{prefix}{name}npy"
+                if resume:
+                    array = np.lib.format.open_memmap(path, mode="r+")
+                    if array.shape != shape or array.dtype != dtype:
+                        raise ValueError(f"{path}: not the array its walk record describes")
+                    return array
+                path.unlink(missing_ok=True)  # a new file, never written into
+                return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+
+            arrays = DrawArrays.allocate(drawn.strategy, drawn, planner.config.num_actions, split.num_sentences,
+                                         memmap)
+            draws.append((drawn.strategy, drawn, arrays))
+        return draws
+
+    draws = None
+    if WalkCheckpoint.read(walk, walk_key):
+        try:
+            draws = allocate(resume=True)
+        except (OSError, ValueError):  # a file of the recorded walk is missing or damaged: start the walk again
+            walk.unlink()
+    draws = draws or allocate(resume=False)
+    checkpoint = WalkCheckpoint(walk, walk_key, draws, every_s=CHECKPOINT_EVERY_S)
+    draw_split(planner, split, np.arange(split.num_sentences), draws, device, precision, batch_size,
+               checkpoint=checkpoint)
     for _, _, arrays in draws:
         for written in (arrays.paths, *(arrays.steps or ())):
             written.flush()

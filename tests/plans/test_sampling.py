@@ -189,3 +189,72 @@ def test_cli_sample_plans(planner_dir, synthetic_cycle, tmp_path, capsys):
                   str(synthetic_cycle)])
     assert exit_info.value.code == 2
     assert "no trained planner" in capsys.readouterr().err
+
+
+# killed within the first split's walk, with every step's distribution stored; within the second's, the first split
+# done, with path counts that vary; within the first, and a file of the walk lost since: that walk starts again
+@pytest.mark.parametrize("where, plans", [("first", {"expectation": True}), ("second", {"policy": "entropy"}),
+                                          ("lost", {})])
+def test_an_interrupted_walk_resumes_after_its_last_record_to_the_uninterrupted_cache(
+        planner_dir, synthetic_cycle, tmp_path, monkeypatch, where, plans):
+    import planlm.plans.kinds as kinds
+    import planlm.plans.sampling as sampling
+    from planlm.plans.policy import PathPolicy
+
+    spec = PlanSpec(planner_dir=str(planner_dir), num_paths=4, horizon=3, expectation=plans.get("expectation", False),
+                    path_policy=PathPolicy(plans.get("policy", "fixed"), 1))
+    writes = []
+    write = kinds.DrawArrays.write
+
+    def counted(self, rows, draw):
+        if len(writes) + 1 == stop_at:
+            raise KeyboardInterrupt  # a batch's greedy paths written, its sampled ones not: nothing recorded
+        writes.append(len(rows))
+        write(self, rows, draw)
+
+    monkeypatch.setattr(kinds.DrawArrays, "write", counted)
+    monkeypatch.setattr(sampling, "CHECKPOINT_EVERY_S", 0.0)  # a record after every batch
+    stop_at = None
+    run = lambda out: sample_plans(str(synthetic_cycle), spec, splits=["validation", "test"], out_dir=str(out),
+                                   batch_size=8, runtime=Runtime(device="cpu"))
+    whole = run(tmp_path / "whole")
+    total, first_split = len(writes), 2 * -(-PreparedDataset(synthetic_cycle)["validation"].num_sentences // 8)
+    kill_at = first_split + 9 if where == "second" else 3  # the call that raises: a greedy write of the split
+    assert first_split < kill_at < total if where == "second" else kill_at < first_split
+
+    writes.clear()
+    stop_at = kill_at
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut")
+    assert not (tmp_path / "cut" / "manifest.json").exists() and (tmp_path / "cut" / "validation.walk.npz").is_file()
+    if where == "lost":
+        (tmp_path / "cut" / "validation.argmax.npy").unlink()
+    writes.clear()
+    stop_at = None
+    resumed = run(tmp_path / "cut")
+    redrawn = total if where == "lost" else total - 2 * ((kill_at - 1) // 2)
+    assert len(writes) == redrawn  # only the batches after the last record are drawn again
+
+    files = sorted(p.name for p in whole.iterdir())
+    assert files == sorted(p.name for p in resumed.iterdir()) and not any("walk" in name for name in files)
+    for name in files:
+        if name != "manifest.json":
+            assert (whole / name).read_bytes() == (resumed / name).read_bytes(), name
+    manifests = [json.loads((folder / "manifest.json").read_text()) for folder in (whole, resumed)]
+    assert manifests[0]["files"] == manifests[1]["files"] and manifests[0]["paths"] == manifests[1]["paths"]
+
+
+def test_a_walk_record_of_another_key_is_not_resumed(planner_dir, synthetic_cycle, tmp_path):
+    out = tmp_path / "plans"
+    first = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=2, seed=0),
+                         splits=["validation"], out_dir=str(out), batch_size=8)
+    stale = np.load(first / "validation.npy")
+    (first / "manifest.json").unlink()  # as if the build had stopped; its files and a record of another key remain
+    np.savez(out / "validation.walk.npz", key=np.array("another key"), batches=np.int64(3), rows=np.int64(24),
+             rng=torch.Generator().get_state().numpy(), counts0=np.ones(len(stale)), counts1=np.ones(len(stale)))
+    again = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=2, seed=1),
+                         splits=["validation"], out_dir=str(out), batch_size=8)
+    fresh = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=2, seed=1),
+                         splits=["validation"], out_dir=str(tmp_path / "fresh"), batch_size=8)
+    assert (again / "validation.npy").read_bytes() == (fresh / "validation.npy").read_bytes()
+    assert not (again / "validation.walk.npz").exists()
