@@ -23,7 +23,10 @@ For each, the parent records the wall time, the peak RSS (``os.wait4``'s ``ru_ma
 its anonymous memory (sampled in the child from /proc/self/status every 0.1 s: RSS less the memory-mapped files'
 pages, which the kernel can drop), the disk its folder holds, and the child's phases (the product functions each
 stage spends its time in, with the memory after each). Results go to ``<out_dir>/n<N>/records/<stage>.json``; a
-stage already measured is skipped (resumable), and re-measuring one drops the records of the stages after it.
+stage already measured is skipped (resumable), and re-measuring one drops the records of the stages after it. While a
+stage runs, the parent keeps its figures so far in ``records/<stage>.attempts.json`` (every 10 s); a measurement of
+``prepare`` or ``sample-plans`` cut short (the machine taken away) is continued by the next call, the stage resuming
+from its own records, and its attempts are added up (the report says how many).
 
     python benchmarks/scale_sim.py --sizes 3000 30000 100000 --out_dir runs/scale_sim
 
@@ -60,6 +63,8 @@ if str(HERE) not in sys.path:
 STAGES = ("corpus", "prepare", "train-planner", "sample-plans", "train-lm", "evaluate")
 FOLDERS = {"corpus": "corpus", "prepare": "prepared", "train-planner": "planner", "sample-plans": "plans",
            "train-lm": "lm", "evaluate": "eval"}
+# Stages that resume from their own records when rerun (an interrupted measurement of one is continued, not restarted).
+RESUMABLE = ("prepare", "sample-plans")
 PAPER_ARTICLES = 285_310
 WIKIPEDIA_ARTICLES = 6_400_000
 MB = 1 << 20
@@ -175,12 +180,15 @@ def measure(out: Path, size: int, stage: str) -> dict:
     missing = [s for s in earlier if not record_path(out, size, s).is_file()]
     if missing:
         raise SystemExit(f"scale_sim: {stage} at {size} articles needs {missing} measured first (add them to --stages)")
-    for later in STAGES[STAGES.index(stage):]:  # their inputs are made again: their numbers would be stale
-        record_path(out, size, later).unlink(missing_ok=True)
     folder = size_dir(out, size) / FOLDERS[stage]
-    shutil.rmtree(folder, ignore_errors=True)  # a measured stage starts from nothing (no resume, no reuse)
+    attempts_path = path.with_name(f"{stage}.attempts.json")
+    attempts = json.loads(attempts_path.read_text()) if attempts_path.is_file() and stage in RESUMABLE else []
+    if not attempts:
+        for later in STAGES[STAGES.index(stage):]:  # their inputs are made again: their numbers would be stale
+            record_path(out, size, later).unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)  # a measured stage starts from nothing (no resume, no reuse)
     (size_dir(out, size) / "records").mkdir(parents=True, exist_ok=True)
-    log = size_dir(out, size) / "logs" / f"{stage}.log"
+    log = size_dir(out, size) / "logs" / (f"{stage}.log" if not attempts else f"{stage}.{len(attempts)}.log")
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
@@ -189,26 +197,67 @@ def measure(out: Path, size: int, stage: str) -> dict:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     command = [sys.executable, str(Path(__file__).resolve()), "--child", stage, "--articles", str(size),
                "--out_dir", str(out)]
-    print(f"[{size:>9,} articles] {stage:<13} running (log: {log})", flush=True)
+    print(f"[{size:>9,} articles] {stage:<13} running (log: {log}"
+          + (f"; continuing after {len(attempts)} interrupted attempt(s) of {sum(a['wall_s'] for a in attempts):.0f} s)"
+             if attempts else ")"), flush=True)
+    attempts.append({"wall_s": 0.0, "cpu_s": 0.0, "peak_rss_mb": 0.0, "peak_anon_mb": 0.0})
     began = time.perf_counter()
     with open(log, "w") as log_file:
         child = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        done = threading.Event()
+        watch = threading.Thread(target=_record_attempt, args=(child.pid, began, attempts, attempts_path, done),
+                                 daemon=True)
+        watch.start()
         _, status, usage = os.wait4(child.pid, 0)
         child.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - began
+    done.set()
+    watch.join()
     if child.returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-25:])
         raise SystemExit(f"scale_sim: {stage} at {size} articles failed (exit {child.returncode}); its log ends:\n"
                          f"{tail}")
     inside = json.loads((size_dir(out, size) / "records" / f"{stage}.child.json").read_text())
-    record = {"stage": stage, "articles": size, "wall_s": round(wall, 2),
-              "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-              "peak_rss_mb": round(usage.ru_maxrss * 1024 / MB, 1),  # Linux: kilobytes
-              "peak_anon_mb": inside["peak_anon_mb"], "peak_file_mb": inside["peak_file_mb"],
+    attempts[-1] = {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+                    "peak_rss_mb": round(usage.ru_maxrss * 1024 / MB, 1),  # Linux: kilobytes
+                    "peak_anon_mb": inside["peak_anon_mb"]}
+    record = {"stage": stage, "articles": size, "wall_s": round(sum(a["wall_s"] for a in attempts), 2),
+              "cpu_s": round(sum(a["cpu_s"] for a in attempts), 2),
+              "peak_rss_mb": max(a["peak_rss_mb"] for a in attempts),
+              "peak_anon_mb": max(a["peak_anon_mb"] for a in attempts), "peak_file_mb": inside["peak_file_mb"],
               "disk_mb": round(disk_bytes(folder) / MB, 2), "phases": inside["phases"], "counts": inside["counts"]}
+    if len(attempts) > 1:
+        record["attempts"] = attempts
     path.write_text(json.dumps(record, indent=1))
+    attempts_path.unlink(missing_ok=True)
     print(f"[{size:>9,} articles] {stage:<13} done: {_line(record)}", flush=True)
     return record
+
+
+def _record_attempt(pid: int, began: float, attempts: list[dict], path: Path, done: threading.Event,
+                    every_s: float = 10.0) -> None:
+    """While the stage's process ``pid`` runs, keep its attempt's wall and CPU seconds and peak memory so far in
+    ``path`` (read from /proc), so that a measurement cut short (the machine taken away) can be continued: the stage
+    resumes from its own records and the attempts' times add up."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    while not done.is_set():
+        try:
+            fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            status = {line.split(":")[0]: line.split()[1] for line in Path(f"/proc/{pid}/status").read_text()
+                      .splitlines() if line.startswith(("VmHWM", "RssAnon"))}
+        except (OSError, IndexError):
+            return
+        if fields_[0] == "Z":  # finished: the parent's wait4 has the exact figures
+            return
+        attempt = attempts[-1]
+        attempt["wall_s"] = round(time.perf_counter() - began, 2)
+        attempt["cpu_s"] = round((int(fields_[11]) + int(fields_[12])) / ticks, 2)  # utime, stime
+        attempt["peak_rss_mb"] = round(int(status.get("VmHWM", 0)) / 1024, 1)
+        attempt["peak_anon_mb"] = max(attempt["peak_anon_mb"], round(int(status.get("RssAnon", 0)) / 1024, 1))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(attempts, indent=1))
+        os.replace(tmp, path)
+        done.wait(every_s)
 
 
 def _line(record: dict) -> str:
@@ -231,7 +280,8 @@ def summarise(out: Path, sizes: list[int], targets: list[int], settings: Setting
     lines = ["| articles | stage | wall s | CPU s | wall s per 1k articles | peak RSS MB | peak anonymous MB "
              "| disk MB |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in records:
-        lines.append(f"| {r['articles']:,} | {r['stage']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+        stage = r["stage"] + (f" ({len(r['attempts'])} attempts, added up)" if r.get("attempts") else "")
+        lines.append(f"| {r['articles']:,} | {stage} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
                      f"{1000 * r['wall_s'] / r['articles']:.2f} | {r['peak_rss_mb']:,.0f} | {r['peak_anon_mb']:,.0f} | "
                      f"{r['disk_mb']:,.2f} |")
     growth, extrapolation = {}, {}
@@ -242,40 +292,43 @@ def summarise(out: Path, sizes: list[int], targets: list[int], settings: Setting
         lines += ["", f"Prepared training articles: {train['sentences'] / train['articles']:.1f} sentences and "
                   f"{train['tokens'] / train['articles']:,.0f} tokens each on average (the paper's Wikipedia: about 35 "
                   f"and 1,050)."]
-    if len(measured) >= 2:
-        middle, largest = measured[-2], measured[-1]
-        by = {(r["articles"], r["stage"]): r for r in records}
-        lines += ["", f"Growth from {middle:,} to {largest:,} articles (x{largest / middle:.2f}):", "",
-                  "| stage | RSS ratio | anonymous ratio | anonymous MB per 1k articles | time ratio | wall s per 1k "
-                  "articles | CPU s per 1k articles | disk MB per 1k articles |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for stage in STAGES:
-            if (middle, stage) not in by or (largest, stage) not in by:
-                continue
+    by = {(r["articles"], r["stage"]): r for r in records}
+    pairs = {stage: sizes_of[-2:] for stage in STAGES
+             if len(sizes_of := sorted(n for n in measured if (n, stage) in by)) >= 2}
+    if pairs:
+        lines += ["", "Growth of each stage between the two largest sizes it was measured at:", "",
+                  "| stage | from | to | RSS ratio | anonymous ratio | anonymous MB per 1k articles | time ratio "
+                  "| wall s per 1k articles | CPU s per 1k articles | disk MB per 1k articles |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for stage, (middle, largest) in pairs.items():
             low, high = by[(middle, stage)], by[(largest, stage)]
             per_k = {key: 1000 * (high[key] - low[key]) / (largest - middle)
                      for key in ("wall_s", "cpu_s", "peak_rss_mb", "peak_anon_mb", "disk_mb")}
-            growth[stage] = {"rss_ratio": high["peak_rss_mb"] / low["peak_rss_mb"],
+            growth[stage] = {"from": middle, "to": largest, "rss_ratio": high["peak_rss_mb"] / low["peak_rss_mb"],
                              "anon_ratio": high["peak_anon_mb"] / max(low["peak_anon_mb"], 1e-9),
                              "time_ratio": high["wall_s"] / low["wall_s"], "per_1k_articles": per_k,
                              "s_per_article": high["wall_s"] / largest}
-            lines.append(f"| {stage} | {growth[stage]['rss_ratio']:.2f} | {growth[stage]['anon_ratio']:.2f} | "
-                         f"{per_k['peak_anon_mb']:.1f} | {growth[stage]['time_ratio']:.2f} | {per_k['wall_s']:.2f} | "
-                         f"{per_k['cpu_s']:.2f} | {per_k['disk_mb']:.2f} |")
+            lines.append(f"| {stage} | {middle:,} | {largest:,} | {growth[stage]['rss_ratio']:.2f} | "
+                         f"{growth[stage]['anon_ratio']:.2f} | {per_k['peak_anon_mb']:.1f} | "
+                         f"{growth[stage]['time_ratio']:.2f} | {per_k['wall_s']:.2f} | {per_k['cpu_s']:.2f} | "
+                         f"{per_k['disk_mb']:.2f} |")
             extrapolation[stage] = {str(t): {key: linear(low[key], high[key], middle, largest, t)
                                              for key in ("wall_s", "peak_rss_mb", "peak_anon_mb", "disk_mb")}
                                     for t in targets}
-        lines += ["", "Extrapolated linearly through those two sizes (time, peak RSS, disk):", "",
+        lines += ["", "Extrapolated linearly through those two sizes of each stage: time; RAM, the peak of the "
+                  "anonymous memory (the peak RSS in brackets: it adds the pages of memory-mapped files, which the "
+                  "kernel drops when memory runs short); disk:", "",
                   "| stage | " + " | ".join(f"{t:,} articles" for t in targets) + " |",
                   "|---|" + "---:|" * len(targets)]
+        gb = lambda mb: f"{mb / 1024:,.1f} GB"
         for stage, at in extrapolation.items():
             lines.append(f"| {stage} | " + " | ".join(
-                f"{hours(at[str(t)]['wall_s'])}, {at[str(t)]['peak_rss_mb'] / 1024:,.1f} GB RAM, "
-                f"{at[str(t)]['disk_mb'] / 1024:,.1f} GB disk" for t in targets) + " |")
-        lines.append("| all stages | " + " | ".join(
+                f"{hours(at[str(t)]['wall_s'])}, {gb(at[str(t)]['peak_anon_mb'])} RAM ({gb(at[str(t)]['peak_rss_mb'])}"
+                f" RSS), {gb(at[str(t)]['disk_mb'])} disk" for t in targets) + " |")
+        lines.append("| the stages above | " + " | ".join(
             f"{hours(sum(a[str(t)]['wall_s'] for a in extrapolation.values()))}, "
-            f"{max(a[str(t)]['peak_rss_mb'] for a in extrapolation.values()) / 1024:,.1f} GB RAM at most, "
-            f"{sum(a[str(t)]['disk_mb'] for a in extrapolation.values()) / 1024:,.1f} GB disk" for t in targets) + " |")
+            f"{gb(max(a[str(t)]['peak_anon_mb'] for a in extrapolation.values()))} RAM at most, "
+            f"{gb(sum(a[str(t)]['disk_mb'] for a in extrapolation.values()))} disk" for t in targets) + " |")
         lines += ["", f"Read with care: times are this machine's wall seconds; the trainings run a fixed number of "
                   f"steps ({settings.planner_steps} planner, {settings.lm_steps} LM), so their time extrapolates their "
                   f"data loading, not an epoch; evaluate reads {settings.eval_articles} test articles at every size; "
@@ -310,25 +363,26 @@ def phases_report(records: list[dict]) -> str:
         for p in r["phases"]:
             lines.append(f"| {r['articles']:,} | {r['stage']} | {p['phase']} | {p['s']:.2f} | {p['rss_mb']:,.0f} | "
                          f"{p['anon_mb']:,.0f} | {p['peak_rss_mb']:,.0f} |")
-    sizes = sorted({r["articles"] for r in records})
-    if len(sizes) < 2:
-        return "\n".join(lines)
-    middle, largest = sizes[-2], sizes[-1]
-    lines += ["", f"What each phase adds, per 1,000 articles more ({middle:,} to {largest:,}): the anonymous memory "
-              f"after it, less the same before it, and its seconds:", "",
-              "| stage | phase | anonymous MB kept per 1k articles | s per 1k articles |", "|---|---|---:|---:|"]
     by = {(r["articles"], r["stage"]): r["phases"] for r in records}
-    for stage in STAGES:
-        low, high = by.get((middle, stage)), by.get((largest, stage))
-        if not low or not high or [p["phase"] for p in low] != [p["phase"] for p in high]:
+    pairs = {stage: sizes[-2:] for stage in STAGES
+             if len(sizes := sorted(n for n, s in by if s == stage)) >= 2}
+    if not pairs:
+        return "\n".join(lines)
+    lines += ["", "What each phase adds, per 1,000 articles more between the two largest sizes its stage was measured "
+              "at: the anonymous memory after it, less the same before it, and its seconds:", "",
+              "| stage | from | to | phase | anonymous MB kept per 1k articles | s per 1k articles |",
+              "|---|---:|---:|---|---:|---:|"]
+    for stage, (middle, largest) in pairs.items():
+        low, high = by[(middle, stage)], by[(largest, stage)]
+        if [p["phase"] for p in low] != [p["phase"] for p in high]:
             continue
         for i, (a, b) in enumerate(zip(low, high)):
             if a["phase"] == "(end)":
                 continue
             kept = lambda ps: ps[i]["anon_mb"] - (ps[i - 1]["anon_mb"] if i else 0.0)
             per_k = 1000 / (largest - middle)
-            lines.append(f"| {stage} | {a['phase']} | {(kept(high) - kept(low)) * per_k:+.1f} | "
-                         f"{(b['s'] - a['s']) * per_k:+.2f} |")
+            lines.append(f"| {stage} | {middle:,} | {largest:,} | {a['phase']} | "
+                         f"{(kept(high) - kept(low)) * per_k:+.1f} | {(b['s'] - a['s']) * per_k:+.2f} |")
     return "\n".join(lines)
 
 

@@ -58,7 +58,14 @@ def test_growth_and_extrapolation_come_from_the_two_largest_sizes(tmp_path):
                                     "phases": [], "counts": {"splits": {"train": {"articles": size,
                                                                                    "sentences": 35 * size,
                                                                                    "tokens": 1050 * size}}}}))
+    for size, wall in ((100, 40.0), (200, 80.0)):  # a stage not measured at the largest size: its own two largest
+        sim.record_path(tmp_path, size, "sample-plans").write_text(json.dumps({
+            "stage": "sample-plans", "articles": size, "wall_s": wall, "cpu_s": wall, "peak_rss_mb": 300.0,
+            "peak_anon_mb": 100.0, "disk_mb": 1.0, "phases": [], "counts": {}}))
     results = sim.summarise(tmp_path, [100, 200, 400], [1000], sim.Settings())
+    assert results["growth"]["sample-plans"]["from"] == 100 and results["growth"]["sample-plans"]["to"] == 200
+    assert results["extrapolation"]["sample-plans"]["1000"]["wall_s"] == pytest.approx(400.0)
+    assert (results["growth"]["prepare"]["from"], results["growth"]["prepare"]["to"]) == (200, 400)
     assert results["growth"]["prepare"]["rss_ratio"] == pytest.approx(800 / 600)
     assert results["growth"]["prepare"]["per_1k_articles"]["peak_rss_mb"] == pytest.approx(1000)
     at = results["extrapolation"]["prepare"]["1000"]
@@ -95,6 +102,17 @@ def test_the_simulation_runs_every_stage_at_a_tiny_size(tmp_path, capsys):
     assert again["records"] == results["records"]
     with pytest.raises(SystemExit, match="other settings"):
         sim.main([*argv, "--num_actions", "9"])
+
+    # a measurement of a resumable stage cut short (its attempt's figures so far on disk) is continued and added up
+    records = tmp_path / "sim" / "n45" / "records"
+    for stage in ("sample-plans", "train-lm", "evaluate"):
+        (records / f"{stage}.json").unlink()
+    (records / "sample-plans.attempts.json").write_text(json.dumps(
+        [{"wall_s": 100.0, "cpu_s": 50.0, "peak_rss_mb": 1e6, "peak_anon_mb": 2.0}]))
+    (tmp_path / "sim" / "n45" / "plans" / "manifest.json").unlink()  # as the killed stage left it
+    continued = {(r["articles"], r["stage"]): r for r in sim.main(argv)["records"]}[(45, "sample-plans")]
+    assert len(continued["attempts"]) == 2 and continued["wall_s"] > 100 and continued["cpu_s"] > 50
+    assert continued["peak_rss_mb"] == 1e6 and not (records / "sample-plans.attempts.json").exists()
 
 
 @pytest.mark.slow
