@@ -38,8 +38,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+for path in (HERE, ROOT):  # scale_sim beside it; planlm from this checkout, installed or not
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 import scale_sim  # noqa: E402  (benchmarks/ is not a package)
 
