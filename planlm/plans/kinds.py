@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import time
+import zipfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -421,6 +422,12 @@ class DrawArrays:
             array[rows] = squeeze(value).float().cpu().numpy() if value.is_floating_point() else \
                 squeeze(value).cpu().numpy()
 
+    def flush(self) -> None:
+        """Write what was drawn into memory-mapped arrays to their files (arrays in memory have nothing to write)."""
+        for written in (self.paths, *(self.steps or ())):
+            if isinstance(written, np.memmap):
+                written.flush()
+
     def source(self, spec: PlanSpec, sentences: np.ndarray, num_sentences: int) -> CachedPlans:
         """The plans of ``sentences`` (N,) (the boundaries drawn, in order) read back as from a plan cache."""
         rows = np.full(num_sentences, -1, dtype=np.int64)
@@ -474,18 +481,25 @@ class WalkCheckpoint:
         self.saved = time.monotonic()
 
     @staticmethod
-    def read(path: Path, key: str) -> dict:
-        """The record at ``path`` if it was written under ``key``, else {}."""
+    def _read(path: Path, key: str, names: Optional[list[str]] = None) -> dict:
+        """The arrays ``names`` (default: all) of the record at ``path`` if it was written under ``key``, else {};
+        only the arrays asked for are read."""
         try:
             with np.load(path) as record:
-                found = {name: record[name] for name in record.files}
-        except (OSError, ValueError, EOFError, KeyError):
+                if str(record["key"]) != key:
+                    return {}
+                return {name: record[name] for name in (record.files if names is None else names)}
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
             return {}
-        return found if str(found.get("key")) == key else {}
+
+    @classmethod
+    def recorded(cls, path: Path, key: str) -> bool:
+        """Whether ``path`` holds a readable record written under ``key`` (its key alone is read)."""
+        return bool(cls._read(path, key, ["key"]))
 
     def start(self, rng: torch.Generator) -> tuple[int, int]:
         """(batches done, boundaries done) of the record; its counts into the draws' arrays, its state into ``rng``."""
-        record = self.read(self.path, self.key)
+        record = self._read(self.path, self.key)
         if not record:
             return 0, 0
         for i, (_, _, arrays) in enumerate(self.draws):
@@ -497,9 +511,7 @@ class WalkCheckpoint:
         if not now and time.monotonic() - self.saved < self.every_s:
             return
         for _, _, arrays in self.draws:  # the draws reach the files before the record that counts them
-            for written in (arrays.paths, *(arrays.steps or ())):
-                if isinstance(written, np.memmap):
-                    written.flush()
+            arrays.flush()
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as f:
             np.savez(f, key=np.array(self.key), batches=np.int64(batches), rows=np.int64(rows),

@@ -107,9 +107,9 @@ def _walk_path(out: Path, split: str) -> Path:
 
 def _drop_stale(out: Path, walk_key: str, splits: list[str]) -> None:
     """Keep the files of the splits whose walk an interrupted run of this key recorded; drop every other file."""
-    resumable = {name for name in splits if WalkCheckpoint.read(_walk_path(out, name), walk_key)}
+    resumable = {name for name in splits if WalkCheckpoint.recorded(_walk_path(out, name), walk_key)}
     for path in out.iterdir():
-        if path.name == STAGE_LOCK or path.name.split(".")[0] in resumable and not path.name.endswith(".tmp"):
+        if path.name == STAGE_LOCK or (path.name.split(".")[0] in resumable and not path.name.endswith(".tmp")):
             continue
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
@@ -175,7 +175,7 @@ def _sample_split(planner: Planner, split: PreparedSplit, out: Path, spec: PlanS
         return draws
 
     draws = None
-    if WalkCheckpoint.read(walk, walk_key):
+    if WalkCheckpoint.recorded(walk, walk_key):
         try:
             draws = allocate(resume=True)
         except (OSError, ValueError):  # a file of the recorded walk is missing or damaged: start the walk again
@@ -183,10 +183,7 @@ def _sample_split(planner: Planner, split: PreparedSplit, out: Path, spec: PlanS
     draws = draws or allocate(resume=False)
     checkpoint = WalkCheckpoint(walk, walk_key, draws, every_s=CHECKPOINT_EVERY_S)
     draw_split(planner, split, np.arange(split.num_sentences), draws, device, precision, batch_size,
-               checkpoint=checkpoint)
-    for _, _, arrays in draws:
-        for written in (arrays.paths, *(arrays.steps or ())):
-            written.flush()
+               checkpoint=checkpoint)  # its last record flushes the arrays
     counts = draws[1][2].counts
     del draws
     np.save(out / f"{split.name}.num_paths.npy", counts)
