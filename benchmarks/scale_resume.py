@@ -25,7 +25,6 @@ Writes ``<out_dir>/n<N>/resume/report.md`` and ``results.json``; the report's ta
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -96,8 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
 def run_parent(args: argparse.Namespace, out: Path, size: int, folder: Path, number: int, kill: str | None) -> dict:
     """One attempt in a child process: how it ended, its time and memory, and the progress it found and wrote."""
     log = folder / "logs" / f"attempt{number}.log"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env = scale_sim.child_env(out)
     command = [sys.executable, str(Path(__file__).resolve()), "--child", str(number), "--out_dir", str(out),
                "--articles", str(size), "--embedding_at", str(args.embedding_at), "--tokens_at", str(args.tokens_at)]
     found = progress_state(folder / "prepared")
@@ -135,19 +133,18 @@ def progress_state(prepared: Path) -> dict:
 def compare(reference: Path, candidate: Path) -> list[str]:
     """The files that differ between two prepared folders (or lie in one only): sha256 of each file, the manifest
     without its circumstantial fields."""
+    from planlm.files import file_sha256
+    from planlm.jsonio import fingerprint
+
     def digests(root: Path) -> dict[str, str]:
         found = {}
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
             name = str(path.relative_to(root))
             if name == "manifest.json":
-                manifest = {k: v for k, v in json.loads(path.read_text()).items() if k not in CIRCUMSTANTIAL}
-                found[name] = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
-                continue
-            digest = hashlib.sha256()
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 24), b""):
-                    digest.update(block)
-            found[name] = digest.hexdigest()
+                found[name] = fingerprint({k: v for k, v in json.loads(path.read_text()).items()
+                                           if k not in CIRCUMSTANTIAL})
+            else:
+                found[name] = file_sha256(path)
         return found
 
     a, b = digests(reference), digests(candidate)

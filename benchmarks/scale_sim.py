@@ -190,11 +190,7 @@ def measure(out: Path, size: int, stage: str) -> dict:
     (size_dir(out, size) / "records").mkdir(parents=True, exist_ok=True)
     log = size_dir(out, size) / "logs" / (f"{stage}.log" if not attempts else f"{stage}.{len(attempts)}.log")
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-    threads = json.loads((out / "settings.json").read_text()).get("threads")
-    if threads:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env = child_env(out)
     command = [sys.executable, str(Path(__file__).resolve()), "--child", stage, "--articles", str(size),
                "--out_dir", str(out)]
     print(f"[{size:>9,} articles] {stage:<13} running (log: {log}"
@@ -234,6 +230,17 @@ def measure(out: Path, size: int, stage: str) -> dict:
     return record
 
 
+def child_env(out: Path) -> dict[str, str]:
+    """The environment of a stage's process: planlm from this checkout, offline, unbuffered, and the threads of
+    ``out``'s settings."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    threads = json.loads((out / "settings.json").read_text()).get("threads")
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
 def _record_attempt(pid: int, began: float, attempts: list[dict], path: Path, done: threading.Event,
                     every_s: float = 10.0) -> None:
     """While the stage's process ``pid`` runs, keep its attempt's wall and CPU seconds and peak memory so far in
@@ -243,17 +250,16 @@ def _record_attempt(pid: int, began: float, attempts: list[dict], path: Path, do
     while not done.is_set():
         try:
             fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            status = {line.split(":")[0]: line.split()[1] for line in Path(f"/proc/{pid}/status").read_text()
-                      .splitlines() if line.startswith(("VmHWM", "RssAnon"))}
         except (OSError, IndexError):
             return
-        if fields_[0] == "Z":  # finished: the parent's wait4 has the exact figures
+        status = Probe.status(pid)
+        if fields_[0] == "Z" or not status["VmHWM"]:  # finished: the parent's wait4 has the exact figures
             return
         attempt = attempts[-1]
         attempt["wall_s"] = round(time.perf_counter() - began, 2)
         attempt["cpu_s"] = round((int(fields_[11]) + int(fields_[12])) / ticks, 2)  # utime, stime
-        attempt["peak_rss_mb"] = round(int(status.get("VmHWM", 0)) / 1024, 1)
-        attempt["peak_anon_mb"] = max(attempt["peak_anon_mb"], round(int(status.get("RssAnon", 0)) / 1024, 1))
+        attempt["peak_rss_mb"] = round(status["VmHWM"] / 1024, 1)
+        attempt["peak_anon_mb"] = max(attempt["peak_anon_mb"], round(status["RssAnon"] / 1024, 1))
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(attempts, indent=1))
         os.replace(tmp, path)
@@ -285,7 +291,6 @@ def summarise(out: Path, sizes: list[int], targets: list[int], settings: Setting
                      f"{1000 * r['wall_s'] / r['articles']:.2f} | {r['peak_rss_mb']:,.0f} | {r['peak_anon_mb']:,.0f} | "
                      f"{r['disk_mb']:,.2f} |")
     growth, extrapolation = {}, {}
-    measured = sorted({r["articles"] for r in records})
     shapes = [r["counts"]["splits"]["train"] for r in records if r["stage"] == "prepare" and "splits" in r["counts"]]
     if shapes:
         train = shapes[-1]
@@ -293,8 +298,7 @@ def summarise(out: Path, sizes: list[int], targets: list[int], settings: Setting
                   f"{train['tokens'] / train['articles']:,.0f} tokens each on average (the paper's Wikipedia: about 35 "
                   f"and 1,050)."]
     by = {(r["articles"], r["stage"]): r for r in records}
-    pairs = {stage: sizes_of[-2:] for stage in STAGES
-             if len(sizes_of := sorted(n for n in measured if (n, stage) in by)) >= 2}
+    pairs = two_largest(by)
     if pairs:
         lines += ["", "Growth of each stage between the two largest sizes it was measured at:", "",
                   "| stage | from | to | RSS ratio | anonymous ratio | anonymous MB per 1k articles | time ratio "
@@ -341,6 +345,13 @@ def summarise(out: Path, sizes: list[int], targets: list[int], settings: Setting
             "report": "\n".join(lines)}
 
 
+def two_largest(measured) -> dict[str, list[int]]:
+    """{stage: [the second largest, the largest size]} of each stage measured at two sizes or more, from the
+    (size, stage) keys of ``measured``."""
+    sizes = {stage: sorted(n for n, s in measured if s == stage) for stage in STAGES}
+    return {stage: found[-2:] for stage, found in sizes.items() if len(found) >= 2}
+
+
 def linear(low: float, high: float, low_n: int, high_n: int, n: int) -> float:
     """The value at ``n`` on the line through (low_n, low) and (high_n, high), never below ``high`` (a noisy decrease
     is no decrease)."""
@@ -364,8 +375,7 @@ def phases_report(records: list[dict]) -> str:
             lines.append(f"| {r['articles']:,} | {r['stage']} | {p['phase']} | {p['s']:.2f} | {p['rss_mb']:,.0f} | "
                          f"{p['anon_mb']:,.0f} | {p['peak_rss_mb']:,.0f} |")
     by = {(r["articles"], r["stage"]): r["phases"] for r in records}
-    pairs = {stage: sizes[-2:] for stage in STAGES
-             if len(sizes := sorted(n for n, s in by if s == stage)) >= 2}
+    pairs = two_largest(by)
     if not pairs:
         return "\n".join(lines)
     lines += ["", "What each phase adds, per 1,000 articles more between the two largest sizes its stage was measured "
@@ -398,11 +408,12 @@ class Probe:
         self._thread.start()
 
     @staticmethod
-    def status() -> dict[str, int]:
-        """VmRSS, RssAnon, RssFile of this process in kB (zeros where /proc is missing)."""
-        found = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+    def status(pid: int | str = "self") -> dict[str, int]:
+        """VmRSS, VmHWM (the peak RSS), RssAnon, RssFile of process ``pid`` (default: this one) in kB (zeros where
+        /proc is missing)."""
+        found = {"VmRSS": 0, "VmHWM": 0, "RssAnon": 0, "RssFile": 0}
         try:
-            with open("/proc/self/status") as f:
+            with open(f"/proc/{pid}/status") as f:
                 for line in f:
                     name, _, value = line.partition(":")
                     if name in found:
