@@ -18,12 +18,13 @@
 #                     the chunked loss (runtime.loss_chunk_size 1024, the default) and with the LM's own loss (0)
 #   lm_eager          the training step with no conditioning, Project-and-Avg and multipath at K = T = 10
 #                     (bench_lm.py), interleaved, with MFU
-#   stage_compiled    stage_eager under torch.compile
 #   planner           the planner at the paper's width (768, T = 10, batch 512), both dynamics: training step and
 #                     K = 1, 10, 50 sampling (bench_planner.py)
-#   lm_compiled       lm_eager under torch.compile
 #   stages            every stage through the library's commands at the paper's widths, and their time on the
 #                     paper's corpus (bench_stages.py)
+#   lm_compiled       lm_eager under torch.compile
+#   stage_compiled    stage_eager under torch.compile (last: compilation is off by default, and most of this check's
+#                     time is compiling, so it is the one the budget cuts first)
 set -u
 out=${1:-runs/gpu-checks}
 size=${SIZE:-full}
@@ -93,8 +94,8 @@ check pytest_gpu 150 $py -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovid
 stage_eager="$py benchmarks/bench_stages.py --stage_vs_loop --device $device ${stage[*]}"
 check stage_eager 200 bash -c "$stage_eager && $stage_eager --loss_chunk_size 0"  # the chunked loss, then the LM's own
 check lm_eager 90 $py benchmarks/bench_lm.py --device $device "${lm[@]}"
-check stage_compiled 180 $py benchmarks/bench_stages.py --stage_vs_loop --device $device --compile "${stage[@]}"
 check planner 120 $py benchmarks/bench_planner.py --device $device --horizon 10 "${planner[@]}"
-check lm_compiled 150 $py benchmarks/bench_lm.py --device $device --compile "${lm[@]}"
 check stages 180 $py benchmarks/bench_stages.py --device $device "${stages[@]}"
+check lm_compiled 150 $py benchmarks/bench_lm.py --device $device --compile "${lm[@]}"
+check stage_compiled 180 $py benchmarks/bench_stages.py --stage_vs_loop --device $device --compile "${stage[@]}"
 echo "=== all checks: $((SECONDS - began_all)) s of a $budget s budget"

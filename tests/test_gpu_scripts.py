@@ -90,7 +90,7 @@ def test_checks_install_joined_wheels_and_keep_to_the_budget(tmp_path):
     result, summary = _checks(tmp_path, {"BUDGET": "0", "WHEELS": str(tmp_path / "whl")})
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "planlm_probe.py").exists()  # the pieces were joined into a wheel pip installs
-    names = ["pytest_gpu", "stage_eager", "lm_eager", "stage_compiled", "planner", "lm_compiled", "stages"]
+    names = ["pytest_gpu", "stage_eager", "lm_eager", "planner", "stages", "lm_compiled", "stage_compiled"]
     assert [line.split(":")[0] for line in summary] == [f"=== {name}" for name in names]
     assert all("skipped" in line for line in summary)
 
