@@ -11,7 +11,7 @@
 # first. One log per check goes to OUT_DIR (default runs/gpu-checks), and a line per check to OUT_DIR/summary.txt
 # (at most 8 files: what a device call brings back).
 #
-# The checks, in order of value:
+# The checks, in the order they run (by value, the compiled ones last):
 #   pytest_gpu        pytest -m gpu (bf16 autocast, planner sampling, evaluation, generation on CUDA)
 #   stage_eager       train_lm's Lightning stage against its bare loop on the same batches, batch 32 x 128, bf16,
 #                     with validation and plan usage timed apart, and MFU (bench_stages.py --stage_vs_loop); with
