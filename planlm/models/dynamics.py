@@ -76,6 +76,17 @@ class Dynamics(nn.Module, ABC):
                         slot: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """actions (B, T) fed actions (step t sees actions < t) -> logits (B, T, A)."""
 
+    def path_logits(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
+                    paths: torch.Tensor) -> torch.Tensor:
+        """paths (B, K, T) -> logits (B, K, T, A): every step's distribution given its own path's earlier actions,
+        with gradients (joint training differentiates the plans it samples). Here: teacher forcing on each
+        boundary's latents repeated K times."""
+        batch, num_paths, horizon = paths.shape
+        logits = self.teacher_forcing(prediction, latents.repeat_interleave(num_paths, dim=0),
+                                      latent_mask.repeat_interleave(num_paths, dim=0),
+                                      slot.repeat_interleave(num_paths), paths.flatten(0, 1))  # (B*K, T, A)
+        return logits.view(batch, num_paths, horizon, -1)
+
     @abstractmethod
     def start(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
               horizon: int):
@@ -194,6 +205,23 @@ class RecurrentDynamics(Dynamics):
             state = self.step(prediction, state, actions[:, step - 1])
             logits.append(state.logits)
         return torch.stack(logits, dim=1)  # (B, T, A)
+
+    def path_logits(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
+                    paths: torch.Tensor) -> torch.Tensor:
+        """Paths that share a prefix share their state, as in sampling: g and f run once per distinct
+        (boundary, prefix), U <= B*K rows a step, and each path reads its own state's logits."""
+        batch, num_paths, horizon = paths.shape
+        state = self.start(prediction, latents, latent_mask, slot, horizon)  # logits (B, A)
+        num_actions = state.logits.shape[-1]
+        flat = paths.flatten(0, 1)  # (P, T), P = B*K
+        state_of_path = torch.arange(batch, device=paths.device).repeat_interleave(num_paths)  # (P,)
+        logits = [state.logits[state_of_path]]
+        for step in range(1, horizon):
+            keys = state_of_path * num_actions + flat[:, step - 1]  # (P,) (parent state, action)
+            unique_keys, state_of_path = torch.unique(keys, return_inverse=True)  # (U,), (P,)
+            state = self.step(prediction, state.select(unique_keys // num_actions), unique_keys % num_actions)
+            logits.append(state.logits[state_of_path])  # (P, A)
+        return torch.stack(logits, dim=1).view(batch, num_paths, horizon, -1)
 
     def sample_from(self, prediction: nn.Module, state: RecurrentState, num_paths: int | torch.Tensor,
                     temperature: float, generator: torch.Generator | None, top_actions: int = 0):

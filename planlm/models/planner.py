@@ -368,11 +368,10 @@ class Planner(nn.Module):
                     action_paths: torch.Tensor) -> torch.Tensor:
         """The distribution of every step of given paths, each step given its own path's earlier actions (teacher
         forcing, with gradients: joint training differentiates the plans it samples). context_embeds (B, S, E),
-        context_mask (B, S), action_paths (B, K, T) -> logits (B, K, T, A)."""
-        batch, num_paths, horizon = action_paths.shape
-        logits = self(context_embeds.repeat_interleave(num_paths, dim=0),
-                      context_mask.repeat_interleave(num_paths, dim=0), action_paths.flatten(0, 1))  # (B*K, T, A)
-        return logits.view(batch, num_paths, horizon, -1)
+        context_mask (B, S), action_paths (B, K, T) -> logits (B, K, T, A). h reads each context once; the
+        dynamics run the paths (``Dynamics.path_logits``)."""
+        latents, latent_mask, slot = self.representation(context_embeds, context_mask)
+        return self.dynamics.path_logits(self.prediction, latents, latent_mask, slot, action_paths.clamp(min=0))
 
     @torch.no_grad()
     def first_step_logits(self, context_embeds: torch.Tensor, context_mask: torch.Tensor) -> torch.Tensor:

@@ -275,3 +275,29 @@ def test_article_context_is_causal_and_the_boundary_encoder_is_not():
 def test_article_encoder_needs_the_causal_dynamics():
     with pytest.raises(PlanlmError, match="encoder=article needs dynamics=causal"):
         PlannerConfig(**TINY, encoder="article")
+
+
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_path_logits_equal_teacher_forcing_of_each_path_in_values_and_gradients(dynamics):
+    """Joint training's step distributions: the recurrent g shares the state of paths with a common prefix (and h
+    reads each context once); values and gradients are those of teacher forcing every path on its own."""
+    planner = tiny_planner(seed=5, dynamics=dynamics)
+    embeds, mask = contexts(batch_size=3, num_sentences=4, seed=6)
+    paths = torch.randint(0, 8, (3, 4, 6), generator=torch.Generator().manual_seed(7))
+    paths[:, 1] = paths[:, 0]  # a whole path twice
+    paths[:, 2, :3] = paths[:, 0, :3]  # a shared prefix
+    weights = torch.randn(3, 4, 6, 8, generator=torch.Generator().manual_seed(8))
+
+    def run(fn):
+        planner.zero_grad()
+        logits = fn()
+        (logits * weights).sum().backward()
+        return logits.detach(), {name: p.grad.clone() for name, p in planner.named_parameters() if p.grad is not None}
+
+    shared, shared_grads = run(lambda: planner.path_logits(embeds, mask, paths))
+    each, each_grads = run(lambda: planner(embeds.repeat_interleave(4, 0), mask.repeat_interleave(4, 0),
+                                           paths.flatten(0, 1)).view(3, 4, 6, 8))
+    torch.testing.assert_close(shared, each, rtol=1e-5, atol=1e-6)
+    assert shared_grads.keys() == each_grads.keys() and shared_grads
+    for name, grad in shared_grads.items():
+        torch.testing.assert_close(grad, each_grads[name], rtol=1e-5, atol=1e-4, msg=name)  # sums in another order
