@@ -1,0 +1,77 @@
+"""experiments/joint_tables.py: the joint-training run's tables, on a made-up run folder with a known answer.
+Seconds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments import joint_tables
+
+pytestmark = pytest.mark.lab  # a research script of experiments/: `pytest -m lab`
+
+SEEDS = ["0", "1", "2"]
+
+
+def _contrast(b, a, diffs, low, high):
+    return {"b": b, "a": a, "diff": float(np.mean(diffs)), "ci_low": low, "ci_high": high,
+            "seed_diffs": dict(zip(SEEDS, diffs))}
+
+
+def _results():
+    return {"contrasts": [_contrast("ours_joint", "ours_expected", [-1.0, -0.5, -1.5], -2.0, -0.2),
+                          _contrast("cornille_joint", "cornille", [0.5, -0.5, 0.3], -1.0, +1.2),
+                          _contrast("ours_joint", "ours_joint_st", [0.4, 0.6, 0.5], +0.1, +0.9),
+                          _contrast("ours_joint_w0", "ours_expected", [0.0, 0.1, -0.1], -0.3, +0.3)],
+            "conditions": [], "positions": []}
+
+
+def _run(tmp_path, steps: dict[str, tuple[float, int]], resumed: tuple[str, int] | None = None):
+    """A run folder with each condition's train-lm manifest (wall time, steps) for seeds 0-1."""
+    for condition, (wall, step) in steps.items():
+        for seed in (0, 1):
+            folder = tmp_path / "lm" / condition / f"seed{seed}"
+            folder.mkdir(parents=True)
+            (folder / "manifest.json").write_text(json.dumps({"train_wall_time_s": wall * (1 + seed),
+                                                              "global_step": step}))
+    (tmp_path / "lm" / "ours_joint" / "seed2").mkdir()  # training, no manifest yet: not counted
+    (tmp_path / "logs").mkdir()
+    if resumed:
+        (tmp_path / "logs" / f"train-lm_{resumed[0]}_seed{resumed[1]}.txt").write_text(
+            "==== 2026-01-01 00:00:00\nfirst\n==== 2026-01-01 01:00:00\nagain\n")
+    (tmp_path / "results.json").write_text(json.dumps(_results()))
+    return tmp_path
+
+
+def test_contrasts_keep_the_preregistered_order_and_decide_by_the_interval():
+    rows = joint_tables.contrast_rows(_results())
+    assert [(r["b"], r["a"], r["role"]) for r in rows] == joint_tables.CONTRASTS
+    table = joint_tables.contrasts_table(rows)
+    assert len(table) == 2 + 4
+    assert "| **-1.00 [-2.00, -0.20]** | -1.00 | -0.50 | -1.50 | 3 of 3 | yes |" in table[2]
+    assert table[3].endswith("| 1 of 3 | not shown |")
+    assert table[4].endswith("| 0 of 3 | no: A better |")
+    with pytest.raises(SystemExit, match="no contrast ours_joint - ours_expected"):
+        joint_tables.contrast_rows({"contrasts": []})
+
+
+def test_the_cost_per_step_is_against_the_frozen_condition_and_leaves_out_resumed_trainings(tmp_path):
+    run = _run(tmp_path, {"ours_expected": (100.0, 400), "ours_joint": (400.0, 400), "cornille": (50.0, 100),
+                          "cornille_joint": (100.0, 100)}, resumed=("cornille_joint", 1))
+    rows = {r["condition"]: r for r in joint_tables.cost_rows(run, ["ours_expected", "ours_joint", "cornille",
+                                                                    "cornille_joint"])}
+    assert rows["ours_expected"]["per_step"] == pytest.approx((0.25 + 0.5) / 2)
+    assert rows["ours_joint"]["seeds"] == 2  # seed 2 has no manifest
+    assert rows["cornille_joint"] == {"condition": "cornille_joint", "per_step": 1.0, "seeds": 1, "resumed": [1]}
+    table = joint_tables.cost_table(list(rows.values()))
+    assert "| ours, joint | 1.500 (2) | 4.00x ours, frozen |" in table
+    assert "| Cornille et al., joint | 1.000 (1; seeds 1 resumed, left out) | 1.33x Cornille et al., frozen |" in table
+
+
+def test_the_script_prints_the_tables_from_a_run_folder(tmp_path, capsys):
+    run = _run(tmp_path, {"ours_expected": (100.0, 400), "ours_joint": (400.0, 400)})
+    joint_tables.main(["--run", str(run), "--no_information"])
+    out = capsys.readouterr().out
+    assert out.count("### ") == 2 and "4.00x ours, frozen" in out  # contrasts and cost (no conditions here)
