@@ -87,6 +87,15 @@ class Dynamics(nn.Module, ABC):
                                       slot.repeat_interleave(num_paths), paths.flatten(0, 1))  # (B*K, T, A)
         return logits.view(batch, num_paths, horizon, -1)
 
+    def sample_logits(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor,
+                      slot: torch.Tensor, num_paths: int, horizon: int, temperature: float,
+                      generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``sample``'s paths (B, K, T) (the same draws) and the logits (B, K, T, A) each step was drawn from, with
+        gradients (``path_logits``). Here: the paths without gradients, then ``path_logits``."""
+        with torch.no_grad():
+            paths = self.sample(prediction, latents, latent_mask, slot, num_paths, horizon, temperature, generator)
+        return paths, self.path_logits(prediction, latents, latent_mask, slot, paths)
+
     @abstractmethod
     def start(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor, slot: torch.Tensor,
               horizon: int):
@@ -230,8 +239,8 @@ class RecurrentDynamics(Dynamics):
             counts = num_paths.to(device)
         else:
             counts = torch.full((batch_size,), num_paths, dtype=torch.long, device=device)
-        paths, steps = self._sample_shared_prefixes(prediction, state, counts, state.horizon, temperature, generator,
-                                                    top_actions)
+        paths, steps, _ = self._sample_shared_prefixes(prediction, state, counts, state.horizon, temperature,
+                                                       generator, top_actions)
         most = int(counts.max())
         if int(counts.min()) == most:
             outputs = [x.view(batch_size, most, *x.shape[1:]) for x in (paths, *steps)]  # (B, K, T[, M])
@@ -241,29 +250,44 @@ class RecurrentDynamics(Dynamics):
 
     def _sample_shared_prefixes(self, prediction: nn.Module, state: RecurrentState, counts: torch.Tensor,
                                 horizon: int, temperature: float, generator: torch.Generator | None,
-                                top_actions: int = 0) -> tuple[torch.Tensor, tuple]:
-        """counts (B,) paths per boundary -> the paths, boundary after boundary: (P, T), and with ``top_actions``
-        M the (step_actions, step_probs) (P, T, M) of each step's distribution (else ()).
+                                top_actions: int = 0, keep_logits: bool = False) -> tuple[torch.Tensor, tuple, torch.Tensor | None]:
+        """counts (B,) paths per boundary -> the paths, boundary after boundary: (P, T); with ``top_actions``
+        M the (step_actions, step_probs) (P, T, M) of each step's distribution (else ()); with ``keep_logits`` the
+        logits (P, T, A) each step was drawn from (else None; with gradients where they are enabled).
 
         Paths that share a prefix share their state, so g and f run once per distinct (boundary, prefix):
         U <= P states. Each path samples from its own row of probabilities, so the draws are exactly those
         of independent rollouts."""
         num_actions = state.logits.shape[-1]
         state_of_path = torch.arange(len(counts), device=counts.device).repeat_interleave(counts)  # (P,)
-        actions, step_ids, step_probs = [], [], []
+        actions, step_ids, step_probs, logits = [], [], [], []
         for step in range(horizon):
             if step > 0:
                 keys = state_of_path * num_actions + actions[-1]  # (P,) (parent state, action)
                 unique_keys, state_of_path = torch.unique(keys, return_inverse=True)  # (U,), (P,)
                 state = self.step(prediction, state.select(unique_keys // num_actions), unique_keys % num_actions)
-            probs = step_distribution(state.logits, temperature)  # (U, A)
+            if keep_logits:
+                logits.append(state.logits[state_of_path])  # (P, A)
+            probs = step_distribution(state.logits.detach(), temperature)  # (U, A)
             actions.append(torch.multinomial(probs[state_of_path], 1, generator=generator).squeeze(1))  # (P,)
             if top_actions:
                 ids, top = top_of(probs, top_actions)  # (U, M)
                 step_ids.append(ids[state_of_path])
                 step_probs.append(top[state_of_path])
         steps = (torch.stack(step_ids, dim=1), torch.stack(step_probs, dim=1)) if top_actions else ()
-        return torch.stack(actions, dim=1), steps  # (P, T), ((P, T, M), (P, T, M))
+        kept = torch.stack(logits, dim=1) if keep_logits else None  # (P, T, A)
+        return torch.stack(actions, dim=1), steps, kept  # (P, T), ((P, T, M), (P, T, M)), (P, T, A)
+
+    def sample_logits(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor,
+                      slot: torch.Tensor, num_paths: int, horizon: int, temperature: float,
+                      generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """In one pass: the logits the draws were made from carry the gradients."""
+        state = self.start(prediction, latents, latent_mask, slot, horizon)
+        counts = torch.full((len(slot),), num_paths, dtype=torch.long, device=slot.device)
+        paths, _, logits = self._sample_shared_prefixes(prediction, state, counts, horizon, temperature, generator,
+                                                        keep_logits=True)
+        batch = len(slot)
+        return paths.view(batch, num_paths, horizon), logits.view(batch, num_paths, horizon, -1)
 
 
 def pad_paths(paths: torch.Tensor, counts: torch.Tensor, most: int) -> torch.Tensor:

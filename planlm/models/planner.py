@@ -373,6 +373,17 @@ class Planner(nn.Module):
         latents, latent_mask, slot = self.representation(context_embeds, context_mask)
         return self.dynamics.path_logits(self.prediction, latents, latent_mask, slot, action_paths.clamp(min=0))
 
+    def sample_path_logits(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, num_paths: int,
+                           horizon: int, temperature: float, generator: torch.Generator | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K paths ``start`` then ``sample_from`` draw (the same draws for the same generator) and the logits
+        each step was drawn from, with gradients (joint training; ``Dynamics.sample_logits``: one pass where the
+        dynamics allow it). context_embeds (B, S, E), context_mask (B, S) -> paths (B, K, T), logits (B, K, T, A)."""
+        _check_sampling(num_paths, horizon, temperature)
+        latents, latent_mask, slot = self.representation(context_embeds, context_mask)
+        return self.dynamics.sample_logits(self.prediction, latents, latent_mask, slot, num_paths, horizon,
+                                           temperature, generator)
+
     @torch.no_grad()
     def first_step_logits(self, context_embeds: torch.Tensor, context_mask: torch.Tensor) -> torch.Tensor:
         """The logits of the first action of every path, p(a_i | t_1 .. t_{i-1}): (B, A)."""

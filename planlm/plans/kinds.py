@@ -232,8 +232,7 @@ class PlannerKind(PlanStrategy):
         its path's own prefix (teacher forcing, with gradient), as the plans in expectation of the same draws hold
         it. In expectation the adapter reads the expected embedding; otherwise the straight-through estimator: the
         drawn action forward (the sampled plans' vector, exactly), the expected embedding's gradient backward."""
-        draw = self.draw(boundaries, replace(spec, expectation=False), rng, planner)  # paths (B, K', T)
-        logits = planner.path_logits(boundaries.context_embeds, boundaries.context_mask, draw.paths)  # (B, K', T, A)
+        draw, logits = self.joint_draw(boundaries, spec, rng, planner)  # paths (B, K', T), logits (B, K', T, A)
         ids, probs = top_distribution(logits.flatten(0, -2), self.step_temperature(spec), spec.top_actions)
         steps = tuple(x.view(*draw.paths.shape, -1) for x in (ids, probs))  # (B, K', T, M) each
         plans = Draw(draw.paths, draw.counts, steps).plans(spec.num_paths)
@@ -245,6 +244,13 @@ class PlannerKind(PlanStrategy):
         hard[..., 0] = 1.0
         # (B, K, T, 1+M): the drawn action at weight 1 and the top M at weight 0 forward, but their gradient backward
         return Plans(torch.cat([drawn, plans.action_paths], -1), plans.path_mask, hard + (soft - soft.detach()))
+
+    def joint_draw(self, boundaries: Boundaries, spec: PlanSpec, rng: Optional[torch.Generator],
+                   planner) -> tuple[Draw, torch.Tensor]:
+        """``draw``'s paths (no gradient) and the logits of each of their steps given the path's own prefix, with
+        gradient (``Planner.path_logits``)."""
+        draw = self.draw(boundaries, replace(spec, expectation=False), rng, planner)  # paths (B, K', T)
+        return draw, planner.path_logits(boundaries.context_embeds, boundaries.context_mask, draw.paths)
 
     def source(self, spec, prepared, split, sentences, device, precision, batch_size) -> CachedPlans:
         """Rows of the plan cache ``spec.plans_dir``, or the planner of ``spec.planner_dir`` run now on ``sentences``
@@ -322,6 +328,16 @@ class PlannerSampled(PlannerKind):
 
     def article_batches(self, spec) -> bool:
         return not spec.path_policy.adaptive or spec.temperature == 0
+
+    def joint_draw(self, boundaries, spec, rng, planner):
+        """The same draws and logits in one pass (``Planner.sample_path_logits``): the logits the paths were drawn
+        from carry the gradient."""
+        if boundaries.row is not None or spec.temperature == 0 or spec.path_policy.adaptive:
+            return super().joint_draw(boundaries, spec, rng, planner)
+        paths, logits = planner.sample_path_logits(boundaries.context_embeds, boundaries.context_mask,
+                                                   spec.num_paths, spec.horizon, spec.temperature, rng)
+        counts = torch.full((len(boundaries),), spec.num_paths)
+        return Draw(paths, counts, None), logits
 
     def draw(self, boundaries, spec, rng, planner) -> Draw:
         """K sampled paths (B, K, T), as many per boundary as the path policy gives; in expectation with the

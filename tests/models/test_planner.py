@@ -301,3 +301,25 @@ def test_path_logits_equal_teacher_forcing_of_each_path_in_values_and_gradients(
     assert shared_grads.keys() == each_grads.keys() and shared_grads
     for name, grad in shared_grads.items():
         torch.testing.assert_close(grad, each_grads[name], rtol=1e-5, atol=1e-4, msg=name)  # sums in another order
+
+
+@pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
+def test_sample_path_logits_draws_what_sampling_draws_and_differentiates_its_steps(dynamics):
+    """Joint training's one pass: the paths of ``start`` + ``sample_from`` for the same generator, and the logits of
+    ``path_logits`` on those paths, gradients included."""
+    planner = tiny_planner(seed=9, dynamics=dynamics)
+    embeds, mask = contexts(batch_size=4, num_sentences=5, seed=10)
+    paths, logits = planner.sample_path_logits(embeds, mask, 5, 6, 1.0, torch.Generator().manual_seed(11))
+    drawn = planner.sample_from(planner.start(embeds, mask, 6), 5, 1.0, torch.Generator().manual_seed(11))
+    assert torch.equal(paths, drawn) and logits.shape == (4, 5, 6, 8) and logits.requires_grad
+    weights = torch.randn(4, 5, 6, 8, generator=torch.Generator().manual_seed(12))
+    planner.zero_grad()
+    (logits * weights).sum().backward()
+    one_pass = {name: p.grad.clone() for name, p in planner.named_parameters() if p.grad is not None}
+    planner.zero_grad()
+    again = planner.path_logits(embeds, mask, paths)
+    (again * weights).sum().backward()
+    torch.testing.assert_close(logits.detach(), again.detach(), rtol=1e-5, atol=1e-6)
+    for name, p in planner.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(one_pass[name], p.grad, rtol=1e-5, atol=1e-4, msg=name)
