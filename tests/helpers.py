@@ -232,3 +232,9 @@ def report_target(report: str, name: str) -> bool:
              line[8:].startswith(name)]
     assert len(lines) == 1, report
     return lines[0].startswith("- PASS")
+
+
+def seeded_contrast(b: str, a: str, diffs: list[float], low: float, high: float) -> dict:
+    """A contrast of a run's results.json (``planlm compare``'s fields) with one difference per seed 0, 1, ..."""
+    return {"b": b, "a": a, "diff": sum(diffs) / len(diffs), "ci_low": low, "ci_high": high,
+            "seed_diffs": {str(seed): diff for seed, diff in enumerate(diffs)}}

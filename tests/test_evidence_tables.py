@@ -10,24 +10,20 @@ import numpy as np
 import pytest
 
 from experiments import evidence_tables, power_analysis
+from tests.helpers import seeded_contrast
 
 pytestmark = pytest.mark.lab  # a research script of experiments/: `pytest -m lab`
 
 SEEDS = ["0", "1", "2"]
 
 
-def _contrast(b, a, diffs, low, high):
-    return {"b": b, "a": a, "diff": float(np.mean(diffs)), "ci_low": low, "ci_high": high,
-            "seed_diffs": dict(zip(SEEDS, diffs))}
-
-
 def _results():
-    contrasts = [_contrast("oracle", "fixed", [-6.0, -7.0, -5.0], -8.0, -4.0),
-                 _contrast("ours", "fixed", [-1.0, -0.5, -1.5], -2.0, -0.1),
-                 _contrast("cornille", "fixed", [-1.0, 0.5, -0.5], -2.5, +1.5),
-                 _contrast("ours", "ours_t1", [0.2, -0.2, 0.3], -0.5, +0.7),
-                 _contrast("ours", "ours_pa", [0.0, 0.01, -0.01], -0.05, +0.05),
-                 _contrast("ours", "cornille", [1.0, 1.5, 0.5], +0.2, +2.0)]
+    contrasts = [seeded_contrast("oracle", "fixed", [-6.0, -7.0, -5.0], -8.0, -4.0),
+                 seeded_contrast("ours", "fixed", [-1.0, -0.5, -1.5], -2.0, -0.1),
+                 seeded_contrast("cornille", "fixed", [-1.0, 0.5, -0.5], -2.5, +1.5),
+                 seeded_contrast("ours", "ours_t1", [0.2, -0.2, 0.3], -0.5, +0.7),
+                 seeded_contrast("ours", "ours_pa", [0.0, 0.01, -0.01], -0.05, +0.05),
+                 seeded_contrast("ours", "cornille", [1.0, 1.5, 0.5], +0.2, +2.0)]
     points = [{"value": k, "K": k, "T": 5, "tau": 1.0, "ppl": 200.0 - k / 10,
                "seed_diffs": dict(zip(SEEDS, [0.0] * 3 if k == 1 else [-k / 10] * 3)),
                "diff": 0.0 if k == 1 else -k / 10, "ci_low": 0.0 if k == 1 else -k / 10 - 0.1,
@@ -72,9 +68,9 @@ def test_the_script_prints_every_table_from_a_run_folder(tmp_path, capsys):
         evidence_tables.main(["--run", str(tmp_path / "missing")])
 
 
-def test_a_second_run_is_shown_beside_the_first_contrast_by_contrast():
+def test_a_second_run_is_shown_beside_the_first_contrast_byseeded_contrast():
     results, other = _results(), _results()
-    other["contrasts"][1] = _contrast("ours", "fixed", [-2.0, -1.5, -2.5], -3.0, -1.0)
+    other["contrasts"][1] = seeded_contrast("ours", "fixed", [-2.0, -1.5, -2.5], -3.0, -1.0)
     table = evidence_tables.overlay_tables(results, other, evidence_tables.claim_rows(results))
     ours = next(line for line in table if line.startswith("| ours - Fixed"))
     assert "**-1.00 [-2.00, -0.10]** | **-2.00 [-3.00, -1.00]** | -2.00, -1.50, -2.50 |" in ours

@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from experiments import joint_tables
+from tests.helpers import seeded_contrast
 
 pytestmark = pytest.mark.lab  # a research script of experiments/: `pytest -m lab`
 
-SEEDS = ["0", "1", "2"]
-
-
-def _contrast(b, a, diffs, low, high):
-    return {"b": b, "a": a, "diff": float(np.mean(diffs)), "ci_low": low, "ci_high": high,
-            "seed_diffs": dict(zip(SEEDS, diffs))}
-
-
 def _results():
-    return {"contrasts": [_contrast("ours_joint", "ours_expected", [-1.0, -0.5, -1.5], -2.0, -0.2),
-                          _contrast("cornille_joint", "cornille", [0.5, -0.5, 0.3], -1.0, +1.2),
-                          _contrast("ours_joint", "ours_joint_st", [0.4, 0.6, 0.5], +0.1, +0.9),
-                          _contrast("ours_joint_w0", "ours_expected", [0.0, 0.1, -0.1], -0.3, +0.3)],
+    return {"contrasts": [seeded_contrast("ours_joint", "ours_expected", [-1.0, -0.5, -1.5], -2.0, -0.2),
+                          seeded_contrast("cornille_joint", "cornille", [0.5, -0.5, 0.3], -1.0, +1.2),
+                          seeded_contrast("ours_joint", "ours_joint_st", [0.4, 0.6, 0.5], +0.1, +0.9),
+                          seeded_contrast("ours_joint_w0", "ours_expected", [0.0, 0.1, -0.1], -0.3, +0.3)],
             "conditions": [], "positions": []}
 
 
