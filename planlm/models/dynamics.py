@@ -221,14 +221,11 @@ class RecurrentDynamics(Dynamics):
         (boundary, prefix), U <= B*K rows a step, and each path reads its own state's logits."""
         batch, num_paths, horizon = paths.shape
         state = self.start(prediction, latents, latent_mask, slot, horizon)  # logits (B, A)
-        num_actions = state.logits.shape[-1]
         flat = paths.flatten(0, 1)  # (P, T), P = B*K
         state_of_path = torch.arange(batch, device=paths.device).repeat_interleave(num_paths)  # (P,)
         logits = [state.logits[state_of_path]]
         for step in range(1, horizon):
-            keys = state_of_path * num_actions + flat[:, step - 1]  # (P,) (parent state, action)
-            unique_keys, state_of_path = torch.unique(keys, return_inverse=True)  # (U,), (P,)
-            state = self.step(prediction, state.select(unique_keys // num_actions), unique_keys % num_actions)
+            state, state_of_path = self._branch(prediction, state, state_of_path, flat[:, step - 1])
             logits.append(state.logits[state_of_path])  # (P, A)
         return torch.stack(logits, dim=1).view(batch, num_paths, horizon, -1)
 
@@ -258,14 +255,11 @@ class RecurrentDynamics(Dynamics):
         Paths that share a prefix share their state, so g and f run once per distinct (boundary, prefix):
         U <= P states. Each path samples from its own row of probabilities, so the draws are exactly those
         of independent rollouts."""
-        num_actions = state.logits.shape[-1]
         state_of_path = torch.arange(len(counts), device=counts.device).repeat_interleave(counts)  # (P,)
         actions, step_ids, step_probs, logits = [], [], [], []
         for step in range(horizon):
             if step > 0:
-                keys = state_of_path * num_actions + actions[-1]  # (P,) (parent state, action)
-                unique_keys, state_of_path = torch.unique(keys, return_inverse=True)  # (U,), (P,)
-                state = self.step(prediction, state.select(unique_keys // num_actions), unique_keys % num_actions)
+                state, state_of_path = self._branch(prediction, state, state_of_path, actions[-1])
             if keep_logits:
                 logits.append(state.logits[state_of_path])  # (P, A)
             probs = step_distribution(state.logits.detach(), temperature)  # (U, A)
@@ -277,6 +271,15 @@ class RecurrentDynamics(Dynamics):
         steps = (torch.stack(step_ids, dim=1), torch.stack(step_probs, dim=1)) if top_actions else ()
         kept = torch.stack(logits, dim=1) if keep_logits else None  # (P, T, A)
         return torch.stack(actions, dim=1), steps, kept  # (P, T), ((P, T, M), (P, T, M)), (P, T, A)
+
+    def _branch(self, prediction: nn.Module, state: RecurrentState, state_of_path: torch.Tensor,
+                actions: torch.Tensor) -> tuple[RecurrentState, torch.Tensor]:
+        """One step of paths that share states: state_of_path (P,) rows of ``state`` (U states), actions (P,) ->
+        the state of each distinct (parent state, action), U' rows, and each path's row in it (P,)."""
+        num_actions = state.logits.shape[-1]
+        keys = state_of_path * num_actions + actions  # (P,)
+        unique_keys, state_of_path = torch.unique(keys, return_inverse=True)  # (U',), (P,)
+        return self.step(prediction, state.select(unique_keys // num_actions), unique_keys % num_actions), state_of_path
 
     def sample_logits(self, prediction: nn.Module, latents: torch.Tensor, latent_mask: torch.Tensor,
                       slot: torch.Tensor, num_paths: int, horizon: int, temperature: float,

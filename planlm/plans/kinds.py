@@ -331,9 +331,7 @@ class PlannerSampled(PlannerKind):
 
     def joint_draw(self, boundaries, spec, rng, planner):
         """The same draws and logits in one pass (``Planner.sample_path_logits``): the logits the paths were drawn
-        from carry the gradient."""
-        if boundaries.row is not None or spec.temperature == 0 or spec.path_policy.adaptive:
-            return super().joint_draw(boundaries, spec, rng, planner)
+        from carry the gradient (``check_joint`` leaves no greedy nor adaptive sampling here)."""
         paths, logits = planner.sample_path_logits(boundaries.context_embeds, boundaries.context_mask,
                                                    spec.num_paths, spec.horizon, spec.temperature, rng)
         counts = torch.full((len(boundaries),), spec.num_paths)
