@@ -121,12 +121,15 @@ def conditions_table(results: dict) -> list[str]:
     if not results["conditions"]:
         return []
     contrasts = {(c["b"], c["a"]): c for c in results["contrasts"]}
-    lines = ["| model | PPL, mean over seeds [min, max] | - none [95% CI] | - Fixed [95% CI] | share of the oracle's "
-             "gain [95% CI] | plan usage |", "|---|---|---|---|---|---|"]
+    # the report pairs every condition with its first one (none, or Fixed in a run without none)
+    reference = next((c["paired_reference"] for c in results["conditions"] if c.get("paired_reference")), "none")
+    name = "Fixed" if reference == "fixed" else reference
+    lines = [f"| model | PPL, mean over seeds [min, max] | - {name} [95% CI] | - Fixed [95% CI] | share of the "
+             "oracle's gain [95% CI] | plan usage |", "|---|---|---|---|---|---|"]
     for c in results["conditions"]:
         minus_none = (_ci(c["paired_diff"], c["paired_ci_low"], c["paired_ci_high"])
                       if c.get("paired_diff") is not None else "")
-        fixed = contrasts.get((c["name"], "fixed"))
+        fixed = contrasts.get((c["name"], "fixed")) if reference != "fixed" else None
         minus_fixed = _ci(fixed["diff"], fixed["ci_low"], fixed["ci_high"]) if fixed else ""
         share = ""
         if c.get("oracle_share") is not None:

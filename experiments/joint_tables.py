@@ -112,12 +112,15 @@ def information_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+RESTORED = "Restoring states from the checkpoint"  # Lightning's line when fit resumes from a checkpoint
+
+
 def _resumed(run: Path, condition: str, seed: int) -> bool:
-    """Whether the condition's training was started more than once (its wall time then covers the last start)."""
+    """Whether the condition's training resumed from a checkpoint (its wall time then covers the last start only).
+    A run that restarts and reuses the finished stage also writes a `====` header to the log, so the headers alone
+    do not tell."""
     log = run / "logs" / f"train-lm_{condition}_seed{seed}.txt"
-    if not log.is_file():
-        return False
-    return sum(line.startswith("==== ") for line in log.read_text(errors="replace").splitlines()) > 1
+    return log.is_file() and RESTORED in log.read_text(errors="replace")
 
 
 def cost_rows(run: Path, conditions: Sequence[str]) -> list[dict]:

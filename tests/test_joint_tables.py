@@ -30,9 +30,13 @@ def _run(tmp_path, steps: dict[str, tuple[float, int]], resumed: tuple[str, int]
                                                               "global_step": step}))
     (tmp_path / "lm" / "ours_joint" / "seed2").mkdir()  # training, no manifest yet: not counted
     (tmp_path / "logs").mkdir()
+    for condition in steps:  # a finished training whose run was restarted later: its stage reused, not resumed
+        (tmp_path / "logs" / f"train-lm_{condition}_seed0.txt").write_text(
+            "==== 2026-01-01 00:00:00\nfit\n==== 2026-01-01 01:00:00\n==== 2026-01-01 02:00:00\n")
     if resumed:
         (tmp_path / "logs" / f"train-lm_{resumed[0]}_seed{resumed[1]}.txt").write_text(
-            "==== 2026-01-01 00:00:00\nfirst\n==== 2026-01-01 01:00:00\nagain\n")
+            "==== 2026-01-01 00:00:00\nfirst\n==== 2026-01-01 01:00:00\n"
+            f"INFO: {joint_tables.RESTORED} path at lm/{resumed[0]}/seed{resumed[1]}/last.ckpt\nagain\n")
     (tmp_path / "results.json").write_text(json.dumps(_results()))
     return tmp_path
 
@@ -67,3 +71,15 @@ def test_the_script_prints_the_tables_from_a_run_folder(tmp_path, capsys):
     joint_tables.main(["--run", str(run), "--no_information"])
     out = capsys.readouterr().out
     assert out.count("### ") == 2 and "4.00x ours, frozen" in out  # contrasts and cost (no conditions here)
+
+
+def test_the_conditions_table_names_the_reference_the_report_paired_with():
+    """The joint run has no `none`: the report pairs every condition with Fixed, and the column says so."""
+    condition = {"name": "ours_joint", "label": "ours, joint", "ppl": 212.0, "ppl_seed_min": 211.0,
+                 "ppl_seed_max": 213.0, "paired_reference": "fixed", "paired_diff": -1.2, "paired_ci_low": -2.0,
+                 "paired_ci_high": -0.4, "oracle_share": 0.2, "oracle_share_ci_low": 0.1,
+                 "oracle_share_ci_high": 0.3, "plan_usage_ppl": 7.5}
+    fixed = {"b": "ours_joint", "a": "fixed", "diff": -1.2, "ci_low": -2.0, "ci_high": -0.4}
+    table = joint_tables.conditions_table({"conditions": [condition], "contrasts": [fixed]})
+    assert table[0].startswith("| model | PPL, mean over seeds [min, max] | - Fixed [95% CI] | - Fixed [95% CI] |")
+    assert table[2] == "| ours, joint | 212.00 [211.00, 213.00] | **-1.20 [-2.00, -0.40]** |  | 20% [10%, 30%] | 7.50 |"
