@@ -21,7 +21,8 @@ Prints, in Markdown:
    the measured effect, seed sd and document SE, with this test set and with twice the test documents.
 
 ``--overlay RUN`` adds, per contrast, the same contrast in a second run of the same seeds and test set (the larger
-planner's twin) and the cross-run difference of each condition, paired seed by seed.
+planner's twin), the cross-run difference of each condition, paired seed by seed, and both runs' planners'
+information on the test split.
 """
 
 from __future__ import annotations
@@ -230,6 +231,47 @@ def cross_run_table(run: Path, other_run: Path, conditions: Sequence[str] = ("no
     return lines
 
 
+PLANNERS = {"ours' planner": "planner", "Cornille et al.'s planner": "planners/cornille"}
+
+
+def planner_information(run: Path, split: str = "test") -> dict[str, dict[int, dict]]:
+    """Per planner of the run (ours' and Cornille et al.'s), its information on ``split`` for every seed, against
+    that seed's own codebook (``planlm.train.planner_metrics.held_out_information``)."""
+    from planlm.train.planner_metrics import held_out_information
+
+    out = {}
+    for name, folder in PLANNERS.items():
+        seeds = sorted(int(p.parent.name[4:]) for p in (Path(run) / folder).glob("seed*/summary.json"))
+        out[name] = {}
+        for seed in seeds:
+            summary = json.loads((Path(run) / folder / f"seed{seed}" / "summary.json").read_text())
+            out[name][seed] = held_out_information(Path(run) / folder / f"seed{seed}",
+                                                   Path(run) / "codebooks" / f"seed{seed}", split,
+                                                   summary.get("train_split"))
+    return out
+
+
+def information_table(runs: dict[str, dict[str, dict[int, dict]]]) -> list[str]:
+    """``planner_information`` of each run side by side: step 1 (teacher-forced) with every seed, and the last step
+    free-running, each the mean over seeds; the unigram NLL is the codebook's (each run's own)."""
+    lines = []
+    for run_name, planners in runs.items():
+        for name, by_seed in planners.items():
+            if not by_seed:
+                continue
+            seeds = sorted(by_seed)
+            first = [by_seed[s]["teacher_forced"]["nats"][0] for s in seeds]
+            last = [by_seed[s]["free_running"]["nats"][-1] for s in seeds]
+            unigram = np.mean([by_seed[s]["unigram_nll"][0] for s in seeds])
+            horizon = len(by_seed[seeds[0]]["free_running"]["nats"])
+            lines.append(f"| {run_name} | {name} | {unigram:.3f} | **{np.mean(first):.3f}** "
+                         f"({', '.join(f'{v:.3f}' for v in first)}) | {np.mean(last):.3f} (step {horizon}) |")
+    if not lines:
+        return []
+    return ["| run | planner | unigram NLL, step 1 | information, step 1 (seeds) | information, last step "
+            "free-running |", "|---|---|---|---|---|"] + lines
+
+
 def needs_table(run: Path, rows: list[dict], seeds: Sequence[int] = tuple(range(2, 33)), draws: int = 4000) -> list[str]:
     """For each target whose interval includes 0: the power of the run's own S at the measured effect, seed sd and
     document SE (``planlm compare``'s), and the S that would reach 80% (power_analysis.power_curve), with this
@@ -281,6 +323,8 @@ def render(results: dict, other: Optional[dict] = None, runs: Optional[tuple[Pat
     if other is not None:
         parts.append(("the other run", overlay_tables(results, other, rows)))
         parts.append(("the other run, condition by condition", cross_run_table(*runs)))
+        parts.append(("the planners' information (test split)",
+                      information_table({str(run): planner_information(run) for run in runs})))
     return "\n".join(f"### {title}\n\n" + "\n".join(lines) + "\n" for title, lines in parts if lines)
 
 

@@ -75,3 +75,19 @@ def test_a_second_run_is_shown_beside_the_first_contrast_byseeded_contrast():
     ours = next(line for line in table if line.startswith("| ours - Fixed"))
     assert "**-1.00 [-2.00, -0.10]** | **-2.00 [-3.00, -1.00]** | -2.00, -1.50, -2.50 |" in ours
     assert len(table) == 2 + 7
+
+
+def _information(first: float, last: float, unigram: float = 4.1) -> dict:
+    return {"unigram_nll": [unigram] * 5, "teacher_forced": {"nats": [first] + [first - 0.05] * 4},
+            "free_running": {"nats": [first, 0.5, 0.4, 0.3, last]}}
+
+
+def test_the_planners_information_of_two_runs_is_shown_with_every_seed():
+    runs = {"runs/a": {"ours' planner": {0: _information(0.8, 0.2), 1: _information(0.7, 0.1)},
+                       "Cornille et al.'s planner": {}},
+            "runs/b": {"ours' planner": {0: _information(1.0, 0.4, 4.0), 1: _information(1.2, 0.3, 4.2)}}}
+    table = evidence_tables.information_table(runs)
+    assert len(table) == 2 + 2  # a planner without seeds gets no row
+    assert table[2] == "| runs/a | ours' planner | 4.100 | **0.750** (0.800, 0.700) | 0.150 (step 5) |"
+    assert table[3] == "| runs/b | ours' planner | 4.100 | **1.100** (1.000, 1.200) | 0.350 (step 5) |"
+    assert evidence_tables.information_table({"runs/a": {"ours' planner": {}}}) == []
