@@ -116,9 +116,10 @@ RESTORED = "Restoring states from the checkpoint"  # Lightning's line when fit r
 
 
 def _resumed(run: Path, condition: str, seed: int) -> bool:
-    """Whether the condition's training resumed from a checkpoint (its wall time then covers the last start only).
-    A run that restarts and reuses the finished stage also writes a `====` header to the log, so the headers alone
-    do not tell."""
+    """Whether the condition's training resumed from a checkpoint (its wall time then covers the last start only),
+    for a manifest written before train-lm recorded ``resumed_from_step``: from the training's log. A run that
+    restarts and reuses the finished stage also writes a `====` header to the log, so the headers alone do not
+    tell."""
     log = run / "logs" / f"train-lm_{condition}_seed{seed}.txt"
     return log.is_file() and RESTORED in log.read_text(errors="replace")
 
@@ -129,6 +130,11 @@ def cost_rows(run: Path, conditions: Sequence[str]) -> list[dict]:
         per_step, resumed = [], []
         for seed in _seeds(run, condition):
             manifest = json.loads((run / "lm" / condition / f"seed{seed}" / "manifest.json").read_text())
+            if "resumed_from_step" in manifest:  # the wall time covers the steps trained since the last start
+                timed = manifest["global_step"] - manifest["resumed_from_step"]
+                if timed > 0:
+                    per_step.append(manifest["train_wall_time_s"] / timed)
+                continue
             if _resumed(run, condition, seed):
                 resumed.append(seed)
                 continue

@@ -84,3 +84,13 @@ def test_the_conditions_table_names_the_reference_the_report_paired_with():
     assert table[0] == ("| model | PPL, mean over seeds [min, max] | - Fixed [95% CI] | share of the oracle's gain "
                         "[95% CI] | plan usage |") and table[1] == "|---|---|---|---|---|"
     assert table[2] == "| ours, joint | 212.00 [211.00, 213.00] | **-1.20 [-2.00, -0.40]** | 20% [10%, 30%] | 7.50 |"
+
+
+def test_a_manifest_that_records_its_resumed_step_times_only_the_steps_since(tmp_path):
+    run = _run(tmp_path, {"ours_expected": (100.0, 400), "ours_joint": (400.0, 400)}, resumed=("ours_joint", 1))
+    for seed, first_step in ((0, 0), (1, 300)):  # seed 1 resumed at step 300: its 800 s trained 100 steps
+        path = run / "lm" / "ours_joint" / f"seed{seed}" / "manifest.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "resumed_from_step": first_step}))
+    rows = {r["condition"]: r for r in joint_tables.cost_rows(run, ["ours_expected", "ours_joint"])}
+    assert rows["ours_joint"] == {"condition": "ours_joint", "per_step": pytest.approx((1.0 + 8.0) / 2), "seeds": 2,
+                                  "resumed": []}

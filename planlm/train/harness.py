@@ -226,6 +226,13 @@ def _read_stamp(stamp: Path) -> str | None:
     return record.get("config_fingerprint")
 
 
+def checkpoint_step(path: str) -> int:
+    """The global step a Lightning checkpoint was saved at (its tensors memory-mapped, not read)."""
+    import torch
+
+    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+
+
 def fit(trainer: L.Trainer, module: L.LightningModule, train_loader, val_loaders, ckpt_path: str | None) -> None:
     """``trainer.fit``, resumable within an epoch (``ResumeMidEpoch``) when the training sampler can skip
     batches and one process trains, and without the warnings that a resumed run or a tiny corpus always

@@ -38,7 +38,7 @@ from planlm.seeds import derive_seed
 from planlm.speed import keep_freed_memory, speed_up_lm
 from planlm.stage import StageDir, config_fingerprint
 from planlm.train.args import TrainArgs
-from planlm.train.harness import build_trainer, fit, load_best, resume_checkpoint
+from planlm.train.harness import build_trainer, checkpoint_step, fit, load_best, resume_checkpoint
 from planlm.train.lm_module import MULTIPATH_LR_SCALE, LightningJointLM, LightningLM
 from planlm.train.resume import EpochShuffle
 
@@ -368,9 +368,10 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
 
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     train_loader, val_loaders = _loaders(prepared, spec, train, pad_token_id, planner)
-    trainer, best, start = _train(planned, train, runtime, out, stage.key, train_loader, val_loaders, spec, planner)
+    trainer, best, start, first_step = _train(planned, train, runtime, out, stage.key, train_loader, val_loaders,
+                                              spec, planner)
     if trainer.is_global_zero:
-        results = _run_results(trainer, best, start)
+        results = _run_results(trainer, best, start, first_step)
         if planner is not None:  # beside the LM, before its card: evaluation finds it there (recorded_plan_folders)
             planner.cpu().save_pretrained(out / JOINT_PLANNER)
         planned.cpu().save_pretrained(out, tokenizer=tokenizer, training=_card_training(prepared, results))
@@ -395,10 +396,12 @@ def _run_config(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec,
 
 def _train(planned: PlannedLM, train: LMTrainConfig, runtime: LMRuntime, out: Path, run_config: dict,
            train_loader: DataLoader, val_loaders: list | None, spec: PlanSpec,
-           planner: Planner | None = None) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, float]:
-    """(trainer, best checkpoint, start time): train through the harness, resuming an interrupted run of the
-    same config; ``planned`` (and a joint run's ``planner``) end with the best checkpoint's weights."""
+           planner: Planner | None = None) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, float, int]:
+    """(trainer, best checkpoint, start time, first step): train through the harness, resuming an interrupted run
+    of the same config at its last checkpoint's step (else step 0); ``planned`` (and a joint run's ``planner``) end
+    with the best checkpoint's weights."""
     ckpt_path = resume_checkpoint(out, "checkpoints.fingerprint", run_config, resume=train.resume)
+    first_step = checkpoint_step(ckpt_path) if ckpt_path else 0
     trainer, best = build_trainer(train, runtime, out, best_filename="step{step}",
                                   log_folders={"csv": "logs", "tensorboard": "tb"}, has_val=val_loaders is not None)
     knobs = dict(lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
@@ -416,7 +419,7 @@ def _train(planned: PlannedLM, train: LMTrainConfig, runtime: LMRuntime, out: Pa
     elif val_loaders:  # a frozen pretrained LM without conditioning: nothing to train, its validation loss only
         trainer.validate(module, val_loaders, verbose=False)
     load_best(module, best)
-    return trainer, best, start
+    return trainer, best, start, first_step
 
 
 def _card_training(prepared: PreparedDataset, results: dict) -> dict:
@@ -428,12 +431,13 @@ def _card_training(prepared: PreparedDataset, results: dict) -> dict:
             "val_loss": results["val_loss"], "val_ppl": results["val_ppl"]}
 
 
-def _run_results(trainer: L.Trainer, best: L.pytorch.callbacks.ModelCheckpoint, start: float) -> dict:
-    """The manifest's account of training: steps, the best checkpoint and its validation loss, plan usage."""
+def _run_results(trainer: L.Trainer, best: L.pytorch.callbacks.ModelCheckpoint, start: float, first_step: int) -> dict:
+    """The manifest's account of training: steps, the best checkpoint and its validation loss, plan usage, and the
+    wall time of this start, which trained the steps from ``resumed_from_step`` (0 unless it resumed a checkpoint)."""
     plan_usage = trainer.callback_metrics.get("val/plan_usage")  # of the last validation, nats per token
     best_score = best.best_model_score if trainer.global_step else trainer.callback_metrics.get("val/loss")
     val_loss = float(best_score) if best_score is not None else None
     return {"global_step": trainer.global_step, "best_checkpoint": best.best_model_path or None, "val_loss": val_loss,
             "last_val_plan_usage": float(plan_usage) if plan_usage is not None else None,
             "val_ppl": math.exp(val_loss) if val_loss is not None else None,
-            "train_wall_time_s": time.time() - start}
+            "train_wall_time_s": time.time() - start, "resumed_from_step": first_step}

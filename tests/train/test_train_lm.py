@@ -255,8 +255,9 @@ def test_resume_continues_from_last_checkpoint(synthetic_random, tmp_path):
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), train=quick(), **kwargs)
     first = load_file(str(out / "adapter.safetensors"))
     # A longer run of the same config resumes at step 2 instead of starting over.
+    assert read_manifest(out)["resumed_from_step"] == 0
     train_lm(str(synthetic_random), str(out), train=quick(max_epochs=2), **kwargs)
-    assert read_manifest(out)["global_step"] == 4
+    assert read_manifest(out)["global_step"] == 4 and read_manifest(out)["resumed_from_step"] == 2
     logged_steps = []
     for path in sorted((out / "logs").glob("version_*/metrics.csv")):
         logged_steps.append([int(row["step"]) for row in read_csv(path) if row.get("train/loss")])
@@ -265,7 +266,7 @@ def test_resume_continues_from_last_checkpoint(synthetic_random, tmp_path):
     # Another config never resumes a foreign checkpoint: it starts from step 0.
     train_lm(str(synthetic_random), str(out), model=LMModelConfig(model_config=TINY),
              plans=PlanSpec(kind="fixed"), train=quick(limit_train_batches=1))
-    assert read_manifest(out)["global_step"] == 1
+    assert read_manifest(out)["global_step"] == 1 and read_manifest(out)["resumed_from_step"] == 0
 
 
 def test_more_max_steps_after_a_run_stopped_inside_an_epoch_trains_them_all(synthetic_random, tmp_path):
