@@ -13,7 +13,8 @@
 
     python experiments/adherence_guidance.py --run runs/demo --out_dir runs/adherence-guidance
 
-Each adherence folder is reused when finished. Prints the tables and writes ``summary.json`` in ``--out_dir``.
+Each adherence folder is reused when finished. Prints the tables and writes ``summary.json`` in ``--out_dir``;
+``--tables`` prints the results page's tables, every seed's value included, from a finished ``--out_dir``.
 """
 
 from __future__ import annotations
@@ -90,14 +91,60 @@ def measure_test(name: str, model_dir: str, prepared: str, out_dir: Path, weight
     return {"folders": {f"{w:g}": str(f) for w, f in folders.items()}, "difference": difference}
 
 
+ROWS = {"outline": "outline", "own": "own planner", "fixed": "Fixed",
+        "shuffled": "shuffled outline (scored on the true one)",
+        "shuffled_asked": "shuffled outline (scored on the one it was given)"}
+
+
+def _cell(stat: dict, scale: float = 100.0, unit: str = "%", digits: int = 1) -> str:
+    each = " / ".join(f"{scale * v:.{digits}f}" for v in stat["seeds"])
+    return (f"{scale * stat['mean']:.{digits}f}{unit} [{scale * stat['ci_low']:.{digits}f}, "
+            f"{scale * stat['ci_high']:.{digits}f}] ({each})")
+
+
+def results_tables(out_dir: Path) -> str:
+    """The results page's tables from a finished ``--out_dir``: the validation sweep, then each test folder's rows
+    with every seed's value, then each model's paired chosen w - 1."""
+    summary = json.loads((out_dir / "summary.json").read_text())
+    lines = ["validation, requested sentences realised (4 seeds): " + ", ".join(
+        f"w = {w}: {100 * v:.1f}%" for w, v in summary["validation"].items()) + f"; chosen w = {summary['chosen']:g}", "",
+        "| model | w | plans | adherence [95% CI] (seeds) | of asked, unfinished a miss [95% CI] (seeds) | top-5 | "
+        "chance | adherence / chance [95% CI] (seeds) | sentences scored (per seed) |", "|---|---|---|---|---|---|---|---|---|"]
+    differences = []
+    for name, result in summary["test"].items():
+        for w, folder in sorted(result["folders"].items(), key=lambda item: float(item[0])):
+            metrics = json.loads((Path(folder) / "metrics.json").read_text())
+            for condition, label in ROWS.items():
+                if condition not in metrics:
+                    continue
+                m = metrics[condition]
+                sentences = " / ".join(map(str, m["sentences"]))
+                lines.append(f"| {name} | {w} | {label} | {_cell(m['adherence'])} | {_cell(m['of_asked'])} | "
+                             f"{100 * m['top5']['mean']:.1f}% | {100 * m['chance']['mean']:.1f}% | "
+                             f"{_cell(m['over_chance'], 1.0, 'x')} | {sentences} of {m['sentences_asked']} |")
+        for condition, stats in result["difference"].items():
+            a, o = stats["adherence"], stats["of_asked"]
+            differences.append(f"| {name} | {ROWS.get(condition, condition)} | {100 * a['mean']:+.1f} "
+                               f"[{100 * a['ci_low']:+.1f}, {100 * a['ci_high']:+.1f}] | {100 * o['mean']:+.1f} "
+                               f"[{100 * o['ci_low']:+.1f}, {100 * o['ci_high']:+.1f}] |")
+    if differences:
+        lines += ["", f"| model | plans | adherence, w = {summary['chosen']:g} - w = 1 (points) | of asked, w = "
+                      f"{summary['chosen']:g} - w = 1 (points) |", "|---|---|---|---|"] + differences
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", default="runs/demo", help="a finished `planlm run --config configs/demo.yaml`")
     parser.add_argument("--out_dir", default="runs/adherence-guidance")
     parser.add_argument("--extra_seeds", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--weights", type=float, nargs="+", default=[1.0, 1.5, 2.0, 3.0, 5.0])
+    parser.add_argument("--tables", action="store_true", help="print the results page's tables of a finished --out_dir")
     args = parser.parse_args()
     run, out_dir = Path(args.run), Path(args.out_dir)
+    if args.tables:
+        print(results_tables(out_dir))
+        return
     prepared = str(run / "prepared")
     models = oracle_models(run, out_dir, args.extra_seeds)
     best, scores = choose_weight(models, prepared, out_dir, args.weights)
