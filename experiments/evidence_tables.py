@@ -234,20 +234,26 @@ def cross_run_table(run: Path, other_run: Path, conditions: Sequence[str] = ("no
 PLANNERS = {"ours' planner": "planner", "Cornille et al.'s planner": "planners/cornille"}
 
 
-def planner_information(run: Path, split: str = "test") -> dict[str, dict[int, dict]]:
-    """Per planner of the run (ours' and Cornille et al.'s), its information on ``split`` for every seed, against
-    that seed's own codebook (``planlm.train.planner_metrics.held_out_information``)."""
+def seed_information(run: Path, planner_dirs: dict[int, Path], trained: str, split: str = "test") -> dict[int, dict]:
+    """Each seed's planner (``planner_dirs``) measured on ``split`` against that seed's own codebook
+    (``planlm.train.planner_metrics.held_out_information``), its baselines fitted on the split that
+    ``RUN/<trained>/seed<s>``'s train-planner trained on."""
     from planlm.train.planner_metrics import held_out_information
 
     out = {}
+    for seed, folder in planner_dirs.items():
+        summary = json.loads((Path(run) / trained / f"seed{seed}" / "summary.json").read_text())
+        out[seed] = held_out_information(folder, Path(run) / "codebooks" / f"seed{seed}", split,
+                                         summary.get("train_split"))
+    return out
+
+
+def planner_information(run: Path, split: str = "test") -> dict[str, dict[int, dict]]:
+    """Per planner of the run (ours' and Cornille et al.'s), ``seed_information`` for every seed it trained."""
+    out = {}
     for name, folder in PLANNERS.items():
         seeds = sorted(int(p.parent.name[4:]) for p in (Path(run) / folder).glob("seed*/summary.json"))
-        out[name] = {}
-        for seed in seeds:
-            summary = json.loads((Path(run) / folder / f"seed{seed}" / "summary.json").read_text())
-            out[name][seed] = held_out_information(Path(run) / folder / f"seed{seed}",
-                                                   Path(run) / "codebooks" / f"seed{seed}", split,
-                                                   summary.get("train_split"))
+        out[name] = seed_information(run, {s: Path(run) / folder / f"seed{s}" for s in seeds}, folder, split)
     return out
 
 

@@ -27,9 +27,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 try:  # imported as the package `experiments` (the tests)
-    from experiments.evidence_tables import _ci, conditions_table, load, verdict
+    from experiments.evidence_tables import _ci, conditions_table, load, seed_information, verdict
 except ImportError:  # run as a script: its folder is sys.path[0]
-    from evidence_tables import _ci, conditions_table, load, verdict
+    from evidence_tables import _ci, conditions_table, load, seed_information, verdict
 
 # (b, a, role): docs/evidence.md's table, in its order
 CONTRASTS = [("ours_joint", "ours_expected", "target"), ("cornille_joint", "cornille", "target"),
@@ -73,7 +73,6 @@ def _seeds(run: Path, condition: str) -> list[int]:
 def information_rows(run: Path, split: str = "test") -> list[dict]:
     """Per planner (frozen, and each joint condition's): its information on ``split`` for every seed."""
     from planlm.models.planned_lm import JOINT_PLANNER
-    from planlm.train.planner_metrics import held_out_information
 
     rows = []
     frozen_done = set()
@@ -87,12 +86,8 @@ def information_rows(run: Path, split: str = "test") -> list[dict]:
             folders[f"frozen ({frozen}/)"] = {s: run / frozen / f"seed{s}" for s in seeds}
         folders[NAMES[condition]] = {s: run / "lm" / condition / f"seed{s}" / JOINT_PLANNER for s in seeds}
         for name, by_seed in folders.items():
-            info = {}
-            for seed, folder in by_seed.items():
-                summary = json.loads((run / frozen / f"seed{seed}" / "summary.json").read_text())
-                info[seed] = held_out_information(folder, run / "codebooks" / f"seed{seed}", split,
-                                                  summary.get("train_split"))
-            rows.append({"planner": name, "condition": condition, "information": info})
+            rows.append({"planner": name, "condition": condition,
+                         "information": seed_information(run, by_seed, frozen, split)})
     return rows
 
 
