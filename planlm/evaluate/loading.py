@@ -19,9 +19,17 @@ def load_model(model_dir: str | Path):
     """A PlannedLM from a ``train-lm`` folder, or a bare HF causal-LM folder wrapped as plans kind ``none``."""
     from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
 
+    from planlm.plans.kinds import plan_kind
+    from planlm.plugins import PluginImportError, UnknownKind
+
     model_dir = Path(model_dir)
     if (model_dir / "planned_lm.json").is_file():
-        return PlannedLM.from_pretrained(model_dir)
+        model = PlannedLM.from_pretrained(model_dir)  # its adapter, by the kind it records
+        try:
+            plan_kind(model.config.plans["kind"])  # its plans kind: a class of someone's own is imported now
+        except (PluginImportError, UnknownKind) as e:
+            raise e.at(str(model_dir)) from None
+        return model
     if (model_dir / "config.json").is_file():
         from transformers import AutoModelForCausalLM
 

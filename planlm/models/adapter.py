@@ -10,11 +10,13 @@ Plans in expectation (beyond the paper; ``PlanSpec.expectation``) give each step
 step's embedding is then the expected one, sum_m p_m Emb(a_m) (``step_embeddings``), everywhere the
 formulas below read Emb(a_t^j), PT's input included (M letters the actions of a step).
 
-Adapters are classes in one registry, as plan kinds are strategies in theirs (``planlm.plans.kinds``): an
-``Adapter`` subclass sets ``name``, implements ``forward`` (and ``check``, ``alphas``, ``gated_parameters`` where
-it has them), and ``register_adapter`` adds it, in this file or in your own code. ``AdapterConfig.kind``
-(``--adapter.kind``) then names it, ``build_adapter`` builds it, and a saved model records the kind in its
-planned_lm.json and is rebuilt through the registry when loaded (docs/extending.md adds one). Built in:
+An adapter is an ``Adapter`` subclass: it implements ``forward`` (and ``check``, ``alphas``, ``gated_parameters``
+where it has them) and names its config dataclass (``config_class``: ``AdapterConfig``, the sizes, or a subclass
+with fields of its own, as ``MultiPathConfig``), so a saved config holds only the fields its kind reads.
+``AdapterConfig.kind`` (``--adapter.kind``) names it by its import path (``my_package.module:ClassName``, imported
+where it is used) or by the ``name`` it is registered under (``register_adapter``, as the built-ins are);
+``build_adapter`` builds it, and a saved model records the kind in its planned_lm.json (a class of your own by its
+import path) and is rebuilt from it when loaded (docs/extending.md adds one). Built in:
 
 ``project_avg`` (the paper's "Project and Avg"; with T = K = 1 the Cornille et al. adapter)::
 
@@ -62,38 +64,106 @@ Design decisions the paper leaves open, made here:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import typing
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
+from typing import ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from planlm.errors import PlanlmError
+from planlm.plugins import PluginImportError, UnknownKind, import_object, import_path_of, is_import_path
 
 ADAPTER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
+SIZES = ("num_actions", "action_dim", "hidden_size", "horizon")
+"""The fields of every adapter config that the data and the LM give (A, E, D, T), never the user."""
+MULTIPATH_FIELDS = ("num_layers", "num_heads", "dim_feedforward", "rezero")
+"""The multipath adapter's settings. Older saved configs hold them for every kind, and settings shared by conditions
+of several kinds may set them: a kind whose config has no such field ignores it."""
+
+
 @dataclass
 class AdapterSettings:
-    """The adapter as a user chooses it (``train-lm --adapter.*``); its sizes come from the data and the LM."""
+    """The adapter as a user chooses it (``train-lm --adapter.*``): its kind and the fields of the kind's own config
+    (``AdapterConfig`` and its subclasses); its sizes come from the data and the LM."""
 
     kind: str = "project_avg"
-    """project_avg (Project and Avg), multipath (PathTransformer + SampleTransformer + ReZero), or a registered
-    adapter (planlm.models.adapter)."""
-    num_layers: int = 1
-    """Layers of the PathTransformer and of the SampleTransformer (multipath only)."""
-    num_heads: int = 2
-    """Attention heads of both transformers (must divide the LM width; multipath only)."""
-    dim_feedforward: int | None = None
-    """Feed-forward width of both transformers (None: 2 x the LM width)."""
-    rezero: bool = True
-    """multipath: ReZero scalars alpha_1, alpha_2 (init 0) around Project-and-Avg; False = the paper's ablation."""
+    """project_avg (Project and Avg), multipath (PathTransformer + SampleTransformer + ReZero), a registered adapter,
+    or an Adapter class of your own by its import path (my_package.module:ClassName; docs/extending.md)."""
+    num_layers: Optional[int] = None
+    """multipath: layers of the PathTransformer and of the SampleTransformer (default 1)."""
+    num_heads: Optional[int] = None
+    """multipath: attention heads of both transformers (must divide the LM width; default 2)."""
+    dim_feedforward: Optional[int] = None
+    """multipath: feed-forward width of both transformers (default: 2 x the LM width)."""
+    rezero: Optional[bool] = None
+    """multipath: ReZero scalars alpha_1, alpha_2 (init 0) around Project-and-Avg (default true); false = the paper's
+    ablation."""
+    options: Optional[dict] = None
+    """Fields of the kind's own config class (Adapter.config_class) by name, for an adapter of your own, e.g.
+    {gate_init: 0.5}."""
+
+    def __post_init__(self):
+        self.kind = adapter_kind(adapter_class(self.kind), self.kind)  # one-line error naming the adapters
+        self.fields()  # one-line errors for options the kind's config does not have
+
+    def fields(self) -> dict:
+        """The fields of the kind's config that these settings set (the multipath ones where the kind has them)."""
+        config_class = adapter_class(self.kind).config_class
+        names = _field_names(config_class)
+        values = {name: getattr(self, name) for name in MULTIPATH_FIELDS
+                  if getattr(self, name) is not None and name in names}
+        options = dict(self.options or {})
+        settable = sorted(names - {"kind", *SIZES})
+        unknown = sorted(set(options) - set(settable))
+        if unknown:
+            raise PlanlmError(f"--adapter.options {unknown}: adapter {self.kind} ({config_class.__name__}) has no such "
+                              f"setting; it takes {settable or 'none'}")
+        twice = sorted(set(options) & set(values))
+        if twice:
+            raise PlanlmError(f"--adapter.options {twice}: set each of them once, as --adapter.<name> or in "
+                              f"--adapter.options")
+        return {**values, **{name: _typed(config_class, name, value) for name, value in options.items()}}
+
+    def reuse_key(self) -> dict:
+        """The settings as a run's reuse key holds them: the shape of the one settings class of earlier releases (the
+        multipath fields at their defaults when unset), so that finished runs stay valid, and the options when set."""
+        key = {"kind": self.kind, "num_layers": 1 if self.num_layers is None else self.num_layers,
+               "num_heads": 2 if self.num_heads is None else self.num_heads, "dim_feedforward": self.dim_feedforward,
+               "rezero": True if self.rezero is None else self.rezero}
+        return {**key, "options": dict(self.options)} if self.options else key
+
+
+class _ConfigOfKind(type):
+    """``AdapterConfig(kind=..., ...)`` builds the kind's own config class (``Adapter.config_class``); a multipath
+    field that the class lacks is ignored (older saved configs hold them for every kind), any other unknown field
+    is a one-line error."""
+
+    def __call__(cls, *args, **kwargs):
+        target = cls
+        if cls is AdapterConfig and (args or "kind" in kwargs):
+            target = adapter_class(kwargs["kind"] if "kind" in kwargs else args[0]).config_class
+        names = _field_names(target)
+        unknown = sorted(set(kwargs) - names - set(MULTIPATH_FIELDS))
+        if unknown:
+            raise PlanlmError(f"adapter {kwargs.get('kind', args[0] if args else target.kind)}: {target.__name__} has "
+                              f"no field(s) {unknown}; its fields are {sorted(names)}")
+        return super(_ConfigOfKind, target).__call__(*args, **{k: v for k, v in kwargs.items() if k in names})
 
 
 @dataclass
-class AdapterConfig(AdapterSettings):
-    """The whole shape of an adapter: the settings plus the sizes of its actions, its LM and its paths."""
+class AdapterConfig(metaclass=_ConfigOfKind):
+    """The whole shape of an adapter, as a saved model records it (planned_lm.json): its kind, the sizes of its
+    actions, its LM and its paths, and the fields of the kind's own config class, a subclass (``MultiPathConfig``,
+    or your adapter's ``config_class``). ``AdapterConfig(kind=...)`` builds the kind's own class, so a saved config
+    holds only the fields its kind reads."""
 
+    kind: str = "project_avg"
+    """The adapter: a registered name (project_avg, multipath) or an Adapter class's import path."""
     action_dim: int = 768
     """E: width of the action embedding table (the codebook's width)."""
     num_actions: int = 1024
@@ -108,15 +178,56 @@ class AdapterConfig(AdapterSettings):
            horizon: int) -> AdapterConfig:
         """The config of ``settings`` for a codebook of ``num_actions`` x ``codebook_width``, an LM of width
         ``hidden_size`` and paths of ``horizon`` steps."""
-        return cls(**asdict(settings), action_dim=codebook_width, num_actions=num_actions, hidden_size=hidden_size,
-                   horizon=horizon)
+        return AdapterConfig(kind=settings.kind, **settings.fields(), action_dim=codebook_width,
+                             num_actions=num_actions, hidden_size=hidden_size, horizon=horizon)
 
     def __post_init__(self):
         cls = adapter_class(self.kind)  # one-line error naming the adapters
-        for name in ("num_actions", "action_dim", "hidden_size", "horizon", "num_layers", "num_heads"):
+        self.kind = adapter_kind(cls, self.kind)
+        if not isinstance(self, cls.config_class):
+            raise PlanlmError(f"adapter {self.kind} reads a {cls.config_class.__name__}, not a {type(self).__name__}; "
+                              f"build it as AdapterConfig(kind={self.kind!r}, ...)")
+        for name in SIZES:
             if getattr(self, name) < 1:
                 raise PlanlmError(f"adapter {name} must be >= 1 (got {getattr(self, name)})")
         cls.check(self)
+
+
+@dataclass
+class MultiPathConfig(AdapterConfig):
+    """The multipath adapter's config: the sizes plus its two transformers' shape and the ReZero switch."""
+
+    kind: str = "multipath"
+    num_layers: int = 1
+    """Layers of the PathTransformer and of the SampleTransformer."""
+    num_heads: int = 2
+    """Attention heads of both transformers (must divide the LM width)."""
+    dim_feedforward: Optional[int] = None
+    """Feed-forward width of both transformers (None: 2 x the LM width)."""
+    rezero: bool = True
+    """ReZero scalars alpha_1, alpha_2 (init 0) around Project-and-Avg; False = the paper's ablation."""
+
+
+def _field_names(config_class: type) -> set[str]:
+    return {f.name for f in dataclass_fields(config_class)}
+
+
+def _typed(config_class: type, name: str, value):
+    """An option as its field's type reads it: a command-line value arrives as text (``--adapter.options.x 0.5``)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        hint = typing.get_type_hints(config_class).get(name)
+    except Exception:  # an annotation this module cannot resolve: the value as given
+        return value
+    if hint is str or str in typing.get_args(hint):
+        return value
+    import yaml
+
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
 
 
 def gather_rows(table: Tensor, index: Tensor) -> Tensor:
@@ -138,7 +249,7 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int) -> Tensor:
     return total / count
 
 
-def _encoder(config: AdapterConfig) -> nn.TransformerEncoder:
+def _encoder(config: MultiPathConfig) -> nn.TransformerEncoder:
     layer = nn.TransformerEncoderLayer(
         d_model=config.hidden_size, nhead=config.num_heads,
         dim_feedforward=config.dim_feedforward or 2 * config.hidden_size, dropout=0.0,
@@ -150,12 +261,16 @@ def _encoder(config: AdapterConfig) -> nn.TransformerEncoder:
 class Adapter(nn.Module):
     """One kind of adapter: ``forward(action_paths, path_mask, action_probs) -> (N, D)`` plan vectors, one per
     sentence, added to the token embeddings of its sentence. A subclass sets ``name``, builds its modules from
-    ``config`` (an ``AdapterConfig``: the settings and the sizes A, E, D, T) in ``__init__`` (``codebook``: the
-    (A, E) k-means centroids, for an embedding table initialised from them) and implements ``forward``; a fresh
+    ``config`` (its ``config_class``: the sizes A, E, D, T and the fields of its own) in ``__init__`` (``codebook``:
+    the (A, E) k-means centroids, for an embedding table initialised from them) and implements ``forward``; a fresh
     one should be a no-op (zero plan vectors, the LM unchanged) so that conditioning starts from the base LM.
-    ``register_adapter`` makes it a choice of ``--adapter.kind``."""
+    ``--adapter.kind`` names it by its import path (``my_package.module:ClassName``), or by ``name`` once
+    ``register_adapter`` has added it."""
 
     name: str = ""
+    config_class: ClassVar[type[AdapterConfig]] = AdapterConfig
+    """The dataclass of this adapter's config: ``AdapterConfig`` (the sizes alone) or a subclass with its own fields
+    (``--adapter.options`` sets them; a saved model records them in planned_lm.json)."""
 
     def __init__(self, config: AdapterConfig, codebook: Tensor | None = None):
         super().__init__()
@@ -235,13 +350,17 @@ class MultiPath(ProjectAvg):
     ProjectAvg state dict loads into it with ``strict=False``."""
 
     name = "multipath"
+    config_class = MultiPathConfig
 
     @classmethod
-    def check(cls, config: AdapterConfig) -> None:
+    def check(cls, config: MultiPathConfig) -> None:
+        for field in ("num_layers", "num_heads"):
+            if getattr(config, field) < 1:
+                raise PlanlmError(f"adapter {field} must be >= 1 (got {getattr(config, field)})")
         if config.hidden_size % config.num_heads:
             raise PlanlmError(f"--adapter.num_heads {config.num_heads} must divide the LM width {config.hidden_size}")
 
-    def __init__(self, config: AdapterConfig, codebook: Tensor | None = None):
+    def __init__(self, config: MultiPathConfig, codebook: Tensor | None = None):
         nn.Module.__init__(self)
         self.config = config
         self.action_embedding = nn.Embedding(config.num_actions, config.action_dim)
@@ -383,7 +502,7 @@ ADAPTERS: dict[str, type[Adapter]] = {}
 
 def register_adapter(cls: type[Adapter]) -> type[Adapter]:
     """Add an adapter class under ``cls.name`` (a class decorator too; registering the same class again replaces
-    it, another class under a taken name is an error)."""
+    it, another class under a taken name is an error). A class named by its import path needs no registration."""
     name = str(cls.name)
     if not name:
         raise PlanlmError(f"{cls.__name__}: an adapter needs a name (set the class's name)")
@@ -394,12 +513,34 @@ def register_adapter(cls: type[Adapter]) -> type[Adapter]:
     return cls
 
 
-def adapter_class(name: str) -> type[Adapter]:
-    """The class of a registered adapter kind; one-line error naming the kinds."""
+def adapter_class(kind: str) -> type[Adapter]:
+    """The class of an adapter kind: a registered name, or an import path (``my_package.module:ClassName``),
+    imported now; one-line error naming the kinds, or the path and why it does not import."""
+    kind = str(kind)
+    if kind in ADAPTERS:
+        return ADAPTERS[kind]
+    if not is_import_path(kind):
+        raise UnknownKind("--adapter.kind", kind, list(ADAPTERS), "adapter")
     try:
-        return ADAPTERS[str(name)]
-    except KeyError:
-        raise PlanlmError(f"--adapter.kind {str(name)!r}: choose one of {', '.join(ADAPTERS)}") from None
+        cls = import_object(kind, "adapter")
+    except PluginImportError as e:
+        raise e.at("--adapter.kind") from None
+    wrong = ("" if isinstance(cls, type) and issubclass(cls, Adapter) else
+             f"it is {cls!r}, not a subclass of planlm.models.adapter.Adapter")
+    if not wrong and not (isinstance(cls.config_class, type) and issubclass(cls.config_class, AdapterConfig)):
+        wrong = f"its config_class {cls.config_class!r} is not a subclass of planlm.models.adapter.AdapterConfig"
+    if wrong:
+        raise PluginImportError(kind, wrong, "--adapter.kind", "adapter", "name an Adapter class (docs/extending.md)")
+    return cls
+
+
+def adapter_kind(cls: type[Adapter], given: str) -> str:
+    """The kind a config records for ``cls`` (named ``given``): the built-in name, the import path given, or, for a
+    class of your own registered by name, its import path where a fresh process can import it (so a saved model,
+    and a distributed relaunch, find it without the code that registered it)."""
+    if is_import_path(given) or cls.__module__.split(".")[0] == "planlm":
+        return given
+    return import_path_of(cls) or given
 
 
 for _cls in (ProjectAvg, MultiPath):
@@ -411,5 +552,5 @@ def build_adapter(config: AdapterConfig, codebook: Tensor | None = None) -> Adap
     return adapter_class(config.kind)(config, codebook)
 
 
-__all__ = ["Adapter", "AdapterSettings", "AdapterConfig", "ProjectAvg", "MultiPath", "ADAPTERS", "register_adapter",
-           "adapter_class", "build_adapter", "masked_mean", "gather_rows"]
+__all__ = ["Adapter", "AdapterSettings", "AdapterConfig", "MultiPathConfig", "ProjectAvg", "MultiPath", "ADAPTERS",
+           "register_adapter", "adapter_class", "adapter_kind", "build_adapter", "masked_mean", "gather_rows"]

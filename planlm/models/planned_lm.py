@@ -44,6 +44,7 @@ from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
 from planlm.models.card import evaluation_entry, planned_lm_card, read_planlm_block, write_card
 from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
 from planlm.models.planner import WEIGHTS_FILE as PLANNER_WEIGHTS
+from planlm.plugins import PluginImportError, UnknownKind
 from planlm.stage.integrity import FORMAT_KEY, with_format
 
 Finetune = Literal["full", "frozen", "lora"]
@@ -286,7 +287,10 @@ class PlannedLM(nn.Module):
         with reading(config_path, fix):
             values = load_json(config_path, fix)
             check_format(values, config_path, folder)
-            config = PlannedLMConfig.from_dict(values)
+            try:
+                config = PlannedLMConfig.from_dict(values)
+            except (PluginImportError, UnknownKind) as e:  # an adapter of someone's own code: name this folder
+                raise e.at(str(folder)) from None
         with reading(folder / "lm", fix):
             lm = AutoModelForCausalLM.from_pretrained(str(folder / "lm"))
         codebook = None

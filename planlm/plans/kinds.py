@@ -19,8 +19,9 @@ asks for into arrays of the same layout (``draw_split``, one seeded walk over th
 training (``planlm train-lm --train.joint true``; ``check_joint``) they also make ``joint_plans``: the same draws,
 with step probabilities that carry the planner's gradient.
 
-A new kind subclasses ``PlanStrategy`` (``plan`` at least) and calls ``register_plan_kind``, in this file or in
-your own code; ``--plans.kind`` accepts its name from then on (docs/extending.md adds one).
+A new kind subclasses ``PlanStrategy`` (``plan`` at least) in your own module: ``--plans.kind`` names it by its import
+path (``my_package.module:ClassName``), which a saved model records, or by its name once ``register_plan_kind`` has
+added it (docs/extending.md adds one).
 
 Letters: B boundaries, K paths (K' drawn: 1 for the argmax path), T horizon, M top actions, N boundaries asked
 for, N_sent sentences of the split.
@@ -50,6 +51,7 @@ from planlm.plans.cache import (cache_manifest, cached_top_actions, expected_act
 from planlm.plans.contexts import MAX_ROWS, Boundaries, check_split, split_batches
 from planlm.plans.policy import PathPolicy, path_mask_from_counts, sample_with_policy
 from planlm.plans.sources import CachedPlans, FixedPlans, OraclePlans, PlanSource, Plans, TablePlans, step_probs
+from planlm.plugins import PluginImportError, UnknownKind, import_object, is_import_path
 
 if TYPE_CHECKING:
     from planlm.plans.spec import PlanSpec
@@ -565,18 +567,40 @@ def register_plan_kind(strategy: PlanStrategy) -> PlanStrategy:
 
 
 def plan_kind(name) -> PlanStrategy:
-    """The strategy of a kind (a ``PlanKind`` or a registered name); one-line error naming the kinds."""
+    """The strategy of a kind: a ``PlanKind``, a registered name, or an import path (``my_package.module:ClassName``,
+    a ``PlanStrategy`` subclass made with no arguments, or an instance), imported now and registered under that path;
+    one-line error naming the kinds, or the path and why it does not import."""
+    key = str(name)
+    if key in KINDS:
+        return KINDS[key]
+    if not is_import_path(key):
+        raise UnknownKind("--plans.kind", key, list(KINDS), "plans kind")
     try:
-        return KINDS[str(name)]
-    except KeyError:
-        raise PlanlmError(f"--plans.kind {str(name)!r}: choose one of {', '.join(KINDS)}") from None
+        value = import_object(key, "plans kind")
+    except PluginImportError as e:
+        raise e.at("--plans.kind") from None
+    strategy, wrong = value, ""
+    if isinstance(value, type) and issubclass(value, PlanStrategy):
+        try:
+            strategy = value()
+        except Exception as e:  # abstract, or a constructor that needs arguments
+            wrong = f"{value.__name__}() failed: {type(e).__name__}: {' '.join(str(e).split())}"
+    elif not isinstance(value, PlanStrategy):
+        wrong = f"it is {value!r}, not a PlanStrategy subclass or instance (planlm.plans.kinds)"
+    if wrong:
+        raise PluginImportError(key, wrong, "--plans.kind", "plans kind", "name a PlanStrategy (docs/extending.md)")
+    KINDS[key] = strategy
+    return strategy
 
 
 def kind_flag(name, flag: str) -> bool:
     """A flag of a kind's strategy (``uses_planner``, ``reads_future``, ``constant``, ...) read by name; False for a
-    kind this process has not registered (a run's record of a kind that someone's own module adds)."""
-    strategy = KINDS.get(str(name))
-    return strategy is not None and bool(getattr(strategy, flag))
+    kind this process has not registered and cannot import (a run's record of a kind that someone's own module adds)."""
+    try:
+        strategy = plan_kind(name)
+    except PlanlmError:
+        return False
+    return bool(getattr(strategy, flag))
 
 
 for _strategy in (NoPlans(), FixedKind(), OracleKind(), PlannerArgmax(), PlannerSampled()):

@@ -9,8 +9,8 @@ the defaults below, at evaluation from the spec the model was trained with (``tr
 ``planlm evaluate --plans.num_paths 20`` changes K and keeps everything else of the model's plans.
 ``resolve`` fills the unset fields and validates the whole value once; every later stage trusts it.
 
-The kinds (``PlanKind``: none, fixed, oracle, planner_argmax, planner_sampled, and any registered with
-``planlm.plans.kinds.register_plan_kind``) are strategies in ``planlm.plans.kinds``: each decides and checks the
+The kinds (``PlanKind``: none, fixed, oracle, planner_argmax, planner_sampled, any registered with
+``planlm.plans.kinds.register_plan_kind``, and any ``PlanStrategy`` named by its import path) are strategies in ``planlm.plans.kinds``: each decides and checks the
 fields of its own (``resolve`` asks it) and makes the plans. K is the spec's ``num_paths`` alone: ``resolve``
 gives the path policy its ``max_paths`` from it, and nothing downstream sets K again. T is the spec's ``horizon``:
 unset for a planner kind, training and sampling take the planner's trained horizon (``with_source_horizon``), so a
@@ -39,6 +39,7 @@ import numpy as np
 from planlm.errors import PlanlmError
 from planlm.plans.kinds import PlanKind, PlanStrategy, plan_kind
 from planlm.plans.policy import PathPolicy, policy_keyed
+from planlm.plugins import PluginImportError, UnknownKind
 
 
 TOP_ACTIONS = 64
@@ -55,8 +56,9 @@ class PlanSettings:
     trained in expectation is read in expectation)."""
 
     kind: Optional[str] = None
-    """none (plain LM), fixed (one constant action), oracle (true actions), planner_argmax, planner_sampled, or a
-    registered kind (planlm.plans.kinds)."""
+    """none (plain LM), fixed (one constant action), oracle (true actions), planner_argmax, planner_sampled, a
+    registered kind, or a PlanStrategy of your own by its import path (my_package.module:ClassName;
+    docs/extending.md)."""
     num_paths: Optional[int] = None
     """K paths per plan (default 1); under an adaptive path policy the most a boundary gets."""
     horizon: Optional[int] = None
@@ -69,7 +71,8 @@ class PlanSettings:
 
     def __post_init__(self):
         if self.kind is not None and not isinstance(self.kind, PlanKind):
-            name = str(plan_kind(self.kind).name)  # one-line error naming the kinds
+            plan_kind(self.kind)  # one-line error naming the kinds; an import path is imported now
+            name = str(self.kind)
             self.kind = PlanKind(name) if name in PlanKind.__members__ else name
 
 
@@ -228,7 +231,10 @@ def trained_plans(model) -> PlanSpec:
     (``PlannedLM.plan_folders``; a model config holds no run paths)."""
     folders = {key: value for key, value in getattr(model, "plan_folders", {}).items() if value}
     plans = model.config.plans  # a dict; a PlanSpec where Python code builds the model's config itself
-    return replace(plans if isinstance(plans, PlanSpec) else PlanSpec(**plans), **folders).resolve()
+    try:
+        return replace(plans if isinstance(plans, PlanSpec) else PlanSpec(**plans), **folders).resolve()
+    except (PluginImportError, UnknownKind) as e:  # a kind of someone's own code: name the model's folder
+        raise e.at(str(getattr(model, "folder", None) or "the model")) from None
 
 
 def evaluation_spec(overrides: PlanSettings, model, model_dir: str) -> PlanSpec:

@@ -318,8 +318,8 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
             seed, planner or plan cache, path policy, expectation; unset fields take the defaults (K = 1, tau = 1;
             T: the horizon the planner was trained with, or the plan cache's, and 1 for plans without a planner).
             The adapter is built for this T.
-        adapter: How the adapter folds K paths into one vector (kind: project_avg, multipath or a registered adapter;
-            its layers).
+        adapter: How the adapter folds K paths into one vector (kind: project_avg, multipath, a registered adapter or
+            an Adapter class's import path, my_package.module:ClassName; the fields of the kind's config).
         train: Run knobs (window, batch, optimiser, Lightning trainer; joint: the planner trains with the LM).
         runtime: The accelerator and precision (runtime.precision bf16: bf16 autocast), torch.compile and the chunked
             loss (the same model, trained faster; not part of the reuse key).
@@ -389,7 +389,7 @@ def _run_config(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec,
                 train: LMTrainConfig, runtime: LMRuntime) -> dict:
     """The model folder's reuse key: the corpus, the configs and the hashes of the folders the run reads."""
     return {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
-            "model": asdict(model), "plans": spec.cache_key(), "adapter": asdict(adapter),
+            "model": asdict(model), "plans": spec.cache_key(), "adapter": adapter.reuse_key(),
             "inputs": _input_hashes(model, spec),
             "train": train.reuse_key(runtime)}
 
