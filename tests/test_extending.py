@@ -298,3 +298,13 @@ def test_an_adapter_of_ones_own_checks_its_settings(registries):
     torch.manual_seed(0)
     built = build_adapter(AdapterConfig(kind="even", hidden_size=8, **small))
     assert type(built) is Even and built.alphas() is None and built.gated_parameters() == []
+
+
+def test_a_plans_kind_named_by_its_path_is_read_by_the_pipelines_flags(registries):
+    """`planlm run` asks a condition's kind whether it needs a planner: a kind named by its import path is imported
+    to answer; one that does not import answers no (its section's error follows where it is bound)."""
+    from planlm.plans.kinds import kind_flag
+
+    assert kind_flag("planlm.plans.kinds:OracleKind", "reads_future")
+    assert not kind_flag("planlm.plans.kinds:OracleKind", "uses_planner")
+    assert not kind_flag("no_such_package:Kind", "uses_planner")

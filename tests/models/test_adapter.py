@@ -272,3 +272,119 @@ def test_multipath_backward_is_reproducible(two_threads):
     for _ in range(30):
         assert all(torch.equal(a, b) for a, b in zip(first, grads()))
 
+
+
+# ------------------------------------------------------------------------------------- one config per adapter kind
+MULTIPATH_KEYS = ["alpha_path", "alpha_sample", "action_embedding.weight", "projection.weight", "projection.bias",
+                  "path_input.weight", "path_input.bias", "step_position.weight"] + [
+    f"{stack}.layers.0.{name}" for stack in ("path_transformer", "sample_transformer") for name in (
+        "self_attn.in_proj_weight", "self_attn.in_proj_bias", "self_attn.out_proj.weight", "self_attn.out_proj.bias",
+        "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias", "norm1.weight", "norm1.bias",
+        "norm2.weight", "norm2.bias")]
+OLD_SHAPE = {"num_layers": 1, "num_heads": 2, "dim_feedforward": None, "rezero": True}
+"""The multipath fields that the one settings class of earlier releases gave every kind's saved config."""
+
+
+def test_a_saved_config_holds_only_the_fields_of_its_kind():
+    from planlm.jsonio import to_jsonable
+    from planlm.models.adapter import MultiPathConfig
+
+    sizes = {"action_dim": ACTION_DIM, "num_actions": NUM_ACTIONS, "hidden_size": WIDTH, "horizon": HORIZON}
+    project_avg = AdapterConfig(kind="project_avg", **sizes)
+    multipath = AdapterConfig(kind="multipath", **sizes, num_layers=2)
+    assert type(project_avg) is AdapterConfig and type(multipath) is MultiPathConfig
+    assert to_jsonable(project_avg) == {"kind": "project_avg", **sizes}
+    assert to_jsonable(multipath) == {"kind": "multipath", **sizes, **OLD_SHAPE, "num_layers": 2}
+
+
+@pytest.mark.parametrize("kind", ["project_avg", "multipath"])
+def test_a_model_folder_of_the_one_settings_class_loads_to_the_same_adapter(kind, tmp_path, tiny_lm):
+    """planned_lm.json as earlier releases wrote it (the multipath fields for every kind) reads as the kind's own
+    config, and the model computes what it computed."""
+    import json
+
+    from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
+
+    torch.manual_seed(0)
+    adapter = config(kind=kind, hidden_size=32)
+    model = PlannedLM(PlannedLMConfig(plans={"kind": "oracle", "num_paths": 3, "horizon": HORIZON}, adapter=adapter),
+                      tiny_lm).eval()
+    live(model.adapter)
+    folder = model.save_pretrained(tmp_path / "lm")
+    path = folder / "planned_lm.json"
+    values = json.loads(path.read_text())
+    values["adapter"] = {**OLD_SHAPE, **values["adapter"]}
+    path.write_text(json.dumps(values))
+    loaded = PlannedLM.from_pretrained(folder).eval()
+    assert loaded.config.adapter == adapter and type(loaded.config.adapter) is type(adapter)
+    action_paths, path_mask = paths_and_mask()
+    torch.testing.assert_close(loaded.plan_vectors(action_paths, path_mask), model.plan_vectors(action_paths, path_mask),
+                               atol=0, rtol=0)
+
+
+def test_the_built_in_adapters_keep_their_parameters_their_init_and_their_reuse_key():
+    """What the demo's bit-identical rerun rests on: the parameter names and order, the draws of a fresh adapter
+    from the global generator, and the settings' reuse key of earlier releases."""
+    from planlm.models.adapter import AdapterSettings
+
+    def built(settings: AdapterSettings):
+        torch.manual_seed(0)
+        adapter = build_adapter(AdapterConfig.of(settings, num_actions=NUM_ACTIONS, codebook_width=ACTION_DIM,
+                                                 hidden_size=WIDTH, horizon=HORIZON))
+        return adapter, torch.rand(())  # the generator's next draw: what the adapter's init consumed
+
+    multipath, after = built(AdapterSettings(kind="multipath"))
+    assert list(multipath.state_dict()) == MULTIPATH_KEYS  # U is a map E -> D here (E = 6, D = 16)
+    torch.manual_seed(0)
+    direct = MultiPath(config(kind="multipath", num_layers=1, num_heads=2, rezero=True))
+    assert torch.equal(torch.rand(()), after)
+    for key, value in direct.state_dict().items():
+        assert torch.equal(value, multipath.state_dict()[key]), key
+    assert list(built(AdapterSettings(kind="project_avg"))[0].state_dict()) == [
+        "action_embedding.weight", "projection.weight", "projection.bias"]
+    assert AdapterSettings().reuse_key() == {"kind": "project_avg", **OLD_SHAPE}
+    assert AdapterSettings(kind="multipath", rezero=False, num_heads=4).reuse_key() == \
+        {"kind": "multipath", **OLD_SHAPE, "rezero": False, "num_heads": 4}
+
+
+def test_an_adapter_of_ones_own_brings_its_own_config(monkeypatch):
+    from dataclasses import dataclass
+
+    from planlm.jsonio import to_jsonable
+    from planlm.models.adapter import ADAPTERS, AdapterSettings, register_adapter
+
+    @dataclass
+    class ScaledConfig(AdapterConfig):
+        scale: float = 1.0
+        num_layers: int = 4  # a name multipath also has, with a default of its own
+
+    class Scaled(ProjectAvg):
+        name = "scaled"
+        config_class = ScaledConfig
+
+        def forward(self, action_paths, path_mask=None, action_probs=None):
+            return self.config.scale * super().forward(action_paths, path_mask, action_probs)
+
+    monkeypatch.setitem(ADAPTERS, "scaled", Scaled)
+    register_adapter(Scaled)
+    sizes = dict(num_actions=NUM_ACTIONS, codebook_width=ACTION_DIM, hidden_size=WIDTH, horizon=HORIZON)
+    settings = AdapterSettings(kind="scaled", options={"scale": "0.5"})  # as --adapter.options.scale 0.5 gives it
+    made = AdapterConfig.of(settings, **sizes)
+    assert type(made) is ScaledConfig and made.scale == 0.5 and made.num_layers == 4
+    assert set(to_jsonable(made)) == {"kind", "action_dim", "num_actions", "hidden_size", "horizon", "scale",
+                                      "num_layers"}
+    assert AdapterConfig.of(AdapterSettings(kind="scaled", num_layers=2), **sizes).num_layers == 2
+    assert AdapterConfig.of(AdapterSettings(kind="project_avg", num_layers=2, rezero=False), **sizes) == \
+        AdapterConfig(kind="project_avg", action_dim=ACTION_DIM, num_actions=NUM_ACTIONS, hidden_size=WIDTH,
+                      horizon=HORIZON)  # settings shared by conditions of several kinds: project_avg has no layers
+    with pytest.raises(PlanlmError, match=r"^--adapter.options \['gate'\]: adapter scaled \(ScaledConfig\) has no "
+                                          r"such setting; it takes \['num_layers', 'scale'\]$"):
+        AdapterSettings(kind="scaled", options={"gate": 1})
+    with pytest.raises(PlanlmError, match=r"--adapter.options \['num_layers'\]: set each of them once"):
+        AdapterSettings(kind="scaled", num_layers=2, options={"num_layers": 3}).fields()
+    with pytest.raises(PlanlmError, match=r"^adapter scaled: ScaledConfig has no field\(s\) \['gate'\]"):
+        AdapterConfig(kind="scaled", gate=1)
+    from planlm.models.adapter import MultiPathConfig
+
+    with pytest.raises(PlanlmError, match=r"^adapter scaled reads a ScaledConfig, not a MultiPathConfig"):
+        MultiPathConfig(kind="scaled")
