@@ -141,7 +141,8 @@ def test_every_adapter_and_source_trains_end_to_end(synthetic_random, tmp_path, 
     model = PlannedLM.from_pretrained(out)
     assert trained_plans(model).kind == conditioning and (model.adapter is None) == (conditioning == "none")
     if conditioning != "none":
-        assert model.config.adapter.kind == adapter and model.config.adapter.rezero == rezero
+        assert model.config.adapter.kind == adapter  # and the fields of its kind alone: project_avg has no rezero
+        assert getattr(model.config.adapter, "rezero", None) == (rezero if adapter == "multipath" else None)
         assert model.config.codebook_hash == PreparedDataset(synthetic_random).codebook_hash
     if plans_dir:  # which planner and plans produced the training plans
         assert trained_plans(model).plans_dir == plans_dir and model.config.planner_hash == "feedbeef"
