@@ -209,8 +209,10 @@ def test_the_command_line_and_its_errors(tmp_path, prepared, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_two_tiny_runs_of_the_real_pipeline(tmp_path):
-    """Two `planlm run`s that differ only in the LM's steps: the second's condition tokens are twice the first's."""
+    """Two `planlm run`s (one seed each, no seed folders) that differ only in the LM's steps: the second's condition
+    tokens are twice the first's, and the slope has a value and an interval over documents."""
     from planlm.pipeline.run import run
 
     from helpers import tiny_run_config
@@ -220,7 +222,7 @@ def test_two_tiny_runs_of_the_real_pipeline(tmp_path):
         config = tiny_run_config(tmp_path / name)
         config["conditions"] = [c for c in config["conditions"] if c["name"] in ("fixed", "ours", "oracle")]
         config["lm"]["train"]["max_steps"] = steps
-        config.update(edit_distance=None, sweeps=[], seeds=[0, 1], base_lm={"train": {"max_steps": 2}},
+        config.update(edit_distance=None, sweeps=[], base_lm={"train": {"max_steps": 2}},
                       report={"actions_shown": 0, "contrasts": [["ours", "fixed"], ["oracle", "fixed"]]})
         run(**config)
         runs.append(tmp_path / name)
@@ -230,3 +232,4 @@ def test_two_tiny_runs_of_the_real_pipeline(tmp_path):
     assert long["condition_tokens"] == 2 * short["condition_tokens"] and long["base_tokens"] == short["base_tokens"]
     assert long["non_embedding_parameters"] == short["non_embedding_parameters"] == gpt2_non_embedding(1, 32)
     assert {f["label"] for f in result["fits"] if "slope" in f} == {"ours - fixed", "oracle - fixed", "share ours"}
+    assert all(f["seed_se"] == 0 and f["ci_low"] <= f["slope"] <= f["ci_high"] for f in result["fits"])
