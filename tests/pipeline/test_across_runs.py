@@ -229,7 +229,8 @@ def test_two_tiny_runs_of_the_real_pipeline(tmp_path):
     across_runs([str(r) for r in runs], str(tmp_path / "across"))
     result = json.loads((tmp_path / "across" / "across_runs.json").read_text())
     short, long = (row["compute"] for row in result["runs"])
-    assert long["condition_tokens"] == 2 * short["condition_tokens"] and long["base_tokens"] == short["base_tokens"]
+    assert long["condition_tokens"] == pytest.approx(2 * short["condition_tokens"], abs=1)  # rounded to tokens
+    assert long["base_tokens"] == short["base_tokens"] > 0
     assert long["non_embedding_parameters"] == short["non_embedding_parameters"] == gpt2_non_embedding(1, 32)
     assert {f["label"] for f in result["fits"] if "slope" in f} == {"ours - fixed", "oracle - fixed", "share ours"}
     assert all(f["seed_se"] == 0 and f["ci_low"] <= f["slope"] <= f["ci_high"] for f in result["fits"])
