@@ -136,6 +136,11 @@ def ladder(tmp_path, prepared, slope: float = SLOPE, document_noise: float = 0.0
             for (name, layers, width, epochs, base), c in zip(shapes, flops)]
 
 
+@pytest.fixture(scope="module")
+def known_ladder(tmp_path_factory, prepared) -> list[RunLayout]:
+    return ladder(tmp_path_factory.mktemp("ladder"), prepared)
+
+
 def test_compute_is_six_n_d_from_the_manifests(tmp_path, prepared):
     layout = make_run(tmp_path, prepared, "r", 2, 64, epochs=3, base_epochs=1, ours=-1.0)
     run = read_run(layout.root, ["fixed", "ours", "oracle"])
@@ -147,8 +152,8 @@ def test_compute_is_six_n_d_from_the_manifests(tmp_path, prepared):
     assert run.seeds == list(SEEDS)
 
 
-def test_the_slope_has_its_known_answer_and_every_seed_is_shown(tmp_path, prepared):
-    runs = ladder(tmp_path, prepared)
+def test_the_slope_has_its_known_answer_and_every_seed_is_shown(tmp_path, known_ladder):
+    runs = known_ladder
     out = tmp_path / "across"
     across_runs([str(r.root) for r in runs], str(out))
     result = json.loads((out / "across_runs.json").read_text())
@@ -194,8 +199,8 @@ def test_document_noise_widens_the_interval_and_a_flat_line_is_not_decided(tmp_p
     assert fit["ci_low"] < 0 < fit["ci_high"]
 
 
-def test_the_command_line_and_its_errors(tmp_path, prepared, capsys):
-    runs = ladder(tmp_path, prepared)
+def test_the_command_line_and_its_errors(tmp_path, prepared, known_ladder, capsys):
+    runs = known_ladder
     out = tmp_path / "cli"
     main(["across-runs", "--run_dirs", json.dumps([str(r.root) for r in runs]), "--out_dir", str(out)])
     assert (out / "across_runs.md").is_file() and "3 runs, 3 fitted" in capsys.readouterr().out
