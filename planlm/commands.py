@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "train-lm": "planlm.train.lm:train_lm",
     "evaluate": "planlm.evaluate.perplexity:evaluate",
     "compare": "planlm.evaluate.bootstrap:compare",
+    "across-runs": "planlm.pipeline.across_runs:across_runs",
     "generate": "planlm.evaluate.generate:generate",
     "edit-distance": "planlm.evaluate.edit_distance:edit_distance",
     "adherence": "planlm.evaluate.adherence:adherence",
