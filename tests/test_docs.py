@@ -130,3 +130,19 @@ def test_the_configuration_page_lists_every_key_of_every_command_and_is_current(
         section = page.split(f"## planlm {name}\n")[1].split("\n## ")[0]
         assert all(f"| `{flag}` |" in section for flag in command_flags(name)), name
     assert PAGE.read_text() == page, "docs/configuration.md is stale: run `python -m planlm.config_docs`"
+
+
+@pytest.mark.parametrize("page, limit", [("README.md", 150), ("docs/results.md", 330)])
+def test_the_front_pages_stay_short(page, limit):
+    """The README says what planlm does, its two commands, the answer in one table, your corpus, the API and the docs
+    map; the results page the current evidence, one table per claim. Superseded tables go to lab/."""
+    lines = (ROOT / page).read_text().count("\n")
+    assert lines <= limit, f"{page}: {lines} lines, at most {limit}; move superseded text to lab/ or docs/"
+
+
+def test_the_readme_gives_the_smoke_run_first_and_the_exact_install():
+    readme = (ROOT / "README.md").read_text()
+    install = readme.split("## Install and run")[1].split("\n## ")[0]
+    assert install.index("configs/smoke.yaml") < install.index("configs/demo.yaml")
+    assert "pip install -r requirements.lock" in install and (ROOT / "requirements.lock").is_file()
+    assert "EPYC" not in readme and "avx512" not in readme  # machines and their times: docs/benchmarks.md

@@ -32,7 +32,7 @@ Plan guidance (``SamplingConfig.plan_guidance`` w != 1; docs/method.md) runs the
 null plan (``null_vector``: the action prior in expectation), and draws each token from
 l_null + w (l_plan - l_null); the KV cache holds both rows, and a rollback crops both.
 
-With ``use_cache`` (the default) the KV cache (``past_key_values``) is extended token by token; without it,
+With ``use_cache`` (the default) the KV cache is extended token by token; without it,
 every step re-runs the whole window (the reference the cache is tested against). When the sequence
 outgrows the LM's position limit, the window slides by one token per step, so that every token is predicted
 from the last ``max_positions`` tokens, all the LM can read; past the limit each step
@@ -55,6 +55,7 @@ from planlm.data.resources import split_sentences
 from planlm.device import autocast
 from planlm.errors import PlanlmError
 from planlm.evaluate.outline import Outline, OutlineDocument
+from planlm.models.planned_lm import output_cache
 from planlm.plans.contexts import Boundaries
 from planlm.plans.kinds import plan
 from planlm.plans.spec import PlanSpec
@@ -214,7 +215,7 @@ class GenerationState:
     logprobs: list[float] = field(default_factory=list)
     """(L - prompt_len,) log p of every generated token."""
     cache: Any = None
-    """The LM's KV cache (``past_key_values``) of the positions [window_start, window_start + cached)."""
+    """The LM's KV cache of the positions [window_start, window_start + cached)."""
     cached: int = 0
     window_start: int = 0
     """First position the LM reads (the window slides at the LM's position limit)."""
@@ -462,9 +463,8 @@ class PlannedGenerator:
         self.lm_calls += 1
         with autocast(self.device, self.precision):
             if use_cache:
-                out = self.model(input_ids=input_ids, past_key_values=state.cache, use_cache=True,
-                                 logits_to_keep=1, **kwargs)
-                state.cache, state.cached = out.past_key_values, len(ids) - state.window_start
+                out = self.model(input_ids=input_ids, cache=state.cache, use_cache=True, logits_to_keep=1, **kwargs)
+                state.cache, state.cached = output_cache(out), len(ids) - state.window_start
             else:
                 out = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1, **kwargs)
         logits = out.logits[:, -1].float()  # (1 or 2, V)

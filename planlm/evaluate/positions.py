@@ -20,7 +20,8 @@ accumulates them beside the totals in the same pass (one ``scatter_add`` per bat
 the totals; ``per_article_positions.csv`` holds each article's NLL sum and scored tokens per cell
 (``write_positions`` / ``read_positions``), next to ``per_article.csv``. ``paired_positions`` pairs two
 evaluations (and their seeds) bin by bin: the difference in mean NLL per token, with the seed-noise interval of
-``planlm.evaluate.bootstrap.seeded_interval`` over the same document resamples as every paired interval.
+``planlm.evaluate.bootstrap.seeded_interval`` over the same document resamples as every paired interval;
+``bin_difference`` gives the difference between two bins, with its own interval.
 
 Letters: N_art articles, N_tok tokens, W windows, C cells, S seeds, R resamples.
 """
@@ -174,24 +175,13 @@ def _seed_dirs(eval_dir: Path, seeds: list) -> list[Path]:
     return [eval_dir if seed is None else eval_dir / f"seed{seed}" for seed in seeds]
 
 
-def paired_positions(dir_a: str | Path, dir_b: str | Path, num_samples: int = 1000, confidence: float = 0.95,
-                     seed: int = 0) -> dict:
-    """B - A in mean NLL per token (nats), bin by bin (``BINS``), over the same articles and seeds.
+def _paired_cells(dir_a: Path, dir_b: Path) -> dict:
+    """Two evaluations paired as ``planlm compare`` pairs them (``evaluation_arrays``: the seeds both have, the same
+    articles and scored tokens), after checking that both scored the same tokens in every cell: {seeds, folders,
+    nll_a, nll_b (S, N_art), tokens (N_art,), sources (N_art,), cells_a, cells_b (S, N_art, C), cell_tokens
+    (N_art, C)}; or {seeds, missing: [folders evaluated before the position table]}."""
+    from planlm.evaluate.bootstrap import evaluation_arrays, read_per_article
 
-    Pairs as ``planlm compare`` does (``evaluation_arrays``: the seeds both have, the same articles and scored
-    tokens), and checks that both scored the same tokens in every cell. Each bin's difference is the mean over
-    seeds of (NLL_B - NLL_A) / tokens of the bin, with the interval of ``seeded_interval`` (t_{S-1} times the seed
-    spread in quadrature with t_{G-1} times the standard deviation over document resamples shared by every
-    seed; over documents alone with one seed). A bin's sample is the articles with tokens in it, and G the number
-    of their documents: a bin of one document has no interval (None). The bin ``all`` is read from
-    per_article.csv's totals.
-
-    Returns {seeds, documents, context_length, bins: {name: {diff, ci_low, ci_high, seed_diffs, tokens, share,
-    documents}}}; with a folder evaluated before the position table existed, {seeds, missing: [its folders]}
-    instead."""
-    from planlm.evaluate.bootstrap import evaluation_arrays, read_per_article, seeded_interval
-
-    dir_a, dir_b = Path(dir_a), Path(dir_b)
     (nll_a, nll_b), tokens, sources, seeds = evaluation_arrays([dir_a, dir_b])
     folders = _seed_dirs(dir_a, seeds) + _seed_dirs(dir_b, seeds)
     tables = [read_positions(f) for f in folders]
@@ -209,16 +199,47 @@ def paired_positions(dir_a: str | Path, dir_b: str | Path, num_samples: int = 10
                               f"{folders[0] / PER_ARTICLE_POSITIONS} (or than its per_article.csv); evaluate both "
                               f"with the same --stride and --context_length")
     num_seeds = len(seeds)
-    cells_a = np.stack([t["nll"] for t in tables[:num_seeds]])  # (S, N_art, C)
-    cells_b = np.stack([t["nll"] for t in tables[num_seeds:]])
+    return {"seeds": seeds, "folders": folders, "nll_a": nll_a, "nll_b": nll_b, "tokens": tokens, "sources": sources,
+            "cells_a": np.stack([t["nll"] for t in tables[:num_seeds]]),  # (S, N_art, C)
+            "cells_b": np.stack([t["nll"] for t in tables[num_seeds:]]), "cell_tokens": reference["tokens"]}
+
+
+def _bin_sums(paired: dict, kind: Optional[tuple[str, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """A bin's NLL_B - NLL_A sums (S, N_art) and scored tokens (N_art,) per article (``kind``: a ``BINS`` field;
+    None: every token, read from per_article.csv's totals)."""
+    if kind is None:
+        return paired["nll_b"] - paired["nll_a"], paired["tokens"].astype(np.float64)
+    chosen = bin_cells(kind)
+    return ((paired["cells_b"][..., chosen] - paired["cells_a"][..., chosen]).sum(-1),
+            paired["cell_tokens"][:, chosen].sum(1).astype(np.float64))
+
+
+def paired_positions(dir_a: str | Path, dir_b: str | Path, num_samples: int = 1000, confidence: float = 0.95,
+                     seed: int = 0) -> dict:
+    """B - A in mean NLL per token (nats), bin by bin (``BINS``), over the same articles and seeds.
+
+    Pairs as ``planlm compare`` does (``evaluation_arrays``: the seeds both have, the same articles and scored
+    tokens), and checks that both scored the same tokens in every cell. Each bin's difference is the mean over
+    seeds of (NLL_B - NLL_A) / tokens of the bin, with the interval of ``seeded_interval`` (t_{S-1} times the seed
+    spread in quadrature with t_{G-1} times the standard deviation over document resamples shared by every
+    seed; over documents alone with one seed). A bin's sample is the articles with tokens in it, and G the number
+    of their documents: a bin of one document has no interval (None). The bin ``all`` is read from
+    per_article.csv's totals. One bin's interval excluding 0 and another's not is no difference between the two
+    bins: ``bin_difference`` tests that.
+
+    Returns {seeds, documents, context_length, bins: {name: {diff, ci_low, ci_high, seed_diffs, tokens, share,
+    documents}}}; with a folder evaluated before the position table existed, {seeds, missing: [its folders]}
+    instead."""
+    from planlm.evaluate.bootstrap import seeded_interval
+
+    paired = _paired_cells(Path(dir_a), Path(dir_b))
+    if "missing" in paired:
+        return paired
+    seeds, tokens, sources = paired["seeds"], paired["tokens"], paired["sources"]
+    num_seeds = len(seeds)
     bins, documents = {}, None
     for name, _, kind in BINS:
-        chosen = bin_cells(kind)
-        if kind is None:
-            diff, count = nll_b - nll_a, tokens.astype(np.float64)  # (S, N_art), (N_art,)
-        else:
-            diff = (cells_b[..., chosen] - cells_a[..., chosen]).sum(-1)
-            count = reference["tokens"][:, chosen].sum(1).astype(np.float64)
+        diff, count = _bin_sums(paired, kind)  # (S, N_art), (N_art,)
         share = float(count.sum() / tokens.sum()) if tokens.sum() else 0.0
         held = count > 0  # the articles with tokens in the bin, and their documents: the bin's own sample
         bins[name] = {"diff": None, "ci_low": None, "ci_high": None, "seed_diffs": None, "tokens": int(count.sum()),
@@ -238,7 +259,47 @@ def paired_positions(dir_a: str | Path, dir_b: str | Path, num_samples: int = 10
             bins[name].update(ci_low=interval["ci_low"], ci_high=interval["ci_high"])
         if kind is None:
             documents = bins[name]["documents"]
-    return {"seeds": seeds, "documents": documents, "context_length": _context_length(folders[0]), "bins": bins}
+    return {"seeds": seeds, "documents": documents, "context_length": _context_length(paired["folders"][0]),
+            "bins": bins}
+
+
+def bin_difference(dir_a: str | Path, dir_b: str | Path, first: str, second: str, num_samples: int = 1000,
+                   confidence: float = 0.95, seed: int = 0) -> dict:
+    """Whether B - A differs between two bins of ``BINS`` (by name, e.g. ``far`` and ``inside``): the bin
+    ``first``'s B - A minus the bin ``second``'s, in nats per token, paired over the same articles and seeds.
+
+    Both bins are measured on every resample of the same draw of source documents (per_article.csv's ``source``,
+    so the pieces of one document move together), seed by seed, and the interval is ``seeded_interval``'s, as each
+    bin's own in ``paired_positions``; resamples that draw no token of one of the bins are dropped. Returns {first,
+    second, diff, ci_low, ci_high, seed_diffs, documents} (no interval with one document), or {seeds, missing}
+    as ``paired_positions``."""
+    from planlm.evaluate.bootstrap import seeded_interval
+
+    kinds = {name: kind for name, _, kind in BINS}
+    for name in (first, second):
+        if name not in kinds:
+            raise PlanlmError(f"bin {name!r}: choose one of {', '.join(kinds)}")
+    paired = _paired_cells(Path(dir_a), Path(dir_b))
+    if "missing" in paired:
+        return paired
+    seeds, sources = paired["seeds"], paired["sources"]
+    (diff_1, count_1), (diff_2, count_2) = _bin_sums(paired, kinds[first]), _bin_sums(paired, kinds[second])
+    held = (count_1 > 0) | (count_2 > 0)  # the articles with tokens in either bin
+    out = {"first": first, "second": second, "diff": None, "ci_low": None, "ci_high": None, "seed_diffs": None,
+           "documents": len(set(sources[held]))}
+    if not (count_1 > 0).any() or not (count_2 > 0).any():
+        return out
+    diff_1, count_1, diff_2, count_2 = diff_1[:, held], count_1[held], diff_2[:, held], count_2[held]
+
+    def statistic(weights: np.ndarray, s: int) -> np.ndarray:
+        return (weights @ diff_1[s]) / (weights @ count_1) - (weights @ diff_2[s]) / (weights @ count_2)  # (R,)
+
+    interval = seeded_interval(statistic, len(seeds), int(held.sum()), num_samples, confidence, seed,
+                               clusters=sources[held])
+    out.update(diff=interval["mean"], seed_diffs=dict(zip(seeds, interval["seeds"])) if seeds != [None] else None)
+    if out["documents"] > 1:
+        out.update(ci_low=interval["ci_low"], ci_high=interval["ci_high"])
+    return out
 
 
 def _context_length(eval_dir: Path) -> Optional[int]:

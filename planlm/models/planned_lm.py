@@ -47,6 +47,15 @@ from planlm.models.planner import WEIGHTS_FILE as PLANNER_WEIGHTS
 from planlm.plugins import PluginImportError, UnknownKind
 from planlm.stage.integrity import FORMAT_KEY, with_format
 
+# The KV cache's name in the LM's forward and output: transformers renamed ``past_key_values`` to ``cache`` and drops
+# the old name in 5.40; older releases know only the old one.
+CACHE_NAME = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def output_cache(output):
+    """The KV cache an LM's forward returned (``use_cache=True``), under either of transformers' names."""
+    return getattr(output, CACHE_NAME)
+
 Finetune = Literal["full", "frozen", "lora"]
 PLAN_FOLDERS = ("planner_dir", "plans_dir")  # where a run's plans came from: the run's paths, not the model's
 JOINT_PLANNER = "planner"  # the subfolder holding the planner trained with the LM (train.joint)
@@ -176,12 +185,13 @@ class PlannedLM(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None,
                 action_paths: Tensor | None = None, path_mask: Tensor | None = None,
                 plan_index: Tensor | None = None, plan_embeds: Tensor | None = None,
-                past_key_values=None, use_cache: bool = False, action_probs: Tensor | None = None, **lm_kwargs):
+                cache=None, use_cache: bool = False, action_probs: Tensor | None = None, **lm_kwargs):
         """Causal-LM forward; ``labels`` are shifted inside (HF convention, -100 ignored).
 
         input_ids (B, L); action_paths (N, K, T) + path_mask (N, K, T) + plan_index (B, L) (in expectation
         also action_probs, see ``plan_vectors``), or plan_embeds (B, L, D) precomputed. With neither, this is
-        exactly the bare LM."""
+        exactly the bare LM. ``cache``: the KV cache of the positions before input_ids, as the output of a call
+        with ``use_cache=True`` returns it (``output_cache``)."""
         if plan_embeds is None and action_paths is not None:
             if plan_index is None:
                 raise ValueError("action_paths need plan_index (B, L): which plan conditions each token")
@@ -194,8 +204,9 @@ class PlannedLM(nn.Module):
             loss = linear_cross_entropy(hidden[:, :-1].flatten(0, 1), head.weight, labels[:, 1:].flatten(),
                                         self.loss_chunk_size, compiled=self.compile_loss)
             return CausalLMOutputWithPast(loss=loss)
-        return self.lm(attention_mask=attention_mask, labels=labels, past_key_values=past_key_values,
-                       use_cache=use_cache, **inputs, **lm_kwargs)
+        if cache is not None:
+            lm_kwargs[CACHE_NAME] = cache
+        return self.lm(attention_mask=attention_mask, labels=labels, use_cache=use_cache, **inputs, **lm_kwargs)
 
     def _embed(self, input_ids: Tensor, plan_embeds: Tensor) -> Tensor:
         """Token embeddings plus plan vectors: input_ids (B, L), plan_embeds (B, L, D) -> inputs_embeds (B, L, D)."""

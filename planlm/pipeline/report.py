@@ -135,6 +135,7 @@ def _paired(layout: RunLayout, a: str, b: str) -> dict:
     result = compare_evaluations(layout.evaluation(a), layout.evaluation(b))
     return {"diff": result.get("diff_mean", result["diff"]), "ci_low": result["ci_low"], "ci_high": result["ci_high"],
             "interval": result.get("interval", "articles"), "note": result.get("note"), "ppl_a": result["ppl_a"],
+            "documents": result.get("documents"),
             "seed_diffs": {s: one["diff"] for s, one in result["seeds"].items()} if "seeds" in result else None}
 
 
@@ -179,15 +180,17 @@ def contrast_rows(layout: RunLayout, rows: list[dict], contrasts: list[list[str]
     out = []
     for b, a in contrasts:
         row = {"b": b, "a": a, "diff": None, "ci_low": None, "ci_high": None, "interval": None, "seed_diffs": None,
-               "relative": None, "alphas_b": by_name[b].get("rezero_alphas"), "alphas_a": by_name[a].get("rezero_alphas")}
+               "documents": None, "relative": None, "alphas_b": by_name[b].get("rezero_alphas"),
+               "alphas_a": by_name[a].get("rezero_alphas")}
         if by_name[a]["ppl"] is not None and by_name[b]["ppl"] is not None:
             try:
                 paired = _paired(layout, a, b)
             except PlanlmError as e:
                 row["error"] = str(e)
             else:
-                row.update({k: paired[k] for k in ("diff", "ci_low", "ci_high", "interval", "seed_diffs")},
+                row.update({k: paired[k] for k in ("diff", "ci_low", "ci_high", "interval", "seed_diffs", "documents")},
                            relative=paired["diff"] / paired["ppl_a"])
+            row["decided"] = decision(row) if row["diff"] is not None else None
         out.append(row)
     return out
 
@@ -198,7 +201,8 @@ def _contrasts_section(contrasts: list[dict]) -> list[str]:
     lines = ["## Paired contrasts", "",
              "ppl(B) - ppl(A) on the same articles (negative: B is better), the interval as in the paired column; "
              "relative: the difference of the seed-mean NLL's perplexities over A's; decided: the interval excludes "
-             "0.", "",
+             "0, from at least 2 seeds and 2 source documents and an interval of some width (else the row says what "
+             "is missing).", "",
              "| B - A | PPL difference [95% CI] | relative | decided | interval over | alpha_1 / alpha_2 of B | of A |",
              "|---|---|---|---|---|---|---|"]
     for c in contrasts:
@@ -210,16 +214,38 @@ def _contrasts_section(contrasts: list[dict]) -> list[str]:
                      f"{100 * c['relative']:+.2f}% | {decision(c)} | {c['interval']} | "
                      f"{_fmt_alphas(c['alphas_b'])} | {_fmt_alphas(c['alphas_a'])} |")
     measured = [c for c in contrasts if c["diff"] is not None]
-    decided = [f"{c['b']} - {c['a']}" for c in measured if decision(c) != "no"]
+    decided = [f"{c['b']} - {c['a']}" for c in measured if decision(c).endswith(" better")]
+    cannot = [c for c in measured if undecidable(c)]
+    whys = "; ".join(dict.fromkeys(undecidable(c) for c in cannot))
     lines += ["", f"This run decides {len(decided)} of its {len(measured)} contrasts"
               + (f" ({', '.join(decided)})" if decided else "")
+              + (f"; {len(cannot)} cannot be decided ({whys})" if cannot else "")
               + ". An undecided contrast needs more seeds or documents, not a reading of its sign: the pre-registered "
                 "evidence run (`configs/evidence.yaml`, docs/evidence.md) is sized to decide the paper's claims."]
     return lines + [""]
 
 
+def undecidable(contrast: dict) -> Optional[str]:
+    """Why a contrast's interval cannot decide it, or None: one seed leaves the seed noise unmeasured, one source
+    document the document noise, and an interval of zero width carries no noise at all."""
+    seeds = len(contrast.get("seed_diffs") or {}) or 1  # a run without seed<N>/ folders is one seed
+    documents = contrast.get("documents")
+    why = []
+    if seeds < 2:
+        why.append("1 seed, so no seed noise")
+    if documents is not None and documents < 2:
+        why.append(f"{documents} source document{'' if documents == 1 else 's'}, so no document noise")
+    if not contrast["ci_high"] > contrast["ci_low"]:
+        why.append("an interval of zero width")
+    return "; ".join(why) or None
+
+
 def decision(contrast: dict) -> str:
-    """Whether a contrast's interval excludes 0, and which side it favours: "B better", "A better" or "no"."""
+    """Whether a contrast's interval excludes 0, and which side it favours: "B better", "A better", "no", or
+    "cannot: <why>" when the interval cannot decide (``undecidable``)."""
+    why = undecidable(contrast)
+    if why:
+        return f"cannot: {why}"
     if contrast["ci_high"] < 0:
         return f"{contrast['b']} better"
     if contrast["ci_low"] > 0:

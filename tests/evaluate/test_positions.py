@@ -93,3 +93,72 @@ def test_an_evaluation_without_the_table_reads_as_none_and_a_foreign_one_is_refu
     (folder / PER_ARTICLE_POSITIONS).write_text("article,id,nll_sum.first,tokens.first\n0,a,1.0,2\n")
     with pytest.raises(PlanlmError, match="not the columns this planlm writes"):
         read_positions(folder)
+
+
+def write_cells(folder, ids: list[str], nll_per_cell: np.ndarray, tokens: np.ndarray) -> None:
+    """An evaluation folder of articles ``ids``: per_article.csv summing per_article_positions.csv (nll_per_cell,
+    tokens (N_art, C): each article's NLL per token and scored tokens in every cell)."""
+    import json
+
+    from planlm.evaluate.bootstrap import write_per_article
+    from planlm.evaluate.positions import write_positions
+
+    folder.mkdir(parents=True)
+    nll = nll_per_cell * tokens
+    write_per_article(folder / "per_article.csv", [{"article": i, "id": article, "nll_sum": repr(float(n)),
+                                                    "tokens": int(t)}
+                                                   for i, (article, n, t) in enumerate(zip(ids, nll.sum(1),
+                                                                                           tokens.sum(1)))])
+    write_positions(folder / PER_ARTICLE_POSITIONS, ids, nll, tokens)
+    (folder / "metrics.json").write_text(json.dumps({"ppl": 20.0, "context_length": 16}))
+
+
+def pieces_run(tmp_path, name: str, gain_far: float, gain_inside: float, split_documents: bool = False):
+    """Two seeds of A and B on 12 documents cut into 2-4 pieces of unequal size; B - A per token is a document's
+    own gain (one draw per document, shared by its pieces) in the ``far`` cells and in the ``inside`` cells.
+    ``split_documents``: the same numbers with every piece its own document."""
+    rng = np.random.default_rng(1)
+    pieces = [2, 3, 4, 2, 3, 2, 4, 3, 2, 3, 2, 4]
+    ids = [f"doc{d}{'_' if split_documents else '#'}{j}" for d, n in enumerate(pieces) for j in range(n)]
+    document = np.repeat(np.arange(len(pieces)), pieces)
+    far = np.array([b == "far" for _, b in CELLS])
+    inside = np.array([b == "inside" for _, b in CELLS])
+    tokens = rng.integers(5, 40, (len(ids), NUM_CELLS))  # unequal pieces
+    base = 3.0 + rng.normal(0, 0.1, tokens.shape)
+    per_document = {"far": gain_far + rng.normal(0, 0.02, len(pieces)),
+                    "inside": gain_inside + rng.normal(0, 0.05, len(pieces))}
+    shift = np.outer(per_document["far"][document], far) + np.outer(per_document["inside"][document], inside)
+    a, b = tmp_path / name / "a", tmp_path / name / "b"
+    for seed in range(2):
+        write_cells(a / f"seed{seed}", ids, base, tokens)
+        write_cells(b / f"seed{seed}", ids, base + shift + 0.003 * seed, tokens)
+    return a, b
+
+
+def test_the_difference_between_two_bins_has_its_own_interval_over_whole_documents(tmp_path):
+    from planlm.evaluate.positions import bin_difference, paired_positions
+
+    # B gains 0.05 nats per token where a window's length has left the window, 0.02 where nothing has: each bin's
+    # own interval can exclude 0 or not, and only the difference between them says whether the two bins differ.
+    a, b = pieces_run(tmp_path, "pieces", gain_far=-0.05, gain_inside=-0.02)
+    bins = paired_positions(a, b)["bins"]
+    assert bins["far"]["ci_high"] < 0 and bins["far"]["documents"] == 12
+    between = bin_difference(a, b, "far", "inside")
+    assert between["documents"] == 12  # source documents, not the 34 pieces
+    assert between["diff"] == pytest.approx(bins["far"]["diff"] - bins["inside"]["diff"], abs=1e-12)
+    assert set(between["seed_diffs"]) == {0, 1}
+    # Here far's interval excludes 0 and inside's does not, yet the difference between the two is not shown.
+    assert bins["inside"]["ci_low"] < 0 < bins["inside"]["ci_high"]
+    assert between["ci_low"] < between["diff"] < 0 < between["ci_high"]
+    # The same bins with no gain anywhere: the difference's interval holds 0.
+    a0, b0 = pieces_run(tmp_path, "level", gain_far=0.0, gain_inside=0.0)
+    level = bin_difference(a0, b0, "far", "inside")
+    assert level["ci_low"] < 0 < level["ci_high"]
+    # A document's pieces move together: resampled as 34 documents, the interval would be too narrow.
+    a1, b1 = pieces_run(tmp_path, "split", gain_far=-0.05, gain_inside=-0.02, split_documents=True)
+    split = bin_difference(a1, b1, "far", "inside")
+    assert split["documents"] == 34 and split["diff"] == pytest.approx(between["diff"], abs=1e-12)
+    assert split["ci_high"] < 0  # pieces taken for documents: a difference "shown" that whole documents do not show
+    assert split["ci_high"] - split["ci_low"] < 0.8 * (between["ci_high"] - between["ci_low"])
+    with pytest.raises(PlanlmError, match="bin 'beyond': choose one of all, first"):
+        bin_difference(a, b, "beyond", "inside")

@@ -7,7 +7,7 @@ import torch
 
 from planlm.errors import PlanlmError
 from planlm.models.adapter import AdapterConfig
-from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
+from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm, output_cache
 from planlm.plans.spec import PlanSpec
 
 VOCAB, WIDTH = 120, 32
@@ -93,8 +93,7 @@ def test_kv_cache_with_plans_matches_a_full_forward():
     with torch.no_grad():
         full = model(input_ids, plan_embeds=plan_embeds).logits
         first = model(input_ids[:, :7], plan_embeds=plan_embeds[:, :7], use_cache=True)
-        rest = model(input_ids[:, 7:], plan_embeds=plan_embeds[:, 7:], past_key_values=first.past_key_values,
-                     use_cache=True).logits
+        rest = model(input_ids[:, 7:], plan_embeds=plan_embeds[:, 7:], cache=output_cache(first), use_cache=True).logits
     torch.testing.assert_close(torch.cat([first.logits, rest], 1), full, rtol=1e-4, atol=1e-4)
 
 

@@ -11,15 +11,18 @@ import pytest
 from planlm.evaluate.bootstrap import write_per_article
 from planlm.pipeline.layout import RunLayout
 from planlm.pipeline.report import collect_results, results_table, write_report
+from tests.helpers import seeded_contrast
 
 TOKENS = np.full(20, 50)
 
 
-def write_evaluation(folder, nll_per_token: float, conditioning: str, shift: np.ndarray) -> None:
-    """An evaluation folder of 20 articles of 50 tokens: per-article NLL sums and metrics.json."""
+def write_evaluation(folder, nll_per_token: float, conditioning: str, shift: np.ndarray, document: str = "") -> None:
+    """An evaluation folder of 20 articles of 50 tokens: per-article NLL sums and metrics.json; each article its own
+    source document, or all 20 pieces of one ``document``."""
     folder.mkdir(parents=True)
     nll = (nll_per_token + shift) * TOKENS
-    write_per_article(folder / "per_article.csv", [{"article": i, "id": f"doc{i}", "nll_sum": repr(float(n)),
+    ids = [f"{document}#{i}" if document else f"doc{i}" for i in range(len(TOKENS))]
+    write_per_article(folder / "per_article.csv", [{"article": i, "id": ids[i], "nll_sum": repr(float(n)),
                                                     "tokens": int(t)} for i, (n, t) in enumerate(zip(nll, TOKENS))])
     ppl = math.exp(nll.sum() / TOKENS.sum())
     (folder / "metrics.json").write_text(json.dumps({
@@ -126,9 +129,42 @@ def test_contrasts_pair_two_conditions_with_seed_noise_and_a_bad_pair_is_refused
 def test_a_contrast_is_decided_when_its_interval_excludes_0():
     from planlm.pipeline.report import decision
 
-    assert decision({"b": "ours", "a": "fixed", "ci_low": -2.0, "ci_high": -0.1}) == "ours better"
-    assert decision({"b": "ours", "a": "fixed", "ci_low": 0.1, "ci_high": 2.0}) == "fixed better"
-    assert decision({"b": "ours", "a": "fixed", "ci_low": -2.0, "ci_high": 0.5}) == "no"
+    def contrast(low, high, diffs=(-1.0, -0.5), documents=30):
+        return seeded_contrast("ours", "fixed", list(diffs), low, high) | {"documents": documents}
+
+    assert decision(contrast(-2.0, -0.1)) == "ours better"
+    assert decision(contrast(0.1, 2.0)) == "fixed better"
+    assert decision(contrast(-2.0, 0.5)) == "no"
+    # An interval that carries no noise cannot decide, whichever side of 0 it lies.
+    assert decision(contrast(-2.0, -0.1, diffs=[-1.0])) == "cannot: 1 seed, so no seed noise"
+    assert decision(contrast(-2.0, -0.1, documents=1)) == "cannot: 1 source document, so no document noise"
+    assert decision(contrast(-0.7, -0.7)) == "cannot: an interval of zero width"
+    assert decision(contrast(7.66, 7.66, diffs=[7.66], documents=1)) == (
+        "cannot: 1 seed, so no seed noise; 1 source document, so no document noise; an interval of zero width")
+    single = {"b": "ours", "a": "fixed", "ci_low": -2.0, "ci_high": -0.1, "seed_diffs": None}  # no seed<N>/ folders
+    assert decision(single) == "cannot: 1 seed, so no seed noise"
+
+
+@pytest.mark.parametrize("seeds, document, why", [
+    ([None], "", "1 seed, so no seed noise"),
+    ([0, 1], "speech", "1 source document, so no document noise"),
+    ([None], "speech", "1 seed, so no seed noise; 1 source document, so no document noise; an interval of zero width"),
+])
+def test_a_run_of_one_seed_or_one_document_decides_nothing_and_says_why(tmp_path, seeds, document, why):
+    layout = RunLayout(tmp_path / "run")
+    shift = np.random.default_rng(0).normal(0, 0.05, 20)
+    for seed in seeds:  # fixed is 0.5 nats worse on every piece and seed: a gap no interval of noise would cross
+        folder = (lambda name: layout.evaluation(name) / f"seed{seed}") if seed is not None else layout.evaluation
+        write_evaluation(folder("ours"), 3.0, "planner_sampled", shift, document)
+        write_evaluation(folder("fixed"), 3.5, "constant", shift + 0.01 * (seed or 0), document)
+    text = write_report(layout.root, conditions=[{"name": "fixed"}, {"name": "ours"}],
+                        seeds=None if seeds == [None] else seeds, contrasts=[["ours", "fixed"]]).read_text()
+    contrast = json.loads(layout.results_json.read_text())["contrasts"][0]
+    assert contrast["diff"] < 0 and contrast["decided"] == f"cannot: {why}"
+    assert contrast["documents"] == (1 if document else 20)
+    line = next(line for line in text.splitlines() if line.startswith("| ours - fixed |"))
+    assert f"| cannot: {why} |" in line and "better" not in line
+    assert f"This run decides 0 of its 1 contrasts; 1 cannot be decided ({why})." in text
 
 
 def test_the_report_measures_a_planners_information_on_the_test_split(synthetic_cycle, tmp_path):
