@@ -219,6 +219,14 @@ def _merge_argv(argv: list[str], command) -> list[str]:
     return [argv[0], *config, *passthrough]
 
 
+def config_argv(argv: list[str], command) -> list[str]:
+    """``argv`` (the command's name first) as jsonargparse reads it: `planlm run`'s configs and flags merged into
+    one ``--config`` (``_merge_argv``), another command's overlays read without their ``overlay_of`` line."""
+    if _merged_sections(command) and not {"-h", "--help"} & set(argv):
+        return _merge_argv(argv, command)
+    return _read_overlays(argv)
+
+
 def _one_line_notes() -> None:
     """planlm's notes outside a stage's console (an old precision spelling read while parsing) as one line each, not
     Python's two-line warning with the source line."""
@@ -302,8 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if len(names) == 1:
             _check_known_keys(argv, components[names[0]])
-            merge = _merged_sections(components[names[0]]) and not {"-h", "--help"} & set(argv)
-            argv = _merge_argv(argv, components[names[0]]) if merge else _read_overlays(argv)
+            argv = config_argv(argv, components[names[0]])
         with releasing_stage_locks():  # a command that raised leaves no folder held
             CLI(components, args=argv, as_positional=False, fail_untyped=True,
                 description="planlm: Learning to Plan Long-Term for Language Modeling. Every command also takes "
