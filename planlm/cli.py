@@ -2,8 +2,10 @@
 
 Every command accepts ``--config FILE.yaml`` and ``--print_config``; ``--help`` comes from the
 function's docstring and signature, so the CLI, the Python API and the YAML presets never drift. A later
-``--config`` replaces whole sections of the earlier ones; a file written only for that (an overlay) names the
-config it goes on in a top-level ``overlay_of: BASE``, and given first it is a one-line error naming BASE.
+``--config`` and a flag change only the keys they name: `planlm run`'s sections merge key by key and its
+conditions by name (``planlm.pipeline.sections``: ``--config base.yaml --config mine.yaml``, ``--lm.train.lr 3e-4``),
+the other commands' groups through jsonargparse. A file written only to go on another (an overlay) names that config
+in a top-level ``overlay_of: BASE``, and given first it is a one-line error naming BASE.
 
 Every command also takes ``--verbose true``: the libraries' banners, bars and notices stay on the console. By
 default a command that writes a folder (``--out_dir``) shows one live bar, planlm's own lines and an end line, and
@@ -46,9 +48,9 @@ def _check_known_keys(argv: list[str], command) -> None:
 
     import yaml
 
-    from planlm.pipeline.sections import unknown_keys
+    from planlm.pipeline.sections import UNSET_KEY, unknown_keys
 
-    accepted = set(inspect.signature(command).parameters)
+    accepted = set(inspect.signature(command).parameters) | ({UNSET_KEY} if _merged_sections(command) else set())
     for i, arg in enumerate(argv):
         flag, _, value = arg.partition("=")
         if flag == "--config" and value or i and argv[i - 1] == "--config":
@@ -61,7 +63,7 @@ def _check_known_keys(argv: list[str], command) -> None:
             where, prefix = str(path), ""
         elif flag.startswith("--") and flag[2:] not in _PARSER_FLAGS:
             unknown, where, prefix = sorted({flag[2:].split(".")[0]} - accepted), f"planlm {argv[0]}", "--"
-            if not unknown:
+            if not unknown and flag[2:].split(".")[0] != UNSET_KEY:
                 _check_group_field(command, flag, argv[0])
         else:
             continue
@@ -92,8 +94,8 @@ _PARSER_FLAGS = ("help", "config", "print_config")
 
 
 OVERLAY_KEY = "overlay_of"
-"""Top-level key of a config file meant as a later ``--config`` on top of another (an overlay: a second
-``--config`` replaces whole sections): the path of the config it goes on."""
+"""Top-level key of a config file meant as a later ``--config`` on top of another (an overlay, which changes only
+the keys it names): the path of the config it goes on."""
 _OVERLAY_LINE = re.compile(rf"^{OVERLAY_KEY}:.*(\n|$)", re.M)
 
 
@@ -133,6 +135,96 @@ def _read_overlays(argv: list[str]) -> list[str]:
             argv[i] = flag + text
         configs_before += 1
     return argv
+
+
+def _merged_sections(command) -> set[str]:
+    """The parameters of ``command`` typed as plain dicts or lists of dicts (`planlm run`'s sections), which
+    jsonargparse would replace whole: planlm merges them (``planlm.pipeline.sections.merge_config``)."""
+    import inspect
+
+    return {name for name, param in inspect.signature(command).parameters.items() if "dict" in str(param.annotation)}
+
+
+@functools.cache
+def _yaml_loader():
+    """PyYAML's safe loader with ``3e-4`` read as a float (YAML 1.2 and jsonargparse do; PyYAML's 1.1 reads a
+    string), for config files and flag values alike."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                                 list("-+0123456789."))
+    return Loader
+
+
+def _read_yaml(text: str):
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())
+
+
+def _merge_argv(argv: list[str], command) -> list[str]:
+    """``argv`` of a command with merged sections (`planlm run`) as one merged ``--config``: every ``--config`` and
+    every flag, left to right, changes only the keys it names (``planlm.pipeline.sections.merge_config``); --help
+    and --print_config pass through. A config that declares ``overlay_of: BASE`` given before any other is a
+    one-line error naming BASE."""
+    import inspect
+
+    import yaml
+
+    from planlm.errors import PlanlmError
+    from planlm.pipeline.sections import UNSET_KEY, dotted_overlay, merge_config
+
+    params = inspect.signature(command).parameters
+    merged, passthrough, configs, args = {}, [], 0, iter(argv[1:])
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        if not flag.startswith("--") or flag[2:] in ("help", "print_config"):
+            passthrough.append(arg)
+            continue
+        if not eq:
+            value = next(args, None)
+            if value is None:  # a flag without a value: jsonargparse's usage error
+                passthrough.append(arg)
+                break
+        key = flag[2:]
+        if key == "config":
+            try:
+                text, where = Path(value).read_text(), value
+            except OSError:  # a YAML string, as jsonargparse reads one
+                text, where = value, "a --config string"
+            try:
+                overlay = _read_yaml(text)
+            except yaml.YAMLError as e:
+                raise PlanlmError(f"{where}: not YAML ({' '.join(str(e).split())}); fix the file") from e
+            if not isinstance(overlay, dict):
+                raise PlanlmError(f"{where}: a config is a mapping of keys (got {type(overlay).__name__})")
+            base = overlay.pop(OVERLAY_KEY, None)
+            if base is not None and not isinstance(base, str):
+                raise PlanlmError(f"{where}: write {OVERLAY_KEY} as one top-level line, '{OVERLAY_KEY}: PATH' with "
+                                  f"the path of the config this file goes on (got {base!r})")
+            if base is not None and not configs:
+                raise PlanlmError(f"{where} is an overlay on {base}, not a config of its own; give it after that "
+                                  f"one: planlm {argv[0]} --config {base} --config {where}")
+            merged, configs = merge_config(merged, overlay, where), configs + 1
+            continue
+        top = key.split(".")[0]
+        as_text = top in params and "." not in key and str(params[top].annotation) in ("str", "<class 'str'>")
+        parsed = value if as_text else _read_yaml(value)
+        overlay = {UNSET_KEY: parsed} if key == UNSET_KEY else dotted_overlay(key, parsed)
+        merged = merge_config(merged, overlay, f"planlm {argv[0]} {flag}")
+    config = ["--config=" + yaml.safe_dump(merged, sort_keys=False)] if merged else []
+    return [argv[0], *config, *passthrough]
+
+
+def config_argv(argv: list[str], command) -> list[str]:
+    """``argv`` (the command's name first) as jsonargparse reads it: `planlm run`'s configs and flags merged into
+    one ``--config`` (``_merge_argv``), another command's overlays read without their ``overlay_of`` line."""
+    if _merged_sections(command) and not {"-h", "--help"} & set(argv):
+        return _merge_argv(argv, command)
+    return _read_overlays(argv)
 
 
 def _one_line_notes() -> None:
@@ -218,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if len(names) == 1:
             _check_known_keys(argv, components[names[0]])
-            argv = _read_overlays(argv)
+            argv = config_argv(argv, components[names[0]])
         with releasing_stage_locks():  # a command that raised leaves no folder held
             CLI(components, args=argv, as_positional=False, fail_untyped=True,
                 description="planlm: Learning to Plan Long-Term for Language Modeling. Every command also takes "

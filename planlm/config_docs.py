@@ -36,6 +36,25 @@ that runs a network; `train-lm`'s adds its speed knobs, `planlm.args.LMRuntime`)
 (`planlm.plans.spec.PlanSpec`: `plans.*`; `generate`, `edit-distance` and `adherence` take its `PlanSettings`)
 and the sampling of tokens (`planlm.evaluate.generator.SamplingConfig`: `sampling.*` of `generate` and
 `edit-distance`). Every precision takes one vocabulary: auto, native, fp32, bf16 (`planlm.args`).
+
+## Overlays and flags
+
+`planlm run --config base.yaml --config mine.yaml --lm.train.lr 3e-4`: config files and flags apply left to right,
+each changing only the keys it names (`planlm.pipeline.sections`; the other commands' groups merge the same way):
+
+- sections merge key by key: a `mine.yaml` holding `lm: {train: {lr: 0.0003}}` changes that key alone;
+- a list is replaced whole (`seeds`, `sweeps`, `report.contrasts`), except `conditions`, merged by `name`: an entry
+  whose name is already there changes that condition key by key, in its place; a new name is added at the end;
+- `unset: [KEY, ...]` first removes keys, a dotted path each, a condition by its name (`unset: [conditions.cornille,
+  conditions.fixed.paper]`); `unset: [conditions]` and then a `conditions` list give a run its own list, in its order;
+- a flag is the overlay of its one key: `--lm.train.lr 3e-4`, `--conditions.ours.plans.num_paths 10`,
+  `--unset conditions.cornille`.
+
+A file written to go on another names it in a top-level `overlay_of: BASE` (given first, it is a one-line error
+naming BASE); the shipped ones hold only their differences (`configs/custom.yaml`, `configs/*-bigplanner.yaml`,
+`configs/*-joint.yaml`). `--print_config` prints the merged config; `--dry_run true` checks it, and a local corpus
+(the file exists, its first records hold the text column), without running anything. `configs/smoke.yaml` runs
+every stage in about two minutes, on the embedded corpus or with `--prepare.corpus.source my.jsonl` on yours.
 """
 
 

@@ -81,12 +81,13 @@ def cli_parser():
 def parse_error(cli_parser, words: list[str]) -> str | None:
     """None if the command line parses, else the parser's error line (or planlm's, for an overlay config given
     before its base)."""
-    from planlm.cli import _read_overlays
+    from planlm.cli import _read_overlays, config_argv
     from planlm.errors import PlanlmError
 
     commands, parser = cli_parser
-    try:
-        args = _read_overlays(words[1:])  # as planlm.cli.main: an overlay's marker is no option of the command
+    try:  # as planlm.cli.main: `planlm run`'s configs and flags merged, an overlay's marker no option of the command
+        args = config_argv(words[1:], commands[words[1]]) if words[1:] and words[1] in commands else \
+            _read_overlays(words[1:])
     except PlanlmError as e:
         return str(e)
     if PLACEHOLDER in args and args[0] in commands:

@@ -389,6 +389,55 @@ def plan_stages(out: Path, prepare: dict, planner: dict, lm: dict, base_lm: Opti
     return stages + _sweep_stages(layout, sweeps, names, run_seeds[0], where, layout.prepared)
 
 
+CHECKED_RECORDS = 5
+"""Records of a local corpus that `planlm run` reads before anything runs (``check_corpus``)."""
+
+
+def check_corpus(corpus: Any) -> None:
+    """A local corpus (``prepare.corpus``, a ``CorpusConfig``) before anything runs: its path exists, and its first
+    records hold the text column. One line naming the file, the record and the fix otherwise; a corpus by name (the
+    embedded ones, a Hugging Face dataset) is left to `planlm prepare`."""
+    from planlm.data.corpus import _SUFFIX_KIND, local_files, resolve_kind
+
+    source = corpus.source
+    looks_local = Path(source).suffix.lower() in _SUFFIX_KIND or corpus.kind in ("jsonl", "parquet", "text")
+    if looks_local and not local_files(source):
+        raise PlanlmError(f"prepare.corpus.source {source}: no such file (from {Path.cwd()}); set it to the path of "
+                          f"your corpus (a .jsonl, .parquet or .txt file, a folder of them or a glob), e.g. "
+                          f"--prepare.corpus.source data/my_articles.jsonl")
+    kind = resolve_kind(corpus)
+    if kind not in ("jsonl", "parquet"):
+        return
+    file, column = local_files(source)[0], corpus.text_column
+    fix = f"set prepare.corpus.text_column to the key that holds the text (--prepare.corpus.text_column KEY)"
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            names = pq.ParquetFile(file).schema_arrow.names
+        except Exception as e:  # `planlm prepare` says the same, later
+            raise PlanlmError(f"{file}: not a readable Parquet file ({type(e).__name__}); fix or remove it") from e
+        if column not in names:
+            raise PlanlmError(f"{file}: no column {column!r} (its columns: {', '.join(names)}); {fix}")
+        return
+    checked = 0
+    with open(file, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except ValueError as e:
+                raise PlanlmError(f"{file} line {line_no}: not a JSON object ({' '.join(str(e).split())}); write "
+                                  f"one JSON object per line, its text under {column!r}") from e
+            if not isinstance(row, dict) or column not in row:
+                keys = ", ".join(map(str, row)) if isinstance(row, dict) else type(row).__name__
+                raise PlanlmError(f"{file} line {line_no}: no {column!r} key (it has: {keys or 'none'}); {fix}")
+            checked += 1
+            if checked == CHECKED_RECORDS:
+                return
+
+
 def _codebook_stage(layout: RunLayout, seed: int) -> Stage:
     """The codebook of one seed (``seed_draws: method``): the prepared corpus with k-means drawn from ``seed``."""
     return Stage(f"codebook seed{seed}", "codebook", {"prepared_dir": str(layout.prepared), "seed": seed,
@@ -540,7 +589,8 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
             the reference point with the seed-noise interval of the contrasts. Needs seeds.
         report: Options of the report: {actions_shown: int, contrasts: [[b, a], ...]} (each pair's paired
             difference ppl(b) - ppl(a) gets a row, e.g. [ours, cornille]).
-        dry_run: Validate every section and list the stages without running anything.
+        dry_run: Validate every section, check that a local corpus exists and that its first records hold the
+            text column, and list the stages without running anything.
     """
     layout = RunLayout(Path(out_dir))
     conditions = conditions or []
@@ -550,6 +600,8 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
                     where=f"run {layout.root}: report.contrasts")
     stages = plan_stages(layout.root, prepare or {}, planner or {}, lm or {}, base_lm, conditions, evaluate or {},
                          edit_distance, sweeps, where=f"run {layout.root}", seeds=seeds, seed_draws=seed_draws)
+    if dry_run or read_manifest(layout.prepared) is None:  # a corpus still to prepare: its path and text column
+        check_corpus(stages[0].kwargs["corpus"])
     if dry_run:
         for i, stage in enumerate(stages):
             print(f"{i + 1:>2}. {stage.name}  ->  {stage.kwargs.get('out_dir', '')}")

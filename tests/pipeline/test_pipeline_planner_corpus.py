@@ -32,10 +32,8 @@ def test_run_with_a_planner_corpus_overlay(tmp_path):
     config["lm"]["train"]["max_steps"] = 2
     base, overlay = tmp_path / "base.yaml", tmp_path / "bigplanner.yaml"
     base.write_text(yaml.safe_dump(config))
-    # a second --config replaces whole sections: the overlay repeats prepare (as configs/demo-bigplanner.yaml does)
-    planner_corpus = {"rest_of_train": True}
-    overlay.write_text(yaml.safe_dump({"overlay_of": str(base),
-                                       "prepare": {**config["prepare"], "planner_corpus": planner_corpus}}))
+    # the overlay names only its one key, as configs/demo-bigplanner.yaml does: the corpus and sizes stay the base's
+    overlay.write_text(yaml.safe_dump({"overlay_of": str(base), "prepare": {"planner_corpus": {"rest_of_train": True}}}))
     cli_main(["run", "--config", str(base), "--config", str(overlay)])
     assert "overlay_of" not in (out / "run_state.json").read_text()  # a file's marker, no setting of the run
 
@@ -53,29 +51,27 @@ def test_run_with_a_planner_corpus_overlay(tmp_path):
     assert read_manifest(out / "lm" / "ours")["global_step"] == 2
 
 
-def test_the_demo_overlay_is_the_demo_plus_the_planner_corpus():
-    configs = Path(__file__).resolve().parents[2] / "configs"
-    demo = yaml.safe_load((configs / "demo.yaml").read_text())
-    overlay = yaml.safe_load((configs / "demo-bigplanner.yaml").read_text())
-    prepare = dict(overlay["prepare"])
-    assert prepare.pop("planner_corpus") == {"rest_of_train": True}
-    assert prepare == demo["prepare"] and set(overlay) == {"overlay_of", "out_dir", "prepare", "planner"}
-    assert overlay["overlay_of"] == "configs/demo.yaml"
-    planner = overlay["planner"]  # the demo's planner recipe with the causal g (chosen by validation information),
-    assert planner["model"].pop("dynamics") == "causal"  # trained 3 epochs for the budget (0.012 nats at step 1)
-    assert planner["train"].pop("max_epochs") == 3 and demo["planner"]["train"].pop("max_epochs") == 6
-    assert planner == demo["planner"]
-
-
-@pytest.mark.parametrize("base_name, overlay_name", [("evidence.yaml", "evidence-bigplanner.yaml"),
+@pytest.mark.parametrize("base_name, overlay_name", [("demo.yaml", "demo-bigplanner.yaml"),
+                                                     ("evidence.yaml", "evidence-bigplanner.yaml"),
                                                      ("pretrained-offline.yaml", "pretrained-offline-bigplanner.yaml")])
-def test_a_bigplanner_overlay_is_its_base_plus_the_planner_corpus_and_the_demos_big_planner(base_name, overlay_name):
+def test_a_bigplanner_overlay_is_its_base_plus_the_planner_corpus_and_the_demos_big_planner(base_name, overlay_name,
+                                                                                           capsys):
+    """Merged, each larger-planner config is its base with the planner corpus, its own folder and the planner recipe
+    of configs/demo-bigplanner.yaml (the causal g for 3 epochs), the base's planner otherwise."""
     configs = Path(__file__).resolve().parents[2] / "configs"
-    base = yaml.safe_load((configs / base_name).read_text())
-    overlay = yaml.safe_load((configs / overlay_name).read_text())
-    big = yaml.safe_load((configs / "demo-bigplanner.yaml").read_text())
-    prepare = dict(overlay["prepare"])
-    assert prepare.pop("planner_corpus") == {"rest_of_train": True}
-    assert prepare == base["prepare"] and set(overlay) == {"overlay_of", "out_dir", "prepare", "planner"}
-    assert overlay["overlay_of"] == f"configs/{base_name}" and overlay["out_dir"] != base["out_dir"]
-    assert overlay["planner"] == big["planner"]  # the recipe chosen for a planner set of this size
+
+    def merged(*names):
+        with pytest.raises(SystemExit):
+            cli_main(["run", *[arg for name in names for arg in ("--config", str(configs / name))], "--print_config"])
+        return yaml.safe_load(capsys.readouterr().out)
+
+    base, big = merged(base_name), merged(base_name, overlay_name)
+    assert big["prepare"].pop("planner_corpus") == {"rest_of_train": True} and big["prepare"] == base["prepare"]
+    assert big.pop("out_dir") != base.pop("out_dir")
+    assert big["planner"]["model"].pop("dynamics") == "causal" and "dynamics" not in base["planner"]["model"]
+    assert big["planner"]["train"].pop("max_epochs") == 3 and base["planner"]["train"].pop("max_epochs") > 3
+    for config in (big, base):  # the pretrained base's planner in fp32; the larger one's in bf16 where native
+        config["planner"].get("runtime", {}).pop("precision", None)
+        if not config["planner"].get("runtime", True):
+            del config["planner"]["runtime"]
+    assert big == base

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planlm.errors import PlanlmError
-from planlm.pipeline.sections import bind_section, deep_merge
+from planlm.pipeline.sections import bind_section, deep_merge, dotted_overlay, merge_config
 from planlm.plans.spec import PlanKind, PlanSpec
 from planlm.train.lm import LMTrainConfig, train_lm
 
@@ -36,3 +36,29 @@ def test_bad_sections_are_one_line_errors_naming_the_section(section, message):
     with pytest.raises(PlanlmError, match=message) as error:
         bind_section(train_lm, section, skip={"prepared_dir", "out_dir"}, where="run.yaml: lm")
     assert "\n" not in str(error.value)
+
+
+def test_merge_config_merges_sections_key_by_key_conditions_by_name_and_replaces_other_lists():
+    base = {"lm": {"train": {"lr": 1.0, "batch_size": 8}}, "seeds": [0, 1],
+            "conditions": [{"name": "none", "plans": {"kind": "none"}},
+                           {"name": "ours", "plans": {"kind": "planner_sampled", "num_paths": 5}}]}
+    overlay = {"lm": {"train": {"lr": 0.5}}, "seeds": [2],
+               "conditions": [{"name": "ours", "plans": {"num_paths": 10}}, {"name": "fixed"}]}
+    assert merge_config(base, overlay, "mine.yaml") == {
+        "lm": {"train": {"lr": 0.5, "batch_size": 8}}, "seeds": [2],
+        "conditions": [{"name": "none", "plans": {"kind": "none"}},
+                       {"name": "ours", "plans": {"kind": "planner_sampled", "num_paths": 10}}, {"name": "fixed"}]}
+    assert base["lm"]["train"]["lr"] == 1.0 and len(base["conditions"]) == 2  # its inputs are left as they were
+
+
+def test_unset_and_a_flags_overlay_name_conditions_by_name():
+    base = {"conditions": [{"name": "none"}, {"name": "ours", "paper": "Ours", "plans": {"kind": "fixed"}}]}
+    assert merge_config(base, {"unset": ["conditions.ours.paper", "conditions.none"]}, "x") == {
+        "conditions": [{"name": "ours", "plans": {"kind": "fixed"}}]}
+    assert dotted_overlay("conditions.ours.plans.num_paths", 3) == {
+        "conditions": [{"name": "ours", "plans": {"num_paths": 3}}]}
+    assert dotted_overlay("lm.train.lr", 0.1) == {"lm": {"train": {"lr": 0.1}}}
+    with pytest.raises(PlanlmError, match=r"^x: unset lm.train: there is no lm to remove; name a key"):
+        merge_config(base, {"unset": "lm.train"}, "x")
+    with pytest.raises(PlanlmError, match=r"^x: conditions: every entry needs a name"):
+        merge_config(base, {"conditions": [{"label": "no name"}]}, "x")
