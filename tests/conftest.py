@@ -56,6 +56,14 @@ def synthetic_random(tmp_path_factory):
     return make_synthetic_prepared(tmp_path_factory.mktemp("synthetic_random"), rule="random", seed=1)
 
 
+@pytest.fixture(scope="session")
+def synthetic_pieces(tmp_path_factory):
+    """8 actions drawn uniformly; 40/6/8 source documents, each cut into 2-4 pieces of distinct sentence counts
+    (``<document>#<n>`` with ``source`` = the document, as ``planlm prepare`` writes pieces)."""
+    return make_synthetic_prepared(tmp_path_factory.mktemp("synthetic_pieces"), rule="random", seed=2,
+                                   num_articles={"train": 40, "validation": 6, "test": 8}, pieces_per_document=(2, 4))
+
+
 # The tiny models every test shares (built by tests/helpers.py, which tests call for other sizes).
 @pytest.fixture
 def tiny_lm():
