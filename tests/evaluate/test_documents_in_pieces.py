@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 
+from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset, article_record
 from planlm.data.pieces import cut_into_pieces
 from planlm.evaluate.adherence import (ASKED, OutlineTask, select_outlines, shuffled_outlines, summarise,
@@ -173,3 +174,30 @@ def test_the_shuffled_control_is_rescored_on_the_action_it_was_asked(synthetic_p
     expected_top5 = np.mean([1 if (j == 0 or not d) else 0 for j, d in zip([0, 1] * len(tasks), differ)])
     assert given.adherence.mean == pytest.approx(1 - np.mean(differ))
     assert given.top5.mean == pytest.approx(expected_top5) and given.top5.mean < 1.0
+
+
+def test_the_edit_distance_command_resamples_the_boundaries_source_documents(synthetic_pieces, tmp_path):
+    """The command's interval is the one over the boundaries' source documents (their pieces together), not one
+    that takes each piece for a document of its own."""
+    from helpers import chatty_planned_lm, read_csv
+
+    from planlm.evaluate.edit_distance import _distance_summary, edit_distance
+    from planlm.evaluate.generator import ProtocolSampling
+    from planlm.plans.spec import PlanSettings
+
+    prepared = PreparedDataset(synthetic_pieces)
+    chatty_planned_lm(prepared).save_pretrained(tmp_path / "model")
+    metrics = edit_distance(str(tmp_path / "model"), str(synthetic_pieces), str(tmp_path / "edit"), max_articles=7,
+                            max_boundaries_per_article=1, plans=PlanSettings(kind="fixed"),
+                            sampling=ProtocolSampling(max_new_tokens=6),
+                            bootstrap_samples=400, runtime=Runtime(device="cpu"))
+    rows = [{**r, "distance": float(r["distance"]), "normalized": float(r["normalized"])}
+            for r in read_csv(tmp_path / "edit" / "per_boundary.csv")]
+    sources = sources_of(prepared["test"])[[int(r["article"]) for r in rows]]
+    assert len(set(sources)) == 2 < len(rows) == 7  # the 3 and 4 pieces of 2 documents
+    by_document = _distance_summary(rows, 400, 0.95, 0, list(sources))
+    by_piece = _distance_summary(rows, 400, 0.95, 0, [r["id"] for r in rows])
+    assert (by_piece["ci_low"], by_piece["ci_high"]) != (by_document["ci_low"], by_document["ci_high"])
+    assert (metrics.ci_low, metrics.ci_high) == (by_document["ci_low"], by_document["ci_high"])
+    assert (metrics.normalized_ci_low, metrics.normalized_ci_high) == (by_document["normalized_ci_low"],
+                                                                       by_document["normalized_ci_high"])
