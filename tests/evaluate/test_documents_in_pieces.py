@@ -201,3 +201,27 @@ def test_the_edit_distance_command_resamples_the_boundaries_source_documents(syn
     assert (metrics.ci_low, metrics.ci_high) == (by_document["ci_low"], by_document["ci_high"])
     assert (metrics.normalized_ci_low, metrics.normalized_ci_high) == (by_document["normalized_ci_low"],
                                                                        by_document["normalized_ci_high"])
+
+
+def test_the_adherence_command_scores_finished_sentences_only_and_resamples_documents(synthetic_pieces, tmp_path):
+    """A budget of 5 tokens per sentence leaves some outlines' sentences unfinished: none of them is scored (each
+    scored text is a whole sentence), they count as misses of ``of asked`` only, and every interval resamples the
+    outlines' 2 source documents, not their 7 pieces."""
+    from helpers import chatty_planned_lm, read_csv
+
+    from planlm.evaluate.adherence import adherence
+
+    prepared = PreparedDataset(synthetic_pieces)
+    chatty_planned_lm(prepared).save_pretrained(tmp_path / "model")
+    metrics = adherence(str(tmp_path / "model"), str(synthetic_pieces), str(tmp_path / "adh"), max_articles=7,
+                        outlines_per_article=1, outline_length=2, tokens_per_sentence=5,
+                        conditions=["outline", "shuffled"], bootstrap_samples=50, runtime=Runtime(device="cpu"))
+    rows = read_csv(tmp_path / "adh" / "per_sentence.csv")
+    assert rows and all(r["text"].endswith(".") for r in rows)
+    outline = metrics.conditions["outline"]
+    assert outline.sentences[0] == sum(r["condition"] == "outline" for r in rows) < outline.sentences_asked == 14
+    assert outline.of_asked.mean == pytest.approx(outline.adherence.mean * outline.sentences[0] / 14)
+    sources = sources_of(prepared["test"])
+    assert {r["source"] for r in rows} <= set(sources[:7]) and len(set(sources[:7])) == 2
+    for condition in metrics.conditions.values():
+        assert condition.adherence.documents == condition.over_chance.documents == 2
