@@ -225,3 +225,58 @@ def test_the_adherence_command_scores_finished_sentences_only_and_resamples_docu
     assert {r["source"] for r in rows} <= set(sources[:7]) and len(set(sources[:7])) == 2
     for condition in metrics.conditions.values():
         assert condition.adherence.documents == condition.over_chance.documents == 2
+
+
+def test_evaluations_compare_plan_usage_and_position_bins_resample_documents(synthetic_pieces, tmp_path, monkeypatch):
+    """Two evaluations of the 26 pieces of 8 documents (an LM, and it with an oracle adapter): perplexity's
+    interval, plan usage's, compare's and every position bin's resample the 8 documents with their pieces."""
+    from helpers import tiny_gpt2, tiny_planned_lm
+
+    import planlm.evaluate.plan_usage as plan_usage_module
+    from planlm.evaluate.bootstrap import compare_evaluations, read_per_article, seeded_interval
+    from planlm.evaluate.perplexity import evaluate
+    from planlm.evaluate.positions import BINS, bin_cells, paired_positions, read_positions
+
+    prepared = PreparedDataset(synthetic_pieces)
+    sources = sources_of(prepared["test"])
+    tiny_gpt2().save_pretrained(tmp_path / "lm")
+    tiny_planned_lm(prepared).save_pretrained(tmp_path / "planned")
+    usage_clusters = []
+
+    def spy(*args, clusters=None, **kwargs):
+        usage_clusters.append(clusters)
+        return paired_bootstrap(*args, clusters=clusters, **kwargs)
+
+    monkeypatch.setattr(plan_usage_module, "paired_bootstrap", spy)
+    kwargs = dict(context_length=16, stride=4, batch_size=16, bootstrap_samples=300)
+    plain = evaluate(str(tmp_path / "lm"), str(synthetic_pieces), str(tmp_path / "a"), **kwargs)
+    planned = evaluate(str(tmp_path / "planned"), str(synthetic_pieces), str(tmp_path / "b"), plan_usage=True,
+                       **kwargs)
+    assert planned.plan_usage is not None and [list(c) for c in usage_clusters] == [list(sources)]
+
+    table = read_per_article(tmp_path / "a")
+    assert list(table["source"]) == list(sources)
+    by_document = bootstrap_perplexity(table["nll_sum"], table["tokens"], 300, clusters=sources)
+    by_piece = bootstrap_perplexity(table["nll_sum"], table["tokens"], 300)
+    assert (plain.ci_low, plain.ci_high) == (by_document["ci_low"], by_document["ci_high"])
+    assert (by_piece["ci_low"], by_piece["ci_high"]) != (by_document["ci_low"], by_document["ci_high"])
+    assert compare_evaluations(tmp_path / "a", tmp_path / "b", num_samples=300)["documents"] == 8
+
+    positions = paired_positions(tmp_path / "a", tmp_path / "b", num_samples=300)
+    assert positions["documents"] == 8
+    cells = [read_positions(tmp_path / name) for name in ("a", "b")]
+    for name, _, kind in BINS:
+        chosen = bin_cells(kind)
+        count = cells[0]["tokens"][:, chosen].sum(1).astype(float)
+        diff = cells[1]["nll"][:, chosen].sum(1) - cells[0]["nll"][:, chosen].sum(1)
+        held = count > 0
+        result = positions["bins"][name]
+        assert result["documents"] == len(set(sources[held]))
+
+        def interval(clusters, diff=diff[held], count=count[held]):
+            found = seeded_interval(lambda w, s: (w @ diff) / (w @ count), 1, len(count), 300, 0.95, 0, clusters)
+            return pytest.approx(found["ci_low"], rel=1e-9), pytest.approx(found["ci_high"], rel=1e-9)
+
+        if result["documents"] > 1:
+            assert (result["ci_low"], result["ci_high"]) == interval(sources[held])
+            assert (result["ci_low"], result["ci_high"]) != interval(None)
