@@ -8,14 +8,14 @@ demo table, configs/demo.yaml at 2 seeds; the demo with the 9x planner; two more
 listed below with its source. For every contrast the script
 
 1. backs the document standard error out of its published 2-seed interval, by inverting the product's own
-   half-width (``planlm.evaluate.bootstrap._half_width``: sqrt((t_{S-1} s_seed / sqrt(S))^2 + (t_{G-1} se_doc)^2)),
+   half-width (``planlm.evaluate.power``: sqrt((t_{S-1} s_seed / sqrt(S))^2 + (t_{G-1} se_doc)^2)),
    with the range the 2-decimal rounding of the published numbers allows;
 2. takes the seed standard deviation of the per-seed differences (pooled over runs of the same contrast where
    there are several) and inflates it for what an evidence seed also redraws: the planner's training and the
    k-means codebook (the demo shares both across seeds, so its seed spread holds LM-training noise only);
 3. for S = 2..16 simulates the evaluation as the product computes it: S per-seed differences drawn from
    N(effect, seed_sd), one document error drawn from N(0, se_doc) shared by all seeds (the test documents are the
-   same for every seed), the interval of ``seeded_paired_interval`` (its ``_half_width``), and counts how often
+   same for every seed), the interval of ``seeded_paired_interval`` (``planlm.evaluate.power.half_width``), and counts how often
    the interval excludes 0; the smallest S with power >= 80% is the contrast's seed need.
 
 The effect is what the runs so far show (the mean of the per-seed values): if the true effect is smaller, the
@@ -33,19 +33,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from planlm.evaluate.bootstrap import _half_widths, _quantiles
-
-
-def _half_width(confidence: float, seed_var: float, num_seeds: int, document_var: float, documents: int) -> float:
-    """The product's half-width with a symmetric document part (no bootstrap-t skew: the simulation draws normal
-    document errors, where the skew correction is 1)."""
-    return _half_widths(confidence, seed_var, num_seeds, document_var, documents)[0]
+from planlm.evaluate import power
+from planlm.evaluate.power import SEED_RANGE, TARGET_POWER, seeds_needed
 
 CONFIDENCE = 0.95
 DOCUMENTS = 17  # test source documents of the demo corpus: 50 pieces of about 17 speeches (configs/demo.yaml, docs/results.md)
 ROUNDING = 0.005  # the published per-seed values and interval ends are rounded to 2 decimals
-TARGET_POWER = 0.8
-SEED_RANGE = tuple(range(2, 17))
 
 # --- the data, each with its source -------------------------------------------------------------------------------
 
@@ -119,19 +112,9 @@ CONTRASTS = [
 
 def document_se(per_seed: Sequence[float], low: float, high: float, documents: int = DOCUMENTS,
                 confidence: float = CONFIDENCE, documents_only: bool = False) -> float:
-    """The document SE that the product's half-width turns into this interval, given the per-seed values:
-    document_var = (half^2 - t_{S-1}^2 seed_var) / t_{G-1}^2 (0 if the seed part alone exceeds the half-width).
-    ``documents_only``: a 1-seed percentile interval over documents, read as +- 1.96 se."""
-    half = (high - low) / 2
-    if documents_only or len(per_seed) < 2:
-        from scipy.stats import norm
-        return half / float(norm.ppf(0.5 + confidence / 2))
-    num_seeds = len(per_seed)
-    seed_var = float(np.var(per_seed, ddof=1)) / num_seeds
-    seed_t, document_t = _quantiles(confidence, num_seeds, documents)
-    document_var = max(half ** 2 - seed_t ** 2 * seed_var, 0.0) / document_t ** 2
-    assert np.isclose(_half_width(confidence, seed_var, num_seeds, document_var, documents), half) or document_var == 0
-    return float(np.sqrt(document_var))
+    """The document SE that the product's half-width turns into this interval (``planlm.evaluate.power``), at the
+    demo's G unless told."""
+    return power.document_se(per_seed, low, high, documents, confidence, documents_only)
 
 
 def document_se_range(interval: Interval, documents: int = DOCUMENTS, documents_only: bool = False) -> tuple[float, float]:
@@ -152,33 +135,9 @@ def planner_variance(shift: tuple[float, float, str], lm_var: float) -> float:
 def power_curve(effect: float, seed_sd: float, doc_se: float, documents: int = DOCUMENTS,
                 seeds: Sequence[int] = SEED_RANGE, draws: int = 4000, confidence: float = CONFIDENCE,
                 rng_seed: int = 0) -> list[dict]:
-    """For each S: the expected half-width and the probability that the interval excludes 0.
-
-    Simulates what ``seeded_paired_interval`` reports: S per-seed differences ~ N(effect, seed_sd), plus one
-    document error ~ N(0, doc_se) shared by every seed; the interval is their mean +- ``_half_width`` with the
-    sample variance of the S values over S and doc_se^2 (the bootstrap's estimate, taken as exact here)."""
-    rng = np.random.default_rng(rng_seed)
-    largest = max(seeds)
-    seed_draws = rng.normal(effect, seed_sd, size=(draws, largest))  # common random numbers across S
-    document_draws = rng.normal(0.0, doc_se, size=draws)
-    rows = []
-    for num_seeds in seeds:
-        values = seed_draws[:, :num_seeds]
-        mean = values.mean(1) + document_draws
-        seed_var = values.var(1, ddof=1) / num_seeds
-        seed_t, document_t = _quantiles(confidence, num_seeds, documents)
-        half = np.sqrt(seed_t ** 2 * seed_var + document_t ** 2 * doc_se ** 2)  # _half_width, vectorised
-        assert np.isclose(half[0], _half_width(confidence, float(seed_var[0]), num_seeds, doc_se ** 2, documents))
-        rows.append({"seeds": num_seeds, "half_width": float(half.mean()),
-                     "half_width_at_sd": _half_width(confidence, seed_sd ** 2 / num_seeds, num_seeds, doc_se ** 2,
-                                                     documents),
-                     "power": float(np.mean(np.abs(mean) > half))})
-    return rows
-
-
-def seeds_needed(curve: list[dict], target: float = TARGET_POWER) -> Optional[int]:
-    """The smallest S of ``curve`` whose power reaches ``target`` (None: none does)."""
-    return next((row["seeds"] for row in curve if row["power"] >= target), None)
+    """``planlm.evaluate.power.power_curve`` at the demo's G unless told: for each S the expected half-width and
+    the probability that the interval excludes 0."""
+    return power.power_curve(effect, seed_sd, doc_se, documents, seeds, draws, confidence, rng_seed)
 
 
 def lm_seed_variance(contrast: Contrast) -> tuple[float, int]:
@@ -240,7 +199,7 @@ def render(common: dict, rows: list[dict], draws: int, larger: Optional[tuple[in
            "simulated evaluations per S (common random numbers across S). Effect: the mean of the per-seed "
            "values so far. Seed sd: the LM-seed sd of the per-seed differences, in quadrature with the planner / "
            "codebook variance an evidence seed also redraws. Document SE: backed out of the published interval "
-           "by inverting the product's `_half_width`.", "",
+           "by inverting the product's half-width (`planlm.evaluate.power`).", "",
            f"Planner variance: the 9x-planner demo retrained with only the planner's training changed moved ours - "
            f"Fixed from {PLANNER_SHIFT[0]:+.2f} to {PLANNER_SHIFT[1]:+.2f}; with 2-seed means, "
            f"var_planner = (shift^2 - var_lm) / 2 = {common['var_planner']:.3f} (sd {common['sd_planner']:.2f}), "

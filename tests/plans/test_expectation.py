@@ -241,3 +241,30 @@ def test_each_stored_step_is_the_planner_distribution_given_the_sampled_prefix(s
         forced = torch.stack([torch.softmax(planner(context, mask, paths[:, k]) / temperature, -1)
                               for k in range(paths.shape[1])], dim=1)
     torch.testing.assert_close(stored, forced, atol=1e-5, rtol=1e-4)
+
+
+def test_with_more_actions_than_it_keeps_each_step_renormalises_its_top_actions(synthetic_cycle, planner_dir,
+                                                                                 monkeypatch):
+    """8 actions, 3 kept per step: the kept probabilities are the planner's top 3 scaled to sum to 1 (the mass of
+    the 5 dropped is spread over them), and the plan vector is sum_a p(a) Emb(a) over those 3."""
+    monkeypatch.setattr("planlm.plans.spec.TOP_ACTIONS", 3)
+    prepared = PreparedDataset(synthetic_cycle)
+    split = prepared["validation"]
+    sentences = np.arange(12)
+    spec = PlanSpec(kind="planner_sampled", horizon=1, planner_dir=str(planner_dir), expectation=True).resolve()
+    assert spec.top_actions == 3 < prepared.num_actions
+    plans = plan_source(spec, prepared, split, sentences=sentences)(sentences)
+    assert plans.action_probs.shape == (12, 1, 1, 3)
+    planner = tiny_planner(prepared, max_sentences=4)
+    context, mask = boundary_contexts(split, sentences, planner.config.max_sentences)
+    with torch.no_grad():
+        top, ids = planner.first_step_logits(context, mask).softmax(-1).topk(3)  # (N, 3) each
+    assert float((1 - top.sum(-1)).min()) > 0.05  # the dropped actions held a real share
+    assert (plans.action_paths[:, 0, 0] == ids).all()
+    assert torch.allclose(plans.action_probs[:, 0, 0], top / top.sum(-1, keepdim=True), atol=2e-3)  # float16
+    assert torch.allclose(plans.action_probs.sum(-1), torch.ones(12, 1, 1), atol=1e-6)
+    module = adapter(prepared)
+    with torch.no_grad():
+        expected = module.projection(((top / top.sum(-1, keepdim=True))[..., None]
+                                      * module.action_embedding(ids)).sum(1))
+        assert torch.allclose(module(*plans), expected, atol=2e-3)

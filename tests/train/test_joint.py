@@ -87,6 +87,24 @@ def test_the_lm_loss_reaches_the_planner(synthetic_cycle, kind, expectation, ada
     assert float(planner.dynamics.action_embedding.weight.grad.abs().sum()) > 0
 
 
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # the step, called without a Trainer
+def test_a_joint_training_step_adds_the_planner_s_action_loss_at_its_weight(synthetic_cycle):
+    """--train.planner_loss_weight 0.5: the step's loss is the LM's loss on the planner's plans plus 0.5 times the
+    planner's action loss on the same boundaries (weight 0: the LM's loss alone)."""
+    prepared = PreparedDataset(synthetic_cycle)
+    planner = tiny_planner(prepared, max_sentences=4)
+    spec = joint_spec()
+    module = LightningJointLM(planned_lm(prepared, "project_avg"), planner, spec, action_loss_weight=0.5).eval()
+    raw = window_batch(prepared, contexts_of(prepared, planner, spec))
+    with torch.no_grad():
+        batch, inputs = module.with_plans(raw, "train/0/0")  # the stream of the first step of epoch 0
+        lm_loss, action = float(module.model_step(batch)[0]), float(module.action_loss(inputs))
+        assert action > 0.1
+        assert float(module.training_step(raw, 0)) == pytest.approx(lm_loss + 0.5 * action, rel=1e-5)
+        without = LightningJointLM(module.model, planner, spec, action_loss_weight=0.0).eval()
+        assert float(without.training_step(raw, 0)) == pytest.approx(lm_loss, rel=1e-5)
+
+
 @pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
 @pytest.mark.parametrize("kind", ["planner_sampled", "planner_argmax"])
 def test_joint_plans_of_an_unchanged_planner_are_the_plans_in_expectation(synthetic_cycle, kind, dynamics):
