@@ -10,7 +10,13 @@ them, those that no split kept included); words are ``planlm.data.held_out.words
 markers such as ``[1]`` dropped). The runs are found here by a plain dictionary of word 8-grams, independently of
 the index that ``prepare`` uses, so that the count checks prepare's own check.
 
+With ``--draw CONFIG`` it measures prepare's draw for a run config's ``prepare`` section instead of a folder: the
+articles that ``prepare`` would write to the training split and the planner's split (the same function,
+``planlm.data.prepare.take_articles``, with the held-out check on), without embedding them: seconds, not the
+half hour that embedding the larger planner's 58,000 sentences takes on a small CPU.
+
     python experiments/verbatim_leak.py runs/evidence-bigplanner/prepared [--json out.json]
+    python experiments/verbatim_leak.py --draw configs/evidence-bigplanner.yaml
 """
 
 from __future__ import annotations
@@ -30,10 +36,10 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def whole_documents(manifest: dict, wanted: set[str]) -> dict[str, str]:
-    """{document id: whole text} of the corpus's documents named in ``wanted`` (the manifest's corpus section)."""
+def whole_documents(section: dict, wanted: set[str]) -> dict[str, str]:
+    """{document id: whole text} of the corpus's documents named in ``wanted`` (``section``: a corpus config)."""
     from planlm.data.corpus import CorpusConfig, Skips, read_articles
-    corpus = CorpusConfig(**manifest["config"]["corpus"])
+    corpus = CorpusConfig(**section)
     found = {}
     for article in read_articles(corpus, Skips()):
         if str(article["id"]) in wanted:
@@ -75,20 +81,10 @@ class Runs:
         return sorted(runs, reverse=True)
 
 
-def measure(folder: Path, min_words: int = 50, held_out_texts: dict[str, str] | None = None) -> dict:
-    """The leak of a prepared folder: per training-side set, its pieces, those with a run of ``min_words``+ words
-    of a whole held-out document, and the longest runs (every piece's longest)."""
-    manifest = json.loads((folder / "manifest.json").read_text())
-    held: dict[str, str] = {}
-    for split in ("test", "validation"):
-        for article in read_jsonl(folder / split / "articles.jsonl"):
-            held.setdefault(str(article.get("source", article["id"])), split)
-    texts = held_out_texts if held_out_texts is not None else whole_documents(manifest, set(held))
-    finder = Runs({name: (split, texts[name]) for name, split in held.items()})
-    sets = {"lm_train": read_jsonl(folder / "train" / "articles.jsonl")}
-    if (folder / "planner_train" / "articles.jsonl").is_file():
-        sets["planner_train"] = read_jsonl(folder / "planner_train" / "articles.jsonl")
-    sets["codebook"] = sets.get("planner_train", sets["lm_train"])
+def leak(held: dict[str, tuple[str, str]], sets: dict[str, list[dict]], min_words: int = 50) -> dict:
+    """Per training-side set ({name: its pieces}), its pieces, those with a run of ``min_words``+ words of a
+    whole held-out document (``held``: {document: (split, text)}), and the longest runs (every piece's longest)."""
+    finder = Runs(held)
     longest: dict[str, tuple[int, str]] = {}
     for pieces in sets.values():
         for piece in pieces:
@@ -102,10 +98,49 @@ def measure(folder: Path, min_words: int = 50, held_out_texts: dict[str, str] | 
     every = {p["id"] for pieces in sets.values() for p in pieces}
     top = sorted(((longest[i][0], i, longest[i][1], finder.split.get(longest[i][1], "")) for i in every
                   if longest[i][0]), reverse=True)
-    verbatim = (manifest.get("held_out_overlap") or {}).get("verbatim")
-    return {"folder": str(folder), "min_words": min_words, "held_out_documents": len(held), "sets": table,
+    return {"min_words": min_words, "held_out_documents": len(held), "sets": table,
             "training_side_pieces": len(every), "with_run": sum(longest[i][0] >= min_words for i in every),
-            "longest": top[:12], "prepare_dropped": verbatim, "skipped": manifest.get("skipped", {})}
+            "longest": top[:12]}
+
+
+def measure(folder: Path, min_words: int = 50, held_out_texts: dict[str, str] | None = None) -> dict:
+    """The leak of a prepared folder (``leak``), with prepare's own count of what it dropped (its manifest)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    held: dict[str, str] = {}
+    for split in ("test", "validation"):
+        for article in read_jsonl(folder / split / "articles.jsonl"):
+            held.setdefault(str(article.get("source", article["id"])), split)
+    texts = held_out_texts if held_out_texts is not None else whole_documents(manifest["config"]["corpus"], set(held))
+    sets = {"lm_train": read_jsonl(folder / "train" / "articles.jsonl")}
+    if (folder / "planner_train" / "articles.jsonl").is_file():
+        sets["planner_train"] = read_jsonl(folder / "planner_train" / "articles.jsonl")
+    sets["codebook"] = sets.get("planner_train", sets["lm_train"])
+    result = leak({name: (split, texts[name]) for name, split in held.items()}, sets, min_words)
+    verbatim = (manifest.get("held_out_overlap") or {}).get("verbatim")
+    return {"folder": str(folder), **result, "prepare_dropped": verbatim, "skipped": manifest.get("skipped", {})}
+
+
+def measure_draw(config: Path, min_words: int = 50) -> dict:
+    """The leak of prepare's draw for a run config's ``prepare`` section (``leak``): the training split and, with
+    ``planner_corpus.rest_of_train``, the planner's split (the training split, then the rest of the training side),
+    as ``prepare`` draws them with the held-out check on."""
+    import yaml
+    from planlm.data.corpus import CorpusConfig, Skips
+    from planlm.data.held_out import HeldOut
+    from planlm.data.prepare import SentencesConfig, take_articles
+    section = yaml.safe_load(config.read_text())["prepare"]
+    corpus = CorpusConfig(**section["corpus"])
+    with_rest = bool((section.get("planner_corpus") or {}).get("rest_of_train"))
+    held_out, skips, rest = HeldOut(), Skips(), [] if with_rest else None
+    drawn = take_articles(corpus, SentencesConfig(), skips, progress=False, rest=rest, held_out=held_out)
+    texts = whole_documents(section["corpus"], set(held_out.ids))
+    sets = {"lm_train": drawn["train"][0]}
+    if with_rest:
+        sets["planner_train"] = sets["lm_train"] + [piece for piece, _ in rest]
+    sets["codebook"] = sets.get("planner_train", sets["lm_train"])
+    result = leak({name: (split, texts[name]) for name, split in held_out.ids.items()}, sets, min_words)
+    return {"folder": f"prepare's draw of {config}", **result,
+            "prepare_dropped": held_out.record().get("verbatim"), "skipped": dict(skips)}
 
 
 def report(result: dict) -> str:
@@ -123,11 +158,14 @@ def report(result: dict) -> str:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", type=Path, help="a folder written by planlm prepare")
+    parser.add_argument("folder", type=Path, nargs="?", help="a folder written by planlm prepare")
+    parser.add_argument("--draw", type=Path, default=None, help="a run config: measure prepare's draw instead")
     parser.add_argument("--min_words", type=int, default=50)
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args(argv)
-    result = measure(args.folder, args.min_words)
+    if (args.folder is None) == (args.draw is None):
+        parser.error("give a prepared folder or --draw CONFIG (one of them)")
+    result = measure_draw(args.draw, args.min_words) if args.draw else measure(args.folder, args.min_words)
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

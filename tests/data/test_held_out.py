@@ -246,3 +246,37 @@ def test_a_marker_every_few_words_hides_no_verbatim_run():
         runs = index.compare(f"{host} {form} {host}")[1]
         assert [(r.length, r.held_out) for r in runs] == [(60, "lincoln")], form[:80]
     assert index.compare(host + " " + " ".join(passage.split()[:49]))[1] == []  # 49 words: no run
+
+
+def test_prepare_drops_them_and_counts_what_it_dropped(pieces_corpus, tmp_path, capsys):
+    """``planlm prepare`` on the pieces corpus with the planner's rest of the training side: the manifest and the
+    summary count what the draw cut; the test and validation speeches are all held out; no training-side piece
+    (the LM's split, the planner's, which the codebook is fitted on) shares a run of 50 words with one."""
+    from planlm.data.planner_corpus import PlannerCorpusConfig
+    from planlm.data.prepare import prepare
+    from planlm.stage import read_manifest
+    from test_prepare import tiny_config
+    held_out = HeldOut()
+    draw_pieces(pieces_corpus, held_out)
+    out = prepare(str(tmp_path / "prepared"), **{**tiny_config(pieces_corpus),
+                                                 "corpus": CorpusConfig(source=str(pieces_corpus), **PIECES_DRAW)},
+                  planner_corpus=PlannerCorpusConfig(rest_of_train=True))
+    manifest = read_manifest(out)
+    record = manifest["held_out_overlap"]
+    assert record["verbatim"] == held_out.record()["verbatim"] and record["verbatim"]["words"] >= 60
+    assert record["checked"] == held_out.checked and manifest["skipped"]["near_copy_of_held_out"] >= 4
+    articles = {split: [json.loads(line) for line in (out / split / "articles.jsonl").read_text().splitlines()]
+                for split in ("test", "validation", "train", "planner_train")}
+    held = {a["source"] for split in ("test", "validation") for a in articles[split]}
+    assert record["held_out_documents"] == len(held) and len(held) == 4
+    index = HeldOutIndex()
+    for r in pieces_records():
+        if r["id"] in held:
+            index.add(r["id"], "held", r["text"])
+    assert all(not index.compare(a["text"])[1] for a in articles["train"] + articles["planner_train"])
+    assert not {original_of(a["source"]) for a in articles["planner_train"] if not a["source"].startswith("quote-")} \
+        & {original_of(d) for d in held if not d.startswith("quote-")}
+    v = record["verbatim"]
+    assert (f"verbatim   {v['passages']} passages cut from {v['pieces_cut']} pieces and {v['pieces_dropped']} pieces "
+            f"dropped whole for sharing a run of 50+ words with a held-out document: {v['words']} words in all; "
+            f"longest run {v['longest_run']} words") in capsys.readouterr().out
