@@ -268,7 +268,8 @@ def test_prepare_drops_them_and_counts_what_it_dropped(pieces_corpus, tmp_path, 
     articles = {split: [json.loads(line) for line in (out / split / "articles.jsonl").read_text().splitlines()]
                 for split in ("test", "validation", "train", "planner_train")}
     held = {a["source"] for split in ("test", "validation") for a in articles[split]}
-    assert record["held_out_documents"] == len(held) and len(held) == 4
+    assert record["held_out_documents"] == len(held) and held == set(held_out.ids)  # validation's too
+    assert {"test", "validation"} == set(held_out.ids.values())
     index = HeldOutIndex()
     for r in pieces_records():
         if r["id"] in held:
