@@ -35,12 +35,13 @@ from planlm.plans.contexts import ContextSource
 from planlm.plans.kinds import check_cache, check_joint, plan_source
 from planlm.plans.spec import PlanSpec, with_source_horizon
 from planlm.seeds import derive_seed
-from planlm.speed import keep_freed_memory, speed_up_lm
+from planlm.speed import compile_options, keep_freed_memory, speed_up_lm
 from planlm.stage import StageDir, config_fingerprint
 from planlm.train.args import TrainArgs
 from planlm.train.harness import build_trainer, checkpoint_step, fit, load_best, resume_checkpoint
 from planlm.train.lm_module import MULTIPATH_LR_SCALE, LightningJointLM, LightningLM
 from planlm.train.resume import EpochShuffle
+from planlm.train.shapes import StaticShapes
 
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
 TRAIN_SPLIT, VALIDATION_SPLIT = "train", "validation"
@@ -405,7 +406,7 @@ def _train(planned: PlannedLM, train: LMTrainConfig, runtime: LMRuntime, out: Pa
     trainer, best = build_trainer(train, runtime, out, best_filename="step{step}",
                                   log_folders={"csv": "logs", "tensorboard": "tb"}, has_val=val_loaders is not None)
     knobs = dict(lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
-                 multipath_lr_scale=train.multipath_lr_scale)
+                 multipath_lr_scale=train.multipath_lr_scale, **step_shapes(train, runtime))
     if planner is None:
         module = LightningLM(planned, **knobs)
     else:
@@ -420,6 +421,15 @@ def _train(planned: PlannedLM, train: LMTrainConfig, runtime: LMRuntime, out: Pa
         trainer.validate(module, val_loaders, verbose=False)
     load_best(module, best)
     return trainer, best, start, first_step
+
+
+def step_shapes(train: LMTrainConfig, runtime: LMRuntime) -> dict:
+    """``LightningLM``'s static shapes and CUDA-graph steps for a compiled run (``runtime.compile``); eager: none,
+    the batches as they come."""
+    if not runtime.compile:
+        return {"static_shapes": None, "cuda_graphs": False}
+    return {"static_shapes": StaticShapes(train.batch_size, train.context_length),
+            "cuda_graphs": compile_options(runtime).get("mode") == "reduce-overhead"}
 
 
 def _card_training(prepared: PreparedDataset, results: dict) -> dict:
