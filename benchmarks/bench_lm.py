@@ -71,9 +71,11 @@ def build(kind: str, lm_config: dict, args, device: torch.device,
 
 
 def train_step(model: PlannedLM, optimizer, batch: dict, conditioned: bool, device: torch.device,
-               bf16: bool | None = None) -> None:
+               bf16: bool | None = None, cuda_graphs: bool = False) -> None:
     """One training step; bf16 autocast on CUDA unless ``bf16`` says otherwise."""
     batch = {name: t.to(device, non_blocking=True) for name, t in batch.items()}
+    if cuda_graphs:
+        torch.compiler.cudagraph_mark_step_begin()
     if not conditioned:
         for name in ("plan_index", "action_paths", "path_mask"):
             batch.pop(name)
@@ -102,8 +104,9 @@ def main() -> None:
     parser.add_argument("--speed", action="store_true", help="the speed settings on the bare LM instead of the adapters")
     parser.add_argument("--loss-chunk-size", type=int, default=LMRuntime().loss_chunk_size)
     parser.add_argument("--no-compile", action="store_true", help="--speed without the torch.compile variant")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile every variant's transformer and adapter (LMRuntime.compile)")
+    parser.add_argument("--compile", nargs="?", const="true", default=None, choices=["true", "cudagraphs"],
+                        help="torch.compile every variant's transformer and adapter (LMRuntime.compile); cudagraphs: "
+                             "with CUDA graphs on CUDA")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="glibc malloc keeps freed memory (planlm.speed.keep_freed_memory; process-wide: compare two runs)")
     args = parser.parse_args()
@@ -124,11 +127,14 @@ def main() -> None:
         return
     variants = ["none", "project_avg", "multipath"]
     models = {kind: build(kind, lm_config, args, device) for kind in variants}
-    if args.compile:
+    compile_value = {"true": True, "cudagraphs": "cudagraphs"}.get(args.compile, False)
+    if compile_value:
         for kind, (model, _) in models.items():
-            speed_up_lm(model, LMRuntime(compile=True, loss_chunk_size=model.loss_chunk_size), f"bench_lm {kind}")
+            speed_up_lm(model, LMRuntime(device=device.type, compile=compile_value,
+                                         loss_chunk_size=model.loss_chunk_size), f"bench_lm {kind}")
+    graphs = compile_value == "cudagraphs" and device.type == "cuda"
     elapsed, cpu_time = time_interleaved(args, device, batches, variants, lambda kind, batch: train_step(
-        *models[kind], batch, kind != "none", device))
+        *models[kind], batch, kind != "none", device, cuda_graphs=graphs))
 
     tokens = batch_size * args.context_length * args.steps
     num_plans = batches[0]["action_paths"].shape[0]

@@ -11,20 +11,23 @@
 # first. One log per check goes to OUT_DIR (default runs/gpu-checks), and a line per check to OUT_DIR/summary.txt
 # (at most 8 files: what a device call brings back).
 #
-# The checks, in the order they run (by value, the compiled ones last):
+# ONLY (check names, space-separated) runs those checks alone. The checks, in the order they run (by value):
 #   pytest_gpu        pytest -m gpu (bf16 autocast, planner sampling, evaluation, generation on CUDA)
+#   lm_eager          the bare training step with no conditioning, Project-and-Avg and multipath at K = T = 10
+#                     (bench_lm.py), interleaved, with MFU; then the paper's grid summed from its multipath rate
+#                     (grid_sum.py, a line in summary.txt)
+#   lm_compiled       lm_eager under torch.compile (runtime.compile true), then with CUDA graphs (cudagraphs; skipped
+#                     on the CPU); the grid summed from the faster multipath rate
+#   stage_compiled    the compiled train_lm stage (static shapes) against the eager stage and against the bare
+#                     compiled step, with the graphs each epoch compiled and each call's time outside its steps
+#                     (bench_compile.py; CUDA graphs too on CUDA)
 #   stage_eager       train_lm's Lightning stage against its bare loop on the same batches, batch 32 x 128, bf16,
 #                     with validation and plan usage timed apart, and MFU (bench_stages.py --stage_vs_loop); with
 #                     the chunked loss (runtime.loss_chunk_size 1024, the default) and with the LM's own loss (0)
-#   lm_eager          the training step with no conditioning, Project-and-Avg and multipath at K = T = 10
-#                     (bench_lm.py), interleaved, with MFU
 #   planner           the planner at the paper's width (768, T = 10, batch 512), both dynamics: training step and
 #                     K = 1, 10, 50 sampling (bench_planner.py)
 #   stages            every stage through the library's commands at the paper's widths, and their time on the
 #                     paper's corpus (bench_stages.py)
-#   lm_compiled       lm_eager under torch.compile
-#   stage_compiled    stage_eager under torch.compile (last: compilation is off by default, and most of this check's
-#                     time is compiling, so it is the one the budget cuts first)
 set -u
 out=${1:-runs/gpu-checks}
 size=${SIZE:-full}
@@ -62,6 +65,9 @@ began_all=$SECONDS
 
 check() {  # name, seconds at most, command...
     local name=$1 limit=$2; shift 2
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
+        return
+    fi
     local left=$((budget - (SECONDS - began_all)))
     if [ "$left" -lt 20 ]; then
         echo "=== $name: skipped, ${left} s of the budget left" | tee -a "$out/summary.txt"
@@ -76,13 +82,20 @@ check() {  # name, seconds at most, command...
     echo "=== $name: exit $rc, $((SECONDS - began)) s" | tee -a "$out/summary.txt"
 }
 
+grid() {  # the paper's grid summed from a bench_lm log's multipath rate: a line in summary.txt
+    [ -f "$out/$1.txt" ] && $py benchmarks/grid_sum.py --lm_log "$out/$1.txt" 2>&1 | tail -1 | sed "s/^/=== grid ($1): /" \
+        | tee -a "$out/summary.txt"
+}
+
 if [ "$size" = tiny ]; then
     device=cpu; stage=(--stage_lm near_zero --articles 20 --batch_size 8); lm=(--steps 1 --warmup 1 --batch-size 2)
+    compiled_stage=(--stage_lm near_zero --articles 6 --batch_size 4 --bare_steps 1)
     planner=(--d_model 32 --num_heads 2 --dim_feedforward 64 --batch_size 16 --boundaries 32 --sample_batch_size 32
              --repeats 1 --latency_boundaries 2)
     stages=(--lm tiny --planner tiny --articles 20 --planner_epochs 1 --eval_articles 2)
 else
     device=cuda; stage=(--stage_lm gpt2_small --articles 1000 --batch_size 32); lm=(--gpt2-small --steps 20 --warmup 3)
+    compiled_stage=(--stage_lm gpt2_small --articles 300 --batch_size 32 --paths 10 --precision bf16)
     planner=(--d_model 768 --num_heads 2 --dim_feedforward 2048 --batch_size 512 --boundaries 1024
              --sample_batch_size 1024 --precision bf16 --repeats 2)
     stages=(--lm gpt2 --planner paper --articles 400 --planner_epochs 1 --eval_articles 8)
@@ -91,11 +104,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 $py -c "import torch, transformers, lightning; print('torch', torch.__version__, 'transformers', transformers.__version__, 'lightning', lightning.__version__)"
 
 check pytest_gpu 150 $py -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider
+check lm_eager 90 $py benchmarks/bench_lm.py --device $device "${lm[@]}"
+grid lm_eager
+cuda_graphs="$py benchmarks/bench_lm.py --device $device --compile cudagraphs ${lm[*]}"
+[ "$device" = cpu ] && cuda_graphs="echo CUDA graphs: skipped on the CPU"
+check lm_compiled 200 bash -c "$py benchmarks/bench_lm.py --device $device --compile ${lm[*]} && $cuda_graphs"
+grid lm_compiled
+check stage_compiled 300 $py benchmarks/bench_compile.py --device $device "${compiled_stage[@]}"
 stage_eager="$py benchmarks/bench_stages.py --stage_vs_loop --device $device ${stage[*]}"
 check stage_eager 200 bash -c "$stage_eager && $stage_eager --loss_chunk_size 0"  # the chunked loss, then the LM's own
-check lm_eager 90 $py benchmarks/bench_lm.py --device $device "${lm[@]}"
 check planner 120 $py benchmarks/bench_planner.py --device $device --horizon 10 "${planner[@]}"
 check stages 180 $py benchmarks/bench_stages.py --device $device "${stages[@]}"
-check lm_compiled 150 $py benchmarks/bench_lm.py --device $device --compile "${lm[@]}"
-check stage_compiled 180 $py benchmarks/bench_stages.py --stage_vs_loop --device $device --compile "${stage[@]}"
 echo "=== all checks: $((SECONDS - began_all)) s of a $budget s budget"

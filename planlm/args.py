@@ -125,10 +125,12 @@ class LMRuntime(Runtime):
     """train-lm's runtime group: the device and the precision, and the speed knobs of the LM's training. They
     compute the same model faster, up to floating-point rounding, so they are not part of the reuse key."""
 
-    compile: bool = False
-    """torch.compile the LM's transformer and the adapter. When compilation is unavailable or fails for a model: one
-    warning line, then eager. Whether it pays for its compile time depends on the model's size and the device
-    (docs/benchmarks.md)."""
+    compile: bool | Literal["cudagraphs"] = False
+    """torch.compile the LM's transformer and the adapter, on batches padded to static shapes (the batch size, the
+    context length and a few buckets of sentences per batch: planlm.train.shapes), so an epoch compiles a few graphs
+    once. cudagraphs: the same, with CUDA graphs on CUDA (torch.compile's reduce-overhead mode; plain compilation
+    elsewhere). When compilation is unavailable or fails for a model: one warning line, then eager. Whether it pays
+    for its compile time depends on the model's size and the device (docs/benchmarks.md)."""
     loss_chunk_size: int = 1024
     """Tokens per chunk of the LM's output projection + cross-entropy (planlm.models.lm_loss): the B x L x V logits
     are never held at once, in training and validation. 0: the LM's own loss on all the logits (a model whose head
@@ -140,6 +142,8 @@ class LMRuntime(Runtime):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.compile not in (False, True, "cudagraphs"):
+            raise PlanlmError(f"--runtime.compile {self.compile!r}: choose false, true or cudagraphs")
         if self.loss_chunk_size < 0:
             raise PlanlmError(f"--runtime.loss_chunk_size must be >= 0 (got {self.loss_chunk_size}); 0 turns "
                               f"chunking off")

@@ -22,10 +22,30 @@ def speed_up_lm(model, speed: LMRuntime, command: str) -> None:
     model.loss_chunk_size = speed.loss_chunk_size
     model.compile_loss = speed.compile_loss
     if speed.compile:
+        import torch._dynamo
+
+        options = compile_options(speed)
+        # one graph per static shape (planlm.train.shapes): the adapter's buckets, training's and validation's
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         split = split_lm_head(model.lm)
-        compile_module(split[0] if split is not None else model.lm, f"{command}: the LM")
+        compile_module(split[0] if split is not None else model.lm, f"{command}: the LM", **options)
         if model.adapter is not None:
-            compile_module(model.adapter, f"{command}: the adapter")
+            compile_module(model.adapter, f"{command}: the adapter", **options)
+        model.static_shapes = True  # the chunked loss masks the ignored tokens instead of indexing the scored ones
+
+
+RECOMPILE_LIMIT = 64
+"""How many graphs dynamo keeps for one compiled function before it runs it eager (its default, 8, is fewer than
+the buckets of sentences times training and validation)."""
+
+
+def compile_options(speed: LMRuntime) -> dict:
+    """torch.compile's options for ``speed.compile``: static shapes (the stage pads its batches to a few), and CUDA
+    graphs (mode reduce-overhead) for ``cudagraphs`` on a CUDA device."""
+    options = {"dynamic": False}
+    if speed.compile == "cudagraphs" and speed.training_device_type() == "cuda":
+        options["mode"] = "reduce-overhead"
+    return options
 
 
 def keep_freed_memory() -> bool:
@@ -46,8 +66,8 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
 
 
-def compile_module(module: nn.Module, what: str) -> nn.Module:
+def compile_module(module: nn.Module, what: str, **options) -> nn.Module:
     """torch.compile ``module``'s forward in place (its state dict, and so its checkpoints, keep their keys), with
-    ``compile_or_eager``'s fallback."""
-    module.forward = compile_or_eager(module.forward, what)
+    ``compile_or_eager``'s fallback; ``options``: torch.compile's."""
+    module.forward = compile_or_eager(module.forward, what, **options)
     return module

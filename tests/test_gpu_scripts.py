@@ -90,7 +90,7 @@ def test_checks_install_joined_wheels_and_keep_to_the_budget(tmp_path):
     result, summary = _checks(tmp_path, {"BUDGET": "0", "WHEELS": str(tmp_path / "whl")})
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "planlm_probe.py").exists()  # the pieces were joined into a wheel pip installs
-    names = ["pytest_gpu", "stage_eager", "lm_eager", "planner", "stages", "lm_compiled", "stage_compiled"]
+    names = ["pytest_gpu", "lm_eager", "lm_compiled", "stage_compiled", "stage_eager", "planner", "stages"]
     assert [line.split(":")[0] for line in summary] == [f"=== {name}" for name in names]
     assert all("skipped" in line for line in summary)
 
@@ -99,6 +99,26 @@ def test_checks_install_joined_wheels_and_keep_to_the_budget(tmp_path):
 def test_every_check_runs_at_toy_sizes(tmp_path):
     result, summary = _checks(tmp_path, {"BUDGET": "1200", "WHEELS": str(tmp_path / "none")})
     assert result.returncode == 0, result.stdout + result.stderr
-    assert len(summary) == 7 and all(": exit 0," in line for line in summary), summary
+    checks = [line for line in summary if not line.startswith("=== grid")]
+    assert len(checks) == 7 and all(": exit 0," in line for line in checks), summary
+    assert len(summary) == 9  # the grid from lm_eager's and lm_compiled's multipath rates
     stage = (tmp_path / "checks" / "stage_eager.txt").read_text()
     assert "| bare loop (train steps only)" in stage and "of which plan usage" in stage
+
+
+@pytest.mark.slow
+def test_the_compile_checks_run_on_the_cpu_at_toy_sizes(tmp_path):
+    """The compile issue's checks alone (ONLY): the bare step eager, compiled and with CUDA graphs (skipped on the
+    CPU), multipath against no conditioning, the grid summed from them, and the compiled stage against the eager
+    one and the bare compiled step with its graph count (minutes: inductor compiles on 2 cores)."""
+    result, summary = _checks(tmp_path, {"BUDGET": "1400", "WHEELS": str(tmp_path / "none"),
+                                         "ONLY": "lm_eager lm_compiled stage_compiled"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [line.split(":")[0].split(" (")[0] for line in summary] == \
+        ["=== lm_eager", "=== grid", "=== lm_compiled", "=== grid", "=== stage_compiled"], summary
+    assert all(": exit 0," in line for line in summary if not line.startswith("=== grid")), summary
+    assert all("h (target: under 24 h)" in line for line in summary if line.startswith("=== grid"))
+    compiled = (tmp_path / "checks" / "lm_compiled.txt").read_text()
+    assert "CUDA graphs: skipped on the CPU" in compiled and "| multipath" in compiled
+    stage = (tmp_path / "checks" / "stage_compiled.txt").read_text()
+    assert "| compiled |" in stage and "| bare compiled loop |" in stage and "compiled stage vs bare compiled step" in stage

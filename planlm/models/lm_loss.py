@@ -13,6 +13,12 @@ With ``compiled``, the element-wise work of a training chunk (upcast, max, exp, 
 downcast: eight passes over C x V values in eager mode) is one ``torch.compile``d kernel (``softmax_grad``),
 which reads the logits once and writes their gradient once; where compilation fails, one warning, then eager.
 
+With ``static``, every token goes through the chunks and the ignored ones are masked out (their hidden states
+zeroed before the projection, their NLL and gradient set to zero) instead of being selected by a boolean index,
+whose size depends on the data: no tensor's shape then depends on the targets, so the host never waits for the
+device to learn how many tokens are scored, and a compiled step (``runtime.compile``) sees the same shapes every
+batch. The scored tokens' values are the same up to floating-point summation order.
+
 ``split_lm_head`` finds the body (the model without its head) and the head of the HF causal LMs whose
 logits are a plain bias-free linear map of the last hidden states; other models (logit soft-capping,
 scaled or biased heads, LoRA on the head) keep their own loss.
@@ -76,15 +82,26 @@ def split_lm_head(lm: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int = 1024,
-                         reduction: str = "mean", compiled: bool = False) -> Tensor:
+                         reduction: str = "mean", compiled: bool = False, static: bool = False) -> Tensor:
     """Cross-entropy of ``hidden (N, D) @ weight (V, D).T`` against ``targets (N,)`` (IGNORE_INDEX left out),
     C = ``chunk_size`` tokens at a time. reduction: mean (over the scored tokens), sum, or none ((N,) NLL,
-    0 at ignored tokens; not differentiable). compiled: the training chunks' element-wise work compiled."""
+    0 at ignored tokens; not differentiable). compiled: the training chunks' element-wise work compiled.
+    static: all N tokens through the chunks, the ignored ones masked (no shape that depends on the targets)."""
     scored = targets != IGNORE_INDEX  # (N,)
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    if reduction == "none":
+    if reduction == "none" and needs_grad:
+        raise ValueError("linear_cross_entropy: reduction 'none' has no gradient; use mean or sum")
+    if static:
+        safe_targets = torch.where(scored, targets, 0)  # (N,) an ignored token's target: any valid id, masked later
         if needs_grad:
-            raise ValueError("linear_cross_entropy: reduction 'none' has no gradient; use mean or sum")
+            total = _LinearCrossEntropy.apply(hidden, weight, safe_targets, chunk_size, compiled, scored)
+        else:
+            nll = _chunked_nll(hidden, weight, safe_targets, chunk_size, mask=scored)  # (N,) 0 at ignored tokens
+            if reduction == "none":
+                return nll
+            total = nll.sum()
+        return total / scored.sum().clamp(min=1) if reduction == "mean" else total
+    if reduction == "none":
         nll = hidden.new_zeros(len(targets), dtype=torch.float32)  # (N,)
         nll[scored] = _chunked_nll(hidden[scored], weight, targets[scored], chunk_size)
         return nll
@@ -127,9 +144,11 @@ def _fused_step(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
 
 def _chunked_nll(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int,
                  grad_hidden: Tensor | None = None, grad_weight: Tensor | None = None,
-                 compiled: bool = False) -> Tensor:
+                 compiled: bool = False, mask: Tensor | None = None) -> Tensor:
     """(N,) fp32 NLL of every target; given ``grad_hidden (N, D)`` / ``grad_weight (V, D)`` (fp32 zeros), also
-    fills them with the gradients of the summed NLL (with ``compiled``, by the compiled ``softmax_grad``)."""
+    fills them with the gradients of the summed NLL (with ``compiled``, by the compiled ``softmax_grad``).
+    ``mask (N,)`` bool: only these tokens count (the others' hidden states are zeroed before the projection,
+    so they add nothing to ``grad_weight``; their NLL and ``grad_hidden`` rows are 0)."""
     dtype = _compute_dtype(hidden)
     weight_c = weight.to(dtype)  # (V, D)
     nll = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)  # (N,)
@@ -139,29 +158,36 @@ def _chunked_nll(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: in
             rows = slice(start, start + chunk_size)
             h = hidden[rows].to(dtype)  # (C, D)
             target = targets[rows, None]  # (C, 1)
+            keep = None if mask is None else mask[rows, None]  # (C, 1)
+            if keep is not None:
+                h = torch.where(keep, h, 0)  # (C, D)
             if fused:
-                nll[rows], grad_logits = _fused_step(h @ weight_c.T, target)
-                _add_grads(grad_logits, h, weight_c, rows, grad_hidden, grad_weight)
+                chunk_nll, grad_logits = _fused_step(h @ weight_c.T, target)
+                nll[rows] = chunk_nll if keep is None else torch.where(keep[:, 0], chunk_nll, 0)
+                _add_grads(grad_logits, h, weight_c, rows, grad_hidden, grad_weight, keep)
                 continue
             logits = (h @ weight_c.T).float()  # (C, V)
             target_logit = logits.gather(1, target)  # (C, 1)
             peak = logits.amax(dim=-1, keepdim=True)  # (C, 1)
             exp = logits.sub_(peak).exp_()  # in place: one exp serves the log-sum-exp and the softmax (C, V)
             total = exp.sum(dim=-1, keepdim=True)  # (C, 1)
-            nll[rows] = (peak + total.log() - target_logit).squeeze(1)
+            chunk_nll = (peak + total.log() - target_logit).squeeze(1)  # (C,)
+            nll[rows] = chunk_nll if keep is None else torch.where(keep[:, 0], chunk_nll, 0)
             if grad_hidden is None and grad_weight is None:
                 continue
             grad_logits = exp.mul_(total.reciprocal())  # softmax (C, V)
             grad_logits.scatter_add_(1, target, grad_logits.new_full(target.shape, -1.0))  # minus the one-hot
-            _add_grads(grad_logits.to(dtype), h, weight_c, rows, grad_hidden, grad_weight)
+            _add_grads(grad_logits.to(dtype), h, weight_c, rows, grad_hidden, grad_weight, keep)
     return nll
 
 
 def _add_grads(grad_logits: Tensor, h: Tensor, weight_c: Tensor, rows: slice, grad_hidden: Tensor | None,
-               grad_weight: Tensor | None) -> None:
-    """Back through the projection: grad_logits (C, V), h (C, D), weight_c (V, D)."""
+               grad_weight: Tensor | None, keep: Tensor | None = None) -> None:
+    """Back through the projection: grad_logits (C, V), h (C, D), weight_c (V, D); ``keep (C, 1)``: the rows
+    that count (``h`` is already zero elsewhere)."""
     if grad_hidden is not None:
-        grad_hidden[rows] = grad_logits @ weight_c  # (C, D)
+        grad = grad_logits @ weight_c  # (C, D)
+        grad_hidden[rows] = grad if keep is None else torch.where(keep, grad, 0)
     if grad_weight is not None:
         grad_weight.add_(grad_logits.T @ h)  # (V, D)
 
@@ -170,11 +196,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """Summed NLL whose gradients are computed in the forward pass, chunk by chunk (no logits kept)."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int, compiled: bool) -> Tensor:
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int, compiled: bool,
+                mask: Tensor | None = None) -> Tensor:
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
-        nll = _chunked_nll(hidden, weight, targets, chunk_size, grad_hidden, grad_weight, compiled)
+        nll = _chunked_nll(hidden, weight, targets, chunk_size, grad_hidden, grad_weight, compiled, mask)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = hidden.dtype, weight.dtype
         return nll.sum()
@@ -184,4 +211,4 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         hidden_dtype, weight_dtype = ctx.dtypes
         return (None if grad_hidden is None else (grad_hidden * grad_total).to(hidden_dtype),
-                None if grad_weight is None else (grad_weight * grad_total).to(weight_dtype), None, None, None)
+                None if grad_weight is None else (grad_weight * grad_total).to(weight_dtype), None, None, None, None)

@@ -163,6 +163,9 @@ class PlannedLM(nn.Module):
         config."""
         self.compile_loss = False
         """Training chunks of that loss through the compiled ``softmax_grad`` (``Runtime.compile_loss``)."""
+        self.static_shapes = False
+        """That loss over every token, the ignored ones masked (no shape that depends on the data; set with
+        ``Runtime.compile``)."""
         self.folder: Path | None = None  # where it was saved to or loaded from (what push_to_hub uploads)
 
     @property
@@ -202,7 +205,7 @@ class PlannedLM(nn.Module):
             body, head = split
             hidden = body(attention_mask=attention_mask, **inputs, **lm_kwargs).last_hidden_state  # (B, L, D)
             loss = linear_cross_entropy(hidden[:, :-1].flatten(0, 1), head.weight, labels[:, 1:].flatten(),
-                                        self.loss_chunk_size, compiled=self.compile_loss)
+                                        self.loss_chunk_size, compiled=self.compile_loss, static=self.static_shapes)
             return CausalLMOutputWithPast(loss=loss)
         if cache is not None:
             lm_kwargs[CACHE_NAME] = cache

@@ -19,6 +19,7 @@ import importlib.util
 import inspect
 import json
 import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -233,13 +234,69 @@ def checkpoint_step(path: str) -> int:
     return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
 
 
-def fit(trainer: L.Trainer, module: L.LightningModule, train_loader, val_loaders, ckpt_path: str | None) -> None:
+class StageClock(L.Callback):
+    """Where a fit's wall time goes: ``seconds`` of the training steps (between the hooks around each batch), of
+    validation (its loops, without the checkpoints written after it), of checkpoint writes (``trainer.save_checkpoint``,
+    the state gathered and written), and of the whole fit (set by ``fit``); ``saved``: the global step each checkpoint
+    path was written at, so that ``load_best`` can tell when the weights in memory are the best ones.
+
+    The device is synchronised only around validation and at the end of the fit, not at every step."""
+
+    def __init__(self) -> None:
+        self.seconds = {"fit": 0.0, "steps": 0.0, "validation": 0.0, "checkpoints": 0.0}
+        self.steps = 0
+        self.saved: dict[str, int] = {}
+        self._began = 0.0
+
+    def watch(self, trainer: L.Trainer) -> None:
+        """Time ``trainer``'s checkpoint writes and record their steps."""
+        save = trainer.save_checkpoint
+
+        def timed_save(filepath, *args, **kwargs):
+            began = _clock()
+            save(filepath, *args, **kwargs)
+            self.seconds["checkpoints"] += _clock() - began
+            self.saved[str(filepath)] = trainer.global_step
+
+        trainer.save_checkpoint = timed_save
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._began = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.seconds["steps"] += time.perf_counter() - self._began
+        self.steps += 1
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._began = _clock()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self.seconds["validation"] += _clock() - self._began
+
+    def outside_steps(self) -> float:
+        """Seconds of the fit spent outside its training steps (validation and checkpoints included)."""
+        return self.seconds["fit"] - self.seconds["steps"]
+
+
+def _clock() -> float:
+    """time.perf_counter once the device's queued work is done."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def fit(trainer: L.Trainer, module: L.LightningModule, train_loader, val_loaders,
+        ckpt_path: str | None) -> StageClock:
     """``trainer.fit``, resumable within an epoch (``ResumeMidEpoch``) when the training sampler can skip
     batches and one process trains, and without the warnings that a resumed run or a tiny corpus always
-    raises."""
+    raises. Returns where its time went (``StageClock``)."""
     exact_mid_epoch = hasattr(train_loader.sampler, "skip_batches") and trainer.world_size == 1
     if exact_mid_epoch:
         trainer.callbacks.append(ResumeMidEpoch(train_loader.sampler))
+    clock = StageClock()
+    clock.watch(trainer)
+    trainer.callbacks.append(clock)
+    began = _clock()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*number of training batches.*")
@@ -247,19 +304,29 @@ def fit(trainer: L.Trainer, module: L.LightningModule, train_loader, val_loaders
         if exact_mid_epoch:  # Lightning cannot know that ResumeMidEpoch makes the DataLoader resumable
             warnings.filterwarnings("ignore", message=".*ended before the epoch ended.*")
         trainer.fit(module, train_loader, val_loaders, ckpt_path=ckpt_path)
+    clock.seconds["fit"] = _clock() - began
+    return clock
 
 
-def load_best(module: L.LightningModule, best: L.pytorch.callbacks.ModelCheckpoint) -> None:
-    """Load the weights of the best checkpoint (lowest val/loss) into ``module``; nothing without one.
+def load_best(module: L.LightningModule, best: L.pytorch.callbacks.ModelCheckpoint,
+              clock: StageClock | None = None) -> bool:
+    """Load the weights of the best checkpoint (lowest val/loss) into ``module``; nothing without one, nor when
+    ``clock`` saw it written at the step training ended on (the weights in memory are those weights). Returns
+    whether it read a checkpoint.
 
     ``weights_only=True``: both commands' checkpoints hold only tensors and plain values (the random
     generators as tensors, see ``RestoreRNG``), so no pickled code runs on load."""
     from planlm.stage.integrity import load_checkpoint
 
     path = best.best_model_path
+    trainer = module._trainer
+    if clock is not None and path and trainer is not None and clock.saved.get(str(path)) == trainer.global_step:
+        return False  # no optimiser step since the best checkpoint was written
     if best.monitor is not None and path and Path(path).is_file():
         fix = f"delete {Path(path).parent} and rerun the command (training starts again)"
         module.load_state_dict(load_checkpoint(path, fix)["state_dict"])
+        return True
+    return False
 
 
 def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> dict:

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from planlm.args import LMRuntime
+from planlm.console import is_verbose, note
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.data.windows import WindowCollator, article_windows
 from planlm.errors import PlanlmError
@@ -35,12 +36,13 @@ from planlm.plans.contexts import ContextSource
 from planlm.plans.kinds import check_cache, check_joint, plan_source
 from planlm.plans.spec import PlanSpec, with_source_horizon
 from planlm.seeds import derive_seed
-from planlm.speed import keep_freed_memory, speed_up_lm
+from planlm.speed import compile_options, keep_freed_memory, speed_up_lm
 from planlm.stage import StageDir, config_fingerprint
 from planlm.train.args import TrainArgs
 from planlm.train.harness import build_trainer, checkpoint_step, fit, load_best, resume_checkpoint
 from planlm.train.lm_module import MULTIPATH_LR_SCALE, LightningJointLM, LightningLM
 from planlm.train.resume import EpochShuffle
+from planlm.train.shapes import StaticShapes
 
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
 TRAIN_SPLIT, VALIDATION_SPLIT = "train", "validation"
@@ -354,6 +356,7 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
                 adapter: AdapterSettings, train: LMTrainConfig, runtime: LMRuntime, splits: list[str]) -> None:
     """Train the planned LM into ``stage`` (resuming its last checkpoint of the same key) and, on rank 0, write the
     model folder and, last, the manifest."""
+    began = time.perf_counter()
     out = stage.path
     init_config = PlannedLM.from_pretrained(model.init_from).config if model.init_from else None
     tokenizer = _check_tokenizer(prepared, model, init_config)
@@ -368,13 +371,18 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
 
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     train_loader, val_loaders = _loaders(prepared, spec, train, pad_token_id, planner)
-    trainer, best, start, first_step = _train(planned, train, runtime, out, stage.key, train_loader, val_loaders,
-                                              spec, planner)
+    trainer, best, start, first_step, times = _train(planned, train, runtime, out, stage.key, train_loader,
+                                                     val_loaders, spec, planner, setup=time.perf_counter() - began)
     if trainer.is_global_zero:
         results = _run_results(trainer, best, start, first_step)
         if planner is not None:  # beside the LM, before its card: evaluation finds it there (recorded_plan_folders)
             planner.cpu().save_pretrained(out / JOINT_PLANNER)
+        saving = time.perf_counter()
         planned.cpu().save_pretrained(out, tokenizer=tokenizer, training=_card_training(prepared, results))
+        results["call_time_s"] = call_times(times, save=time.perf_counter() - saving,
+                                            call=time.perf_counter() - began)
+        if is_verbose():
+            note(f"train-lm: {describe_call_times(results['call_time_s'])}")
         stage.finish(prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
                      conditioning=str(spec.kind), adapter=adapter.kind if spec.has_plans else None,
                      plans_dir=spec.plans_dir, planner_dir=spec.planner_dir, planner_hash=planner_hash,
@@ -396,30 +404,70 @@ def _run_config(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec,
 
 def _train(planned: PlannedLM, train: LMTrainConfig, runtime: LMRuntime, out: Path, run_config: dict,
            train_loader: DataLoader, val_loaders: list | None, spec: PlanSpec,
-           planner: Planner | None = None) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, float, int]:
-    """(trainer, best checkpoint, start time, first step): train through the harness, resuming an interrupted run
-    of the same config at its last checkpoint's step (else step 0); ``planned`` (and a joint run's ``planner``) end
-    with the best checkpoint's weights."""
+           planner: Planner | None = None,
+           setup: float = 0.0) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, float, int, dict]:
+    """(trainer, best checkpoint, start time, first step, seconds by part: ``call_times``' input): train through
+    the harness, resuming an interrupted run of the same config at its last checkpoint's step (else step 0);
+    ``planned`` (and a joint run's ``planner``) end with the best checkpoint's weights (read back only when training
+    went on after it was written). ``setup``: the seconds the call spent before this."""
+    began = time.perf_counter()
     ckpt_path = resume_checkpoint(out, "checkpoints.fingerprint", run_config, resume=train.resume)
     first_step = checkpoint_step(ckpt_path) if ckpt_path else 0
     trainer, best = build_trainer(train, runtime, out, best_filename="step{step}",
                                   log_folders={"csv": "logs", "tensorboard": "tb"}, has_val=val_loaders is not None)
     knobs = dict(lr=train.lr, weight_decay=train.weight_decay, warmup_steps=train.warmup_steps,
-                 multipath_lr_scale=train.multipath_lr_scale)
+                 multipath_lr_scale=train.multipath_lr_scale, **step_shapes(train, runtime))
     if planner is None:
         module = LightningLM(planned, **knobs)
     else:
         module = LightningJointLM(planned, planner, spec, planner_lr=train.planner_lr,
                                   action_loss_weight=train.planner_loss_weight, **knobs)
     start = time.time()
+    setup += time.perf_counter() - began
+    clock = None
     if any(p.requires_grad for p in planned.parameters()):
         with warnings.catch_warnings():  # a joint run's planner trains in eval mode, by design (LightningJointLM)
             warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training.*")
-            fit(trainer, module, train_loader, val_loaders, ckpt_path)
+            clock = fit(trainer, module, train_loader, val_loaders, ckpt_path)
     elif val_loaders:  # a frozen pretrained LM without conditioning: nothing to train, its validation loss only
         trainer.validate(module, val_loaders, verbose=False)
-    load_best(module, best)
-    return trainer, best, start, first_step
+    reloading = time.perf_counter()
+    reloaded = load_best(module, best, clock)
+    times = {"setup": setup, "best_reload": time.perf_counter() - reloading if reloaded else 0.0}
+    if clock is not None:
+        times.update(clock.seconds, steps_count=clock.steps)
+    return trainer, best, start, first_step, times
+
+
+def step_shapes(train: LMTrainConfig, runtime: LMRuntime) -> dict:
+    """``LightningLM``'s static shapes and CUDA-graph steps for a compiled run (``runtime.compile``); eager: none,
+    the batches as they come."""
+    if not runtime.compile:
+        return {"static_shapes": None, "cuda_graphs": False}
+    return {"static_shapes": StaticShapes(train.batch_size, train.context_length),
+            "cuda_graphs": compile_options(runtime).get("mode") == "reduce-overhead"}
+
+
+def call_times(times: dict, save: float, call: float) -> dict:
+    """Where a train-lm call's wall seconds went, for its manifest: setup (the model, the loaders, the trainer), the
+    fit's training steps, its validation, its checkpoint writes and the rest of the fit, the best checkpoint's
+    reload, the model folder's save, and the share of the call outside its training steps."""
+    parts = {key: round(times.get(key, 0.0), 3) for key in ("setup", "steps", "validation", "checkpoints")}
+    parts["fit_other"] = round(max(0.0, times.get("fit", 0.0) - sum(times.get(key, 0.0) for key in
+                                                                    ("steps", "validation", "checkpoints"))), 3)
+    parts.update(best_reload=round(times.get("best_reload", 0.0), 3), save=round(save, 3), call=round(call, 3),
+                 train_steps=int(times.get("steps_count", 0)))
+    parts["outside_steps_share"] = round(1 - times.get("steps", 0.0) / call, 4) if call > 0 else None
+    return parts
+
+
+def describe_call_times(parts: dict) -> str:
+    """One line of ``call_times``."""
+    return (f"{parts['call']:.1f} s: {parts['train_steps']} training steps {parts['steps']:.1f} s, validation "
+            f"{parts['validation']:.1f} s, checkpoints {parts['checkpoints']:.1f} s, rest of the fit "
+            f"{parts['fit_other']:.1f} s, setup {parts['setup']:.1f} s, best-checkpoint reload "
+            f"{parts['best_reload']:.1f} s, saving {parts['save']:.1f} s "
+            f"({100 * (parts['outside_steps_share'] or 0):.0f}% outside the steps)")
 
 
 def _card_training(prepared: PreparedDataset, results: dict) -> dict:

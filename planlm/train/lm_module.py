@@ -19,6 +19,7 @@ from planlm.plans.spec import PlanSpec
 from planlm.seeds import derive_seed
 from planlm.train.harness import warmup_schedule
 from planlm.train.planner_module import action_loss, trim_horizon
+from planlm.train.shapes import StaticShapes
 
 
 MULTIPATH_LR_SCALE = 0.2
@@ -30,11 +31,14 @@ class LightningLM(L.LightningModule):
     """Training / validation steps and the optimiser of a PlannedLM."""
 
     def __init__(self, model: PlannedLM, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0,
-                 multipath_lr_scale: float = MULTIPATH_LR_SCALE):
+                 multipath_lr_scale: float = MULTIPATH_LR_SCALE, static_shapes: StaticShapes | None = None,
+                 cuda_graphs: bool = False):
         super().__init__()
         from torchmetrics import SumMetric
 
         self.model = model
+        self.static_shapes = static_shapes  # a compiled model: every batch padded to these shapes
+        self.cuda_graphs = cuda_graphs  # the compiled model replays CUDA graphs: a new step begins at each batch
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
         self.multipath_lr_scale = multipath_lr_scale
         # Perplexity = exp(total NLL / total tokens) over the whole validation split (not a mean of batch means).
@@ -44,6 +48,10 @@ class LightningLM(L.LightningModule):
 
     def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean NLL over the batch's predicted tokens, their number)."""
+        if self.static_shapes is not None:
+            batch = self.static_shapes.pad(batch)
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         out = self.model(**batch)
         num_tokens = (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
         return out.loss, num_tokens

@@ -125,3 +125,30 @@ def test_heads_the_chunked_path_cannot_reproduce_keep_the_lms_own_loss():
     input_ids = torch.randint(0, 50257, (2, 10))
     out = model(input_ids=input_ids, labels=input_ids)
     assert out.logits is not None and torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_static_selection_masks_ignored_tokens_instead_of_indexing_them(monkeypatch, fused):
+    """``static``: every token through the chunks, the ignored ones masked; the same loss, gradients and per-token
+    NLL as the boolean selection, and an ignored token's hidden state (even NaN) reaches neither."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)  # the fused step's path, run uncompiled
+    from planlm.models import lm_loss
+
+    monkeypatch.setattr(lm_loss, "_KERNEL", {})
+    hidden, weight, targets = _problem()
+    results = {}
+    for static in (False, True):
+        loss = linear_cross_entropy(hidden, weight, targets, 8, compiled=fused, static=static)
+        results[static] = (loss, *torch.autograd.grad(loss, (hidden, weight)))
+    for got, expected in zip(results[True], results[False]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(hidden, weight, targets, 8, reduction="none", static=True),
+                                   linear_cross_entropy(hidden, weight, targets, 8, reduction="none"))
+    poisoned = hidden.detach().clone()
+    poisoned[targets == IGNORE_INDEX] = float("nan")
+    poisoned.requires_grad_()
+    loss = linear_cross_entropy(poisoned, weight, targets, 8, compiled=fused, static=True)
+    grad_hidden, grad_weight = torch.autograd.grad(loss, (poisoned, weight))
+    torch.testing.assert_close(loss, results[False][0], rtol=1e-5, atol=1e-7)
+    assert torch.isfinite(grad_weight).all() and (grad_hidden[targets == IGNORE_INDEX] == 0).all()

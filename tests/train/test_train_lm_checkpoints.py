@@ -47,6 +47,26 @@ def test_train_lm_saves_the_best_checkpoint_not_the_last(synthetic_random, tmp_p
     assert "state_dict" in best_keys and not best_keys & {"optimizer_states", "lr_schedulers", "callbacks"}, best_keys
     assert {"optimizer_states", "lr_schedulers", "callbacks"} <= last_keys, last_keys
     assert best.stat().st_size < (out / "checkpoints" / "last.ckpt").stat().st_size / 2
+    assert manifest["call_time_s"]["best_reload"] > 0  # training went on after the best: it was read back
+
+
+def test_a_call_records_where_its_time_went_and_skips_reloading_the_weights_it_holds(synthetic_random, tmp_path):
+    """One validation, at the end: the best checkpoint holds the weights in memory, so it is not read back (and the
+    saved model equals it bit for bit); the manifest splits the call's wall time by part."""
+    out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=tiny_gpt2_config()),
+                   plans=PlanSpec(kind="none"),
+                   train=LMTrainConfig(batch_size=4, lr=1e-3, max_epochs=1, limit_train_batches=3, limit_val_batches=2))
+    manifest = read_manifest(out)
+    times = manifest["call_time_s"]
+    assert times["best_reload"] == 0 and times["train_steps"] == manifest["global_step"] == 3
+    parts = ("setup", "steps", "validation", "checkpoints", "fit_other", "best_reload", "save")
+    assert all(times[part] >= 0 for part in parts) and times["steps"] > 0 and times["checkpoints"] > 0
+    assert sum(times[part] for part in parts) <= times["call"] + 0.01
+    assert times["outside_steps_share"] == round(1 - times["steps"] / times["call"], 4)
+    saved = load_file(str(out / "lm" / "model.safetensors"))
+    for name, tensor in checkpoint_lm(Path(manifest["best_checkpoint"])).items():
+        if name in saved:
+            torch.testing.assert_close(saved[name], tensor, rtol=0, atol=0)
 
 
 def test_init_from_a_planned_lm_carries_its_adapter_over(synthetic_random, tmp_path):
