@@ -16,7 +16,7 @@ kind of a spec with ``plan_kind(spec.kind)`` and makes plans through ``plan`` (a
 The planner kinds ``draw`` (``Draw``: the paths the planner computed, before the argmax path is repeated K
 times): the plan cache stores draws (``planlm.plans.sampling``), and a live source draws the boundaries a command
 asks for into arrays of the same layout (``draw_split``, one seeded walk over the split either way). In joint
-training (``planlm train-lm --train.joint true``; ``check_joint``) they also make ``joint_plans``: the same draws,
+training (``planlm train-lm --train.joint true``; ``check_joint_plans``) they also make ``joint_plans``: the same draws,
 with step probabilities that carry the planner's gradient.
 
 A new kind subclasses ``PlanStrategy`` (``plan`` at least) in your own module: ``--plans.kind`` names it by its import
@@ -333,7 +333,7 @@ class PlannerSampled(PlannerKind):
 
     def joint_draw(self, boundaries, spec, rng, planner):
         """The same draws and logits in one pass (``Planner.sample_path_logits``): the logits the paths were drawn
-        from carry the gradient (``check_joint`` leaves no greedy nor adaptive sampling here)."""
+        from carry the gradient (``check_joint_plans`` leaves no greedy nor adaptive sampling here)."""
         paths, logits = planner.sample_path_logits(boundaries.context_embeds, boundaries.context_mask,
                                                    spec.num_paths, spec.horizon, spec.temperature, rng)
         counts = torch.full((len(boundaries),), spec.num_paths)
@@ -359,7 +359,7 @@ class PlannerSampled(PlannerKind):
         return Draw(paths, counts, None if steps is None else tuple(steps))
 
 
-def check_joint(spec: PlanSpec) -> None:
+def check_joint_plans(spec: PlanSpec) -> None:
     """One-line errors for a resolved spec that joint training (``planlm train-lm --train.joint true``: the planner
     trains with the LM, ``PlannerKind.joint_plans``) cannot serve."""
     if not spec.strategy.uses_planner:
@@ -628,5 +628,6 @@ def check_cache(spec: PlanSpec, prepared: PreparedDataset | None = None) -> dict
     return plan_kind(spec.kind).check_cache(spec, prepared)
 
 
-__all__ = ["PlanKind", "PlanStrategy", "register_plan_kind", "plan_kind", "plan", "plan_source", "check_cache", "check_joint",
-           "Draw", "DrawArrays", "WalkCheckpoint", "draw_split", "draw_plans", "PlannerKind", "KINDS", "kind_flag"]
+__all__ = ["PlanKind", "PlanStrategy", "register_plan_kind", "plan_kind", "plan", "plan_source", "check_cache",
+           "check_joint_plans", "Draw", "DrawArrays", "WalkCheckpoint", "draw_split", "draw_plans", "PlannerKind",
+           "KINDS", "kind_flag"]

@@ -33,7 +33,7 @@ from planlm.models.planned_lm import JOINT_PLANNER, PlannedLM, PlannedLMConfig, 
 from planlm.models.planner import Planner
 from planlm.models.planner import planner_hash as planner_file_hash
 from planlm.plans.contexts import ContextSource
-from planlm.plans.kinds import check_cache, check_joint, plan_source
+from planlm.plans.kinds import check_cache, check_joint_plans, plan_source
 from planlm.plans.spec import PlanSpec, with_source_horizon
 from planlm.seeds import derive_seed
 from planlm.speed import compile_options, keep_freed_memory, speed_up_lm
@@ -126,7 +126,7 @@ class LMTrainConfig(TrainArgs):
         if self.planner_loss_weight < 0:
             raise PlanlmError(f"--train.planner_loss_weight must be >= 0 (got {self.planner_loss_weight})")
 
-    def check_joint(self) -> None:
+    def check_planner_knobs(self) -> None:
         """The planner's knobs are set only for a joint run (they would change the reuse key and nothing else)."""
         if self.joint:
             return
@@ -336,9 +336,9 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         runtime = LMRuntime(device=runtime.device, precision=runtime.precision)
     runtime.check_training_precision("train-lm")
     spec = with_source_horizon(plans).resolve()  # T unset: the planner's (or the plan cache's)
-    train.check_joint()
+    train.check_planner_knobs()
     if train.joint:
-        check_joint(spec)
+        check_joint_plans(spec)
         if plans.expectation is None:  # joint training differentiates the expected embedding
             spec = with_source_horizon(replace(plans, expectation=True)).resolve()
     spec.check_source()
