@@ -27,7 +27,6 @@ import torch
 
 from planlm.args import Runtime
 from planlm.console import Bar, is_verbose, note, open_bar
-from planlm.errors import PlanlmError
 from planlm.jsonio import fingerprint, write_json
 from planlm.stage.integrity import FORMAT_KEY, FORMAT_VERSION, with_format
 from planlm.train.args import TrainArgs
