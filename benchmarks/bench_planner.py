@@ -34,7 +34,8 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.device import autocast
 from planlm.models.planner import Planner, PlannerConfig
 from planlm.plans.contexts import boundary_contexts
-from planlm.plans.kinds import DrawArrays, draw_plans, draw_split, in_memory
+from planlm.plans.draws import DrawArrays, draw_split, in_memory
+from planlm.plans.kinds import draw_plans
 from planlm.plans.spec import PlanSpec
 from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.boundaries import BoundaryCollate

@@ -43,7 +43,7 @@ from planlm.jsonio import to_jsonable, write_json
 from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
 from planlm.models.card import evaluation_entry, planned_lm_card, read_planlm_block, write_card
 from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
-from planlm.models.planner import WEIGHTS_FILE as PLANNER_WEIGHTS
+from planlm.models import planner
 from planlm.plugins import PluginImportError, UnknownKind
 from planlm.stage.integrity import FORMAT_KEY, with_format
 
@@ -341,7 +341,7 @@ def recorded_plan_folders(folder: str | Path) -> dict[str, str]:
     training = (read_planlm_block(folder) or {}).get("training") or {}
     folders = {key: training[key] for key in PLAN_FOLDERS if training.get(key)}
     own = Path(folder) / JOINT_PLANNER
-    if (own / PLANNER_WEIGHTS).is_file():
+    if (own / planner.WEIGHTS_FILE).is_file():
         folders["planner_dir"] = str(own)
     return folders
 

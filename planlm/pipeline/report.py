@@ -91,6 +91,14 @@ def _over_seeds(layout: RunLayout, name: str, per_seed: dict[int, dict]) -> dict
             "rezero_alphas": {k: float(np.mean([a[k] for a in alphas])) for k in alphas[0]} if alphas else None}
 
 
+def is_one_argmax_path(cond: dict) -> bool:
+    """Whether a condition plays Cornille et al.'s role, the baseline of the evaluation times: one argmax path
+    (plans kind ``planner_argmax``, K = 1) of a planner trained before the LM."""
+    plans = cond.get("plans") or {}
+    return (plans.get("kind") == "planner_argmax" and plans.get("num_paths", 1) == 1
+            and not (cond.get("train") or {}).get("joint"))
+
+
 def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict] = None,
                     seeds: Optional[list[int]] = None) -> list[dict]:
     """One row per condition: its settings, perplexity with CI (and its spread over ``seeds``), plan usage,
@@ -119,7 +127,7 @@ def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict]
     _add_paired_differences(layout, rows)
     _add_oracle_shares(layout, rows)
     # Evaluation time relative to the Cornille et al. baseline (one argmax path), as in the paper.
-    reference = [r for r in rows if r["paper"] == "Cornille et al. (T=1, K=1)" and r["eval_wall_time_s"]]
+    reference = [r for r, cond in zip(rows, conditions) if is_one_argmax_path(cond) and r["eval_wall_time_s"]]
     base = next((r["eval_wall_time_s"] for r in reference + rows if r["eval_wall_time_s"]), None)
     for row in rows:
         row["relative_eval_time"] = (row["eval_wall_time_s"] / base) if base and row["eval_wall_time_s"] else None

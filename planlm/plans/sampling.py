@@ -26,7 +26,8 @@ from planlm.jsonio import fingerprint
 from planlm.models.planner import WEIGHTS_FILE, Planner
 from planlm.plans.cache import default_plans_dir, expected_mass
 from planlm.plans.contexts import MAX_ROWS, check_split
-from planlm.plans.kinds import DrawArrays, PlanKind, PlannerKind, WalkCheckpoint, draw_split
+from planlm.plans.draws import DrawArrays, WalkCheckpoint, draw_split
+from planlm.plans.kinds import PlanKind, PlannerKind
 from planlm.plans.policy import paths_summary
 from planlm.plans.spec import PlanSpec, check_planner_horizon
 from planlm.stage import StageDir

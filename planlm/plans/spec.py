@@ -22,7 +22,7 @@ is the planner's whole next-action distribution (its ``TOP_ACTIONS`` most likely
 instead of the one action drawn, and the adapter reads the expected action embedding.
 
 Joint training (``planlm train-lm --train.joint true``; planner kinds only) reads the same spec; the planner runs
-inside the LM's training step (``planlm.plans.kinds.PlannerKind.joint_plans``, checked by ``check_joint``).
+inside the LM's training step (``planlm.plans.kinds.PlannerKind.joint_plans``, checked by ``check_joint_plans``).
 
 Planner plans come from a plan cache (``plans_dir``, ``planlm sample-plans``) or from a planner
 (``planner_dir``): training samples (or reuses) the planner's cache, evaluation and generation run the

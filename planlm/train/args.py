@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Optional, Union
 
 from planlm.args import Runtime
 from planlm.errors import PlanlmError
-from planlm.train.harness import DEFAULT_LOGGERS, check_loggers
+from planlm.train.loggers import DEFAULT_LOGGERS, check_loggers
 
 @dataclass
 class TrainArgs:

@@ -1,5 +1,6 @@
 """The training harness of the ``train-*`` commands: one Lightning Trainer built from the trainer group they
-share (``planlm.train.args.TrainArgs``), the loggers, the checkpoints (best + last), resume and the reload of the best checkpoint.
+share (``planlm.train.args.TrainArgs``), its loggers (``planlm.train.loggers``), the checkpoints (best + last), resume
+and the reload of the best checkpoint.
 
 A command keeps its data, its LightningModule and what it writes after training; what happens between
 "here is a module and its loaders" and "here are the best weights" is written once, here. In the stage
@@ -14,98 +15,28 @@ folder the harness writes::
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
 import json
 import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import lightning as L
 import torch
 
+from planlm.args import Runtime
 from planlm.console import Bar, is_verbose, note, open_bar
-from planlm.errors import PlanlmError
 from planlm.jsonio import fingerprint, write_json
 from planlm.stage.integrity import FORMAT_KEY, FORMAT_VERSION, with_format
+from planlm.train.args import TrainArgs
+from planlm.train.loggers import make_loggers
 from planlm.train.resume import RestoreRNG, ResumeMidEpoch, last_checkpoint
-
-if TYPE_CHECKING:
-    from planlm.args import Runtime
-    from planlm.train.args import TrainArgs
-
-DEFAULT_LOGGERS = ("csv", "tensorboard")
 
 # Knobs that only say how long to train: a finished shorter run resumes into a longer one. Not max_steps
 # nor limit_train_batches: Lightning checkpoints a run that they stopped inside an epoch as if the
 # epoch were finished, so a longer run resumed from it would train no more (it starts over instead).
 LENGTH_KNOBS = ("max_epochs", "early_stopping_patience", "val_check_interval", "limit_val_batches")
-
-
-class LoggerSpec(NamedTuple):
-    """A Lightning logger by name: its class, the modules it needs (any one of them) and their pip package."""
-
-    class_path: str
-    modules: tuple[str, ...]
-    package: str
-
-
-LOGGERS = {
-    "csv": LoggerSpec("lightning.pytorch.loggers.CSVLogger", (), "lightning"),
-    "tensorboard": LoggerSpec("lightning.pytorch.loggers.TensorBoardLogger", ("tensorboard", "tensorboardX"),
-                              "tensorboard"),
-    "wandb": LoggerSpec("lightning.pytorch.loggers.WandbLogger", ("wandb",), "wandb"),
-    "mlflow": LoggerSpec("lightning.pytorch.loggers.MLFlowLogger", ("mlflow",), "mlflow"),
-    "comet": LoggerSpec("lightning.pytorch.loggers.CometLogger", ("comet_ml",), "comet-ml"),
-}
-
-
-# ---- loggers ------------------------------------------------------------------------------------------
-def check_loggers(names: list[str], flag: str) -> None:
-    """One-line errors for a logger name that is not known or whose package is not installed."""
-    for name in names:
-        _logger_class(name, flag)
-
-
-def _logger_class(name: str, flag: str) -> type:
-    spec = LOGGERS.get(name)
-    if spec is None and "." not in name:
-        raise PlanlmError(f"{flag}: unknown logger {name!r}; choose from {', '.join(LOGGERS)} or give a Logger "
-                          f"class path (module.Class)")
-    if spec is not None and spec.modules and not any(importlib.util.find_spec(m) for m in spec.modules):
-        raise PlanlmError(f"{flag}: logger {name!r} needs the {spec.package} package; `pip install {spec.package}` "
-                          f"or leave {name} out of {flag}")
-    module_name, _, class_name = (spec.class_path if spec else name).rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as error:
-        raise PlanlmError(f"{flag}: cannot import logger class {name!r} ({error}); install its package or fix "
-                          f"the path") from None
-    if not (inspect.isclass(cls) and issubclass(cls, L.pytorch.loggers.Logger)):
-        raise PlanlmError(f"{flag}: {name!r} is not a lightning.pytorch.loggers.Logger class")
-    return cls
-
-
-def make_loggers(names: list[str], out: Path, folders: dict[str, str], flag: str = "--train.loggers") -> list:
-    """The loggers of a run writing under ``out``: csv and tensorboard into ``out/folders[name]``, mlflow's
-    file store into ``out/mlruns``, wandb's files into ``out``; a class path gets save_dir=out if it takes one."""
-    loggers = []
-    for name in names:
-        cls = _logger_class(name, flag)
-        if name in ("csv", "tensorboard"):
-            loggers.append(cls(out, name=folders[name]))
-        elif name == "mlflow":
-            loggers.append(cls(run_name=out.name, save_dir=str(out / "mlruns")))
-        elif name == "wandb":
-            loggers.append(cls(name=out.name, save_dir=str(out)))
-        elif "save_dir" in inspect.signature(cls).parameters:
-            loggers.append(cls(save_dir=str(out)))
-        else:
-            loggers.append(cls())
-    return loggers
 
 
 # ---- trainer, resume, best checkpoint -----------------------------------------------------------------

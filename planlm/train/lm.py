@@ -31,9 +31,9 @@ from planlm.files import file_sha256
 from planlm.models.adapter import AdapterConfig, AdapterSettings
 from planlm.models.planned_lm import JOINT_PLANNER, PlannedLM, PlannedLMConfig, load_causal_lm
 from planlm.models.planner import Planner
-from planlm.models.planner import planner_hash as planner_file_hash
+from planlm.models.planner import planner_hash
 from planlm.plans.contexts import ContextSource
-from planlm.plans.kinds import check_cache, check_joint, plan_source
+from planlm.plans.kinds import check_cache, check_joint_plans, plan_source
 from planlm.plans.spec import PlanSpec, with_source_horizon
 from planlm.seeds import derive_seed
 from planlm.speed import compile_options, keep_freed_memory, speed_up_lm
@@ -126,7 +126,7 @@ class LMTrainConfig(TrainArgs):
         if self.planner_loss_weight < 0:
             raise PlanlmError(f"--train.planner_loss_weight must be >= 0 (got {self.planner_loss_weight})")
 
-    def check_joint(self) -> None:
+    def check_planner_knobs(self) -> None:
         """The planner's knobs are set only for a joint run (they would change the reuse key and nothing else)."""
         if self.joint:
             return
@@ -236,7 +236,7 @@ def _shuffled_plans_loader(loader: DataLoader) -> DataLoader:
 
 
 def _build_model(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec, adapter: AdapterSettings,
-                 tokenizer, planner_hash: str | None, train_split_name: str, seed: int) -> PlannedLM:
+                 tokenizer, source_planner_hash: str | None, train_split_name: str, seed: int) -> PlannedLM:
     """The LM (a random init drawn from ``seed``, the same for every condition) plus its adapter, drawn
     from a stream of its own so that it shifts nothing else."""
     L.seed_everything(seed, verbose=False)
@@ -254,7 +254,7 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec
                                           hidden_size=lm.get_input_embeddings().embedding_dim, horizon=spec.horizon)
     config = PlannedLMConfig(
         plans=spec, adapter=adapter_config, tokenizer=prepared.tokenizer_name, num_actions=prepared.num_actions,
-        codebook_hash=prepared.codebook_hash, planner_hash=planner_hash,
+        codebook_hash=prepared.codebook_hash, planner_hash=source_planner_hash,
         base_model=model.name_or_path or (init.config.base_model if init else None),
         base_model_config=None if model.name_or_path else (init.config.base_model_config if init else model.model_config))
     with torch.random.fork_rng(devices=[]):
@@ -293,7 +293,6 @@ def _input_hashes(model: LMModelConfig, spec: PlanSpec) -> dict:
     plans (or the plan cache's key) and of the LM it starts from, so that retraining either into the same
     folder retrains this LM instead of reusing it."""
     from planlm.evaluate.loading import model_fingerprint
-    from planlm.models.planner import planner_hash
 
     hashes = {"init_from": model_fingerprint(model.init_from) if model.init_from else None}
     if spec.plans_dir:  # a resolved spec names a plan cache or a planner only for a planner kind
@@ -336,9 +335,9 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
         runtime = LMRuntime(device=runtime.device, precision=runtime.precision)
     runtime.check_training_precision("train-lm")
     spec = with_source_horizon(plans).resolve()  # T unset: the planner's (or the plan cache's)
-    train.check_joint()
+    train.check_planner_knobs()
     if train.joint:
-        check_joint(spec)
+        check_joint_plans(spec)
         if plans.expectation is None:  # joint training differentiates the expected embedding
             spec = with_source_horizon(replace(plans, expectation=True)).resolve()
     spec.check_source()
@@ -362,9 +361,10 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
     tokenizer = _check_tokenizer(prepared, model, init_config)
     spec, plans_manifest = _training_plans(spec, prepared, splits, train.joint)
     planner = _joint_planner(spec, prepared) if train.joint else None
-    planner_hash = planner_file_hash(spec.planner_dir) if train.joint else (plans_manifest or {}).get("planner_hash")
+    source_planner_hash = (planner_hash(spec.planner_dir) if train.joint
+                           else (plans_manifest or {}).get("planner_hash"))
 
-    planned = _build_model(prepared, model, spec, adapter, tokenizer, planner_hash, TRAIN_SPLIT, train.seed)
+    planned = _build_model(prepared, model, spec, adapter, tokenizer, source_planner_hash, TRAIN_SPLIT, train.seed)
     keep_freed_memory()
     speed_up_lm(planned, runtime, "train-lm")
     L.seed_everything(derive_seed(train.seed, "dropout"), verbose=False)  # the same dropout stream in every condition
@@ -385,7 +385,7 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
             note(f"train-lm: {describe_call_times(results['call_time_s'])}")
         stage.finish(prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
                      conditioning=str(spec.kind), adapter=adapter.kind if spec.has_plans else None,
-                     plans_dir=spec.plans_dir, planner_dir=spec.planner_dir, planner_hash=planner_hash,
+                     plans_dir=spec.plans_dir, planner_dir=spec.planner_dir, planner_hash=source_planner_hash,
                      **({"joint_planner": JOINT_PLANNER} if planner is not None else {}),
                      plans_manifest=plans_manifest, **results,
                      trainable_parameters=sum(p.numel() for p in planned.parameters() if p.requires_grad),

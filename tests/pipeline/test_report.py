@@ -55,6 +55,25 @@ def test_rows_pair_every_condition_with_none_and_mark_missing_and_failed(run_dir
     assert any("failed" in line for line in table)
 
 
+def test_evaluation_time_is_relative_to_the_one_argmax_path_whatever_its_label(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    shift = np.zeros(20)
+    for name, seconds in (("none", 1.0), ("joint", 3.0), ("argmax", 4.0), ("ours", 8.0)):
+        write_evaluation(layout.evaluation(name), 3.0, "x", shift)
+        metrics = layout.evaluation(name) / "metrics.json"
+        metrics.write_text(json.dumps({**json.loads(metrics.read_text()), "wall_time_s": seconds}))
+    argmax = {"kind": "planner_argmax", "num_paths": 1, "horizon": 1}
+    conditions = [{"name": "none", "plans": {"kind": "none"}},
+                  {"name": "joint", "plans": argmax, "train": {"joint": True}},  # not the frozen baseline
+                  {"name": "argmax", "paper": "some other label", "plans": argmax},
+                  {"name": "ours", "plans": {"kind": "planner_sampled", "num_paths": 5}}]
+    rows = {r["name"]: r["relative_eval_time"] for r in collect_results(layout.root, conditions)}
+    assert rows == {"none": 0.25, "joint": 0.75, "argmax": 1.0, "ours": 2.0}
+    # without that role the first timed condition is the reference
+    rows = {r["name"]: r["relative_eval_time"] for r in collect_results(layout.root, conditions[:2] + conditions[3:])}
+    assert rows == {"none": 1.0, "joint": 3.0, "ours": 8.0}
+
+
 def test_write_report_writes_the_table_and_the_results(run_dir):
     path = write_report(run_dir, conditions=[{"name": "none"}, {"name": "oracle"}])
     text = path.read_text()

@@ -197,14 +197,14 @@ def test_cli_sample_plans(planner_dir, synthetic_cycle, tmp_path, capsys):
                                           ("lost", {})])
 def test_an_interrupted_walk_resumes_after_its_last_record_to_the_uninterrupted_cache(
         planner_dir, synthetic_cycle, tmp_path, monkeypatch, where, plans):
-    import planlm.plans.kinds as kinds
     import planlm.plans.sampling as sampling
+    from planlm.plans.draws import DrawArrays
     from planlm.plans.policy import PathPolicy
 
     spec = PlanSpec(planner_dir=str(planner_dir), num_paths=4, horizon=3, expectation=plans.get("expectation", False),
                     path_policy=PathPolicy(plans.get("policy", "fixed"), 1))
     writes = []
-    write = kinds.DrawArrays.write
+    write = DrawArrays.write
 
     def counted(self, rows, draw):
         if len(writes) + 1 == stop_at:
@@ -212,7 +212,7 @@ def test_an_interrupted_walk_resumes_after_its_last_record_to_the_uninterrupted_
         writes.append(len(rows))
         write(self, rows, draw)
 
-    monkeypatch.setattr(kinds.DrawArrays, "write", counted)
+    monkeypatch.setattr(DrawArrays, "write", counted)
     monkeypatch.setattr(sampling, "CHECKPOINT_EVERY_S", 0.0)  # a record after every batch
     stop_at = None
     run = lambda out: sample_plans(str(synthetic_cycle), spec, splits=["validation", "test"], out_dir=str(out),

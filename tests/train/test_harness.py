@@ -14,9 +14,9 @@ from planlm.args import Runtime
 from planlm.cli import main as cli_main
 from planlm.errors import PlanlmError
 from planlm.models.planner import PlannerShape
-from planlm.train import harness
 from planlm.train.args import TrainArgs
-from planlm.train.harness import LoggerSpec, build_trainer, check_loggers, fit, load_best, resume_checkpoint
+from planlm.train.harness import build_trainer, fit, load_best, resume_checkpoint
+from planlm.train.loggers import LOGGERS, LoggerSpec, check_loggers
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.planner import PlannerTrainArgs, train_planner
 
@@ -85,7 +85,7 @@ def test_unknown_or_missing_loggers_give_one_line_errors(monkeypatch):
         with pytest.raises(PlanlmError, match=r"--train.loggers: unknown logger 'nope'; choose from csv") as error:
             make(["csv", "nope"])
         assert "\n" not in str(error.value)
-    monkeypatch.setitem(harness.LOGGERS, "fancy", LoggerSpec("fancy_logger.FancyLogger", ("fancy_logger",), "fancy-logger"))
+    monkeypatch.setitem(LOGGERS, "fancy", LoggerSpec("fancy_logger.FancyLogger", ("fancy_logger",), "fancy-logger"))
     with pytest.raises(PlanlmError, match=r"logger 'fancy' needs the fancy-logger package; `pip install fancy-logger`"):
         LMTrainConfig(loggers=["fancy"])
     with pytest.raises(PlanlmError, match="cannot import logger class 'nowhere.Logger'"):

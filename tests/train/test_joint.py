@@ -22,7 +22,7 @@ from planlm.files import file_sha256
 from planlm.models.planned_lm import PlannedLM
 from planlm.models.planner import Planner
 from planlm.plans.contexts import Boundaries, ContextSource, boundary_contexts
-from planlm.plans.kinds import check_joint, plan_kind, plan_source
+from planlm.plans.kinds import check_joint_plans, plan_kind, plan_source
 from planlm.plans.spec import PlanSpec, trained_plans
 from planlm.stage import read_manifest
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
@@ -35,7 +35,7 @@ def joint_spec(kind: str = "planner_sampled", **overrides) -> PlanSpec:
     """A joint run's spec: in expectation unless set (train-lm's default when the planner trains with the LM)."""
     values = dict(kind=kind, num_paths=2, horizon=3, temperature=0.7, planner_dir="planner", expectation=True)
     spec = PlanSpec(**{**values, **overrides}).resolve()
-    check_joint(spec)
+    check_joint_plans(spec)
     return spec
 
 
@@ -231,7 +231,7 @@ def test_runs_without_joint_keep_their_reuse_keys():
 ])
 def test_bad_joint_settings_are_one_line_errors(spec, message):
     with pytest.raises(PlanlmError, match=message) as error:
-        check_joint(PlanSpec(**spec).resolve())
+        check_joint_plans(PlanSpec(**spec).resolve())
     assert "\n" not in str(error.value)
 
 
