@@ -457,7 +457,7 @@ def call_times(times: dict, save: float, call: float) -> dict:
                                                                     ("steps", "validation", "checkpoints"))), 3)
     parts.update(best_reload=round(times.get("best_reload", 0.0), 3), save=round(save, 3), call=round(call, 3),
                  train_steps=int(times.get("steps_count", 0)))
-    parts["outside_steps_share"] = round(1 - times.get("steps", 0.0) / call, 4) if call > 0 else None
+    parts["outside_steps_share"] = round(1 - parts["steps"] / parts["call"], 4) if parts["call"] > 0 else None
     return parts
 
 

@@ -171,6 +171,6 @@ def test_compile_settings():
 
     assert compile_options(LMRuntime(compile=True)) == {"dynamic": False}
     assert compile_options(LMRuntime(compile="cudagraphs", device="cpu")) == {"dynamic": False}  # CUDA only
-    steps = lm_stage.step_shapes(LMTrainConfig(batch_size=5, context_length=64), LMRuntime(compile=True))
+    steps = lm_stage.step_shapes(LMTrainConfig(batch_size=5, context_length=64, stride=32), LMRuntime(compile=True))
     assert steps == {"static_shapes": StaticShapes(5, 64), "cuda_graphs": False}
     assert lm_stage.step_shapes(LMTrainConfig(), LMRuntime()) == {"static_shapes": None, "cuda_graphs": False}
