@@ -25,7 +25,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from bench_stages import STAGE_LMS
+from bench_stages import STAGE_LMS, trainer_callback
 from planlm.args import LMRuntime
 from planlm.plans.spec import PlanSpec
 
@@ -67,24 +67,13 @@ class StepTimer(L.pytorch.callbacks.Callback):
 
 def run_stage(root: Path, prepared_dir: Path, kwargs: dict, runtime: LMRuntime, name: str) -> dict:
     """One train_lm call under ``runtime``: its steady step time, compiled steps, graphs and call times."""
-    import planlm.train.lm as lm_stage
     from planlm.stage import read_manifest
     from planlm.train.lm import train_lm
 
     torch._dynamo.reset()
     timer = StepTimer()
-    build = lm_stage.build_trainer
-
-    def timed(*a, **k):
-        trainer, best = build(*a, **k)
-        trainer.callbacks.append(timer)
-        return trainer, best
-
-    lm_stage.build_trainer = timed
-    try:
+    with trainer_callback(timer):
         out = train_lm(str(prepared_dir), str(root / name), runtime=runtime, **kwargs)
-    finally:
-        lm_stage.build_trainer = build
     steady = [seconds for seconds, compiled in timer.steps if not compiled][1:]  # the first: the allocator's warm-up
     return {"step": statistics.median(steady) if steady else float("nan"), "steady_steps": len(steady),
             "compiling_steps": sum(compiled for _, compiled in timer.steps),

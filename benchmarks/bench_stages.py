@@ -31,6 +31,7 @@ tokens/s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
@@ -169,9 +170,28 @@ class PhaseTimer(L.pytorch.callbacks.Callback):
         self._stop(self.PHASES[1] if dataloader_idx == 0 else self.PHASES[2])
 
 
+@contextlib.contextmanager
+def trainer_callback(callback):
+    """Within the block, every trainer that train-lm builds also runs ``callback`` (a Lightning callback that times
+    the stage from the inside)."""
+    import planlm.train.lm as lm_stage
+
+    build = lm_stage.build_trainer
+
+    def with_callback(*args, **kwargs):
+        trainer, best = build(*args, **kwargs)
+        trainer.callbacks.append(callback)
+        return trainer, best
+
+    lm_stage.build_trainer = with_callback
+    try:
+        yield
+    finally:
+        lm_stage.build_trainer = build
+
+
 def stage_vs_loop(root: Path, args) -> None:
     """Tokens/s of one train_lm epoch, timed whole and by phase, against a bare loop over the same batches."""
-    import planlm.train.lm as lm_stage
     from planlm.models.adapter import AdapterSettings
     from planlm.stage import read_manifest
     from planlm.testing.synthetic import make_synthetic_prepared
@@ -191,20 +211,10 @@ def stage_vs_loop(root: Path, args) -> None:
                                       log_every_n_steps=10, num_workers=args.num_workers))
     loop_s, tokens, params = bare_loop(prepared_dir, kwargs)  # first, after untimed warm-up steps
     timer = PhaseTimer()
-    build_trainer = lm_stage.build_trainer
-
-    def timed_trainer(*a, **k):
-        trainer, best = build_trainer(*a, **k)
-        trainer.callbacks.append(timer)
-        return trainer, best
-
-    lm_stage.build_trainer = timed_trainer
-    try:
+    with trainer_callback(timer):
         began = time.perf_counter()
         out = train_lm(str(prepared_dir), str(root / "lm"), **kwargs)
         stage_s = time.perf_counter() - began
-    finally:
-        lm_stage.build_trainer = build_trainer
     fit_s = read_manifest(out)["train_wall_time_s"]
     device = runtime.training_device_type()
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
