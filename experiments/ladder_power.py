@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from experiments.power_analysis import document_se
+from planlm.evaluate.power import document_se
 from planlm.evaluate.bootstrap import _quantiles
 
 CONFIDENCE = 0.95
