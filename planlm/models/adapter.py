@@ -318,10 +318,6 @@ class ProjectAvg(Adapter):
         nn.init.zeros_(self.projection.weight)  # a fresh adapter is a no-op
         nn.init.zeros_(self.projection.bias)
 
-    def step_vectors(self, action_paths: Tensor, action_probs: Tensor | None = None) -> Tensor:
-        """(N, K, T) long [or (N, K, T, M) with their probabilities] -> c_t^j (N, K, T, D)."""
-        return self.projection(self.step_embeddings(action_paths, action_probs))
-
     def step_embeddings(self, action_paths: Tensor, action_probs: Tensor | None = None) -> Tensor:
         """Emb(a) of every step: action_paths (..., T) long -> (..., T, E); in expectation, action_paths and
         action_probs (..., T, M) -> sum_m p_m Emb(a_m) (..., T, E), without building the (..., T, M, E) terms."""

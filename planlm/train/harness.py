@@ -204,10 +204,6 @@ class StageClock(L.Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         self.seconds["validation"] += _clock() - self._began
 
-    def outside_steps(self) -> float:
-        """Seconds of the fit spent outside its training steps (validation and checkpoints included)."""
-        return self.seconds["fit"] - self.seconds["steps"]
-
 
 def _clock() -> float:
     """time.perf_counter once the device's queued work is done."""
