@@ -35,8 +35,8 @@ from typing import Optional
 import numpy as np
 
 from planlm.errors import PlanlmError
-from planlm.evaluate.bootstrap import (CONFIDENCE, _quantiles, evaluation_arrays, oracle_gain_share, paired_bootstrap,
-                                       seed_folders, seeded_interval, seeded_paired_interval)
+from planlm.evaluate.bootstrap import (CONFIDENCE, evaluation_arrays, oracle_gain_share, paired_bootstrap, seed_folders,
+                                       seeded_interval, seeded_paired_interval, slope_half_width)
 from planlm.pipeline.layout import BASE_LM, RunLayout
 
 # --------------------------------------------------------------------------------------------- compute of a run
@@ -269,8 +269,8 @@ def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
     """The least-squares slope of a run quantity's seed mean against log10 of the runs' compute, with its interval:
     slope +- sqrt(t_df^2 var_seed + t_{G-1}^2 var_doc). var_seed = sum_r w_r^2 var_r (w_r the least-squares weight of
     run r, var_r the variance of its seed mean), df its Welch-Satterthwaite degrees of freedom; var_doc the variance
-    of the slope over document resamples (one draw shared by runs that score the same documents), times G / (G - 1).
-    Needs runs at >= 2 different computes."""
+    of the slope over document resamples (one draw shared by runs that score the same documents), times G / (G - 1)
+    (``planlm.evaluate.bootstrap.slope_half_width``). Needs runs at >= 2 different computes."""
     x = np.log10([run.compute.flops for run in runs])
     if len(runs) < 2 or np.ptp(x) == 0:
         raise PlanlmError(f"a slope needs runs at two or more training computes (got {len(runs)} run(s) at "
@@ -282,16 +282,12 @@ def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
                       for run, p in zip(runs, parts)])
     slope = float(w @ means)
     intercept = float(means.mean() - slope * x.mean())
-    seed_terms = np.array([wr ** 2 * p[2] for wr, p in zip(w, parts)])
-    seed_var = float(seed_terms.sum())
-    dof_terms = [term ** 2 / (len(run.seeds) - 1) for term, run in zip(seed_terms, runs) if len(run.seeds) > 1]
-    dof = seed_var ** 2 / sum(dof_terms) if seed_var > 0 and sum(dof_terms) > 0 else None
     resampled = np.stack([p[1] for p in parts], 1) @ w  # (R,)
     resampled = resampled[np.isfinite(resampled)]
     document_var = float(np.var(resampled, ddof=1)) * documents / max(documents - 1, 1) if len(resampled) > 1 else 0.0
-    seed_t = _quantiles(confidence, dof + 1, documents)[0] if dof else 0.0
-    document_t = _quantiles(confidence, 2, documents)[1]
-    half = float(np.sqrt(seed_t ** 2 * seed_var + document_t ** 2 * document_var))
+    half, seed_var, dof = slope_half_width(w, [p[2] for p in parts], [len(run.seeds) for run in runs], document_var,
+                                           documents, confidence)
+    half, seed_var, dof = float(half), float(seed_var), (float(dof) if np.isfinite(dof) else None)
     result = {"slope": slope, "ci_low": slope - half, "ci_high": slope + half, "intercept": intercept,
               "seed_se": float(np.sqrt(seed_var)), "seed_dof": dof, "document_se": float(np.sqrt(document_var)),
               "documents": documents, "confidence": confidence, "runs": [run.name for run in runs],
