@@ -27,12 +27,10 @@ def read_json(path: Path) -> Optional[dict]:
         return None
 
 
-
 def read_csv(path: Path) -> list[dict]:
     """A CSV file's rows as dicts."""
     with open(path) as f:
         return list(csv.DictReader(f))
-
 
 
 def _seed_numbers(layout: RunLayout, name: str, seed: Optional[int]) -> dict:
@@ -46,7 +44,6 @@ def _seed_numbers(layout: RunLayout, name: str, seed: Optional[int]) -> dict:
             "plan_usage_ci_high": usage.plan_usage_ci_high, "plan_usage_nats": usage.plan_usage_nats,
             "edit": edit.edit_distance, "edit_ci_low": edit.ci_low, "edit_ci_high": edit.ci_high,
             "edit_normalized": edit.normalized, "rezero_alphas": trained.get("rezero_alphas")}
-
 
 
 def _over_seeds(layout: RunLayout, name: str, per_seed: dict[int, dict]) -> dict:
@@ -78,14 +75,12 @@ def _over_seeds(layout: RunLayout, name: str, per_seed: dict[int, dict]) -> dict
             "rezero_alphas": {k: float(np.mean([a[k] for a in alphas])) for k in alphas[0]} if alphas else None}
 
 
-
 def is_one_argmax_path(cond: dict) -> bool:
     """Whether a condition plays Cornille et al.'s role, the baseline of the evaluation times: one argmax path
     (plans kind ``planner_argmax``, K = 1) of a planner trained before the LM."""
     plans = cond.get("plans") or {}
     return (plans.get("kind") == "planner_argmax" and plans.get("num_paths", 1) == 1
             and not (cond.get("train") or {}).get("joint"))
-
 
 
 def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict] = None,
@@ -123,7 +118,6 @@ def collect_results(run_dir: Path, conditions: list[dict], state: Optional[dict]
     return rows
 
 
-
 def _paired(layout: RunLayout, a: str, b: str) -> dict:
     """ppl(b) - ppl(a) of two conditions as ``planlm compare`` gives it (seed by seed, with the seed-noise interval
     when the run has seeds): diff, ci_low, ci_high, interval, note, seed_diffs, ppl_a. Raises PlanlmError when they
@@ -135,7 +129,6 @@ def _paired(layout: RunLayout, a: str, b: str) -> dict:
             "interval": result.get("interval", "articles"), "note": result.get("note"), "ppl_a": result["ppl_a"],
             "documents": result.get("documents"),
             "seed_diffs": {s: one["diff"] for s, one in result["seeds"].items()} if "seeds" in result else None}
-
 
 
 def _add_paired_differences(layout: RunLayout, rows: list[dict]) -> None:
@@ -157,7 +150,6 @@ def _add_paired_differences(layout: RunLayout, rows: list[dict]) -> None:
         row.update(paired_reference=reference["name"], paired_diff=paired["diff"], paired_ci_low=paired["ci_low"],
                    paired_ci_high=paired["ci_high"], paired_interval=paired["interval"], paired_note=paired["note"],
                    paired_seed_diffs=paired["seed_diffs"])
-
 
 
 def _add_oracle_shares(layout: RunLayout, rows: list[dict]) -> None:
@@ -188,7 +180,6 @@ def _add_oracle_shares(layout: RunLayout, rows: list[dict]) -> None:
                    oracle_share_of=[fixed["name"], oracle["name"]])
 
 
-
 def check_contrasts(contrasts: list, names: list[str], where: str) -> None:
     """Each contrast is a pair [b, a] of condition ``names``: a one-line error naming the pair otherwise."""
     from planlm.errors import PlanlmError
@@ -197,7 +188,6 @@ def check_contrasts(contrasts: list, names: list[str], where: str) -> None:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(n in names for n in pair):
             raise PlanlmError(f"{where}: {pair!r} is not a pair [b, a] of condition names "
                               f"({', '.join(map(str, names))}); write e.g. [ours, cornille] for ours - cornille")
-
 
 
 def contrast_rows(layout: RunLayout, rows: list[dict], contrasts: list[list[str]]) -> list[dict]:
@@ -225,7 +215,6 @@ def contrast_rows(layout: RunLayout, rows: list[dict], contrasts: list[list[str]
     return out
 
 
-
 def undecidable(contrast: dict) -> Optional[str]:
     """Why a contrast's interval cannot decide it, or None: one seed leaves the seed noise unmeasured, one source
     document the document noise, and an interval of zero width carries no noise at all."""
@@ -241,7 +230,6 @@ def undecidable(contrast: dict) -> Optional[str]:
     return "; ".join(why) or None
 
 
-
 def decision(contrast: dict) -> str:
     """Whether a contrast's interval excludes 0, and which side it favours: "B better", "A better", "no", or
     "cannot: <why>" when the interval cannot decide (``undecidable``)."""
@@ -253,7 +241,6 @@ def decision(contrast: dict) -> str:
     if contrast["ci_low"] > 0:
         return f"{contrast['a']} better"
     return "no"
-
 
 
 def position_contrasts(rows: list[dict], contrasts: list[dict]) -> list[tuple[str, str]]:
@@ -269,7 +256,6 @@ def position_contrasts(rows: list[dict], contrasts: list[dict]) -> list[tuple[st
             pairs += [(row["name"], a) for a in (fixed, row.get("paired_reference")) if a and a != row["name"]]
     pairs += [(c["b"], c["a"]) for c in contrasts if c["b"] in done and c["a"] in done]
     return list(dict.fromkeys(pairs))
-
 
 
 def position_rows(layout: RunLayout, rows: list[dict], contrasts: list[dict]) -> list[dict]:
@@ -291,13 +277,11 @@ def position_rows(layout: RunLayout, rows: list[dict], contrasts: list[dict]) ->
     return out
 
 
-
 def _relative(path: Path, root: Path) -> str:
     try:
         return str(path.relative_to(root))
     except ValueError:
         return str(path)
-
 
 
 def corpus_numbers(layout: RunLayout, rows: list[dict]) -> Optional[dict]:
@@ -326,7 +310,6 @@ INFORMATION_SPLIT = "test"
 planner's checkpoint."""
 
 
-
 def _first_seed_folder(folder: Path) -> tuple[Path, Optional[int]]:
     """``folder`` itself when it holds a planner, else its lowest ``seed<N>/`` folder that does (the planners of
     a run with ``seed_draws: method``), with that seed."""
@@ -335,7 +318,6 @@ def _first_seed_folder(folder: Path) -> tuple[Path, Optional[int]]:
     seeds = sorted(int(p.name[4:]) for p in folder.glob("seed*")
                    if p.name[4:].isdigit() and (p / "summary.json").is_file())
     return (folder / f"seed{seeds[0]}", seeds[0]) if seeds else (folder, None)
-
 
 
 def planner_summaries(layout: RunLayout) -> dict[str, dict]:
@@ -365,7 +347,6 @@ def planner_summaries(layout: RunLayout) -> dict[str, dict]:
                 summary.get("eval_split")
         summaries[name] = {**summary, "information": information, "information_split": split}
     return summaries
-
 
 
 def seeded_sweeps(layout: RunLayout, num_samples: int = 1000) -> list[dict]:
