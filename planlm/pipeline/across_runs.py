@@ -236,9 +236,10 @@ def _document_weights(runs: list[RunNumbers], num_samples: int, seed: int = 0) -
     return weights, min(len(s) for s in sets)
 
 
-def _run_quantity(run: RunNumbers, weights: np.ndarray, quantity: tuple) -> tuple[np.ndarray, np.ndarray, float]:
-    """One run's quantity: (per-seed values (S,), the seed mean on each document resample (R,), the variance of
-    the seed mean over seeds). ``quantity``: ("relative", b, a) or ("share", condition, fixed, oracle)."""
+def _run_quantity(run: RunNumbers, weights: np.ndarray, quantity: tuple) -> tuple[float, np.ndarray, float]:
+    """One run's quantity: (its seed mean (a share: of the seed means of the gains), the same on each document
+    resample (R,), the variance of the seed mean over seeds). ``quantity``: ("relative", b, a) or
+    ("share", condition, fixed, oracle)."""
     ones = np.ones((1, len(run.tokens)))
     seeds = len(run.seeds)
     if quantity[0] == "relative":
@@ -248,7 +249,7 @@ def _run_quantity(run: RunNumbers, weights: np.ndarray, quantity: tuple) -> tupl
         per_seed = 100 * (observed[1] - observed[0]) / observed[0]
         on_resamples = (100 * (resampled[1] - resampled[0]) / resampled[0]).mean(1)
         seed_var = float(np.var(per_seed, ddof=1)) / seeds if seeds > 1 else 0.0
-        return per_seed, on_resamples, seed_var
+        return float(np.mean(per_seed)), on_resamples, seed_var
     _, condition, fixed, oracle = quantity
     observed = {n: _ppl(ones, run.nll[n], run.tokens)[0] for n in (fixed, condition, oracle)}
     resampled = {n: _ppl(weights, run.nll[n], run.tokens) for n in (fixed, condition, oracle)}
@@ -256,12 +257,11 @@ def _run_quantity(run: RunNumbers, weights: np.ndarray, quantity: tuple) -> tupl
     with np.errstate(invalid="ignore", divide="ignore"):
         on_resamples = ((resampled[condition] - resampled[fixed]).mean(1)
                         / (resampled[oracle] - resampled[fixed]).mean(1))
-        per_seed = gain / oracle_gain
     share = gain.mean() / oracle_gain.mean()
     seed_var = 0.0
     if seeds > 1:  # the delta method for a ratio of seed means: var(g - share * o) / o^2, over seeds
         seed_var = float(np.var(gain - share * oracle_gain, ddof=1)) / seeds / oracle_gain.mean() ** 2
-    return per_seed, on_resamples, seed_var
+    return float(share), on_resamples, seed_var
 
 
 def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
@@ -278,8 +278,7 @@ def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
     w = (x - x.mean()) / ((x - x.mean()) ** 2).sum()  # (runs,) slope = sum_r w_r y_r
     weights, documents = _document_weights(runs, num_samples)
     parts = [_run_quantity(run, weight, quantity) for run, weight in zip(runs, weights)]
-    means = np.array([float(np.mean(p[0])) if quantity[0] == "relative" else float(_share_of_means(run, quantity))
-                      for run, p in zip(runs, parts)])
+    means = np.array([p[0] for p in parts])
     slope = float(w @ means)
     intercept = float(means.mean() - slope * x.mean())
     resampled = np.stack([p[1] for p in parts], 1) @ w  # (R,)
@@ -296,13 +295,6 @@ def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
     if seed_var == 0:
         result["note"] = "no run has two seeds: the interval is over documents alone"
     return result
-
-
-def _share_of_means(run: RunNumbers, quantity: tuple) -> float:
-    _, condition, fixed, oracle = quantity
-    ones = np.ones((1, len(run.tokens)))
-    ppl = {n: _ppl(ones, run.nll[n], run.tokens)[0] for n in (fixed, condition, oracle)}
-    return float((ppl[condition] - ppl[fixed]).mean() / (ppl[oracle] - ppl[fixed]).mean())
 
 
 # --------------------------------------------------------------------------------------------- the outputs
