@@ -13,7 +13,8 @@ measured on the idle 2-core AMD EPYC with avx512_bf16. The arithmetic of ``exper
    ~ N(a + b x_r, seed_sd) plus a document error ~ N(0, doc_se) shared by the rung's seeds (and, with correlation rho,
    partly by the rungs: the same test documents), the least-squares slope through the rungs' means, and its interval
    sqrt(t_df^2 var_seed + t_{G-1}^2 var_doc) with var_doc = sum_r w_r^2 doc_se^2 (1 - rho) (the bootstrap's estimate,
-   taken as exact here) and df Welch-Satterthwaite's; the share of intervals that exclude 0 is the power;
+   taken as exact here) and df Welch-Satterthwaite's (``planlm.evaluate.bootstrap.slope_half_width``, the interval
+   of ``planlm across-runs``); the share of intervals that exclude 0 is the power;
 3. the time of each rung from the measured stage times, scaled by the LM's per-token matrix work (non-embedding
    parameters plus the output projection, V x d), with an efficiency range for the wider models.
 """
@@ -28,8 +29,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from planlm.evaluate.bootstrap import slope_half_width
 from planlm.evaluate.power import document_se
-from planlm.evaluate.bootstrap import _quantiles
 
 CONFIDENCE = 0.95
 DOCUMENTS = 35  # test speeches of the evidence runs' 100 test pieces
@@ -145,14 +146,8 @@ def slope_power(x: Sequence[float], slope: float, seed_sd: float, doc_se: float,
     document = math.sqrt(rho) * shared + math.sqrt(1 - rho) * own  # each rung's document error, correlation rho
     means = per_seed.mean(2) + document
     estimate = means @ w
-    terms = w[None] ** 2 * per_seed.var(2, ddof=1) / seeds  # (draws, runs)
-    seed_var = terms.sum(1)
-    dof = seed_var ** 2 / (terms ** 2 / (seeds - 1)).sum(1)
-    from scipy.special import stdtrit
-
-    seed_t = stdtrit(dof, 0.5 + CONFIDENCE / 2)
-    document_t = _quantiles(CONFIDENCE, 2, documents)[1]
-    half = np.sqrt(seed_t ** 2 * seed_var + document_t ** 2 * (w ** 2).sum() * doc_se ** 2 * (1 - rho))
+    half, _, _ = slope_half_width(w, per_seed.var(2, ddof=1) / seeds, np.full(runs, seeds),
+                                  (w ** 2).sum() * doc_se ** 2 * (1 - rho), documents, CONFIDENCE)  # (draws,)
     return {"power": float(np.mean(np.abs(estimate) > half)), "half_width": float(half.mean()),
             "coverage": float(np.mean(np.abs(estimate - slope) <= half))}
 

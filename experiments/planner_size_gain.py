@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from planlm.evaluate.bootstrap import compare_evaluations
-from planlm.pipeline.report import fmt_share
+from planlm.pipeline.tables import fmt_share
 
 PLANNED = {"cornille": "cornille", "ours": "shared", "ours_t1": "shared", "ours_pa": "shared"}  # condition: planner
 

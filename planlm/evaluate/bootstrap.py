@@ -222,8 +222,37 @@ def _half_widths(confidence: float, seed_var: float, num_seeds: int, document_va
         spread = (high - low) / 2
         if spread > 0:  # the bootstrap-t interval is d - q * se: its upper quantile sets the part below d
             below, above = document_t * max(1.0, high / spread), document_t * max(1.0, -low / spread)
-    seed_part = seed_t ** 2 * seed_var
-    return float(np.sqrt(seed_part + below ** 2 * document_var)), float(np.sqrt(seed_part + above ** 2 * document_var))
+    return (float(quadrature_half_width(seed_t, seed_var, below, document_var)),
+            float(quadrature_half_width(seed_t, seed_var, above, document_var)))
+
+
+def quadrature_half_width(seed_t, seed_var, document_t, document_var):
+    """sqrt((seed_t * seed_se)^2 + (document_t * document_se)^2): the seeds' and the documents' parts of a half-width,
+    each at its own t quantile, added in quadrature (the interval of ``seeded_paired_interval``, of
+    ``slope_half_width`` and of the power simulations of ``planlm.evaluate.power``). Arrays broadcast."""
+    return np.sqrt(seed_t ** 2 * seed_var + document_t ** 2 * document_var)
+
+
+def slope_half_width(weights: np.ndarray, seed_vars: np.ndarray, num_seeds: Sequence[int], document_var,
+                     documents: int, confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The half-width of the interval of a least-squares slope through several runs' seed means (slope = sum_r w_r y_r,
+    ``weights`` (runs,) the w_r): sqrt(t_df^2 var_seed + t_{G-1}^2 var_doc). var_seed = sum_r w_r^2 var_r, var_r the
+    variance of run r's seed mean (its seeds' variance over their number S_r); df its Welch-Satterthwaite degrees of
+    freedom, var_seed^2 / sum_r (w_r^2 var_r)^2 / (S_r - 1), over the runs of two or more seeds; var_doc the slope's
+    variance over the G test documents. ``seed_vars`` (..., runs) and ``document_var`` (...) broadcast: one slope,
+    or many simulated ladders at once. Returns (half-width, var_seed, df) over the leading axes; where no run has seed
+    noise, df is NaN and the interval is over documents alone."""
+    from scipy.special import stdtrit
+
+    num_seeds = np.asarray(num_seeds)
+    terms = np.asarray(weights, np.float64) ** 2 * np.asarray(seed_vars, np.float64)  # (..., runs)
+    seed_var = terms.sum(-1)
+    denominator = np.where(num_seeds > 1, terms ** 2 / np.maximum(num_seeds - 1, 1), 0.0).sum(-1)
+    noisy = (seed_var > 0) & (denominator > 0)
+    dof = np.where(noisy, seed_var ** 2 / np.where(noisy, denominator, 1.0), np.nan)
+    seed_t = np.where(noisy, stdtrit(np.where(noisy, dof, 1.0), 0.5 + confidence / 2), 0.0)
+    document_t = _quantiles(confidence, 2, documents)[1]
+    return quadrature_half_width(seed_t, seed_var, document_t, document_var), seed_var, dof
 
 
 def _sorted_quantiles(values: np.ndarray, levels: Sequence[float]) -> list[float]:

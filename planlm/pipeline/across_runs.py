@@ -35,8 +35,8 @@ from typing import Optional
 import numpy as np
 
 from planlm.errors import PlanlmError
-from planlm.evaluate.bootstrap import (CONFIDENCE, _quantiles, evaluation_arrays, oracle_gain_share, paired_bootstrap,
-                                       seed_folders, seeded_interval, seeded_paired_interval)
+from planlm.evaluate.bootstrap import (CONFIDENCE, evaluation_arrays, oracle_gain_share, paired_bootstrap, seed_folders,
+                                       seeded_interval, seeded_paired_interval, slope_half_width)
 from planlm.pipeline.layout import BASE_LM, RunLayout
 
 # --------------------------------------------------------------------------------------------- compute of a run
@@ -236,9 +236,10 @@ def _document_weights(runs: list[RunNumbers], num_samples: int, seed: int = 0) -
     return weights, min(len(s) for s in sets)
 
 
-def _run_quantity(run: RunNumbers, weights: np.ndarray, quantity: tuple) -> tuple[np.ndarray, np.ndarray, float]:
-    """One run's quantity: (per-seed values (S,), the seed mean on each document resample (R,), the variance of
-    the seed mean over seeds). ``quantity``: ("relative", b, a) or ("share", condition, fixed, oracle)."""
+def _run_quantity(run: RunNumbers, weights: np.ndarray, quantity: tuple) -> tuple[float, np.ndarray, float]:
+    """One run's quantity: (its seed mean (a share: of the seed means of the gains), the same on each document
+    resample (R,), the variance of the seed mean over seeds). ``quantity``: ("relative", b, a) or
+    ("share", condition, fixed, oracle)."""
     ones = np.ones((1, len(run.tokens)))
     seeds = len(run.seeds)
     if quantity[0] == "relative":
@@ -248,7 +249,7 @@ def _run_quantity(run: RunNumbers, weights: np.ndarray, quantity: tuple) -> tupl
         per_seed = 100 * (observed[1] - observed[0]) / observed[0]
         on_resamples = (100 * (resampled[1] - resampled[0]) / resampled[0]).mean(1)
         seed_var = float(np.var(per_seed, ddof=1)) / seeds if seeds > 1 else 0.0
-        return per_seed, on_resamples, seed_var
+        return float(np.mean(per_seed)), on_resamples, seed_var
     _, condition, fixed, oracle = quantity
     observed = {n: _ppl(ones, run.nll[n], run.tokens)[0] for n in (fixed, condition, oracle)}
     resampled = {n: _ppl(weights, run.nll[n], run.tokens) for n in (fixed, condition, oracle)}
@@ -256,12 +257,11 @@ def _run_quantity(run: RunNumbers, weights: np.ndarray, quantity: tuple) -> tupl
     with np.errstate(invalid="ignore", divide="ignore"):
         on_resamples = ((resampled[condition] - resampled[fixed]).mean(1)
                         / (resampled[oracle] - resampled[fixed]).mean(1))
-        per_seed = gain / oracle_gain
     share = gain.mean() / oracle_gain.mean()
     seed_var = 0.0
     if seeds > 1:  # the delta method for a ratio of seed means: var(g - share * o) / o^2, over seeds
         seed_var = float(np.var(gain - share * oracle_gain, ddof=1)) / seeds / oracle_gain.mean() ** 2
-    return per_seed, on_resamples, seed_var
+    return float(share), on_resamples, seed_var
 
 
 def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
@@ -269,8 +269,8 @@ def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
     """The least-squares slope of a run quantity's seed mean against log10 of the runs' compute, with its interval:
     slope +- sqrt(t_df^2 var_seed + t_{G-1}^2 var_doc). var_seed = sum_r w_r^2 var_r (w_r the least-squares weight of
     run r, var_r the variance of its seed mean), df its Welch-Satterthwaite degrees of freedom; var_doc the variance
-    of the slope over document resamples (one draw shared by runs that score the same documents), times G / (G - 1).
-    Needs runs at >= 2 different computes."""
+    of the slope over document resamples (one draw shared by runs that score the same documents), times G / (G - 1)
+    (``planlm.evaluate.bootstrap.slope_half_width``). Needs runs at >= 2 different computes."""
     x = np.log10([run.compute.flops for run in runs])
     if len(runs) < 2 or np.ptp(x) == 0:
         raise PlanlmError(f"a slope needs runs at two or more training computes (got {len(runs)} run(s) at "
@@ -278,20 +278,15 @@ def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
     w = (x - x.mean()) / ((x - x.mean()) ** 2).sum()  # (runs,) slope = sum_r w_r y_r
     weights, documents = _document_weights(runs, num_samples)
     parts = [_run_quantity(run, weight, quantity) for run, weight in zip(runs, weights)]
-    means = np.array([float(np.mean(p[0])) if quantity[0] == "relative" else float(_share_of_means(run, quantity))
-                      for run, p in zip(runs, parts)])
+    means = np.array([p[0] for p in parts])
     slope = float(w @ means)
     intercept = float(means.mean() - slope * x.mean())
-    seed_terms = np.array([wr ** 2 * p[2] for wr, p in zip(w, parts)])
-    seed_var = float(seed_terms.sum())
-    dof_terms = [term ** 2 / (len(run.seeds) - 1) for term, run in zip(seed_terms, runs) if len(run.seeds) > 1]
-    dof = seed_var ** 2 / sum(dof_terms) if seed_var > 0 and sum(dof_terms) > 0 else None
     resampled = np.stack([p[1] for p in parts], 1) @ w  # (R,)
     resampled = resampled[np.isfinite(resampled)]
     document_var = float(np.var(resampled, ddof=1)) * documents / max(documents - 1, 1) if len(resampled) > 1 else 0.0
-    seed_t = _quantiles(confidence, dof + 1, documents)[0] if dof else 0.0
-    document_t = _quantiles(confidence, 2, documents)[1]
-    half = float(np.sqrt(seed_t ** 2 * seed_var + document_t ** 2 * document_var))
+    half, seed_var, dof = slope_half_width(w, [p[2] for p in parts], [len(run.seeds) for run in runs], document_var,
+                                           documents, confidence)
+    half, seed_var, dof = float(half), float(seed_var), (float(dof) if np.isfinite(dof) else None)
     result = {"slope": slope, "ci_low": slope - half, "ci_high": slope + half, "intercept": intercept,
               "seed_se": float(np.sqrt(seed_var)), "seed_dof": dof, "document_se": float(np.sqrt(document_var)),
               "documents": documents, "confidence": confidence, "runs": [run.name for run in runs],
@@ -300,13 +295,6 @@ def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
     if seed_var == 0:
         result["note"] = "no run has two seeds: the interval is over documents alone"
     return result
-
-
-def _share_of_means(run: RunNumbers, quantity: tuple) -> float:
-    _, condition, fixed, oracle = quantity
-    ones = np.ones((1, len(run.tokens)))
-    ppl = {n: _ppl(ones, run.nll[n], run.tokens)[0] for n in (fixed, condition, oracle)}
-    return float((ppl[condition] - ppl[fixed]).mean() / (ppl[oracle] - ppl[fixed]).mean())
 
 
 # --------------------------------------------------------------------------------------------- the outputs

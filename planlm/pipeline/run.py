@@ -594,7 +594,8 @@ def run(out_dir: str = "runs/demo", prepare: Optional[dict] = None, planner: Opt
     """
     layout = RunLayout(Path(out_dir))
     conditions = conditions or []
-    from planlm.pipeline.report import check_contrasts, write_report
+    from planlm.pipeline.report import write_report
+    from planlm.pipeline.results import check_contrasts
 
     check_contrasts((report or {}).get("contrasts") or [], [c.get("name") for c in conditions],
                     where=f"run {layout.root}: report.contrasts")

@@ -337,3 +337,28 @@ def test_the_two_level_bootstrap_is_stuck_in_the_per_seed_range_at_two_seeds():
     assert new["ci_high"] - new["ci_low"] > 4 * (old["ci_high"] - old["ci_low"])
     with pytest.raises(PlanlmError, match=">= 2 training seeds"):
         seeded_paired_bootstrap(nll_a[:1], nll_b[:1], tokens)
+
+
+def test_the_slope_half_width_takes_t_on_welch_satterthwaite_df_for_one_slope_and_for_many():
+    """``slope_half_width`` (the interval of `planlm across-runs`' slope and of experiments/ladder_power.py): the t
+    quantile on the Welch-Satterthwaite df of the runs' seed terms w_r^2 var_r, in quadrature with t_{G-1} on the
+    documents; a run of one seed adds nothing, no seed noise leaves the documents alone; vectorised over simulated
+    ladders, each slope as if computed alone."""
+    from scipy.stats import t
+
+    from planlm.evaluate.bootstrap import slope_half_width
+
+    w, seed_vars, seeds = np.array([-0.5, 0.1, 0.4]), np.array([0.04, 0.09, 0.01]), [3, 5, 4]
+    terms = w ** 2 * seed_vars
+    df = terms.sum() ** 2 / (terms[0] ** 2 / 2 + terms[1] ** 2 / 4 + terms[2] ** 2 / 3)
+    half, seed_var, dof = slope_half_width(w, seed_vars, seeds, 0.02, 30)
+    assert seed_var == pytest.approx(terms.sum()) and dof == pytest.approx(df)
+    assert half == pytest.approx(np.sqrt(t.ppf(0.975, df) ** 2 * terms.sum() + t.ppf(0.975, 29) ** 2 * 0.02))
+    one_seed = slope_half_width(np.append(w, 0.3), np.append(seed_vars, 0.0), seeds + [1], 0.02, 30)
+    assert one_seed[2] == pytest.approx(df) and one_seed[0] == pytest.approx(half)
+    alone, _, no_df = slope_half_width(w, np.zeros(3), [1, 1, 1], 0.02, 30)
+    assert np.isnan(no_df) and alone == pytest.approx(t.ppf(0.975, 29) * np.sqrt(0.02))
+    rng = np.random.default_rng(0)
+    many, documents = rng.uniform(0.01, 0.1, (5, 3)), rng.uniform(0.0, 0.05, 5)
+    halves, _, _ = slope_half_width(w, many, seeds, documents, 30)
+    assert halves == pytest.approx([float(slope_half_width(w, m, seeds, d, 30)[0]) for m, d in zip(many, documents)])

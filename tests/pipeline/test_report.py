@@ -10,7 +10,9 @@ import pytest
 
 from planlm.evaluate.bootstrap import write_per_article
 from planlm.pipeline.layout import RunLayout
-from planlm.pipeline.report import collect_results, results_table, write_report
+from planlm.pipeline.report import write_report
+from planlm.pipeline.results import collect_results
+from planlm.pipeline.tables import results_table
 from tests.helpers import seeded_contrast
 
 TOKENS = np.full(20, 50)
@@ -146,7 +148,7 @@ def test_contrasts_pair_two_conditions_with_seed_noise_and_a_bad_pair_is_refused
 
 
 def test_a_contrast_is_decided_when_its_interval_excludes_0():
-    from planlm.pipeline.report import decision
+    from planlm.pipeline.results import decision
 
     def contrast(low, high, diffs=(-1.0, -0.5), documents=30):
         return seeded_contrast("ours", "fixed", list(diffs), low, high) | {"documents": documents}

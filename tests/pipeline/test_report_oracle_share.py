@@ -11,7 +11,9 @@ import pytest
 
 from planlm.evaluate.bootstrap import oracle_gain_share, write_per_article
 from planlm.pipeline.layout import RunLayout
-from planlm.pipeline.report import collect_results, results_table, write_report
+from planlm.pipeline.report import write_report
+from planlm.pipeline.results import collect_results
+from planlm.pipeline.tables import results_table
 from planlm.plans.kinds import KINDS, PlanStrategy, register_plan_kind
 
 TOKENS = np.full(24, 80)
