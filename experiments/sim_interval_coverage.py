@@ -56,7 +56,7 @@ try:
     from experiments.two_level_bootstrap import seeded_paired_bootstrap
 except ImportError:  # run as a script (python experiments/sim_interval_coverage.py): its folder is sys.path[0]
     from two_level_bootstrap import seeded_paired_bootstrap
-from planlm.evaluate.bootstrap import _quantiles, seeded_paired_interval
+from planlm.evaluate.bootstrap import t_quantiles, seeded_paired_interval
 
 # (name, seed_sd, doc_sd, piece_sd, seed_doc_sd in nats per token, seed noise, document gains)
 NORMAL = (("seeds dominate", 0.02, 0.01, 0.01, 0.01, "normal", "normal"),
@@ -117,9 +117,9 @@ def coverage(args, num_seeds: int, scenario: tuple, documents: int) -> dict:
         nll_a, nll_b, tokens, sources = draw_run(rng, args, num_seeds, scenario, documents)
         result = seeded_paired_interval(nll_a, nll_b, tokens, args.samples, seed=replicate, clusters=sources)
         diff, seed_se, document_se = result["diff"], result["seed_se"], result["document_se"]
-        seed_t, document_t = _quantiles(0.95, num_seeds, result["documents"])
+        seed_t, document_t = t_quantiles(0.95, num_seeds, result["documents"])
         half = np.hypot(seed_t * seed_se, document_t * document_se)
-        wider_t = _quantiles(0.975, num_seeds, result["documents"])[0]
+        wider_t = t_quantiles(0.975, num_seeds, result["documents"])[0]
         # the interval's document parts, side by side, with the seed part at the wider quantile
         parts = [np.sqrt(max(h ** 2 - (seed_t * seed_se) ** 2, 0.0))
                  for h in (diff - result["ci_low"], result["ci_high"] - diff)]
@@ -193,7 +193,7 @@ def alternatives(rng: np.random.Generator, args, num_seeds: int, scenario: tuple
         df = ((seed_var + document_var) ** 2
               / (seed_var ** 2 / (num_seeds - 1) + document_var ** 2 / (new["documents"] - 1)))
         welch = t.ppf(0.975, df) * np.sqrt(seed_var + document_var)
-        seed_t, document_t = _quantiles(0.95, num_seeds, new["documents"])
+        seed_t, document_t = t_quantiles(0.95, num_seeds, new["documents"])
         normal = np.hypot(seed_t * new["seed_se"], document_t * new["document_se"])
         intervals = {"old": seeded_paired_bootstrap(nll_a, nll_b, tokens, args.samples, seed=replicate),
                      "documents": seeded_paired_bootstrap(nll_a, nll_b, tokens, args.samples, seed=replicate,

@@ -196,7 +196,7 @@ def _seed_and_document_covariance(per_seed: np.ndarray, resampled: np.ndarray, d
     return seed_cov, document_cov
 
 
-def _quantiles(confidence: float, num_seeds: int, documents: int) -> tuple[float, float]:
+def t_quantiles(confidence: float, num_seeds: int, documents: int) -> tuple[float, float]:
     """Two-sided t quantiles at ``confidence`` on S - 1 (the seeds) and G - 1 (the documents) degrees of freedom
     (``stdtrit`` is what ``scipy.stats.t.ppf`` computes, without its argument checks: ``_p_value`` calls it often)."""
     from scipy.special import stdtrit
@@ -215,7 +215,7 @@ def _half_widths(confidence: float, seed_var: float, num_seeds: int, document_va
     (never shortened: the bootstrap-t's own scale is noisy and wide at a few documents; its shape is what it adds).
     ``studentized`` (R',): the sorted bootstrap-t statistics of the document resamples (``_studentized``); None or
     empty: t_{G-1} on both sides (the normal-theory interval)."""
-    seed_t, document_t = _quantiles(confidence, num_seeds, documents)
+    seed_t, document_t = t_quantiles(confidence, num_seeds, documents)
     below = above = document_t
     if studentized is not None and len(studentized) and documents > 1:
         low, high = _sorted_quantiles(studentized, (0.5 - confidence / 2, 0.5 + confidence / 2))
@@ -251,7 +251,7 @@ def slope_half_width(weights: np.ndarray, seed_vars: np.ndarray, num_seeds: Sequ
     noisy = (seed_var > 0) & (denominator > 0)
     dof = np.where(noisy, seed_var ** 2 / np.where(noisy, denominator, 1.0), np.nan)
     seed_t = np.where(noisy, stdtrit(np.where(noisy, dof, 1.0), 0.5 + confidence / 2), 0.0)
-    document_t = _quantiles(confidence, 2, documents)[1]
+    document_t = t_quantiles(confidence, 2, documents)[1]
     return quadrature_half_width(seed_t, seed_var, document_t, document_var), seed_var, dof
 
 
@@ -454,7 +454,7 @@ def oracle_gain_share(nll_fixed: np.ndarray, nll_condition: np.ndarray, nll_orac
     result = {"share": gain / oracle_gain if oracle_gain != 0 else None, "ci_low": None, "ci_high": None,
               "gain": gain, "oracle_gain": oracle_gain, "confidence": confidence, "seeds": num_seeds,
               "documents": documents, "interval": "Fieller", "note": None}
-    seed_t, document_t = _quantiles(confidence, num_seeds, documents)
+    seed_t, document_t = t_quantiles(confidence, num_seeds, documents)
     cov = seed_t ** 2 * seed_cov + document_t ** 2 * document_cov  # (2, 2) quantile-weighted
     a = oracle_gain ** 2 - cov[1, 1]
     if a <= 0:

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from planlm.evaluate.bootstrap import CONFIDENCE, _half_widths, _quantiles, quadrature_half_width
+from planlm.evaluate.bootstrap import CONFIDENCE, _half_widths, t_quantiles, quadrature_half_width
 
 TARGET_POWER = 0.8
 SEED_RANGE = tuple(range(2, 17))
@@ -44,7 +44,7 @@ def document_se(per_seed: Sequence[float], low: float, high: float, documents: i
         return half / float(norm.ppf(0.5 + confidence / 2))
     num_seeds = len(per_seed)
     seed_var = float(np.var(per_seed, ddof=1)) / num_seeds
-    seed_t, document_t = _quantiles(confidence, num_seeds, documents)
+    seed_t, document_t = t_quantiles(confidence, num_seeds, documents)
     return float(np.sqrt(max(half ** 2 - seed_t ** 2 * seed_var, 0.0) / document_t ** 2))
 
 
@@ -65,7 +65,7 @@ def power_curve(effect: float, seed_sd: float, doc_se: float, documents: int, se
         values = seed_draws[:, :num_seeds]
         mean = values.mean(1) + document_draws
         seed_var = values.var(1, ddof=1) / num_seeds
-        seed_t, document_t = _quantiles(confidence, num_seeds, documents)
+        seed_t, document_t = t_quantiles(confidence, num_seeds, documents)
         half = quadrature_half_width(seed_t, seed_var, document_t, doc_se ** 2)  # half_width, over the draws
         rows.append({"seeds": num_seeds, "half_width": float(half.mean()),
                      "half_width_at_sd": half_width(confidence, seed_sd ** 2 / num_seeds, num_seeds, doc_se ** 2,

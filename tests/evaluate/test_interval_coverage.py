@@ -4,7 +4,7 @@ over documents), never shorter than the normal-theory part, and the coverage sim
 import numpy as np
 import pytest
 
-from planlm.evaluate.bootstrap import _quantiles, seeded_interval, seeded_paired_interval
+from planlm.evaluate.bootstrap import t_quantiles, seeded_interval, seeded_paired_interval
 
 BETA, DELTA = np.log(30.0), -0.03
 
@@ -30,7 +30,7 @@ def _runs(num_runs, shape=None, documents=17, seeds=4, samples=200, seed=0):
 
 def _normal_theory(result, seeds):
     """The symmetric interval with the t quantiles per part in quadrature, from the interval's own standard errors."""
-    seed_t, document_t = _quantiles(result["confidence"], seeds, result["documents"])
+    seed_t, document_t = t_quantiles(result["confidence"], seeds, result["documents"])
     half = np.hypot(seed_t * result["seed_se"], document_t * result["document_se"])
     return result["diff"] - half, result["diff"] + half
 
