@@ -29,7 +29,7 @@ from planlm.plans.spec import PlanSpec
 LMS = {"tiny": dict(n_layer=2, n_embd=128, n_head=2), "small": dict(n_layer=6, n_embd=384, n_head=6),
        "gpt2": dict(n_layer=12, n_embd=768, n_head=12)}
 PLANNERS = {"tiny": dict(d_model=64, num_heads=2, dim_feedforward=128),  # the planner of configs/demo.yaml's size
-            "default": dict(d_model=256, num_heads=4, dim_feedforward=1024),  # PlannerShape's defaults
+            "default": dict(d_model=256, num_heads=4, dim_feedforward=1024),  # PlannerSettings's defaults
             "paper": dict(d_model=768, num_heads=2, dim_feedforward=2048)}  # f and g 6.3M parameters each
 NUM_ACTIONS = 16  # the synthetic vocabulary allows 16 actions of 3 words
 

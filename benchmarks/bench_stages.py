@@ -84,7 +84,7 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     from planlm.data.artifacts import PreparedDataset
     from planlm.evaluate.perplexity import evaluate
     from planlm.models.adapter import AdapterSettings
-    from planlm.models.planner import PlannerShape
+    from planlm.models.planner import PlannerSettings
     from planlm.plans.sampling import sample_plans
     from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
@@ -102,7 +102,7 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
 
     began = time.perf_counter()
     planner = train_planner(str(prepared_dir), str(root / "planner"),
-                            PlannerShape(horizon=10, dynamics=args.dynamics, **PLANNERS[args.planner]),
+                            PlannerSettings(horizon=10, dynamics=args.dynamics, **PLANNERS[args.planner]),
                             PlannerTrainArgs(max_epochs=args.planner_epochs), runtime)
     rows.append(("train_planner (per epoch)", (time.perf_counter() - began) / args.planner_epochs, boundaries,
                  "boundaries"))

@@ -531,7 +531,7 @@ def child_train_planner(settings: Settings, size: int, paths: dict, probe: Probe
     began = time.perf_counter()
     import planlm.train.planner as planner_module
     from planlm.args import Runtime
-    from planlm.models.planner import PlannerShape
+    from planlm.models.planner import PlannerSettings
     from planlm.train.planner import PlannerTrainArgs, train_planner
 
     _imported(probe, began)
@@ -539,7 +539,7 @@ def child_train_planner(settings: Settings, size: int, paths: dict, probe: Probe
         probe.wrap(planner_module, name, label_arg)
     _watch_manifest(probe)
     out = train_planner(str(paths["prepare"]), str(paths["train-planner"]),
-                        PlannerShape(d_model=settings.planner_width, num_heads=2, num_layers=1,
+                        PlannerSettings(d_model=settings.planner_width, num_heads=2, num_layers=1,
                                      dim_feedforward=2 * settings.planner_width, horizon=settings.horizon,
                                      dynamics=settings.planner_dynamics),
                         PlannerTrainArgs(batch_size=settings.planner_batch_size, max_epochs=1,

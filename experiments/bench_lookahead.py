@@ -169,12 +169,12 @@ def train_planner(args, prepared_dir: str, horizon: int) -> None:
     """A planner that reads the last --lag sentences (all it needs: they decide the next --lag types' candidates,
     at fixed positions) with the causal dynamics (all T steps trained in one pass). Measured (10 epochs, lr 2e-3,
     600 articles): step-1 NLL 1.13 x the optimum with 6 sentences, 1.51 x with 32."""
-    from planlm.models.planner import PlannerShape
+    from planlm.models.planner import PlannerSettings
     from planlm.train.planner import PlannerTrainArgs, train_planner as train
 
     d = args.planner_d_model
     train(prepared_dir=prepared_dir, out_dir=str(Path(args.out_dir) / f"planner-h{horizon}"),
-          model=PlannerShape(d_model=d, num_heads=2, dim_feedforward=2 * d, num_layers=1, horizon=horizon,
+          model=PlannerSettings(d_model=d, num_heads=2, dim_feedforward=2 * d, num_layers=1, horizon=horizon,
                              max_sentences=args.lag, dynamics="causal"),
           train=PlannerTrainArgs(batch_size=128, lr=args.planner_lr, max_epochs=args.planner_epochs, seed=0))
 

@@ -495,12 +495,12 @@ def main() -> None:
 
 def train_mechanism_planner(args, prepared_dir: str, clock: Clock) -> str:
     """The benchmark's planner (reused when trained): its folder."""
-    from planlm.models.planner import PlannerShape
+    from planlm.models.planner import PlannerSettings
     from planlm.train.planner import PlannerTrainArgs, train_planner
 
     planner_dir = args.planner_dir or str(Path(args.out_dir) / "planner")
     clock("train-planner", train_planner, prepared_dir=prepared_dir, out_dir=planner_dir,
-          model=PlannerShape(d_model=args.planner_d_model, num_heads=2, dim_feedforward=2 * args.planner_d_model,
+          model=PlannerSettings(d_model=args.planner_d_model, num_heads=2, dim_feedforward=2 * args.planner_d_model,
                              num_layers=args.planner_layers, horizon=args.horizon),
           train=PlannerTrainArgs(batch_size=128, lr=args.planner_lr, max_epochs=args.planner_epochs))
     return planner_dir

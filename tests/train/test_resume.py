@@ -19,7 +19,7 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import read_csv, tiny_gpt2_config, tiny_run_config
-from planlm.models.planner import PlannerShape
+from planlm.models.planner import PlannerSettings
 from planlm.plans.spec import PlanSpec
 from planlm.stage import read_manifest
 from planlm.testing.synthetic import make_synthetic_prepared
@@ -66,7 +66,7 @@ def test_train_lm_resumed_after_an_epoch_equals_the_uninterrupted_run(synthetic_
 def test_train_planner_resumed_after_an_epoch_equals_the_uninterrupted_run(tmp_path):
     prepared = make_synthetic_prepared(tmp_path / "prepared", rule="cycle", seed=6,
                                        num_articles={"train": 40, "validation": 6, "test": 2})
-    shape = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=3, dropout=0.1)
+    shape = PlannerSettings(d_model=16, num_heads=2, dim_feedforward=32, horizon=3, dropout=0.1)
 
     def train(out: Path, epochs: int) -> Path:
         return train_planner(str(prepared), str(out), shape, PlannerTrainArgs(
@@ -128,7 +128,7 @@ def test_train_planner_resumed_within_an_epoch_equals_the_uninterrupted_run(tmp_
 
     prepared = make_synthetic_prepared(tmp_path / "prepared", rule="cycle", seed=6,
                                        num_articles={"train": 40, "validation": 6, "test": 2})
-    shape = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=3, dropout=0.1)
+    shape = PlannerSettings(d_model=16, num_heads=2, dim_feedforward=32, horizon=3, dropout=0.1)
 
     def train(out: Path) -> Path:
         return train_planner(str(prepared), str(out), shape, PlannerTrainArgs(

@@ -13,7 +13,7 @@ import torch
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset, PreparedSplit, write_split
 from planlm.errors import PlanlmError
-from planlm.models.planner import Planner, PlannerConfig, PlannerShape
+from planlm.models.planner import Planner, PlannerConfig, PlannerSettings
 from planlm.plans.cache import load_plans
 from planlm.plans.sampling import sample_plans
 from planlm.plans.spec import PlanSpec
@@ -23,7 +23,7 @@ from planlm.train.planner import PlannerTrainArgs, train_planner
 from planlm.train.planner_module import LightningPlanner
 from planlm.train.planner_metrics import baseline_metrics, evaluate_planner
 
-TINY_MODEL = PlannerShape(d_model=32, num_heads=2, dim_feedforward=64, horizon=4, dropout=0.0)
+TINY_MODEL = PlannerSettings(d_model=32, num_heads=2, dim_feedforward=64, horizon=4, dropout=0.0)
 
 
 def tiny_train(**overrides) -> PlannerTrainArgs:
@@ -221,7 +221,7 @@ def test_a_corpus_prepared_again_into_the_same_folder_retrains_the_planner(tmp_p
 
 def test_bad_input_gives_one_line_errors(synthetic_cycle, tmp_path):
     with pytest.raises(PlanlmError, match="horizon") as error:
-        train_planner(str(synthetic_cycle), str(tmp_path / "p"), PlannerShape(horizon=50), tiny_train())
+        train_planner(str(synthetic_cycle), str(tmp_path / "p"), PlannerSettings(horizon=50), tiny_train())
     assert "longest article" in str(error.value) and "\n" not in str(error.value)
     empty = make_synthetic_prepared(tmp_path / "empty", num_articles={"train": 0, "validation": 3, "test": 3})
     with pytest.raises(PlanlmError, match="no sentences"):
@@ -270,7 +270,7 @@ def test_finetuned_encoder_planner_end_to_end(tmp_path):
     prepared = prepare(str(tmp_path / "prepared"),
                        corpus=CorpusConfig(source="wiki-offline", num_train=12, num_validation=3, num_test=3),
                        actions=ActionsConfig(num_actions=4, backend="sklearn"))
-    model = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2, finetune_encoder=True)
+    model = PlannerSettings(d_model=16, num_heads=2, dim_feedforward=32, horizon=2, finetune_encoder=True)
     out = train_planner(str(prepared), str(tmp_path / "planner"), model, tiny_train(max_epochs=1, batch_size=16))
     planner = Planner.from_pretrained(out)
     assert planner.representation.encoder is not None
