@@ -50,7 +50,7 @@ except ImportError:  # run as a script (python experiments/bench_adaptive.py): i
     from bench_mechanism import SUCCESSORS, TYPE_NAMES, TYPES  # the corpus's known answer
 
 from planlm.args import Runtime
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 OPENER_TYPE = {opener: index for index, name in enumerate(TYPE_NAMES) for opener in TYPES[name][0]}
 
@@ -76,7 +76,7 @@ def compute_vs_perplexity(args, label: str, folder: str, model_dir: Path, run_di
 
     out = sweep(str(model_dir), str(run_dir / "prepared"), str(Path(args.out_dir) / folder),
                 kind="compute", num_paths=args.fixed, policies=policies(args), split="test",
-                plans=PlanSpec(planner_dir=str(run_dir / "planner")), context_length=context_length, stride=stride,
+                plans=PlanConfig(planner_dir=str(run_dir / "planner")), context_length=context_length, stride=stride,
                 max_articles=args.max_articles, batch_size=64, runtime=Runtime(device="cpu"),
                 bootstrap_samples=args.bootstrap_samples)
     with open(out / "sweep_compute.csv") as f:
@@ -102,12 +102,12 @@ def compute_vs_perplexity(args, label: str, folder: str, model_dir: Path, run_di
 def paths_by_class(folder: Path, planner_dir: Path, policy, classes: dict[str, np.ndarray], split, seed: int = 0):
     """Mean paths per boundary of each class of test boundaries under ``policy``."""
     from planlm.models.planner import Planner
-    from planlm.plans.kinds import draw_plans
+    from planlm.plans.draws import draw_plans
 
     planner = Planner.from_pretrained(planner_dir)
-    spec = PlanSpec(kind="planner_sampled", num_paths=policy.max_paths or 50, horizon=planner.config.horizon,
-                    temperature=1.0, seed=seed, path_policy=policy).resolve()
-    counts = draw_plans(planner, split, spec).counts
+    plans = PlanConfig(kind="planner_sampled", num_paths=policy.max_paths or 50, horizon=planner.config.horizon,
+                       temperature=1.0, seed=seed, path_policy=policy).resolve()
+    counts = draw_plans(planner, split, plans).counts
     return {name: float(counts[mask].mean()) for name, mask in classes.items()}
 
 
@@ -195,14 +195,14 @@ def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
     by the known answer, evaluated from a plan cache; paired against fixed K = 50."""
     import shutil
 
+    from planlm.data.artifacts import PreparedDataset
     from planlm.evaluate.bootstrap import compare_evaluations
     from planlm.evaluate.perplexity import evaluate
-    from planlm.data.artifacts import PreparedDataset
     from planlm.plans.sampling import sample_plans
 
     mech, out = Path(args.mechanism_dir), Path(args.out_dir)
     plans = json.loads((mech / "lm" / args.model / "planned_lm.json").read_text())["plans"]
-    cache = sample_plans(str(mech / "prepared"), PlanSpec(planner_dir=str(mech / "planner"), num_paths=args.max_paths,
+    cache = sample_plans(str(mech / "prepared"), PlanConfig(planner_dir=str(mech / "planner"), num_paths=args.max_paths,
                                                          horizon=plans["horizon"], temperature=plans["temperature"],
                                                          seed=plans["seed"]),
                          splits=["test"], out_dir=str(out / "cache-K50"), runtime=Runtime(device="cpu"))
@@ -223,7 +223,7 @@ def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
         counts = sum(np.where(mask, keep[c], 0) for c, mask in classes.items()).astype(np.int64)
         np.save(folder / "test.num_paths.npy", counts)
         metrics = evaluate(str(mech / "lm" / args.model), str(mech / "prepared"), str(out / f"eval-keep{name}"),
-                           plans=PlanSpec(plans_dir=str(folder)), context_length=args.context_length,
+                           plans=PlanConfig(plans_dir=str(folder)), context_length=args.context_length,
                            stride=args.context_length - 1, max_articles=args.max_articles, batch_size=64,
                            runtime=Runtime(device="cpu"), plan_usage=False, bootstrap_samples=args.bootstrap_samples)
         diff = compare_evaluations(sweep_dir / "fixed-50", out / f"eval-keep{name}", num_samples=args.bootstrap_samples)

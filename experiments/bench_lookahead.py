@@ -112,16 +112,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def grid(args, every_row: bool = False) -> dict[str, dict]:
     """{row name: {plans, adapter, label}} of the table, in order (--rows only, unless ``every_row``)."""
     from planlm.models.adapter import AdapterSettings
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
 
     out, k_max = Path(args.out_dir), max(args.num_paths)
     ours_planner, own_planner = str(out / f"planner-h{args.planner_horizon}"), str(out / "planner-h1")
 
-    def sampled(t: int, k: int) -> PlanSpec:
-        return PlanSpec(kind="planner_sampled", num_paths=k, horizon=t, temperature=1.0, planner_dir=ours_planner)
-    rows = {"fixed": {"plans": PlanSpec(kind="fixed"), "adapter": AdapterSettings(kind="project_avg"),
+    def sampled(t: int, k: int) -> PlanConfig:
+        return PlanConfig(kind="planner_sampled", num_paths=k, horizon=t, temperature=1.0, planner_dir=ours_planner)
+    rows = {"fixed": {"plans": PlanConfig(kind="fixed"), "adapter": AdapterSettings(kind="project_avg"),
                       "label": "Fixed"},
-            "cornille": {"plans": PlanSpec(kind="planner_argmax", num_paths=1, horizon=1, planner_dir=own_planner),
+            "cornille": {"plans": PlanConfig(kind="planner_argmax", num_paths=1, horizon=1, planner_dir=own_planner),
                          "adapter": AdapterSettings(kind="project_avg"),
                          "label": "Cornille et al. (argmax, Project and Avg, horizon-1 planner)"}}
     for t in args.horizons:
@@ -134,7 +134,7 @@ def grid(args, every_row: bool = False) -> dict[str, dict]:
     rows[f"norezero-T{t}-K{k_max}"] = {"plans": sampled(t, k_max),
                                        "adapter": AdapterSettings(kind="multipath", rezero=False),
                                        "label": f"ours without ReZero, T={t}, K={k_max}"}
-    rows["oracle"] = {"plans": PlanSpec(kind="oracle", num_paths=1, horizon=max(args.horizons)),
+    rows["oracle"] = {"plans": PlanConfig(kind="oracle", num_paths=1, horizon=max(args.horizons)),
                       "adapter": AdapterSettings(kind="multipath"),
                       "label": f"oracle (true next {max(args.horizons)} actions)"}
     return rows if every_row or not args.rows else {name: row for name, row in rows.items() if name in args.rows}
@@ -207,10 +207,10 @@ def train_rows(args, seed: int, prepared_dir: str, names: list[str]) -> dict:
     return clock.stages
 
 
-def _seeded(spec, seed: int):
+def _seeded(plans, seed: int):
     from dataclasses import replace
 
-    return replace(spec, seed=seed) if spec.strategy.samples_paths else spec  # the seed draws the sampled paths
+    return replace(plans, seed=seed) if plans.plan_kind.samples_paths else plans  # the seed draws the sampled paths
 
 
 def train_base(args, seed: int, prepared_dir: str) -> dict:

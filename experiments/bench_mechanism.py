@@ -292,15 +292,15 @@ CONDITIONS = ("none", "fixed", "argmax", "sampled", "ours", "oracle")
 def condition_config(name: str, planner_dir: str, args, seed: int) -> dict:
     """The train-lm arguments (plans, adapter) of one condition of the benchmark."""
     from planlm.models.adapter import AdapterSettings
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
 
     sampled = dict(kind="planner_sampled", num_paths=args.num_paths, temperature=1.0, planner_dir=planner_dir,
                    seed=seed)
-    plans = {"none": PlanSpec(kind="none"), "fixed": PlanSpec(kind="fixed"), "oracle": PlanSpec(kind="oracle"),
-             "argmax": PlanSpec(kind="planner_argmax", num_paths=1, horizon=1, planner_dir=planner_dir),
-             "sampled": PlanSpec(horizon=1, **sampled), "ours": PlanSpec(horizon=args.horizon, **sampled),
+    plans = {"none": PlanConfig(kind="none"), "fixed": PlanConfig(kind="fixed"), "oracle": PlanConfig(kind="oracle"),
+             "argmax": PlanConfig(kind="planner_argmax", num_paths=1, horizon=1, planner_dir=planner_dir),
+             "sampled": PlanConfig(horizon=1, **sampled), "ours": PlanConfig(horizon=args.horizon, **sampled),
              # not in CONDITIONS: sampled's plans in expectation (K = 1), experiments/bench_expectation.py
-             "expected": PlanSpec(horizon=1, **{**sampled, "num_paths": 1}, expectation=True)}[name]
+             "expected": PlanConfig(horizon=1, **{**sampled, "num_paths": 1}, expectation=True)}[name]
     return {"plans": plans, "adapter": AdapterSettings(kind="multipath" if name == "ours" else "project_avg")}
 
 

@@ -9,7 +9,7 @@ planner and LM time. Written: ``sweep_compute.csv``, ``sweep_compute.png`` (perp
 paths per boundary and against wall time) and, per adaptive point, ``<point>/where_paths_went.json``: the
 histogram of paths per boundary and the boundaries that got the most and the fewest paths, with the
 planner's top first actions and the sentence that followed. With ``expectation``, one more point,
-``expected-1``: plans in expectation at K = 1 (``PlanSpec.expectation``; beyond the paper), at its measured
+``expected-1``: plans in expectation at K = 1 (``PlanConfig.expectation``; beyond the paper), at its measured
 planner cost (one sampled path; its ``paths_mean`` is 1).
 """
 

@@ -23,8 +23,8 @@ from planlm.evaluate.loading import evaluation_inputs
 from planlm.evaluate.metrics import PerplexityMetrics
 from planlm.evaluate.perplexity import evaluate
 from planlm.jsonio import to_jsonable
+from planlm.plans.config import PlanConfig, PlanSettings
 from planlm.plans.policy import PathPolicy
-from planlm.plans.spec import PlanKind, PlanSettings, PlanSpec
 from planlm.stage import StageDir
 
 COLUMNS = ("value", "ppl", "ci_low", "ci_high", "reference", "paired_diff", "paired_ci_low", "paired_ci_high",
@@ -78,7 +78,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
           kind: Literal["num_paths", "temperature", "compute"] = "num_paths",
           num_paths: list[int] = [1, 2, 5, 10, 20, 50], temperatures: list[float] = [0.25, 0.5, 1.0, 2.0, 4.0],
           policies: list[PathPolicy] = DEFAULT_POLICIES,
-          plans: PlanSettings = PlanSettings(kind=PlanKind.planner_sampled),
+          plans: PlanSettings = PlanSettings(kind="planner_sampled"),
           split: str = "test", stride: int = 1, context_length: int = 128,
           max_articles: Optional[int] = None, batch_size: int = 32, bootstrap_samples: int = 1000,
           expectation: bool = False, runtime: Runtime = Runtime()) -> Path:
@@ -116,7 +116,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
     """
     if kind not in ("num_paths", "temperature", "compute"):
         raise PlanlmError(f"--kind {kind!r}: choose num_paths, temperature or compute")
-    plans = PlanSpec.of(plans)
+    plans = PlanConfig.of(plans)
     protocol = dict(split=split, stride=stride, context_length=context_length, max_articles=max_articles,
                     batch_size=batch_size, bootstrap_samples=bootstrap_samples, runtime=runtime)
     if kind == "compute":
@@ -136,7 +136,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
     return stage.path
 
 
-def _sweep_key(model_dir: str, prepared_dir: str, plans: PlanSpec, protocol: dict, **swept) -> dict:
+def _sweep_key(model_dir: str, prepared_dir: str, plans: PlanConfig, protocol: dict, **swept) -> dict:
     """A sweep folder's reuse key: the folders (their paths and what they hold: a retrained model or planner keeps its
     path), the plans, the evaluation protocol of every point (``protocol``; of its runtime, the device and the
     precision as given) and what is swept (``swept``)."""
@@ -163,7 +163,7 @@ def _swept_values(kind: str, num_paths: list[int], temperatures: list[float]) ->
     return values, reference
 
 
-def _evaluate_points(model_dir: str, prepared_dir: str, out: Path, kind: str, values: list, plans: PlanSpec,
+def _evaluate_points(model_dir: str, prepared_dir: str, out: Path, kind: str, values: list, plans: PlanConfig,
                      protocol: dict) -> list[dict]:
     """One ``evaluate`` per swept value in ``<out>/<kind>-<value>`` (``protocol``: its other arguments) -> the
     table's rows, with the wall time relative to the first point."""
@@ -205,7 +205,7 @@ def _print_table(rows: list[dict], kind: str, reference: float) -> None:
 
 
 def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: list[int], policies: list[PathPolicy],
-                  plans: PlanSpec, protocol: dict, expectation: bool = False) -> Path:
+                  plans: PlanConfig, protocol: dict, expectation: bool = False) -> Path:
     """The compute sweep of ``sweep``: fixed K, adaptive policies (and plans in expectation) on the same LM and
     articles (``protocol``: the evaluation arguments of every point)."""
     from dataclasses import asdict

@@ -346,7 +346,7 @@ class Planner(nn.Module):
                               generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
         """K sampled paths (B, K, T) with the distribution each step was drawn from, as its M = top_actions most
         likely actions: step_actions (B, K, T, M) long, step_probs (B, K, T, M) (their probabilities): what plans in
-        expectation read (``PlanSpec.expectation``). The draws are those of ``sample_paths``; no extra pass."""
+        expectation read (``PlanConfig.expectation``). The draws are those of ``sample_paths``; no extra pass."""
         if temperature == 0:  # the distribution at tau 0 is the greedy action itself
             paths = self.sample_paths(context_embeds, context_mask, num_paths, horizon, 0.0)
             return paths, paths.unsqueeze(-1), torch.ones(*paths.shape, 1, device=paths.device)

@@ -16,7 +16,7 @@ from typing import Optional
 
 from planlm.evaluate.metrics import EditDistanceMetrics, PerplexityMetrics, PlanUsage
 from planlm.pipeline.layout import RunLayout
-from planlm.plans.kinds import kind_flag
+from planlm.plans.registry import kind_flag
 
 # Table 1 of the paper (GPT-2 small, Wikipedia, test set): (perplexity, edit distance).
 PAPER_TABLE: dict[str, tuple[float, float]] = {

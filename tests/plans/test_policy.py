@@ -16,12 +16,12 @@ from planlm.errors import PlanlmError
 from planlm.models.adapter import AdapterConfig, build_adapter
 from planlm.models.planned_lm import PlannedLM
 from planlm.plans.cache import load_path_counts
-from planlm.plans.kinds import draw_plans
+from planlm.plans.draws import draw_plans
 from planlm.plans.policy import PathPolicy, entropy_num_paths, path_mask_from_counts, paths_summary, sample_with_policy
 from planlm.plans.sampling import sample_plans
 
 from helpers import read_csv, tiny_planned_lm, tiny_planner, use_planner
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 
 class HandMadePlanner:
@@ -114,7 +114,7 @@ def save_planner(folder, prepared_dir):
 
 def cache(planner_dir, prepared_dir, out_dir=None, **plans):
     """`sample-plans` of the validation split on CPU with the plans group (planner_dir and the given fields)."""
-    return sample_plans(str(prepared_dir), PlanSpec(planner_dir=str(planner_dir), **plans), splits=["validation"],
+    return sample_plans(str(prepared_dir), PlanConfig(planner_dir=str(planner_dir), **plans), splits=["validation"],
                         runtime=Runtime(device="cpu"), out_dir=out_dir)
 
 
@@ -141,8 +141,8 @@ def test_plan_cache_stores_counts_and_is_keyed_by_the_policy(synthetic_cycle, tm
     np.testing.assert_array_equal(load_path_counts(shared, "validation"), counts)
     # the planner's draws of the same policy, seed and order give the cached paths
     split = PreparedDataset(synthetic_cycle)["validation"]
-    spec = PlanSpec(kind="planner_sampled", num_paths=8, horizon=3, path_policy=entropy).resolve()
-    drawn = draw_plans(tiny_planner(PreparedDataset(synthetic_cycle), max_sentences=4), split, spec)
+    plans = PlanConfig(kind="planner_sampled", num_paths=8, horizon=3, path_policy=entropy).resolve()
+    drawn = draw_plans(tiny_planner(PreparedDataset(synthetic_cycle), max_sentences=4), split, plans)
     paths, out_counts = drawn.paths, drawn.counts
     np.testing.assert_array_equal(paths, np.load(shared / "validation.npy"))
     np.testing.assert_array_equal(out_counts, counts)
@@ -187,7 +187,7 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
 
     policy = PathPolicy("entropy", 1, entropy_high=1.0)
     metrics = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "direct"), max_articles=5,
-                       plans=PlanSpec(num_paths=6, path_policy=policy), bootstrap_samples=20,
+                       plans=PlanConfig(num_paths=6, path_policy=policy), bootstrap_samples=20,
                        runtime=Runtime(device="cpu"),
                        plan_usage=False)
     counts = np.load(tmp_path / "direct" / "num_paths.npy")
@@ -197,20 +197,20 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
     assert metrics.planner_time_s > 0 and metrics.lm_time_s > 0
     # The same plans through a cache: the counts travel with the paths, the perplexity is the same.
     planner_dir = PlannedLM.from_pretrained(planned).plan_folders["planner_dir"]  # the card's, not the config's
-    cache = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=planner_dir, num_paths=6, path_policy=policy),
+    cache = sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=planner_dir, num_paths=6, path_policy=policy),
                          splits=["test"], runtime=Runtime(device="cpu"), batch_size=256)
     cached = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "cached"),
-                      plans=PlanSpec(plans_dir=str(cache)), max_articles=5, bootstrap_samples=20,
+                      plans=PlanConfig(plans_dir=str(cache)), max_articles=5, bootstrap_samples=20,
                       runtime=Runtime(device="cpu"), plan_usage=False)
     assert cached.paths.paths_mean == pytest.approx(float(load_path_counts(cache, "test")[:len(counts)].mean()))
     assert cached.path_policy["kind"] == "entropy"
     with pytest.raises(PlanlmError, match="sampled under path policy entropy"):
         evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "clash"), max_articles=5,
                  runtime=Runtime(device="cpu"),
-                 plans=PlanSpec(plans_dir=str(cache), path_policy=PathPolicy("entropy", 2)), plan_usage=False)
+                 plans=PlanConfig(plans_dir=str(cache), path_policy=PathPolicy("entropy", 2)), plan_usage=False)
     # A fixed evaluation keeps its old reuse key (no path_policy in it) and samples K everywhere.
     fixed = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "fixed"), max_articles=5,
-                     plans=PlanSpec(num_paths=6), bootstrap_samples=20, runtime=Runtime(device="cpu"), plan_usage=False)
+                     plans=PlanConfig(num_paths=6), bootstrap_samples=20, runtime=Runtime(device="cpu"), plan_usage=False)
     assert fixed.paths.paths_hist == {6: len(counts)}
     assert "path_policy" not in json.loads((tmp_path / "fixed" / "manifest.json").read_text())["config"]["plan_spec"]
 
@@ -246,8 +246,8 @@ def test_generation_plans_each_sentence_end_under_the_policy(synthetic_cycle):
     from helpers import chatty_planned_lm
 
     prepared = PreparedDataset(synthetic_cycle)
-    cond = PlanSpec(kind="planner_sampled", num_paths=6, horizon=3, planner_dir="unused",
-                    path_policy=PathPolicy("entropy", min_paths=2)).resolve()
+    cond = PlanConfig(kind="planner_sampled", num_paths=6, horizon=3, planner_dir="unused",
+                      path_policy=PathPolicy("entropy", min_paths=2)).resolve()
     generator = PlannedGenerator(chatty_planned_lm(prepared), load_tokenizer("gpt2"), cond,
                                  planner=tiny_planner(prepared), embed_fn=synthetic_embed_fn(prepared), seed=2)
     result = generator.generate(generator.prompt_from_text("Red water red."), SamplingConfig(max_new_tokens=30))
