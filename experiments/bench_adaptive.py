@@ -90,7 +90,7 @@ def compute_vs_perplexity(args, label: str, folder: str, model_dir: Path, run_di
                      f"{float(r['ppl']):.4f} | {float(r['paired_diff']):+.4f} [{float(r['paired_ci_low']):+.4f}, "
                      f"{float(r['paired_ci_high']):+.4f}] | {float(r['relative_wall_time']):.2f}x | "
                      f"{float(r['planner_time_s']):.1f} | {float(r['lm_time_s']):.1f} |")
-    winners = [r for r in rows if r["policy"] != "fixed" and float(r["paths_fraction"]) <= 0.20
+    winners = [r for r in rows if r["policy"] != "all" and float(r["paths_fraction"]) <= 0.20
                and float(r["paired_ci_low"]) <= 0.0]
     best = min(winners, key=lambda r: float(r["paths_fraction"]), default=None)
     detail = (f"{label}, {best['value']}: {float(best['paths_fraction']):.1%} of the paths, paired "
@@ -226,7 +226,7 @@ def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
                            plans=PlanConfig(plans_dir=str(folder)), context_length=args.context_length,
                            stride=args.context_length - 1, max_articles=args.max_articles, batch_size=64,
                            runtime=Runtime(device="cpu"), plan_usage=False, bootstrap_samples=args.bootstrap_samples)
-        diff = compare_evaluations(sweep_dir / "fixed-50", out / f"eval-keep{name}", num_samples=args.bootstrap_samples)
+        diff = compare_evaluations(sweep_dir / "all-50", out / f"eval-keep{name}", num_samples=args.bootstrap_samples)
         lines.append("| " + " | ".join(str(keep[c]) for c in classes) + f" | {metrics.paths.paths_mean:.2f} | "
                      f"{metrics.paths.paths_mean / args.max_paths:.1%} | "
                      f"{diff['diff']:+.4f} [{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}] |")

@@ -85,17 +85,18 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
     """Sweep K (sampled paths), tau (planner temperature) or planning compute at inference: perplexity, its
     paired difference from a reference point on the same articles, and wall time per point.
 
-    The compute sweep evaluates fixed K (``num_paths``) and each adaptive path policy (``policies``) on the
-    same articles; its reference is fixed K_max (the largest K), and it plots perplexity against mean paths
-    per boundary and against wall time (planlm.evaluate.compute_sweep).
+    The compute sweep evaluates K at every boundary (``num_paths``) and each adaptive path policy (``policies``)
+    on the same articles; its reference is all-K_max (the largest K at every boundary), and it plots perplexity
+    against mean paths per boundary and against wall time (planlm.evaluate.compute_sweep).
 
     Args:
         model_dir: Folder of a finished ``planlm train-lm``.
         prepared_dir: Prepared corpus.
         out_dir: Sweep folder (one evaluation folder per point, plus CSV and PNG).
-        kind: num_paths (the K sweep), temperature (the tau sweep) or compute (fixed K beside adaptive policies).
+        kind: num_paths (the K sweep), temperature (the tau sweep) or compute (K at every boundary beside adaptive
+            policies).
         num_paths: K values of the K sweep (K = 1, the reference of the paired differences, is added if missing);
-            of the compute sweep: its fixed points (the largest is K_max, the reference).
+            of the compute sweep: its points with K at every boundary (the largest is K_max, the reference).
         temperatures: tau values of the temperature sweep (tau = 1, the reference, is added if missing).
         policies: compute sweep: the adaptive path policies at their budgets (max_paths unset: K_max), e.g.
             [{kind: entropy, max_paths: 10}, {kind: entropy, min_paths: 2}].
@@ -206,8 +207,8 @@ def _print_table(rows: list[dict], kind: str, reference: float) -> None:
 
 def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: list[int], policies: list[PathPolicy],
                   plans: PlanConfig, protocol: dict, expectation: bool = False) -> Path:
-    """The compute sweep of ``sweep``: fixed K, adaptive policies (and plans in expectation) on the same LM and
-    articles (``protocol``: the evaluation arguments of every point)."""
+    """The compute sweep of ``sweep``: K at every boundary, adaptive policies (and plans in expectation) on the same
+    LM and articles (``protocol``: the evaluation arguments of every point)."""
     from dataclasses import asdict
 
     from planlm.evaluate.compute_sweep import EXPECTED_POINT, where_paths_went
@@ -226,7 +227,7 @@ def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: li
             if policy.adaptive:
                 where_paths_went(stage.path / name, metrics[-1].planner_dir, prepared_dir, protocol["split"])
         rows = compute_rows(points, metrics, stage.path)
-        add_paired_differences(rows, f"fixed-{max(num_paths)}", protocol["bootstrap_samples"])  # fixed K_max
+        add_paired_differences(rows, f"all-{max(num_paths)}", protocol["bootstrap_samples"])  # all-K_max
         write_compute_outputs(rows, stage.path,
                               title=f"{'/'.join(Path(model_dir).parts[-2:])}: planning compute vs perplexity")
         stage.finish(rows=rows)

@@ -6,7 +6,7 @@ Plan cache folder (``planlm sample-plans``; default ``<planner_dir>/plans/K{K}-T
     manifest.json        written last: num_paths, horizon, temperature, seed, planner_hash (sha256 of the
                          planner's model.safetensors), codebook_hash, num_actions, prepared_dir, counts
     <split>.npy          (N_sent, K, T) int64  sampled paths; row s = the paths for boundary s
-    <split>.num_paths.npy (N_sent,) int64      paths of boundary s under the path policy (K for fixed): the
+    <split>.num_paths.npy (N_sent,) int64      paths of boundary s under the path policy (K for all): the
                                                paths of row s beyond it are padding (planlm.plans.policy)
     <split>.argmax.npy   (N_sent, T) int64     the greedy path of boundary s
 

@@ -87,8 +87,8 @@ class PlanConfig(PlanSettings):
     plans_dir: Optional[str] = None
     """A plan cache folder (`planlm sample-plans`): plans are read from it (takes precedence over planner_dir)."""
     path_policy: Optional[PathPolicy] = None
-    """Paths per boundary of sampled plans: fixed (K everywhere; default) or entropy (at most K, more where the
-    planner is unsure of the next action)."""
+    """Paths per boundary of sampled plans: all (K at every boundary; default) or entropy (at most K, more where
+    the planner is unsure of the next action)."""
     expectation: Optional[bool] = None
     """Plans in expectation (planner kinds; beyond the paper): each step is the planner's next-action distribution
     along the path (tau; planner_argmax: tau 1), the adapter reads sum_a p(a) Emb(a). Default false."""
@@ -169,7 +169,7 @@ class PlanConfig(PlanSettings):
         self.plan_kind.check_source(self)
 
     def cache_key(self) -> dict:
-        """The settings reuse keys hold: a fixed path policy and sampled actions add nothing (older folders stay
+        """The settings reuse keys hold: the path policy all and sampled actions add nothing (older folders stay
         valid); plans in expectation add the actions they keep per step."""
         key = policy_keyed({**asdict(self), "kind": str(self.kind)})
         if self.expectation:
@@ -235,7 +235,10 @@ def trained_plans(model) -> PlanConfig:
     folders = {key: value for key, value in getattr(model, "plan_folders", {}).items() if value}
     plans = model.config.plans  # a dict; a PlanConfig where Python code builds the model's config itself
     try:
-        return replace(plans if isinstance(plans, PlanConfig) else PlanConfig(**plans), **folders).resolve()
+        if not isinstance(plans, PlanConfig):
+            policy = plans.get("path_policy")
+            plans = PlanConfig(**{**plans, "path_policy": PathPolicy.saved(policy) if policy else None})
+        return replace(plans, **folders).resolve()
     except (PluginImportError, UnknownKind) as e:  # a kind of someone's own code: name the model's folder
         raise e.at(str(getattr(model, "folder", None) or "the model")) from None
 
@@ -304,7 +307,7 @@ def _cache_overrides(overrides: PlanConfig, kind: PlanKind) -> PlanConfig:
     if overrides.num_paths not in (None, num_paths):
         raise PlanlmError(f"{overrides.plans_dir}: the plan cache holds K={num_paths} paths, not --plans.num_paths "
                           f"{overrides.num_paths}; drop --plans.num_paths or sample a cache with it")
-    cached = PathPolicy(**manifest["path_policy"]) if manifest.get("path_policy") else PathPolicy()
+    cached = PathPolicy.saved(manifest["path_policy"]) if manifest.get("path_policy") else PathPolicy()
     asked = overrides.path_policy
     if asked is not None and asked.adaptive and asked.resolve(num_paths) != cached.resolve(num_paths):
         raise PlanlmError(f"{overrides.plans_dir}: the plan cache was sampled under path policy "

@@ -47,7 +47,7 @@ def sample_plans(prepared_dir: str, plans: PlanConfig = PlanConfig(), splits: Op
         plans: The plans to draw, as train-lm takes them: planner_dir (a ``planlm train-planner`` folder; required),
             kind (planner_sampled, or planner_argmax: tau 0), num_paths K (default 10; the most any boundary gets
             under an adaptive path_policy), horizon T (default: the planner's), temperature tau (0 = argmax), seed,
-            path_policy (fixed or entropy), expectation (also store every step's distribution, its 64 most likely
+            path_policy (all or entropy), expectation (also store every step's distribution, its 64 most likely
             actions and their float16 probabilities, for the sampled and argmax paths).
         splits: Splits to cover; default: every split of the prepared corpus.
         out_dir: Cache folder; default ``<planner_dir>/plans/K{K}-T{T}-tau{tau}-seed{seed}`` (plus the policy).
@@ -130,7 +130,7 @@ def _cache_key(plans: PlanConfig, prepared: PreparedDataset, prepared_dir: str, 
            "num_paths": plans.num_paths, "horizon": plans.horizon, "temperature": plans.temperature, "seed": plans.seed,
            "splits": splits, "batch_size": batch_size, "max_rows": MAX_ROWS, "device_type": device_type,
            "precision": precision}
-    if plans.path_policy.adaptive:  # fixed keeps the key of the caches made before policies existed
+    if plans.path_policy.adaptive:  # all keeps the key of the caches made before policies existed
         key["path_policy"] = plans.path_policy.cache_key()
     if plans.expectation and plans.top_actions:  # sampled actions alone keep the key of the caches made before
         key["expectation"] = {"top_actions": plans.top_actions}  # expectation existed

@@ -197,10 +197,10 @@ def test_train_evaluate_sweep_and_generate_in_expectation_through_the_cli(synthe
     main(["sweep", "--model_dir", str(tmp_path / "sampled"), "--out_dir", str(tmp_path / "compute"), "--kind",
           "compute", "--num_paths", "[1, 3]", "--policies", "[]", "--expectation", "true", *evaluation])
     rows = read_csv(tmp_path / "compute" / "sweep_compute.csv")
-    assert [(r["value"], r["policy"]) for r in rows] == [("fixed-1", "fixed"), ("fixed-3", "fixed"),
+    assert [(r["value"], r["policy"]) for r in rows] == [("all-1", "all"), ("all-3", "all"),
                                                          ("expected-1", "expected")]
     assert json.loads((tmp_path / "compute" / "expected-1" / "metrics.json").read_text())["expectation"]
-    assert not json.loads((tmp_path / "compute" / "fixed-1" / "metrics.json").read_text())["expectation"]
+    assert not json.loads((tmp_path / "compute" / "all-1" / "metrics.json").read_text())["expectation"]
     main(["generate", "--model_dir", str(tmp_path / "expected"), "--prepared_dir", str(synthetic_cycle), "--article",
           "0", "--boundary", "2", "--sampling.max_new_tokens", "6", "--runtime.device", "cpu", "--out_file",
           str(tmp_path / "generated.json")])

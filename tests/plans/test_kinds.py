@@ -97,14 +97,15 @@ def test_a_plan_cache_owns_its_k(synthetic_cycle, tmp_path):
     prepared = PreparedDataset(synthetic_cycle)
     folder = tmp_path / "cache"
     folder.mkdir()
+    saved = {"kind": "fixed", "min_paths": 1, "max_paths": 4, "entropy_high": None}  # all, by its former name
     write_manifest(folder, {"test": True}, num_paths=4, horizon=3, codebook_hash=prepared.codebook_hash,
-                   num_actions=prepared.num_actions, path_policy={"kind": "fixed", "min_paths": 1, "max_paths": 4,
-                                                                  "entropy_high": None})
+                   num_actions=prepared.num_actions, path_policy=saved)
     trained = PlanConfig(kind="planner_sampled", num_paths=2, horizon=3, planner_dir="planner").resolve()
     model = SimpleNamespace(config=SimpleNamespace(plans=trained, num_actions=prepared.num_actions),
                             adapter=SimpleNamespace(config=SimpleNamespace(horizon=3)))
     plans = evaluation_plans(PlanConfig(plans_dir=str(folder)), model, "model")
     assert (plans.num_paths, plans.path_policy.max_paths, plans.planner_dir) == (4, 4, None)
+    assert plans.path_policy.kind == "all"
     with pytest.raises(PlanlmError, match="holds K=4 paths, not --plans.num_paths 2") as error:
         evaluation_plans(PlanConfig(plans_dir=str(folder), num_paths=2), model, "model")
     assert "\n" not in str(error.value)

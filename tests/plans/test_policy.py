@@ -71,13 +71,29 @@ def test_entropy_policy_batch_comes_back_at_max_paths_even_when_no_boundary_need
     assert counts.tolist() == [1, 1, 11] and paths.shape == (3, 30, 2) and (paths[:, 11:] == 0).all()
 
 
-def test_fixed_policy_draws_exactly_the_planners_paths(synthetic_cycle):
+def test_policy_all_draws_exactly_the_planners_paths(synthetic_cycle):
     planner = tiny_planner(PreparedDataset(synthetic_cycle), max_sentences=4)
     context, mask = torch.randn(5, 3, planner.config.embedding_dim), torch.ones(5, 3, dtype=torch.bool)
     expected = planner.sample_paths(context, mask, 4, 3, 1.0, torch.Generator().manual_seed(3))
     paths, counts = sample_with_policy(planner, context, mask, PathPolicy().resolve(4), 3, 1.0,
                                        torch.Generator().manual_seed(3))
     assert torch.equal(paths, expected) and counts.tolist() == [4] * 5
+
+
+def test_a_policy_saved_as_fixed_is_read_as_all(synthetic_cycle, tmp_path):
+    """Model folders and plan caches made before the policy all had its name record it as fixed: they are read as
+    all, while a config that names fixed is an error."""
+    assert PathPolicy.saved({"kind": "fixed", "min_paths": 1, "max_paths": 3, "entropy_high": None}) == \
+        PathPolicy("all", 1, 3)
+    assert PathPolicy.saved({"kind": "entropy", "min_paths": 2}) == PathPolicy("entropy", 2)
+    with pytest.raises(PlanlmError, match="'fixed' is not a policy; choose one of all, entropy"):
+        PathPolicy("fixed")
+    model = tiny_planned_lm(PreparedDataset(synthetic_cycle))
+    model.config.plans = {**model.config.plans, "path_policy": {"kind": "fixed", "min_paths": 1, "max_paths": 2,
+                                                                "entropy_high": None}}
+    from planlm.plans.config import trained_plans
+
+    assert trained_plans(model).path_policy == PathPolicy("all", 1, model.config.plans["num_paths"])
 
 
 @pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
@@ -120,16 +136,16 @@ def cache(planner_dir, prepared_dir, out_dir=None, **plans):
 
 def test_plan_cache_stores_counts_and_is_keyed_by_the_policy(synthetic_cycle, tmp_path):
     planner_dir = save_planner(tmp_path / "planner", synthetic_cycle)
-    fixed = cache(planner_dir, synthetic_cycle, num_paths=8)
+    every = cache(planner_dir, synthetic_cycle, num_paths=8)
     entropy = PathPolicy("entropy", 1, entropy_high=0.5)
     adaptive = cache(planner_dir, synthetic_cycle, num_paths=8, path_policy=entropy)
     widest = cache(planner_dir, synthetic_cycle, num_paths=8, path_policy=PathPolicy("entropy", 2))
-    assert len({fixed, adaptive, widest}) == 3  # one default folder per policy
-    assert (load_path_counts(fixed, "validation") == 8).all()
+    assert len({every, adaptive, widest}) == 3  # one default folder per policy
+    assert (load_path_counts(every, "validation") == 8).all()
     counts = load_path_counts(adaptive, "validation")
     manifest = json.loads((adaptive / "manifest.json").read_text())
     assert manifest["config"]["path_policy"]["kind"] == "entropy" and "path_policy" not in \
-        json.loads((fixed / "manifest.json").read_text())["config"]  # fixed keeps the old key
+        json.loads((every / "manifest.json").read_text())["config"]  # all keeps the old key
     assert manifest["paths"]["validation"]["paths_mean"] == pytest.approx(counts.mean())
     # Same folder, another policy: the cache is resampled, never reused.
     shared = tmp_path / "shared"
@@ -150,8 +166,8 @@ def test_plan_cache_stores_counts_and_is_keyed_by_the_policy(synthetic_cycle, tm
 
 @pytest.mark.parametrize("settings, message", [
     ({"min_paths": 5, "max_paths": 2}, "min_paths 5 > --path_policy.max_paths 2; lower min_paths or raise max_paths"),
-    ({"kind": "bandit"}, "'bandit' is not a policy; choose one of fixed, entropy"),
-    ({"kind": "converge"}, "'converge' is not a policy; choose one of fixed, entropy"),
+    ({"kind": "bandit"}, "'bandit' is not a policy; choose one of all, entropy"),
+    ({"kind": "converge"}, "'converge' is not a policy; choose one of all, entropy"),
     ({"min_paths": 0}, "min_paths 0 must be >= 1"),
 ])
 def test_bad_policy_settings_give_one_line_errors(settings, message):
@@ -208,11 +224,11 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
         evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "clash"), max_articles=5,
                  runtime=Runtime(device="cpu"),
                  plans=PlanConfig(plans_dir=str(cache), path_policy=PathPolicy("entropy", 2)), plan_usage=False)
-    # A fixed evaluation keeps its old reuse key (no path_policy in it) and samples K everywhere.
-    fixed = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "fixed"), max_articles=5,
+    # An evaluation under the policy all keeps its old reuse key (no path_policy in it) and samples K everywhere.
+    every = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "all"), max_articles=5,
                      plans=PlanConfig(num_paths=6), bootstrap_samples=20, runtime=Runtime(device="cpu"), plan_usage=False)
-    assert fixed.paths.paths_hist == {6: len(counts)}
-    assert "path_policy" not in json.loads((tmp_path / "fixed" / "manifest.json").read_text())["config"]["plan_spec"]
+    assert every.paths.paths_hist == {6: len(counts)}
+    assert "path_policy" not in json.loads((tmp_path / "all" / "manifest.json").read_text())["config"]["plan_spec"]
 
 
 def test_compute_sweep_through_the_cli(planned, synthetic_cycle, tmp_path):
@@ -223,8 +239,8 @@ def test_compute_sweep_through_the_cli(planned, synthetic_cycle, tmp_path):
           '[{"kind": "entropy", "entropy_high": 1.0}, {"kind": "entropy", "min_paths": 2}]',
           "--max_articles", "4", "--bootstrap_samples", "20", "--runtime.device", "cpu"])
     rows = read_csv(tmp_path / "compute" / "sweep_compute.csv")
-    assert [r["value"] for r in rows] == ["fixed-1", "fixed-4", "entropy-1-4-H-1", "entropy-2-4"]
-    assert {r["reference"] for r in rows} == {"fixed-4"} and float(rows[1]["paired_diff"]) == 0.0
+    assert [r["value"] for r in rows] == ["all-1", "all-4", "entropy-1-4-H-1", "entropy-2-4"]
+    assert {r["reference"] for r in rows} == {"all-4"} and float(rows[1]["paired_diff"]) == 0.0
     assert float(rows[0]["paths_mean"]) == 1 and float(rows[1]["paths_fraction"]) == 1.0
     assert all(1 <= float(r["paths_mean"]) <= 4 for r in rows)
     went = json.loads((tmp_path / "compute" / "entropy-1-4-H-1" / "where_paths_went.json").read_text())

@@ -202,7 +202,7 @@ def test_an_interrupted_walk_resumes_after_its_last_record_to_the_uninterrupted_
     from planlm.plans.policy import PathPolicy
 
     plans = PlanConfig(planner_dir=str(planner_dir), num_paths=4, horizon=3, expectation=case.get("expectation", False),
-                       path_policy=PathPolicy(case.get("policy", "fixed"), 1))
+                       path_policy=PathPolicy(case.get("policy", "all"), 1))
     writes = []
     write = DrawArrays.write
 
