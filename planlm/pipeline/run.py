@@ -153,7 +153,7 @@ def _run_distributed(stage: Stage) -> None:
 
     import yaml
 
-    config = to_jsonable(stage.kwargs)  # dataclasses and enums (PlanConfig's kind) as plain YAML values
+    config = to_jsonable(stage.kwargs)  # dataclasses (PlanConfig, AdapterSettings, ...) as plain YAML values
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(config, f)
     command = [sys.executable, "-m", "planlm.cli", stage.command.replace("_", "-"), "--config", f.name,
