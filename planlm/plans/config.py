@@ -1,5 +1,5 @@
-"""``PlanSettings`` and ``PlanConfig``: what a user writes under ``plans:`` (``--plans.*``), and the resolved value a
-command and a saved model use.
+"""``PlanSettings`` and ``PlanConfig``: the plans a user writes under ``plans:`` (``--plans.*``), and, resolved
+(``PlanConfig.resolve``), the plans a command and a saved model use.
 
 ``PlanSettings`` are the kind, K, T, tau and planner of a command that draws its plans from the planner as it
 writes or sweeps one of them (generate, edit-distance, adherence, sweep: generation draws with the command's seed,
