@@ -27,7 +27,7 @@ import torch
 
 from bench_stages import STAGE_LMS, trainer_callback
 from planlm.args import LMRuntime
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 
 class StepTimer(L.pytorch.callbacks.Callback):
@@ -91,17 +91,17 @@ def bare_compiled_step(prepared_dir: Path, kwargs: dict, runtime: LMRuntime, ste
     from planlm.train.lm_module import LightningLM
 
     torch._dynamo.reset()
-    train, spec = kwargs["train"], kwargs["plans"].resolve()
+    train, plans = kwargs["train"], kwargs["plans"].resolve()
     prepared = PreparedDataset(prepared_dir)
     tokenizer = load_tokenizer(prepared.tokenizer_name)
-    planned = _build_model(prepared, kwargs["model"], spec, kwargs["adapter"], tokenizer, None, "train", train.seed)
+    planned = _build_model(prepared, kwargs["model"], plans, kwargs["adapter"], tokenizer, None, "train", train.seed)
     device = torch.device(runtime.training_device_type())
     planned.to(device)
     speed_up_lm(planned, runtime, "bare loop")
     module = LightningLM(planned, lr=train.lr, **step_shapes(train, runtime))
     optimizer = module.configure_optimizers()["optimizer"]
     bf16 = runtime.arithmetic(device.type) == "bf16"
-    batches = list(_loaders(prepared, spec, train, tokenizer.pad_token_id or 0)[0])
+    batches = list(_loaders(prepared, plans, train, tokenizer.pad_token_id or 0)[0])
 
     def step(batch: dict) -> float:
         batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
@@ -146,7 +146,7 @@ def main() -> None:
                                                num_articles=counts, min_sentences=12, max_sentences=20,
                                                sentence_words=(18, 34))
         kwargs = dict(model=LMModelConfig(model_config=STAGE_LMS[args.stage_lm]),
-                      plans=PlanSpec(kind="oracle", num_paths=args.paths, horizon=args.paths),
+                      plans=PlanConfig(kind="oracle", num_paths=args.paths, horizon=args.paths),
                       adapter=AdapterSettings(kind=args.adapter),
                       train=LMTrainConfig(batch_size=args.batch_size, lr=1e-3, max_epochs=2, warmup_steps=2,
                                           log_every_n_steps=10))

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 LMS = {"tiny": dict(n_layer=2, n_embd=128, n_head=2), "small": dict(n_layer=6, n_embd=384, n_head=6),
        "gpt2": dict(n_layer=12, n_embd=768, n_head=12)}
 PLANNERS = {"tiny": dict(d_model=64, num_heads=2, dim_feedforward=128),  # the planner of configs/demo.yaml's size
-            "default": dict(d_model=256, num_heads=4, dim_feedforward=1024),  # PlannerShape's defaults
+            "default": dict(d_model=256, num_heads=4, dim_feedforward=1024),  # PlannerSettings's defaults
             "paper": dict(d_model=768, num_heads=2, dim_feedforward=2048)}  # f and g 6.3M parameters each
 NUM_ACTIONS = 16  # the synthetic vocabulary allows 16 actions of 3 words
 
@@ -41,7 +41,7 @@ def build(root: Path, lm_size: str, num_articles: int, planner_size: str, dynami
     from planlm.models.adapter import AdapterConfig
     from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
     from planlm.models.planner import Planner, PlannerConfig
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
     from planlm.testing.synthetic import make_synthetic_prepared
 
     prepared_dir = make_synthetic_prepared(root / "prepared", num_actions=NUM_ACTIONS, embedding_dim=32,
@@ -58,7 +58,7 @@ def build(root: Path, lm_size: str, num_articles: int, planner_size: str, dynami
     lm = GPT2LMHeadModel(GPT2Config(n_positions=128, vocab_size=50257, **LMS[lm_size]))
     adapter = AdapterConfig(kind="multipath", num_actions=NUM_ACTIONS, action_dim=32, hidden_size=width,
                             horizon=10, num_heads=2)
-    config = PlannedLMConfig(plans=PlanSpec(kind="planner_sampled", num_paths=10, horizon=10), adapter=adapter,
+    config = PlannedLMConfig(plans=PlanConfig(kind="planner_sampled", num_paths=10, horizon=10), adapter=adapter,
                              num_actions=NUM_ACTIONS, codebook_hash=prepared.codebook_hash)
     model = PlannedLM(config, lm, prepared.codebook).eval()
     model.adapter.projection.reset_parameters()  # W and b at PyTorch's init, not zero: plans that move
@@ -115,7 +115,7 @@ def main() -> None:
         scored = int((windows[:, 3] - windows[:, 2]).sum())
 
         def run(dynamics: str, num_paths: int, num_articles: int = args.articles) -> dict:
-            cond = PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=10, planner_dir=str(root / f"planner-{dynamics}")).resolve()
+            cond = PlanConfig(kind="planner_sampled", num_paths=num_paths, horizon=10, planner_dir=str(root / f"planner-{dynamics}")).resolve()
             return evaluate_split(model, prepared, split, cond, num_articles, stride=1, batch_size=args.batch_size,
                                   device=device, precision=args.precision)
 

@@ -36,7 +36,7 @@ def write_demo_sized_run(root: Path, train_sentences: int, tokens_per_sentence: 
     from planlm.models.adapter import AdapterConfig
     from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
     from planlm.models.planner import Planner, PlannerConfig
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
 
     rng = np.random.default_rng(0)
     num_actions, dim = 64, 384
@@ -72,7 +72,7 @@ def write_demo_sized_run(root: Path, train_sentences: int, tokens_per_sentence: 
     gpt2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 128}
     adapter = AdapterConfig(kind="multipath", num_actions=num_actions, action_dim=dim, hidden_size=128, horizon=5)
     for index in range(conditions):
-        config = PlannedLMConfig(plans=PlanSpec(kind="planner_sampled", num_paths=5, horizon=5), adapter=adapter,
+        config = PlannedLMConfig(plans=PlanConfig(kind="planner_sampled", num_paths=5, horizon=5), adapter=adapter,
                                  num_actions=num_actions, base_model_config=gpt2)
         model = PlannedLM(config, load_causal_lm(None, gpt2, vocab_size=50257), torch.randn(num_actions, dim))
         model.save_pretrained(root / "lm" / f"condition{index}")

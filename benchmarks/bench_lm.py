@@ -27,10 +27,10 @@ import time
 
 import torch
 
+from planlm.args import LMRuntime
 from planlm.models.adapter import AdapterConfig
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
-from planlm.plans.spec import PlanSpec
-from planlm.args import LMRuntime
+from planlm.plans.config import PlanConfig
 from planlm.speed import keep_freed_memory, speed_up_lm
 
 GPT2_VOCAB = 50257
@@ -62,7 +62,7 @@ def build(kind: str, lm_config: dict, args, device: torch.device,
     else:
         adapter = AdapterConfig(kind=kind, num_actions=args.num_actions, action_dim=args.action_dim,
                                 hidden_size=width, horizon=args.horizon, num_heads=args.num_heads)
-        config = PlannedLMConfig(plans=PlanSpec(kind="planner_sampled", num_paths=args.num_paths,
+        config = PlannedLMConfig(plans=PlanConfig(kind="planner_sampled", num_paths=args.num_paths,
                                                   horizon=args.horizon), adapter=adapter, num_actions=args.num_actions)
     model = PlannedLM(config, lm).to(device).train()
     if model.adapter is not None:

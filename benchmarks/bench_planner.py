@@ -33,10 +33,9 @@ import torch
 from planlm.data.artifacts import PreparedDataset
 from planlm.device import autocast
 from planlm.models.planner import Planner, PlannerConfig
+from planlm.plans.config import PlanConfig
 from planlm.plans.contexts import boundary_contexts
-from planlm.plans.draws import DrawArrays, draw_split, in_memory
-from planlm.plans.kinds import draw_plans
-from planlm.plans.spec import PlanSpec
+from planlm.plans.draws import DrawArrays, draw_plans, draw_split, in_memory
 from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.boundaries import BoundaryCollate
 from planlm.train.planner_module import LightningPlanner
@@ -149,9 +148,9 @@ def time_planner(planner: Planner, trained: Planner | None, split, args) -> list
     sentences.sort()
 
     def sample(num_paths: int, temperature: float = 1.0):
-        spec = PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=args.horizon,
-                        temperature=temperature).resolve()
-        return lambda: draw_plans(planner, split, spec, sentences, batch_size=args.sample_batch_size,
+        plans = PlanConfig(kind="planner_sampled", num_paths=num_paths, horizon=args.horizon,
+                           temperature=temperature).resolve()
+        return lambda: draw_plans(planner, split, plans, sentences, batch_size=args.sample_batch_size,
                                   precision=args.precision, device=args.device)
 
     base = timed(sample(1), args.repeats)
@@ -227,9 +226,10 @@ def time_encoders(args) -> None:
                 planner.eval()
                 draws = []
                 for kind in ("planner_argmax", "planner_sampled"):
-                    spec = PlanSpec(kind=kind, num_paths=5, horizon=5).resolve()
-                    draws.append((spec.strategy, spec, DrawArrays.allocate(spec.strategy, spec, prepared.num_actions,
-                                                                           split.num_sentences, in_memory)))
+                    config = PlanConfig(kind=kind, num_paths=5, horizon=5).resolve()
+                    arrays = DrawArrays.allocate(config.plan_kind, config, prepared.num_actions, split.num_sentences,
+                                                 in_memory)
+                    draws.append((config.plan_kind, config, arrays))
                 draw_split(planner, split, np.arange(split.num_sentences), draws, torch.device(args.device),
                            args.precision, 256)
 

@@ -21,7 +21,7 @@ import torch
 
 from planlm.models.adapter import AdapterConfig
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 from planlm.pretrained import SMOLLM2
 
 FINETUNES = ("frozen", "lora", "full")
@@ -44,7 +44,7 @@ def build(lm, finetune: str, args) -> tuple[PlannedLM, torch.optim.Optimizer]:
     torch.manual_seed(0)
     adapter = AdapterConfig(kind="project_avg", num_actions=args.num_actions, action_dim=args.action_dim,
                             hidden_size=lm.get_input_embeddings().embedding_dim)
-    config = PlannedLMConfig(plans=PlanSpec(kind="oracle"), adapter=adapter, num_actions=args.num_actions)
+    config = PlannedLMConfig(plans=PlanConfig(kind="oracle"), adapter=adapter, num_actions=args.num_actions)
     model = PlannedLM(config, lm if finetune == "frozen" else copy.deepcopy(lm)).train()
     model.adapter.projection.reset_parameters()  # W and b at PyTorch's init, not zero: plans that move
     model.apply_finetune(finetune, lora_rank=args.lora_rank)

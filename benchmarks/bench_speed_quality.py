@@ -47,7 +47,7 @@ def run(root: Path, args) -> list[tuple[str, int, float, float]]:
     from planlm.args import LMRuntime, Runtime
     from planlm.evaluate.perplexity import evaluate
     from planlm.models.adapter import AdapterSettings
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
     from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
@@ -55,7 +55,7 @@ def run(root: Path, args) -> list[tuple[str, int, float, float]]:
         "train": args.articles, "validation": max(10, args.articles // 10), "test": max(20, args.articles // 5)})
     model = LMModelConfig(model_config={"model_type": "gpt2", "n_layer": 2, "n_embd": args.width, "n_head": 2,
                                         "n_positions": 128})
-    conditions = {"none": PlanSpec(kind="none"), "oracle": PlanSpec(kind="oracle", num_paths=1, horizon=1)}
+    conditions = {"none": PlanConfig(kind="none"), "oracle": PlanConfig(kind="oracle", num_paths=1, horizon=1)}
     rows = []
     for seed in args.seeds:
         for condition, plans in conditions.items():

@@ -42,7 +42,7 @@ import torch
 
 from bench_lm import bf16_peak, mfu  # the GPUs' bf16 peaks and MFU, as bench_lm reports them
 from planlm.args import LMRuntime, Runtime
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 LMS = {"tiny": dict(n_layer=2, n_embd=128, n_head=2), "gpt2": dict(n_layer=12, n_embd=768, n_head=12)}
 PLANNERS = {"tiny": dict(d_model=64, num_heads=2, dim_feedforward=128),
@@ -84,7 +84,7 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     from planlm.data.artifacts import PreparedDataset
     from planlm.evaluate.perplexity import evaluate
     from planlm.models.adapter import AdapterSettings
-    from planlm.models.planner import PlannerShape
+    from planlm.models.planner import PlannerSettings
     from planlm.plans.sampling import sample_plans
     from planlm.testing.synthetic import make_synthetic_prepared
     from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
@@ -102,13 +102,13 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
 
     began = time.perf_counter()
     planner = train_planner(str(prepared_dir), str(root / "planner"),
-                            PlannerShape(horizon=10, dynamics=args.dynamics, **PLANNERS[args.planner]),
+                            PlannerSettings(horizon=10, dynamics=args.dynamics, **PLANNERS[args.planner]),
                             PlannerTrainArgs(max_epochs=args.planner_epochs), runtime)
     rows.append(("train_planner (per epoch)", (time.perf_counter() - began) / args.planner_epochs, boundaries,
                  "boundaries"))
 
     began = time.perf_counter()
-    plans = sample_plans(str(prepared_dir), PlanSpec(planner_dir=str(planner), num_paths=10, horizon=10),
+    plans = sample_plans(str(prepared_dir), PlanConfig(planner_dir=str(planner), num_paths=10, horizon=10),
                          runtime=runtime, out_dir=str(root / "plans"))
     all_boundaries = sum(prepared[s].num_sentences for s in ("train", "validation", "test"))
     rows.append(("sample_plans K=10 T=10 (all splits)", time.perf_counter() - began, all_boundaries, "boundaries"))
@@ -116,7 +116,7 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
     began = time.perf_counter()
     lm = train_lm(str(prepared_dir), str(root / "lm"),
                   LMModelConfig(model_config={"model_type": "gpt2", "n_positions": 128, **LMS[args.lm]}),
-                  PlanSpec(kind="planner_sampled", num_paths=10, horizon=10, plans_dir=str(plans)),
+                  PlanConfig(kind="planner_sampled", num_paths=10, horizon=10, plans_dir=str(plans)),
                   AdapterSettings(kind="multipath", num_heads=2),
                   LMTrainConfig(batch_size=32, max_epochs=1), LMRuntime(device=args.device))
     rows.append(("train_lm multipath K=T=10 (one epoch)", time.perf_counter() - began, tokens, "tokens"))
@@ -125,7 +125,7 @@ def run_stages(root: Path, args) -> list[tuple[str, float, float, str]]:
                                    (1, args.eval_articles, f"evaluate, stride 1 ({args.eval_articles} articles)")):
         began = time.perf_counter()
         metrics = evaluate(str(lm), str(prepared_dir), str(root / f"eval{stride}"), stride=stride,
-                           max_articles=articles, runtime=runtime, plans=PlanSpec(plans_dir=str(plans)))
+                           max_articles=articles, runtime=runtime, plans=PlanConfig(plans_dir=str(plans)))
         rows.append((name, time.perf_counter() - began, metrics.tokens, "tokens"))
     return rows
 
@@ -205,7 +205,7 @@ def stage_vs_loop(root: Path, args) -> None:
     chunk = {} if args.loss_chunk_size is None else {"loss_chunk_size": args.loss_chunk_size}
     runtime = LMRuntime(device=args.device, precision=args.precision or "auto", compile=args.compile, **chunk)
     batch_size = args.batch_size or 16
-    kwargs = dict(model=LMModelConfig(model_config=lm_config), plans=PlanSpec(kind="oracle", num_paths=1, horizon=1),
+    kwargs = dict(model=LMModelConfig(model_config=lm_config), plans=PlanConfig(kind="oracle", num_paths=1, horizon=1),
                   adapter=AdapterSettings(kind="project_avg"), runtime=runtime,
                   train=LMTrainConfig(batch_size=batch_size, lr=1e-3, max_epochs=1, warmup_steps=5,
                                       log_every_n_steps=10, num_workers=args.num_workers))
@@ -249,15 +249,15 @@ def bare_loop(prepared_dir: Path, kwargs: dict, warmup_steps: int = 3) -> tuple[
     from planlm.train.lm import _build_model, _loaders
     from planlm.train.lm_module import LightningLM
 
-    train, spec, runtime = kwargs["train"], kwargs["plans"].resolve(), kwargs["runtime"]
+    train, plans, runtime = kwargs["train"], kwargs["plans"].resolve(), kwargs["runtime"]
     prepared = PreparedDataset(prepared_dir)
     tokenizer = load_tokenizer(prepared.tokenizer_name)
-    planned = _build_model(prepared, kwargs["model"], spec, kwargs["adapter"], tokenizer, None, "train", train.seed)
+    planned = _build_model(prepared, kwargs["model"], plans, kwargs["adapter"], tokenizer, None, "train", train.seed)
     device = torch.device(runtime.training_device_type())
     planned.to(device)
     keep_freed_memory()  # as train_lm does (process-wide): a step's large buffers are not mapped afresh each time
     speed_up_lm(planned, runtime, "bare loop")
-    train_loader, _ = _loaders(prepared, spec, train, tokenizer.pad_token_id or 0)
+    train_loader, _ = _loaders(prepared, plans, train, tokenizer.pad_token_id or 0)
     module = LightningLM(planned, lr=train.lr, warmup_steps=train.warmup_steps)
     optimizers = module.configure_optimizers()
     optimizer, scheduler = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]

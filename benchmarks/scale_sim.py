@@ -531,7 +531,7 @@ def child_train_planner(settings: Settings, size: int, paths: dict, probe: Probe
     began = time.perf_counter()
     import planlm.train.planner as planner_module
     from planlm.args import Runtime
-    from planlm.models.planner import PlannerShape
+    from planlm.models.planner import PlannerSettings
     from planlm.train.planner import PlannerTrainArgs, train_planner
 
     _imported(probe, began)
@@ -539,7 +539,7 @@ def child_train_planner(settings: Settings, size: int, paths: dict, probe: Probe
         probe.wrap(planner_module, name, label_arg)
     _watch_manifest(probe)
     out = train_planner(str(paths["prepare"]), str(paths["train-planner"]),
-                        PlannerShape(d_model=settings.planner_width, num_heads=2, num_layers=1,
+                        PlannerSettings(d_model=settings.planner_width, num_heads=2, num_layers=1,
                                      dim_feedforward=2 * settings.planner_width, horizon=settings.horizon,
                                      dynamics=settings.planner_dynamics),
                         PlannerTrainArgs(batch_size=settings.planner_batch_size, max_epochs=1,
@@ -554,15 +554,15 @@ def child_sample_plans(settings: Settings, size: int, paths: dict, probe: Probe)
     began = time.perf_counter()
     import planlm.plans.sampling as sampling_module
     from planlm.args import Runtime
+    from planlm.plans.config import PlanConfig
     from planlm.plans.sampling import sample_plans
-    from planlm.plans.spec import PlanSpec
     from planlm.stage import read_manifest
 
     _imported(probe, began)
     probe.wrap(sampling_module, "_sample_split", 1)
     _watch_manifest(probe)
-    sample_plans(str(paths["prepare"]), PlanSpec(planner_dir=str(paths["train-planner"]), num_paths=settings.num_paths,
-                                                 horizon=settings.horizon, seed=settings.seed),
+    sample_plans(str(paths["prepare"]), PlanConfig(planner_dir=str(paths["train-planner"]), num_paths=settings.num_paths,
+                                                   horizon=settings.horizon, seed=settings.seed),
                  out_dir=str(paths["sample-plans"]), batch_size=256, runtime=Runtime(device=settings.device))
     return {"boundaries": read_manifest(paths["sample-plans"])["counts"]}
 
@@ -572,7 +572,7 @@ def child_train_lm(settings: Settings, size: int, paths: dict, probe: Probe) -> 
     import planlm.train.lm as lm_module
     from planlm.args import Runtime
     from planlm.models.adapter import AdapterSettings
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
     from planlm.stage import read_manifest
     from planlm.train.lm import TINY_GPT2, LMModelConfig, LMTrainConfig, train_lm
 
@@ -581,8 +581,8 @@ def child_train_lm(settings: Settings, size: int, paths: dict, probe: Probe) -> 
         probe.wrap(lm_module, name)
     _watch_manifest(probe)
     train_lm(str(paths["prepare"]), str(paths["train-lm"]), LMModelConfig(model_config=dict(TINY_GPT2)),
-             PlanSpec(kind="planner_sampled", num_paths=settings.num_paths, horizon=settings.horizon,
-                      plans_dir=str(paths["sample-plans"])),
+             PlanConfig(kind="planner_sampled", num_paths=settings.num_paths, horizon=settings.horizon,
+                        plans_dir=str(paths["sample-plans"])),
              AdapterSettings(kind="multipath", num_heads=2),
              LMTrainConfig(batch_size=settings.lm_batch_size, max_epochs=1, limit_train_batches=settings.lm_steps,
                            loggers=["csv"], seed=settings.seed),
@@ -595,7 +595,7 @@ def child_evaluate(settings: Settings, size: int, paths: dict, probe: Probe) -> 
     import planlm.evaluate.perplexity as perplexity_module
     from planlm.args import Runtime
     from planlm.evaluate.perplexity import evaluate
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
 
     _imported(probe, began)
     for name in ("load_checked", "plan_source", "plan_vector_table", "scoring_windows", "target_cells",
@@ -603,7 +603,7 @@ def child_evaluate(settings: Settings, size: int, paths: dict, probe: Probe) -> 
         probe.wrap(perplexity_module, name)
     _watch_manifest(probe)
     metrics = evaluate(str(paths["train-lm"]), str(paths["prepare"]), str(paths["evaluate"]), split="test",
-                       plans=PlanSpec(plans_dir=str(paths["sample-plans"])), stride=settings.eval_stride,
+                       plans=PlanConfig(plans_dir=str(paths["sample-plans"])), stride=settings.eval_stride,
                        max_articles=settings.eval_articles, batch_size=settings.eval_batch_size,
                        runtime=Runtime(device=settings.device))
     return {"articles": metrics.articles, "tokens": metrics.tokens, "windows": metrics.windows, "ppl": metrics.ppl}

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from planlm.args import Runtime
 from planlm.evaluate.adherence import AdherenceMetrics, adherence, paired_difference, table
-from planlm.plans.spec import PlanSettings
+from planlm.plans.config import PlanSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = dict(outline_length=2, tokens_per_sentence=48, bootstrap_samples=2000, runtime=Runtime(precision="fp32"))

@@ -1,12 +1,12 @@
-"""Adaptive planning compute: paths only where the planner is unsure, at the perplexity of fixed K = 50.
+"""Adaptive planning compute: paths only where the planner is unsure, at the perplexity of K = 50 everywhere.
 
 It reads finished runs (their prepared data, planner and trained LMs) and runs only the library's commands:
 
-1. **Compute against perplexity**: ``planlm sweep --kind compute`` on one trained LM: fixed K = 1, 2, 5,
+1. **Compute against perplexity**: ``planlm sweep --kind compute`` on one trained LM: K = 1, 2, 5,
    10, 20, 50 and the entropy policy at a few budgets, all on the same test articles (the converge policy of
    docs/results.md's tables left planlm: lab/removed-options.md names the commit that has it).
    Printed per point: paths per boundary (mean, and the fraction of K = 50's), perplexity, the paired
-   difference from fixed K = 50 with its 95% paired bootstrap interval over articles, wall, planner and
+   difference from K = 50 everywhere with its 95% paired bootstrap interval over articles, wall, planner and
    LM time. Target: an adaptive policy with at most 20% of K = 50's paths whose interval includes 0 or
    lies below it. On two LMs:
    - the offline corpus (``--demo_dir``: ``planlm run --config configs/demo.yaml``, its ``ours`` LM, T = 5,
@@ -22,7 +22,7 @@ It reads finished runs (their prepared data, planner and trained LMs) and runs o
    - ``--mechanism_dir``: the first 6 sentences of an article are uniform over 8 types, the later ones
      one of the successors of the type 6 back: 2 with ``--lag_successors pairs`` (no deterministic
      boundary: the ratio is printed, unscored), 1 or 2 with ``mixed`` (scored like the control).
-3. **Diagnosis**: the fixed K = 50 paths of part 1 on the mechanism corpus, of which each class of test
+3. **Diagnosis**: the K = 50 paths (at every boundary) of part 1 on the mechanism corpus, of which each class of test
    boundaries keeps its first few by the known answer (a plan cache whose ``num_paths`` is set by hand):
    what the best allocation of a budget could reach.
 
@@ -50,7 +50,7 @@ except ImportError:  # run as a script (python experiments/bench_adaptive.py): i
     from bench_mechanism import SUCCESSORS, TYPE_NAMES, TYPES  # the corpus's known answer
 
 from planlm.args import Runtime
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 OPENER_TYPE = {opener: index for index, name in enumerate(TYPE_NAMES) for opener in TYPES[name][0]}
 
@@ -75,22 +75,22 @@ def compute_vs_perplexity(args, label: str, folder: str, model_dir: Path, run_di
     from planlm.evaluate.sweeps import sweep
 
     out = sweep(str(model_dir), str(run_dir / "prepared"), str(Path(args.out_dir) / folder),
-                kind="compute", num_paths=args.fixed, policies=policies(args), split="test",
-                plans=PlanSpec(planner_dir=str(run_dir / "planner")), context_length=context_length, stride=stride,
+                kind="compute", num_paths=args.num_paths, policies=policies(args), split="test",
+                plans=PlanConfig(planner_dir=str(run_dir / "planner")), context_length=context_length, stride=stride,
                 max_articles=args.max_articles, batch_size=64, runtime=Runtime(device="cpu"),
                 bootstrap_samples=args.bootstrap_samples)
     with open(out / "sweep_compute.csv") as f:
         rows = list(csv.DictReader(f))
     lines = ["", f"## Compute against perplexity: {label} ({model_dir}, test split"
              f"{'' if args.max_articles is None else f', first {args.max_articles} articles'}, stride {stride})", "",
-             "| point | paths per boundary | fraction of K=50's | ppl | paired - fixed K=50 [95% CI] | wall (rel.) | "
+             "| point | paths per boundary | fraction of K=50's | ppl | paired - all K=50 [95% CI] | wall (rel.) | "
              "planner s | LM s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['value']} | {float(r['paths_mean']):.2f} | {float(r['paths_fraction']):.1%} | "
                      f"{float(r['ppl']):.4f} | {float(r['paired_diff']):+.4f} [{float(r['paired_ci_low']):+.4f}, "
                      f"{float(r['paired_ci_high']):+.4f}] | {float(r['relative_wall_time']):.2f}x | "
                      f"{float(r['planner_time_s']):.1f} | {float(r['lm_time_s']):.1f} |")
-    winners = [r for r in rows if r["policy"] != "fixed" and float(r["paths_fraction"]) <= 0.20
+    winners = [r for r in rows if r["policy"] != "all" and float(r["paths_fraction"]) <= 0.20
                and float(r["paired_ci_low"]) <= 0.0]
     best = min(winners, key=lambda r: float(r["paths_fraction"]), default=None)
     detail = (f"{label}, {best['value']}: {float(best['paths_fraction']):.1%} of the paths, paired "
@@ -102,12 +102,12 @@ def compute_vs_perplexity(args, label: str, folder: str, model_dir: Path, run_di
 def paths_by_class(folder: Path, planner_dir: Path, policy, classes: dict[str, np.ndarray], split, seed: int = 0):
     """Mean paths per boundary of each class of test boundaries under ``policy``."""
     from planlm.models.planner import Planner
-    from planlm.plans.kinds import draw_plans
+    from planlm.plans.draws import draw_plans
 
     planner = Planner.from_pretrained(planner_dir)
-    spec = PlanSpec(kind="planner_sampled", num_paths=policy.max_paths or 50, horizon=planner.config.horizon,
-                    temperature=1.0, seed=seed, path_policy=policy).resolve()
-    counts = draw_plans(planner, split, spec).counts
+    plans = PlanConfig(kind="planner_sampled", num_paths=policy.max_paths or 50, horizon=planner.config.horizon,
+                       temperature=1.0, seed=seed, path_policy=policy).resolve()
+    counts = draw_plans(planner, split, plans).counts
     return {name: float(counts[mask].mean()) for name, mask in classes.items()}
 
 
@@ -190,19 +190,19 @@ def where_paths_go(args) -> tuple[list[str], bool, str]:
 
 
 def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
-    """Diagnosis of part 1: the fixed K = 50 paths, of which each --lag 6 test boundary keeps the first
+    """Diagnosis of part 1: the K = 50 paths (at every boundary), of which each --lag 6 test boundary keeps the first
     ``high`` (2 candidates: the plan is informative) or ``low`` (8 candidates: uniform, the plan says nothing)
-    by the known answer, evaluated from a plan cache; paired against fixed K = 50."""
+    by the known answer, evaluated from a plan cache; paired against K = 50 everywhere."""
     import shutil
 
+    from planlm.data.artifacts import PreparedDataset
     from planlm.evaluate.bootstrap import compare_evaluations
     from planlm.evaluate.perplexity import evaluate
-    from planlm.data.artifacts import PreparedDataset
     from planlm.plans.sampling import sample_plans
 
     mech, out = Path(args.mechanism_dir), Path(args.out_dir)
     plans = json.loads((mech / "lm" / args.model / "planned_lm.json").read_text())["plans"]
-    cache = sample_plans(str(mech / "prepared"), PlanSpec(planner_dir=str(mech / "planner"), num_paths=args.max_paths,
+    cache = sample_plans(str(mech / "prepared"), PlanConfig(planner_dir=str(mech / "planner"), num_paths=args.max_paths,
                                                          horizon=plans["horizon"], temperature=plans["temperature"],
                                                          seed=plans["seed"]),
                          splits=["test"], out_dir=str(out / "cache-K50"), runtime=Runtime(device="cpu"))
@@ -214,7 +214,7 @@ def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
                    {"2 candidates": 10, "8 candidates": 5}])
     lines = ["", f"## Diagnosis: paths allotted by the known answer ({args.model}, the K=50 paths of part 1, "
              "the first few kept per boundary)", "", "| " + " | ".join(f"{c} keep" for c in classes) +
-             " | paths per boundary | fraction of K=50's | paired - fixed K=50 [95% CI] |", "|---" * (len(classes) + 3) + "|"]
+             " | paths per boundary | fraction of K=50's | paired - all K=50 [95% CI] |", "|---" * (len(classes) + 3) + "|"]
     for keep in allotments:
         name = "-".join(str(keep[c]) for c in classes)
         folder = out / f"cache-K50-keep{name}"
@@ -223,10 +223,10 @@ def known_answer_allocation(args, sweep_dir: Path) -> list[str]:
         counts = sum(np.where(mask, keep[c], 0) for c, mask in classes.items()).astype(np.int64)
         np.save(folder / "test.num_paths.npy", counts)
         metrics = evaluate(str(mech / "lm" / args.model), str(mech / "prepared"), str(out / f"eval-keep{name}"),
-                           plans=PlanSpec(plans_dir=str(folder)), context_length=args.context_length,
+                           plans=PlanConfig(plans_dir=str(folder)), context_length=args.context_length,
                            stride=args.context_length - 1, max_articles=args.max_articles, batch_size=64,
                            runtime=Runtime(device="cpu"), plan_usage=False, bootstrap_samples=args.bootstrap_samples)
-        diff = compare_evaluations(sweep_dir / "fixed-50", out / f"eval-keep{name}", num_samples=args.bootstrap_samples)
+        diff = compare_evaluations(sweep_dir / "all-50", out / f"eval-keep{name}", num_samples=args.bootstrap_samples)
         lines.append("| " + " | ".join(str(keep[c]) for c in classes) + f" | {metrics.paths.paths_mean:.2f} | "
                      f"{metrics.paths.paths_mean / args.max_paths:.1%} | "
                      f"{diff['diff']:+.4f} [{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}] |")
@@ -247,7 +247,8 @@ def main() -> None:
                         help="the --lag_successors of the bench_mechanism.py run in --mechanism_dir")
     parser.add_argument("--context_length", type=int, default=37, help="the mechanism LM's window (bench_mechanism)")
     parser.add_argument("--max_articles", type=int, default=None, help="test articles evaluated (default: all)")
-    parser.add_argument("--fixed", type=int, nargs="+", default=[1, 2, 5, 10, 20, 50])
+    parser.add_argument("--num_paths", type=int, nargs="+", default=[1, 2, 5, 10, 20, 50],
+                        help="K of the points that give every boundary K (the path policy all)")
     parser.add_argument("--max_paths", type=int, default=50)
     parser.add_argument("--entropy_budgets", type=int, nargs="+", default=[5, 10, 50], help="max_paths of entropy")
     parser.add_argument("--bootstrap_samples", type=int, default=1000)
@@ -274,7 +275,7 @@ def main() -> None:
     lines += more + known_answer_allocation(args, Path(args.out_dir) / "compute-mechanism")
     lines += ["", "## Targets", ""]
     for ok, detail in verdicts:
-        lines.append(f"- {'PASS' if ok else 'FAIL'}: an adaptive policy with <= 20% of fixed K=50's paths and a "
+        lines.append(f"- {'PASS' if ok else 'FAIL'}: an adaptive policy with <= 20% of all K=50's paths and a "
                      f"paired interval that includes 0 or favours it: {detail}")
     lines.append(f"- {'PASS' if ratio_ok else 'FAIL'}: ambiguous boundaries get >= 3x the paths of deterministic "
                  f"ones: {ratio_detail}")

@@ -51,7 +51,7 @@ try:  # imported as the package `experiments` (the tests, python -m experiments.
 except ImportError:  # run as a script (python experiments/bench_expectation.py): its folder is sys.path[0]
     import bench_mechanism as bench
 
-from planlm.plans.spec import TOP_ACTIONS
+from planlm.plans.config import TOP_ACTIONS
 
 SAMPLED_K = (1, 10, 50)
 
@@ -72,11 +72,11 @@ def parse_args() -> tuple[argparse.Namespace, argparse.Namespace]:
 
 def point_specs(condition: str = "sampled") -> dict:
     """The evaluation points of the ``condition`` LM: the plans overriding its own."""
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
 
-    points = {f"sampled K={k}": PlanSpec(num_paths=k, expectation=False) for k in SAMPLED_K}
+    points = {f"sampled K={k}": PlanConfig(num_paths=k, expectation=False) for k in SAMPLED_K}
     for num_paths in (1, 10) if condition == "ours" else (1,):  # at T > 1 more paths average over more prefixes
-        points[f"expectation K={num_paths}"] = PlanSpec(num_paths=num_paths, expectation=True)
+        points[f"expectation K={num_paths}"] = PlanConfig(num_paths=num_paths, expectation=True)
     return points
 
 
@@ -130,18 +130,18 @@ def timing(bench_args, seed: int, prepared_dir: str, repeats: int, condition: st
     from planlm.data.artifacts import PreparedDataset
     from planlm.evaluate.perplexity import evaluate_split
     from planlm.models.planned_lm import PlannedLM
-    from planlm.plans.spec import evaluation_spec
+    from planlm.plans.config import evaluation_plans
 
     folder = model_dir(bench_args, condition, seed)
     model, prepared = PlannedLM.from_pretrained(folder), PreparedDataset(prepared_dir)
     split = prepared["test"]
-    points = {name: evaluation_spec(spec, model, str(folder)) for name, spec in point_specs().items()
+    points = {name: evaluation_plans(plans, model, str(folder)) for name, plans in point_specs().items()
               if name in ("sampled K=1", "expectation K=1")}
     times = {name: [] for name in points}
     window = bench.lm_window(bench_args)
     for _ in range(repeats):
-        for name, spec in points.items():
-            result = evaluate_split(model, prepared, split, spec, split.num_articles, window["stride"],
+        for name, plans in points.items():
+            result = evaluate_split(model, prepared, split, plans, split.num_articles, window["stride"],
                                     window["context_length"], batch_size=64, device=torch.device("cpu"),
                                     precision="fp32")
             times[name].append((result["wall_time_s"], result["planner_time_s"]))
@@ -157,15 +157,15 @@ def diagnosis(bench_args, seed: int, prepared_dir: str, condition: str = "sample
 
     from planlm.data.artifacts import PreparedDataset
     from planlm.models.planned_lm import PlannedLM
-    from planlm.plans.kinds import plan_source
-    from planlm.plans.spec import PlanSpec, evaluation_spec
+    from planlm.plans.config import PlanConfig, evaluation_plans
+    from planlm.plans.registry import plan_source
 
     folder = model_dir(bench_args, condition, seed)
     model, prepared = PlannedLM.from_pretrained(folder).eval(), PreparedDataset(prepared_dir)
     split = prepared["test"]
     sentences = np.arange(split.num_sentences)
-    sources = {expectation: plan_source(evaluation_spec(PlanSpec(num_paths=1 if expectation else num_paths,
-                                                                 expectation=expectation),
+    sources = {expectation: plan_source(evaluation_plans(PlanConfig(num_paths=1 if expectation else num_paths,
+                                                                    expectation=expectation),
                                                         model, str(folder)), prepared, split, sentences=sentences)
                for expectation in (True, False)}
     adapter = model.adapter

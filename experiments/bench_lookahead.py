@@ -112,16 +112,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def grid(args, every_row: bool = False) -> dict[str, dict]:
     """{row name: {plans, adapter, label}} of the table, in order (--rows only, unless ``every_row``)."""
     from planlm.models.adapter import AdapterSettings
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
 
     out, k_max = Path(args.out_dir), max(args.num_paths)
     ours_planner, own_planner = str(out / f"planner-h{args.planner_horizon}"), str(out / "planner-h1")
 
-    def sampled(t: int, k: int) -> PlanSpec:
-        return PlanSpec(kind="planner_sampled", num_paths=k, horizon=t, temperature=1.0, planner_dir=ours_planner)
-    rows = {"fixed": {"plans": PlanSpec(kind="fixed"), "adapter": AdapterSettings(kind="project_avg"),
+    def sampled(t: int, k: int) -> PlanConfig:
+        return PlanConfig(kind="planner_sampled", num_paths=k, horizon=t, temperature=1.0, planner_dir=ours_planner)
+    rows = {"fixed": {"plans": PlanConfig(kind="fixed"), "adapter": AdapterSettings(kind="project_avg"),
                       "label": "Fixed"},
-            "cornille": {"plans": PlanSpec(kind="planner_argmax", num_paths=1, horizon=1, planner_dir=own_planner),
+            "cornille": {"plans": PlanConfig(kind="planner_argmax", num_paths=1, horizon=1, planner_dir=own_planner),
                          "adapter": AdapterSettings(kind="project_avg"),
                          "label": "Cornille et al. (argmax, Project and Avg, horizon-1 planner)"}}
     for t in args.horizons:
@@ -134,7 +134,7 @@ def grid(args, every_row: bool = False) -> dict[str, dict]:
     rows[f"norezero-T{t}-K{k_max}"] = {"plans": sampled(t, k_max),
                                        "adapter": AdapterSettings(kind="multipath", rezero=False),
                                        "label": f"ours without ReZero, T={t}, K={k_max}"}
-    rows["oracle"] = {"plans": PlanSpec(kind="oracle", num_paths=1, horizon=max(args.horizons)),
+    rows["oracle"] = {"plans": PlanConfig(kind="oracle", num_paths=1, horizon=max(args.horizons)),
                       "adapter": AdapterSettings(kind="multipath"),
                       "label": f"oracle (true next {max(args.horizons)} actions)"}
     return rows if every_row or not args.rows else {name: row for name, row in rows.items() if name in args.rows}
@@ -169,12 +169,12 @@ def train_planner(args, prepared_dir: str, horizon: int) -> None:
     """A planner that reads the last --lag sentences (all it needs: they decide the next --lag types' candidates,
     at fixed positions) with the causal dynamics (all T steps trained in one pass). Measured (10 epochs, lr 2e-3,
     600 articles): step-1 NLL 1.13 x the optimum with 6 sentences, 1.51 x with 32."""
-    from planlm.models.planner import PlannerShape
+    from planlm.models.planner import PlannerSettings
     from planlm.train.planner import PlannerTrainArgs, train_planner as train
 
     d = args.planner_d_model
     train(prepared_dir=prepared_dir, out_dir=str(Path(args.out_dir) / f"planner-h{horizon}"),
-          model=PlannerShape(d_model=d, num_heads=2, dim_feedforward=2 * d, num_layers=1, horizon=horizon,
+          model=PlannerSettings(d_model=d, num_heads=2, dim_feedforward=2 * d, num_layers=1, horizon=horizon,
                              max_sentences=args.lag, dynamics="causal"),
           train=PlannerTrainArgs(batch_size=128, lr=args.planner_lr, max_epochs=args.planner_epochs, seed=0))
 
@@ -207,10 +207,10 @@ def train_rows(args, seed: int, prepared_dir: str, names: list[str]) -> dict:
     return clock.stages
 
 
-def _seeded(spec, seed: int):
+def _seeded(plans, seed: int):
     from dataclasses import replace
 
-    return replace(spec, seed=seed) if spec.strategy.samples_paths else spec  # the seed draws the sampled paths
+    return replace(plans, seed=seed) if plans.plan_kind.samples_paths else plans  # the seed draws the sampled paths
 
 
 def train_base(args, seed: int, prepared_dir: str) -> dict:

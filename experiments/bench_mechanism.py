@@ -292,15 +292,15 @@ CONDITIONS = ("none", "fixed", "argmax", "sampled", "ours", "oracle")
 def condition_config(name: str, planner_dir: str, args, seed: int) -> dict:
     """The train-lm arguments (plans, adapter) of one condition of the benchmark."""
     from planlm.models.adapter import AdapterSettings
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
 
     sampled = dict(kind="planner_sampled", num_paths=args.num_paths, temperature=1.0, planner_dir=planner_dir,
                    seed=seed)
-    plans = {"none": PlanSpec(kind="none"), "fixed": PlanSpec(kind="fixed"), "oracle": PlanSpec(kind="oracle"),
-             "argmax": PlanSpec(kind="planner_argmax", num_paths=1, horizon=1, planner_dir=planner_dir),
-             "sampled": PlanSpec(horizon=1, **sampled), "ours": PlanSpec(horizon=args.horizon, **sampled),
+    plans = {"none": PlanConfig(kind="none"), "fixed": PlanConfig(kind="fixed"), "oracle": PlanConfig(kind="oracle"),
+             "argmax": PlanConfig(kind="planner_argmax", num_paths=1, horizon=1, planner_dir=planner_dir),
+             "sampled": PlanConfig(horizon=1, **sampled), "ours": PlanConfig(horizon=args.horizon, **sampled),
              # not in CONDITIONS: sampled's plans in expectation (K = 1), experiments/bench_expectation.py
-             "expected": PlanSpec(horizon=1, **{**sampled, "num_paths": 1}, expectation=True)}[name]
+             "expected": PlanConfig(horizon=1, **{**sampled, "num_paths": 1}, expectation=True)}[name]
     return {"plans": plans, "adapter": AdapterSettings(kind="multipath" if name == "ours" else "project_avg")}
 
 
@@ -495,12 +495,12 @@ def main() -> None:
 
 def train_mechanism_planner(args, prepared_dir: str, clock: Clock) -> str:
     """The benchmark's planner (reused when trained): its folder."""
-    from planlm.models.planner import PlannerShape
+    from planlm.models.planner import PlannerSettings
     from planlm.train.planner import PlannerTrainArgs, train_planner
 
     planner_dir = args.planner_dir or str(Path(args.out_dir) / "planner")
     clock("train-planner", train_planner, prepared_dir=prepared_dir, out_dir=planner_dir,
-          model=PlannerShape(d_model=args.planner_d_model, num_heads=2, dim_feedforward=2 * args.planner_d_model,
+          model=PlannerSettings(d_model=args.planner_d_model, num_heads=2, dim_feedforward=2 * args.planner_d_model,
                              num_layers=args.planner_layers, horizon=args.horizon),
           train=PlannerTrainArgs(batch_size=128, lr=args.planner_lr, max_epochs=args.planner_epochs))
     return planner_dir

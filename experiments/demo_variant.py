@@ -32,13 +32,13 @@ def variant_config(run: Path, condition: str, seed: int, changes: list[str]) -> 
     from dataclasses import fields
 
     from planlm.models.adapter import AdapterSettings
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
     from planlm.train.lm import LMModelConfig, LMTrainConfig
 
     config = json.loads((run / "lm" / condition / f"seed{seed}" / "manifest.json").read_text())["config"]
     args = {name: dict(config[name]) for name in ("model", "plans", "adapter", "train")}
     args["train"], args["runtime"] = recorded_runtime(args["train"])
-    taken = {"model": LMModelConfig, "plans": PlanSpec, "adapter": AdapterSettings, "train": LMTrainConfig}
+    taken = {"model": LMModelConfig, "plans": PlanConfig, "adapter": AdapterSettings, "train": LMTrainConfig}
     for section, group in taken.items():  # the keys train-lm takes now
         args[section] = {key: value for key, value in args[section].items()
                          if key in {knob.name for knob in fields(group)}}

@@ -28,8 +28,8 @@ import torch
 
 from planlm.data.windows import article_windows
 from planlm.evaluate.loading import load_checked
-from planlm.plans.kinds import plan_source
-from planlm.plans.spec import PlanSpec, evaluation_spec
+from planlm.plans.config import PlanConfig, evaluation_plans
+from planlm.plans.registry import plan_source
 
 GATES = ("alpha_path", "alpha_sample")
 
@@ -90,8 +90,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     prepared, split, model = load_checked(args.model_dir, args.prepared_dir, args.split)
-    spec = evaluation_spec(PlanSpec(), model, args.model_dir)
-    source = plan_source(spec, prepared, split)
+    plans = evaluation_plans(PlanConfig(), model, args.model_dir)
+    source = plan_source(plans, prepared, split)
     manifest = json.loads((Path(args.model_dir) / "manifest.json").read_text())
     train = manifest["config"]["train"]
     lr = (train.get("adapter_lr") or train["lr"]) * train["multipath_lr_scale"]  # the gated transformers' group

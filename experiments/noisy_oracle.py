@@ -35,7 +35,8 @@ from experiments.demo_variant import evaluate_args, variant_config
 from experiments.planner_size_gain import PLANNED, read_run
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.evaluate.bootstrap import compare_evaluations
-from planlm.plans.kinds import KINDS, PlanStrategy, register_plan_kind
+from planlm.plans.kinds import PlanKind
+from planlm.plans.registry import KINDS, register_plan_kind
 from planlm.plans.sources import OraclePlans, Plans, TablePlans
 
 
@@ -54,7 +55,7 @@ def noisy_actions(split: PreparedSplit, unigram: np.ndarray, keep: float, seed: 
     return np.where(kept, np.asarray(split.actions), drawn)
 
 
-class NoisyOracle(PlanStrategy):
+class NoisyOracle(PlanKind):
     """The oracle's plans with each true action kept with probability ``keep``, else replaced by a unigram draw."""
 
     reads_future = True
@@ -63,17 +64,17 @@ class NoisyOracle(PlanStrategy):
         self.keep = keep
         self.name = f"noisy_oracle_{round(keep * 100)}"
 
-    def _source(self, spec, prepared: PreparedDataset, split: PreparedSplit) -> OraclePlans:
-        oracle = OraclePlans(split, spec.num_paths, spec.horizon)
-        oracle.actions = noisy_actions(split, training_unigram(prepared), self.keep, spec.seed)  # (N_sent,)
+    def _source(self, plans, prepared: PreparedDataset, split: PreparedSplit) -> OraclePlans:
+        oracle = OraclePlans(split, plans.num_paths, plans.horizon)
+        oracle.actions = noisy_actions(split, training_unigram(prepared), self.keep, plans.seed)  # (N_sent,)
         return oracle
 
-    def plan(self, boundaries, spec, rng, planner=None) -> Plans:
+    def plan(self, boundaries, plans, rng, planner=None) -> Plans:
         raise NotImplementedError("noisy oracle plans are read per split (source), not made for free text")
 
-    def source(self, spec, prepared, split, sentences, *_) -> TablePlans:
-        plans = self._source(spec, prepared, split)(sentences)
-        return TablePlans(plans, sentences, split.num_sentences)
+    def source(self, plans, prepared, split, sentences, *_) -> TablePlans:
+        made = self._source(plans, prepared, split)(sentences)
+        return TablePlans(made, sentences, split.num_sentences)
 
 
 def information(prepared: PreparedDataset, keep: float, seed: int = 0, split: str = "validation") -> dict:

@@ -13,7 +13,7 @@ free-running: ``planlm.train.planner_metrics.planner_information``).
     python experiments/planner_scaling.py --prepared ... --sizes 0 --variant encoder=article \\
         --variant max_epochs=12 --variant d_model=256,dim_feedforward=512
 
-``--sizes 0`` is every article of the planner split. A ``--variant`` overrides model (``PlannerShape``) or train
+``--sizes 0`` is every article of the planner split. A ``--variant`` overrides model (``PlannerSettings``) or train
 (``PlannerTrainArgs``) fields of the recipe, by name; each variant is trained at every size and seed. Writes
 ``scaling.json``, ``scaling.md`` (one row per variant and size: information per step, mean and each seed) and
 ``scaling.png`` (information at step 1 and step T against training articles) in ``--out_dir``, with the rows of
@@ -33,7 +33,7 @@ import yaml
 
 from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
-from planlm.models.planner import PlannerShape
+from planlm.models.planner import PlannerSettings
 from planlm.train.planner import PlannerTrainArgs, train_planner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,24 +49,24 @@ def parse_variant(text: str) -> dict[str, object]:
     return {key: yaml.safe_load(value) for key, value in pairs}
 
 
-def recipe(config: Path, variant: dict) -> tuple[PlannerShape, dict, Runtime]:
+def recipe(config: Path, variant: dict) -> tuple[PlannerSettings, dict, Runtime]:
     """The demo config's planner model and train sections with ``variant``'s fields put in their section, and its
     runtime section (the precision the planners train in)."""
     section = yaml.safe_load(config.read_text())["planner"]
     model, train = dict(section.get("model") or {}), dict(section.get("train") or {})
-    shape_fields = {f.name for f in fields(PlannerShape)}
+    settings_fields = {f.name for f in fields(PlannerSettings)}
     train_fields = {f.name for f in fields(PlannerTrainArgs)}
     for key, value in variant.items():
-        if key in shape_fields:
+        if key in settings_fields:
             model[key] = value
         elif key in train_fields:
             train[key] = value
         else:
-            raise SystemExit(f"--variant: {key!r} is neither a PlannerShape nor a PlannerTrainArgs field")
-    return PlannerShape(**model), train, Runtime(**(section.get("runtime") or {}))
+            raise SystemExit(f"--variant: {key!r} is neither a PlannerSettings nor a PlannerTrainArgs field")
+    return PlannerSettings(**model), train, Runtime(**(section.get("runtime") or {}))
 
 
-def train_one(prepared: Path, out: Path, shape: PlannerShape, train: dict, runtime: Runtime, size: int,
+def train_one(prepared: Path, out: Path, shape: PlannerSettings, train: dict, runtime: Runtime, size: int,
               seed: int) -> dict:
     """Train (or reuse) one planner on the first ``size`` planner-split articles; its information and time."""
     start = time.perf_counter()

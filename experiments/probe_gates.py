@@ -22,13 +22,13 @@ import torch
 
 from planlm.evaluate.loading import load_checked
 from planlm.evaluate.perplexity import evaluate_split
-from planlm.plans.spec import PlanSpec, evaluation_spec
+from planlm.plans.config import PlanConfig, evaluation_plans
 
 GATES = ("alpha_path", "alpha_sample")
 
 
-def perplexity(model, prepared, split, spec, args) -> float:
-    result = evaluate_split(model, prepared, split, spec, split.num_articles, args.stride, 128, 64, "cpu", "fp32")
+def perplexity(model, prepared, split, plans, args) -> float:
+    result = evaluate_split(model, prepared, split, plans, split.num_articles, args.stride, 128, 64, "cpu", "fp32")
     return float(np.exp(np.sum(result["nll_sums"]) / np.sum(result["tokens"])))
 
 
@@ -59,12 +59,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     prepared, split, model = load_checked(args.model_dir, args.prepared_dir, args.split)
-    spec = evaluation_spec(PlanSpec(), model, args.model_dir)
+    plans = evaluation_plans(PlanConfig(), model, args.model_dir)
     adapter = model.adapter
     trained = {g: float(getattr(adapter, g).detach()) for g in GATES}
     print(f"{args.model_dir}: trained alpha_1 {trained['alpha_path']:+.4f}, alpha_2 {trained['alpha_sample']:+.4f}; "
-          f"{split.num_articles} {args.split} articles, stride {args.stride}, plans {spec.kind} K={spec.num_paths} "
-          f"T={spec.horizon}")
+          f"{split.num_articles} {args.split} articles, stride {args.stride}, plans {plans.kind} K={plans.num_paths} "
+          f"T={plans.horizon}")
     rows = [("trained", trained["alpha_path"], trained["alpha_sample"])]
     rows += [(f"both {v:g}", v, v) for v in args.values]
     rows += [(f"alpha_1 only {v:g}", v, 0.0) for v in args.values if v > 0.05]
@@ -75,13 +75,13 @@ def main() -> None:
         with torch.no_grad():
             adapter.alpha_path.fill_(alpha_1)
             adapter.alpha_sample.fill_(alpha_2)
-        ppl = perplexity(model, prepared, split, spec, args)
+        ppl = perplexity(model, prepared, split, plans, args)
         reference = ppl if reference is None else reference
         print(f"| {name} | {alpha_1:+.4f} | {alpha_2:+.4f} | {ppl:.3f} | {ppl - reference:+.3f} |", flush=True)
     with torch.no_grad():
         adapter.alpha_path.fill_(trained["alpha_path"])
         adapter.alpha_sample.fill_(trained["alpha_sample"])
-    paths = torch.randint(0, prepared.num_actions, (256, spec.num_paths, spec.horizon))
+    paths = torch.randint(0, prepared.num_actions, (256, plans.num_paths, plans.horizon))
     print("\nNorms over 256 random paths (the plan vector is added to token embeddings):")
     for name, value in what_the_transformers_add(adapter, paths).items():
         print(f"- {name}: {value:.4f}")

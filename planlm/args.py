@@ -4,7 +4,7 @@ values that planlm still reads, each with a one-line note.
 
 The other groups live with the code that reads them: the trainer and optimiser group of both trainings is
 ``planlm.train.args.TrainArgs``, the sampling group of ``generate`` and ``edit-distance`` is
-``planlm.evaluate.generator.SamplingConfig``, the plans group is ``planlm.plans.spec.PlanSpec``.
+``planlm.evaluate.generator.SamplingConfig``, the plans group is ``planlm.plans.config.PlanConfig``.
 docs/configuration.md lists every key of every command (``python -m planlm.config_docs`` writes it).
 """
 

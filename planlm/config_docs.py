@@ -33,7 +33,7 @@ A key is a flag on the command line (`--train.lr 0.001`) and a key of the comman
 code: the trainer and optimiser group (`planlm.train.args.TrainArgs`: `train.*` of `train-planner` and
 `train-lm`), the runtime group (`planlm.args.Runtime`: `runtime.*`, the device and the precision of every command
 that runs a network; `train-lm`'s adds its speed knobs, `planlm.args.LMRuntime`), the plans
-(`planlm.plans.spec.PlanSpec`: `plans.*`; `generate`, `edit-distance` and `adherence` take its `PlanSettings`)
+(`planlm.plans.config.PlanConfig`: `plans.*`; `generate`, `edit-distance` and `adherence` take its `PlanSettings`)
 and the sampling of tokens (`planlm.evaluate.generator.SamplingConfig`: `sampling.*` of `generate` and
 `edit-distance`). Every precision takes one vocabulary: auto, native, fp32, bf16 (`planlm.args`).
 

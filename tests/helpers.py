@@ -14,8 +14,8 @@ import torch
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
-from planlm.plans.spec import PlanKind, PlanSpec
 from planlm.models.planner import Planner, PlannerConfig
+from planlm.plans.config import PlanConfig
 
 
 def tiny_gpt2_config(**overrides) -> dict:
@@ -51,7 +51,7 @@ def tiny_planned_lm(prepared: PreparedDataset, adapter: str = "project_avg", see
 
     adapter_config = AdapterConfig(kind=adapter, num_actions=prepared.num_actions, action_dim=prepared.embedding_dim,
                                    hidden_size=32, horizon=4, num_heads=2)
-    config = PlannedLMConfig(plans=PlanSpec(kind="oracle", num_paths=2, horizon=3), adapter=adapter_config,
+    config = PlannedLMConfig(plans=PlanConfig(kind="oracle", num_paths=2, horizon=3), adapter=adapter_config,
                              num_actions=prepared.num_actions, codebook_hash=prepared.codebook_hash,
                              tokenizer=prepared.tokenizer_name, base_model_config={"model_type": "gpt2"})
     model = PlannedLM(config, tiny_gpt2(seed), prepared.codebook)
@@ -63,7 +63,7 @@ def tiny_planned_lm(prepared: PreparedDataset, adapter: str = "project_avg", see
 
 def use_planner(model: PlannedLM, planner_dir) -> PlannedLM:
     """``model`` as if trained on plans sampled from the planner in ``planner_dir`` (its K and T kept)."""
-    model.config.plans = {**model.config.plans, "kind": PlanKind.planner_sampled.value}
+    model.config.plans = {**model.config.plans, "kind": "planner_sampled"}
     model.plan_folders = {"planner_dir": str(planner_dir)}
     return model
 
@@ -80,7 +80,7 @@ def sampled_multipath(prepared: PreparedDataset, planner_dir: Path):
     with torch.no_grad():
         model.adapter.alpha_path.fill_(1.0)
         model.adapter.alpha_sample.fill_(1.0)
-    return model, PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, planner_dir=str(planner_dir)).resolve()
+    return model, PlanConfig(kind="planner_sampled", num_paths=2, horizon=3, planner_dir=str(planner_dir)).resolve()
 
 
 def chatty_planned_lm(prepared: PreparedDataset, period_bias: float = 0.66, seed: int = 0,

@@ -21,7 +21,7 @@ import yaml
 
 from planlm.errors import PlanlmError
 from planlm.models.adapter import ADAPTERS, AdapterConfig, MultiPath, ProjectAvg, build_adapter, register_adapter
-from planlm.plans.kinds import KINDS
+from planlm.plans.registry import KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "extending.md"
@@ -209,7 +209,7 @@ def test_an_unknown_adapter_kind_is_a_one_line_error_naming_the_registered_ones(
 
 def test_an_import_path_that_does_not_import_is_a_one_line_error_naming_it():
     from planlm.models.adapter import AdapterSettings
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
 
     with pytest.raises(PlanlmError, match=r"^--adapter.kind: adapter 'no_such_package.adapters:Mine' cannot be imported "
                                           r"\(no module named 'no_such_package'\); install the package"):
@@ -219,7 +219,7 @@ def test_an_import_path_that_does_not_import_is_a_one_line_error_naming_it():
         AdapterSettings(kind="torch.nn:Linear")
     with pytest.raises(PlanlmError, match=r"^--plans.kind: plans kind 'planlm.plans.kinds:Nothing' cannot be imported "
                                           r"\(module planlm.plans.kinds has no attribute 'Nothing'\)"):
-        PlanSpec(kind="planlm.plans.kinds:Nothing")
+        PlanConfig(kind="planlm.plans.kinds:Nothing")
 
 
 def test_a_folder_recording_a_name_registered_elsewhere_says_to_name_the_class_by_its_path(registries, tmp_path):
@@ -303,7 +303,7 @@ def test_an_adapter_of_ones_own_checks_its_settings(registries):
 def test_a_plans_kind_named_by_its_path_is_read_by_the_pipelines_flags(registries):
     """`planlm run` asks a condition's kind whether it needs a planner: a kind named by its import path is imported
     to answer; one that does not import answers no (its section's error follows where it is bound)."""
-    from planlm.plans.kinds import kind_flag
+    from planlm.plans.registry import kind_flag
 
     assert kind_flag("planlm.plans.kinds:OracleKind", "reads_future")
     assert not kind_flag("planlm.plans.kinds:OracleKind", "uses_planner")

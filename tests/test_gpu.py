@@ -12,12 +12,12 @@ from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.evaluate.perplexity import evaluate, evaluate_split
 from planlm.plans.cache import load_plans
-from planlm.plans.kinds import draw_plans
+from planlm.plans.config import PlanConfig
+from planlm.plans.draws import draw_plans
 from planlm.plans.sampling import sample_plans
-from planlm.plans.spec import PlanSpec
 
 from helpers import linear_output_dtypes, sampled_multipath, tiny_planner, use_planner
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -28,7 +28,7 @@ def test_planner_samples_on_cuda_in_bf16_by_default(synthetic_cycle, tmp_path, d
     prepared = PreparedDataset(synthetic_cycle)
     folder = tiny_planner(prepared, dynamics=dynamics, max_sentences=4).save_pretrained(tmp_path / "planner")
     with linear_output_dtypes() as seen:
-        out = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(folder), num_paths=4, horizon=3),
+        out = sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=str(folder), num_paths=4, horizon=3),
                            splits=["validation"],
                            runtime=Runtime(device="cuda"), out_dir=str(tmp_path / "plans"))  # auto: bf16 on CUDA
     assert seen and set().union(*seen.values()) == {torch.bfloat16}
@@ -37,8 +37,8 @@ def test_planner_samples_on_cuda_in_bf16_by_default(synthetic_cycle, tmp_path, d
     # reproducible on the GPU, and greedy paths mostly agree with fp32 on the CPU (bf16 rounding aside)
     planner = tiny_planner(prepared, dynamics=dynamics, max_sentences=4)
     split = prepared["validation"]
-    sampled = PlanSpec(kind="planner_sampled", num_paths=4, horizon=3).resolve()
-    greedy = PlanSpec(kind="planner_sampled", num_paths=1, horizon=3, temperature=0.0).resolve()
+    sampled = PlanConfig(kind="planner_sampled", num_paths=4, horizon=3).resolve()
+    greedy = PlanConfig(kind="planner_sampled", num_paths=1, horizon=3, temperature=0.0).resolve()
     again = draw_plans(planner, split, sampled, device="cuda", precision="auto").paths
     np.testing.assert_array_equal(again, draw_plans(planner, split, sampled, device="cuda", precision="auto").paths)
     greedy_gpu = draw_plans(planner, split, greedy, device="cuda", precision="bf16").paths
@@ -56,7 +56,7 @@ def test_evaluation_on_cuda_runs_bf16_and_matches_fp32_closely(synthetic_random,
     assert set().union(*seen.values()) == {torch.bfloat16}
     assert seen[model.lm.lm_head] == {torch.bfloat16} and np.isfinite(sampled["nll_sums"]).all()
     # oracle plans: bf16 on CUDA, fp32 on CUDA and fp32 on CPU agree up to rounding
-    oracle = PlanSpec(kind="oracle", num_paths=2, horizon=3).resolve()
+    oracle = PlanConfig(kind="oracle", num_paths=2, horizon=3).resolve()
     nll = {(device, precision): evaluate_split(model, prepared, split, oracle, num_articles=4, batch_size=4,
                                                device=device, precision=precision)["nll_sums"]
            for device, precision in (("cuda", "auto"), ("cuda", "fp32"), ("cpu", "fp32"))}
@@ -81,7 +81,7 @@ def test_bf16_generation_on_cuda(synthetic_cycle):
     prepared = PreparedDataset(synthetic_cycle)
     planner = tiny_planner(prepared, dynamics="causal")
     model = chatty_planned_lm(prepared)
-    cond = PlanSpec(kind="planner_sampled", num_paths=4, horizon=3, planner_dir="unused").resolve()
+    cond = PlanConfig(kind="planner_sampled", num_paths=4, horizon=3, planner_dir="unused").resolve()
     with linear_output_dtypes() as seen:
         result = generate_text(model, load_tokenizer("gpt2"), "Red water red.", plans=cond, planner=planner,
                                embed_fn=synthetic_embed_fn(prepared), sampling=SamplingConfig(max_new_tokens=30),
@@ -98,11 +98,11 @@ def test_adaptive_path_policies_sample_on_cuda(synthetic_cycle, dynamics):
     split = prepared["validation"]
     planner = tiny_planner(prepared, dynamics=dynamics, max_sentences=4)
     for policy in (PathPolicy("entropy", min_paths=1, max_paths=8), PathPolicy("entropy", min_paths=2, entropy_high=0.5)):
-        spec = PlanSpec(kind="planner_sampled", num_paths=8, horizon=3, path_policy=policy).resolve()
-        drawn = draw_plans(planner, split, spec, device="cuda", precision="auto")
+        plans = PlanConfig(kind="planner_sampled", num_paths=8, horizon=3, path_policy=policy).resolve()
+        drawn = draw_plans(planner, split, plans, device="cuda", precision="auto")
         paths, counts = drawn.paths, drawn.counts
         assert paths.shape == (split.num_sentences, 8, 3) and 0 <= paths.min() and paths.max() < 8
         assert counts.min() >= policy.min_paths and counts.max() <= 8
-        again = draw_plans(planner, split, spec, device="cuda", precision="auto")
+        again = draw_plans(planner, split, plans, device="cuda", precision="auto")
         np.testing.assert_array_equal(paths, again.paths)
         np.testing.assert_array_equal(counts, again.counts)  # reproducible on the GPU

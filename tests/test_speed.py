@@ -15,7 +15,7 @@ from planlm.device import cpu_supports_bf16
 from planlm.errors import PlanlmError
 from planlm.evaluate.perplexity import evaluate
 from planlm.models.planned_lm import PlannedLM
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 from planlm.speed import compile_module, keep_freed_memory, speed_up_lm
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.lm_module import LightningLM
@@ -93,21 +93,21 @@ def test_train_lm_and_evaluate_in_bf16_with_the_chunked_loss(synthetic_random, t
     """The fast setting through the commands: bf16 autocast and the chunked loss, and evaluation's chunked NLL equal
     to the plain one."""
     from planlm.evaluate.perplexity import evaluate_split
-    from planlm.plans.spec import evaluation_spec
+    from planlm.plans.config import evaluation_plans
 
     model_dir = train_lm(str(synthetic_random), str(tmp_path / "lm"), LMModelConfig(model_config=tiny_gpt2_config()),
-                         PlanSpec(kind="oracle"), train=LMTrainConfig(**QUICK),
+                         PlanConfig(kind="oracle"), train=LMTrainConfig(**QUICK),
                          runtime=LMRuntime(precision="bf16", loss_chunk_size=64))
     assert PlannedLM.from_pretrained(model_dir).loss_chunk_size == 0  # a run setting, not saved
     metrics = evaluate(str(model_dir), str(synthetic_random), str(tmp_path / "eval"), max_articles=3, stride=64,
                        bootstrap_samples=10, runtime=Runtime(device="cpu", precision="fp32"))
     prepared = PreparedDataset(synthetic_random)
     model = PlannedLM.from_pretrained(model_dir)
-    spec = evaluation_spec(PlanSpec(), model, str(model_dir))
+    plans = evaluation_plans(PlanConfig(), model, str(model_dir))
     nll = {}
     for chunk in (0, 50):
         model.loss_chunk_size = chunk
-        result = evaluate_split(model, prepared, prepared.split("test"), spec, 3, 64, 128, 32, torch.device("cpu"),
+        result = evaluate_split(model, prepared, prepared.split("test"), plans, 3, 64, 128, 32, torch.device("cpu"),
                                 "fp32", False)
         nll[chunk] = result["nll_sums"].sum() / result["tokens"].sum()
     assert nll[50] == pytest.approx(nll[0], rel=1e-6)
@@ -134,7 +134,7 @@ def test_train_lm_compiled_for_real(synthetic_random, tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model_dir = train_lm(str(synthetic_random), str(tmp_path / "lm"),
-                             LMModelConfig(model_config=tiny_gpt2_config()), PlanSpec(kind="oracle"),
+                             LMModelConfig(model_config=tiny_gpt2_config()), PlanConfig(kind="oracle"),
                              train=LMTrainConfig(**QUICK), runtime=LMRuntime(compile=True, compile_loss=True))
         torch.manual_seed(0)
         hidden, weight = torch.randn(50, 8, requires_grad=True), torch.randn(40, 8, requires_grad=True)

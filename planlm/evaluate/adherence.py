@@ -49,7 +49,7 @@ from planlm.evaluate.loading import model_fingerprint
 from planlm.evaluate.metrics import AdherenceMetrics, ConditionAdherence, SeededInterval
 from planlm.evaluate.outline import Outline
 from planlm.jsonio import write_json
-from planlm.plans.spec import PlanSettings
+from planlm.plans.config import PlanSettings
 from planlm.stage import StageDir, config_fingerprint, read_manifest
 
 Condition = Literal["outline", "own", "fixed", "shuffled"]
@@ -119,10 +119,11 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
     prepared = PreparedDataset(prepared_dir)
     split_view = prepared.split(split)
     tasks = select_outlines(split_view, max_articles, outlines_per_article, outline_length, seed)
-    specs = condition_specs(plans)
+    by_condition = condition_plans(plans)
     key = {"models": {s: model_fingerprint(folder) for s, folder in models.items()},
            "prepared": config_fingerprint(prepared_dir), "split": split, "tasks": tasks,
-           "conditions": list(conditions), "specs": {c: _spec_key(specs[c]) for c in conditions}, "seed": seed,
+           "conditions": list(conditions), "specs": {c: _settings_key(by_condition[c]) for c in conditions},
+           "seed": seed,
            "context_length": context_length, "sampling": sampling.reuse_key(), "bootstrap_samples": bootstrap_samples,
            "confidence": CONFIDENCE, "generation_version": GENERATION_VERSION,
            "scoring": "of_asked, shuffled from another document"}  # folders scored otherwise are rebuilt
@@ -134,7 +135,7 @@ def adherence(model_dir: str, prepared_dir: str, out_dir: str, split: str = "tes
                    embed_fn, prepared.codebook.numpy())
         bar = open_bar("writing to outlines", len(models) * len(conditions) * len(tasks), "outlines")
         rows = [row for model_seed, folder in models.items() for condition in conditions
-                for row in run.measure(folder, model_seed, condition, specs[condition], bar)]
+                for row in run.measure(folder, model_seed, condition, by_condition[condition], bar)]
         bar.close()
         metrics = summarise(rows, tasks, split_view, list(models), list(conditions), prepared.num_actions,
                             bootstrap_samples, CONFIDENCE, seed)
@@ -170,7 +171,7 @@ def model_seeds(model_dir: str) -> dict[int, Path]:
     return seeds
 
 
-def condition_specs(plans: PlanSettings) -> dict[str, PlanSettings]:
+def condition_plans(plans: PlanSettings) -> dict[str, PlanSettings]:
     """The plan overrides of each condition: ``plans`` for own, its planner folder for the others, and the Fixed
     baseline's kind for fixed."""
     planner = PlanSettings(planner_dir=plans.planner_dir)
@@ -178,8 +179,8 @@ def condition_specs(plans: PlanSettings) -> dict[str, PlanSettings]:
             "fixed": PlanSettings(kind="fixed", planner_dir=plans.planner_dir)}
 
 
-def _spec_key(spec: PlanSettings) -> dict:
-    return {f.name: str(getattr(spec, f.name)) for f in fields(spec) if getattr(spec, f.name) is not None}
+def _settings_key(plans: PlanSettings) -> dict:
+    return {f.name: str(getattr(plans, f.name)) for f in fields(plans) if getattr(plans, f.name) is not None}
 
 
 def select_outlines(split: PreparedSplit, max_articles: Optional[int], per_article: int, length: int,
@@ -217,14 +218,14 @@ class _Run:
     embed_fn: EmbedFn
     codebook: np.ndarray
 
-    def measure(self, model_dir: Path, model_seed: int, condition: str, spec: PlanSettings, bar) -> list[dict]:
+    def measure(self, model_dir: Path, model_seed: int, condition: str, plans: PlanSettings, bar) -> list[dict]:
         """Every task's continuation under ``condition``, one row per complete sentence of the L asked for."""
-        generator, _, _ = build_generator(str(model_dir), self.prepared_dir, self.split, spec, self.runtime, self.seed,
+        generator, _, _ = build_generator(str(model_dir), self.prepared_dir, self.split, plans, self.runtime, self.seed,
                                           embed_fn=self.embed_fn)
-        plans = (shuffled_outlines(self.tasks, self.seed, task_sources(self.tasks, self.split_view))
-                 if condition == "shuffled" else [t.actions for t in self.tasks])
+        outlines = (shuffled_outlines(self.tasks, self.seed, task_sources(self.tasks, self.split_view))
+                    if condition == "shuffled" else [t.actions for t in self.tasks])
         rows = []
-        for task, plan in zip(self.tasks, plans):
+        for task, plan in zip(self.tasks, outlines):
             prompt = generator.prompt_from_article(self.split_view, task.article, task.boundary, self.context_length)
             outline = Outline(plan, then="stop") if condition in ("outline", "shuffled") else None
             result = generator.generate(prompt, self.sampling, outline=outline, max_sentences=len(task.actions))

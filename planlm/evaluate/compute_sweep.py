@@ -1,15 +1,16 @@
-"""Compute against perplexity: fixed K beside the adaptive path policies (``planlm sweep --kind compute``).
+"""Compute against perplexity: K at every boundary beside the adaptive path policies (``planlm sweep --kind
+compute``).
 
-Every point is a full ``planlm evaluate`` of the same LM on the same articles, in
-``<out_dir>/<point>/``: fixed K = 1, 2, 5, 10, 20, 50 and each adaptive policy (``planlm.plans.policy``)
-at the budgets given (its max_paths, entropy_high). Each row records the paths sampled per
-boundary (mean and fraction of K_max), perplexity, its paired difference from fixed K_max (the largest
-fixed K) with the paired bootstrap interval over articles (``planlm.evaluate.bootstrap``), and the wall,
+Every point is a full ``planlm evaluate`` of the same LM on the same articles, in ``<out_dir>/<point>/``: ``all-K``,
+K at every boundary (the path policy all), for K = 1, 2, 5, 10, 20, 50, and each adaptive policy
+(``planlm.plans.policy``) at the budgets given (its max_paths, entropy_high). Each row records the paths sampled per
+boundary (mean and fraction of K_max), perplexity, its paired difference from ``all-K_max`` (the largest K) with the
+paired bootstrap interval over articles (``planlm.evaluate.bootstrap``), and the wall,
 planner and LM time. Written: ``sweep_compute.csv``, ``sweep_compute.png`` (perplexity against mean
 paths per boundary and against wall time) and, per adaptive point, ``<point>/where_paths_went.json``: the
 histogram of paths per boundary and the boundaries that got the most and the fewest paths, with the
 planner's top first actions and the sentence that followed. With ``expectation``, one more point,
-``expected-1``: plans in expectation at K = 1 (``PlanSpec.expectation``; beyond the paper), at its measured
+``expected-1``: plans in expectation at K = 1 (``PlanConfig.expectation``; beyond the paper), at its measured
 planner cost (one sampled path; its ``paths_mean`` is 1).
 """
 
@@ -38,16 +39,17 @@ EXPECTED_POINT = "expected-1"
 
 def compute_points(num_paths: list[int], policies: list[PathPolicy],
                    expectation: bool = False) -> list[tuple[str, int, PathPolicy]]:
-    """(folder name, K_max, policy) of every point: the fixed K, the adaptive policies, then (``expectation``)
-    ``EXPECTED_POINT``."""
+    """(folder name, K_max, policy) of every point: K at every boundary, the adaptive policies, then
+    (``expectation``) ``EXPECTED_POINT``."""
     if not num_paths or min(num_paths) < 1:
-        raise PlanlmError(f"--num_paths {num_paths}: the compute sweep needs fixed K values, each >= 1")
+        raise PlanlmError(f"--num_paths {num_paths}: the compute sweep needs K values (each given to every "
+                          f"boundary), each >= 1")
     largest = max(num_paths)
-    points = [(f"fixed-{k}", k, PathPolicy().resolve(k)) for k in sorted(set(num_paths))]
+    points = [(f"all-{k}", k, PathPolicy().resolve(k)) for k in sorted(set(num_paths))]
     for policy in policies:
         if not policy.adaptive:
-            raise PlanlmError(f"--policies: {policy.label()} is fixed; list fixed K in --num_paths and adaptive "
-                              f"policies (entropy) in --policies")
+            raise PlanlmError(f"--policies: {policy.label()} gives every boundary K; list such K in --num_paths and "
+                              f"adaptive policies (entropy) in --policies")
         resolved = policy.resolve(largest)
         name = resolved.label().replace(" ", "-")
         if name in {p[0] for p in points}:
@@ -59,14 +61,14 @@ def compute_points(num_paths: list[int], policies: list[PathPolicy],
 
 
 def point_kind(name: str, policy: PathPolicy) -> str:
-    """fixed, entropy or expected: the column ``policy`` and the marker of a point."""
+    """all, entropy or expected: the column ``policy`` and the marker of a point."""
     return "expected" if name == EXPECTED_POINT else policy.kind
 
 
 def compute_rows(points: list[tuple[str, int, PathPolicy]], metrics: list[PerplexityMetrics],
                  out: Path) -> list[dict]:
     """One CSV row per point (paired columns are filled by the caller)."""
-    reference = f"fixed-{max(k for _, k, policy in points if not policy.adaptive)}"  # fixed K_max
+    reference = f"all-{max(k for _, k, policy in points if not policy.adaptive)}"  # all-K_max
     rows = []
     for (name, max_paths, policy), m in zip(points, metrics):
         rows.append({"value": name, "policy": point_kind(name, policy), "K": max_paths,
@@ -96,7 +98,8 @@ def write_compute_outputs(rows: list[dict], out: Path, title: str) -> None:
 
 def plot_compute(rows: list[dict], path: Path, title: str = "") -> None:
     """Perplexity (the reference's plus each point's paired difference, with its paired interval) against mean
-    paths per boundary (left) and against wall time (right); fixed K joined by a line, each policy its marker."""
+    paths per boundary (left) and against wall time (right); K at every boundary joined by a line, each policy its
+    marker."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,7 +109,7 @@ def plot_compute(rows: list[dict], path: Path, title: str = "") -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, x_key, x_label in ((axes[0], "paths_mean", "mean paths sampled per boundary"),
                                (axes[1], "wall_time_s", "evaluation wall time (s)")):
-        for kind, marker in (("fixed", "o"), ("entropy", "^"), ("expected", "*")):
+        for kind, marker in (("all", "o"), ("entropy", "^"), ("expected", "*")):
             group = sorted((r for r in rows if r["policy"] == kind), key=lambda r: r[x_key])
             if not group:
                 continue
@@ -114,8 +117,8 @@ def plot_compute(rows: list[dict], path: Path, title: str = "") -> None:
             y = [base["ppl"] + r["paired_diff"] for r in group]
             errors = [[r["paired_diff"] - r["paired_ci_low"] for r in group],
                       [r["paired_ci_high"] - r["paired_diff"] for r in group]]
-            ax.errorbar(x, y, yerr=errors, marker=marker, capsize=3, linestyle="-" if kind == "fixed" else "none",
-                        label={"fixed": "fixed K", "expected": "in expectation, K = 1"}.get(kind, kind))
+            ax.errorbar(x, y, yerr=errors, marker=marker, capsize=3, linestyle="-" if kind == "all" else "none",
+                        label={"all": "K at every boundary", "expected": "in expectation, K = 1"}.get(kind, kind))
         ax.set_xlabel(x_label)
         if x_key == "paths_mean" and min(r["paths_mean"] for r in rows) > 0:
             ax.set_xscale("log")

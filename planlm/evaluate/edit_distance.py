@@ -31,8 +31,8 @@ from planlm.evaluate.generator import GENERATION_VERSION, ProtocolSampling, Samp
 from planlm.evaluate.loading import evaluation_inputs
 from planlm.evaluate.metrics import EditDistanceMetrics, PathCounts
 from planlm.jsonio import write_json
+from planlm.plans.config import PlanSettings
 from planlm.plans.policy import paths_summary
-from planlm.plans.spec import PlanSettings
 from planlm.stage import StageDir
 
 
@@ -113,10 +113,10 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
     generator, prepared, split_view = build_generator(model_dir, prepared_dir, split, plans, runtime, seed)
     embed_fn, codebook = generator.embed_fn or encoder_embed_fn(prepared), prepared.codebook.numpy()
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
-    spec = generator.spec
-    key = {**evaluation_inputs(model_dir, prepared_dir, spec.planner_dir), "split": split, "articles": num_articles,
+    plans = generator.plans  # resolved: the model's own for every unset field
+    key = {**evaluation_inputs(model_dir, prepared_dir, plans.planner_dir), "split": split, "articles": num_articles,
            "max_boundaries_per_article": max_boundaries_per_article, "seed": seed, "context_length": context_length,
-           "sampling": sampling.reuse_key(), "plan_spec": spec.cache_key(), "device_type": generator.device.type,
+           "sampling": sampling.reuse_key(), "plan_spec": plans.cache_key(), "device_type": generator.device.type,
            "precision": generator.precision, "bootstrap_samples": bootstrap_samples, "confidence": CONFIDENCE,
            "generation_version": GENERATION_VERSION, "resampled": "source documents"}
     with StageDir(out_dir, key) as stage:
@@ -133,13 +133,13 @@ def edit_distance(model_dir: str, prepared_dir: str, out_dir: str, split: str = 
         metrics = EditDistanceMetrics(
             **_distance_summary(rows, bootstrap_samples, CONFIDENCE, seed, sources), articles=num_articles,
             generated_tokens=generated_tokens, wall_time_s=wall_time,
-            tokens_per_s=generated_tokens / max(wall_time, 1e-9), conditioning=str(spec.kind), K=spec.num_paths,
-            T=spec.horizon, tau=spec.temperature, temperature=sampling.temperature, top_k=sampling.top_k,
+            tokens_per_s=generated_tokens / max(wall_time, 1e-9), conditioning=str(plans.kind), K=plans.num_paths,
+            T=plans.horizon, tau=plans.temperature, temperature=sampling.temperature, top_k=sampling.top_k,
             top_p=sampling.top_p, new_tokens=new_tokens, context_length=context_length, model_dir=str(model_dir),
-            prepared_dir=str(prepared_dir), split=split, path_policy=asdict(spec.path_policy),
-            paths=PathCounts(**paths_summary(np.asarray(generator.paths_sampled), spec.num_paths)))
+            prepared_dir=str(prepared_dir), split=split, path_policy=asdict(plans.path_policy),
+            paths=PathCounts(**paths_summary(np.asarray(generator.paths_sampled), plans.num_paths)))
         _write_outputs(stage, rows, metrics)
-    print(f"{model_dir} on {split} ({len(rows)} boundaries; plans {spec.label()}): edit distance "
+    print(f"{model_dir} on {split} ({len(rows)} boundaries; plans {plans.label()}): edit distance "
           f"{metrics.edit_distance:.3f} [{metrics.ci_low:.3f}, {metrics.ci_high:.3f}], normalised "
           f"{metrics.normalized:.3f} in {wall_time:.1f}s")
     return metrics

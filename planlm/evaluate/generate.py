@@ -20,7 +20,7 @@ from planlm.evaluate.loading import load_checked
 from planlm.evaluate.outline import AfterOutline, Outline
 from planlm.jsonio import write_json
 from planlm.models.planner import Planner
-from planlm.plans.spec import PlanSettings, PlanSpec, evaluation_spec
+from planlm.plans.config import PlanConfig, PlanSettings, evaluation_plans
 
 
 def encoder_embed_fn(prepared: PreparedDataset) -> EmbedFn:
@@ -86,7 +86,7 @@ def action_prior(prepared: PreparedDataset) -> np.ndarray:
     return np.bincount(np.asarray(prepared.split("train").actions), minlength=prepared.num_actions).astype(np.float64)
 
 
-def generate_text(model, tokenizer, prompt: str, *, plans: PlanSpec | None = None, planner=None,
+def generate_text(model, tokenizer, prompt: str, *, plans: PlanConfig | None = None, planner=None,
                   embed_fn: EmbedFn | None = None, sampling: SamplingConfig | None = None, seed: int = 0,
                   device: str = "cpu", precision: str = "auto", outline: Outline | list | None = None,
                   after_outline: AfterOutline = "planner", action_prior: np.ndarray | None = None,
@@ -99,7 +99,7 @@ def generate_text(model, tokenizer, prompt: str, *, plans: PlanSpec | None = Non
     frequencies of the null plan that ``sampling.plan_guidance`` contrasts with (``action_prior(prepared)``; None:
     uniform). ``stop``: end once the generated text holds one of these strings. ``use_cache`` False re-runs the
     window every step (the same tokens, slower)."""
-    generator = PlannedGenerator(model, tokenizer, plans or PlanSpec(), planner=planner, embed_fn=embed_fn,
+    generator = PlannedGenerator(model, tokenizer, plans or PlanConfig(), planner=planner, embed_fn=embed_fn,
                                  device=device, seed=seed, precision=precision, action_prior=action_prior,
                                  use_cache=use_cache)
     if outline is not None and not isinstance(outline, Outline):
@@ -110,23 +110,23 @@ def generate_text(model, tokenizer, prompt: str, *, plans: PlanSpec | None = Non
 def build_generator(model_dir: str, prepared_dir: str, split: str, plans: PlanSettings, runtime: Runtime, seed: int,
                     embed_fn: EmbedFn | None = None):
     """Load everything a command needs: (generator, prepared dataset, split view). ``plans`` (a generation command's
-    settings, or a whole spec from Python) overrides the model's own plans field by field."""
-    plans = PlanSpec.of(plans)
+    settings, or a whole PlanConfig from Python) overrides the model's own plans field by field."""
+    plans = PlanConfig.of(plans)
     if plans.plans_dir:
         raise PlanlmError("--plans.plans_dir: generation plans the text it writes, so it needs the planner; set "
                           "--plans.planner_dir instead (default: the model's)")
     prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
-    spec = evaluation_spec(plans, model, model_dir)
-    spec.check_source()
+    plans = evaluation_plans(plans, model, model_dir)
+    plans.check_source()
     torch_device, precision = runtime.torch_device(), runtime.resolved_precision()
-    planner = Planner.for_corpus(spec.planner_dir, prepared, torch_device) if spec.planner_dir else None
+    planner = Planner.for_corpus(plans.planner_dir, prepared, torch_device) if plans.planner_dir else None
     if (Path(model_dir) / "planned_lm.json").is_file():
         tokenizer = model.load_tokenizer(model_dir)
     else:
         tokenizer = load_tokenizer(prepared.tokenizer_name)
     embed_fn = embed_fn or (encoder_embed_fn(prepared) if planner is not None else None)
     splitter = prepared.manifest.get("config", {}).get("sentences", {}).get("splitter", "sentencizer")
-    generator = PlannedGenerator(model, tokenizer, spec, planner=planner, embed_fn=embed_fn, split=split_view,
+    generator = PlannedGenerator(model, tokenizer, plans, planner=planner, embed_fn=embed_fn, split=split_view,
                                  sentence_splitter=splitter, device=torch_device, seed=seed, precision=precision,
                                  action_prior=action_prior(prepared))
     return generator, prepared, split_view
@@ -196,8 +196,8 @@ def _start(generator: PlannedGenerator, split_view, prompt: Optional[str], artic
         if not 0 <= article < split_view.num_articles:
             raise PlanlmError(f"--article {article}: {split_view.path} has articles 0..{split_view.num_articles - 1}")
         return generator.prompt_from_article(split_view, article, boundary, context_length)
-    if generator.spec.strategy.reads_future and not outlined:
-        raise PlanlmError(f"--plans.kind {generator.spec.kind} needs --article (the true future of a test article)")
+    if generator.plans.plan_kind.reads_future and not outlined:
+        raise PlanlmError(f"--plans.kind {generator.plans.kind} needs --article (the true future of a test article)")
     return generator.prompt_from_text(prompt)
 
 

@@ -56,9 +56,9 @@ from planlm.device import autocast
 from planlm.errors import PlanlmError
 from planlm.evaluate.outline import Outline, OutlineDocument
 from planlm.models.planned_lm import output_cache
+from planlm.plans.config import PlanConfig
 from planlm.plans.contexts import Boundaries
-from planlm.plans.kinds import plan
-from planlm.plans.spec import PlanSpec
+from planlm.plans.registry import make_plans
 
 EmbedFn = Callable[[list[str]], np.ndarray]
 # Part of every edit-distance folder's reuse key: raised when the same inputs generate other text, so that a
@@ -247,7 +247,7 @@ class GenerationState:
 class PlannedGenerator:
     """Generates from a PlannedLM with re-planning at generated sentence ends (see the module docstring)."""
 
-    def __init__(self, model, tokenizer, plans: PlanSpec, *, planner=None,
+    def __init__(self, model, tokenizer, plans: PlanConfig, *, planner=None,
                  embed_fn: EmbedFn | None = None, split: PreparedSplit | None = None,
                  sentence_splitter: str = "sentencizer", device: str | torch.device = "cpu", seed: int = 0,
                  precision: str = "auto", action_prior: np.ndarray | None = None, use_cache: bool = True):
@@ -255,8 +255,8 @@ class PlannedGenerator:
         self.use_cache = use_cache  # False: re-run the window every step (same result, slower)
         self.precision = precision  # autocast of the LM, the adapter and the planner (auto: bf16 on CUDA)
         self.tokenizer = tokenizer
-        self.spec = plans.resolve()  # a hand-built spec: its unset fields get the defaults
-        kind = self.spec.strategy
+        self.plans = plans.resolve()  # a hand-built config: its unset fields get the defaults
+        kind = self.plans.plan_kind
         self.planner = planner.to(device).eval() if planner is not None and kind.uses_planner else None
         self.embed_fn = embed_fn
         self.split = split
@@ -264,7 +264,7 @@ class PlannedGenerator:
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         if kind.uses_planner and planner is None:
-            raise PlanlmError(f"plans kind {self.spec.kind} needs a planner (set --plans.planner_dir)")
+            raise PlanlmError(f"plans kind {self.plans.kind} needs a planner (set --plans.planner_dir)")
         config = model.lm.config
         self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 1024)
         self.planner_calls = 0
@@ -339,34 +339,35 @@ class PlannedGenerator:
         """One planner call for several boundaries -> action_paths (B, K, T), path_mask (B, K, T), vectors (B, D)
         (plans in expectation: the most likely action of each step as action_paths). Under an outline its
         sentences get the oracle kind's plans over the outline's document, the others the generator's own."""
-        if not self.spec.has_plans:
+        if not self.plans.has_plans:
             return None, None, None
         document = self.document
         if document is None:
-            return self._plan_with(self.spec, self._boundaries(contexts, sentences, oracle))
-        outlined = document.outlined(sentences) | self.spec.strategy.reads_future  # (B,)
+            return self._plan_with(self.plans, self._boundaries(contexts, sentences, oracle))
+        outlined = document.outlined(sentences) | self.plans.plan_kind.reads_future  # (B,)
         planned = []
         rows = np.flatnonzero(outlined)  # the outline's: the oracle kind over the outline's document
         if len(rows):
-            planned.append((rows, self._plan_with(self._outline_spec, document.boundaries(
+            planned.append((rows, self._plan_with(self._outline_plans, document.boundaries(
                 [sentences[i] for i in rows]))))
         rows = np.flatnonzero(~outlined)  # the others: the generator's own plans
         if len(rows):
-            planned.append((rows, self._plan_with(self.spec, self._boundaries(
+            planned.append((rows, self._plan_with(self.plans, self._boundaries(
                 [contexts[i] for i in rows], [sentences[i] for i in rows], oracle))))
         return _merge_rows(planned, len(sentences))
 
-    def _plan_with(self, spec: PlanSpec, boundaries: Boundaries):
-        """The plans of ``boundaries`` under ``spec`` -> action_paths (B, K, T), path_mask (B, K, T), vectors (B, D)."""
+    def _plan_with(self, plans: PlanConfig, boundaries: Boundaries):
+        """The plans of ``boundaries`` under ``plans`` -> action_paths (B, K, T), path_mask (B, K, T), vectors
+        (B, D)."""
         with autocast(self.device, self.precision):
-            plans = plan(boundaries, spec, self.generator, self.planner).to(self.device)
-            vectors = self.model.plan_vectors(*plans).float()  # (B, D)
-        if self.planner is not None and spec.strategy.uses_planner:
+            made = make_plans(boundaries, plans, self.generator, self.planner).to(self.device)
+            vectors = self.model.plan_vectors(*made).float()  # (B, D)
+        if self.planner is not None and plans.plan_kind.uses_planner:
             self.planner_calls += 1
-        if spec.strategy.samples_paths:
-            self.paths_sampled += plans.path_mask[:, :, 0].sum(1).tolist()  # the path policy's counts
-        paths = plans.action_paths if plans.action_probs is None else plans.action_paths[..., 0]  # (B, K, T)
-        return paths, plans.path_mask, vectors
+        if plans.plan_kind.samples_paths:
+            self.paths_sampled += made.path_mask[:, :, 0].sum(1).tolist()  # the path policy's counts
+        paths = made.action_paths if made.action_probs is None else made.action_paths[..., 0]  # (B, K, T)
+        return paths, made.path_mask, vectors
 
     @torch.no_grad()
     def null_vector(self) -> torch.Tensor:
@@ -378,7 +379,7 @@ class PlannedGenerator:
             if prior.shape != (num_actions,) or prior.min() < 0 or prior.sum() <= 0:
                 raise PlanlmError(f"action_prior: {num_actions} non-negative frequencies with a positive sum needed "
                                   f"(got shape {prior.shape})")
-            shape = (1, self.spec.num_paths, self.spec.horizon, num_actions)  # (1, K, T, C)
+            shape = (1, self.plans.num_paths, self.plans.horizon, num_actions)  # (1, K, T, C)
             paths = torch.arange(num_actions, device=self.device).expand(shape).contiguous()
             probs = torch.as_tensor(prior / prior.sum(), dtype=torch.float32, device=self.device).expand(shape)
             with autocast(self.device, self.precision):
@@ -386,14 +387,14 @@ class PlannedGenerator:
         return self._null_vector
 
     @property
-    def _outline_spec(self) -> PlanSpec:
+    def _outline_plans(self) -> PlanConfig:
         """The plans of outlined sentences: the oracle path of the outline's document, with the generator's K and T."""
-        return PlanSpec(kind="oracle", num_paths=self.spec.num_paths, horizon=self.spec.horizon).resolve()
+        return PlanConfig(kind="oracle", num_paths=self.plans.num_paths, horizon=self.plans.horizon).resolve()
 
     def outline_document(self, prompt: Prompt, outline: Outline) -> OutlineDocument:
         """The document ``outline`` describes after ``prompt``: the actions of the prompt's complete sentences (the
         prepared ones of an article prefix, else their embeddings' nearest actions), then the outline's."""
-        if not self.spec.has_plans or self.model.adapter is None:
+        if not self.plans.has_plans or self.model.adapter is None:
             raise PlanlmError("this model reads no plans (plans kind none, no adapter): an outline cannot steer it; "
                               "use a model trained with plans")
         num_actions = self.model.config.num_actions
@@ -418,8 +419,8 @@ class PlannedGenerator:
         if self.planner is not None:
             return Boundaries.of_contexts(contexts, num_actions, self.planner)
         if oracle is None:
-            if self.spec.strategy.reads_future:
-                raise PlanlmError(f"{self.spec.kind} plans need a test article's prefix (prompt_from_article / "
+            if self.plans.plan_kind.reads_future:
+                raise PlanlmError(f"{self.plans.kind} plans need a test article's prefix (prompt_from_article / "
                                   f"--article)")
             return Boundaries(len(contexts), num_actions)
         known = np.asarray([s < len(oracle) for s in sentences])
@@ -490,9 +491,9 @@ class PlannedGenerator:
         ``stop``: stop once the generated text holds one of these strings (lm-eval's ``until``)."""
         sampling = sampling or SamplingConfig()
         self.planner_calls = self.lm_calls = 0
-        if self.spec.strategy.reads_future and outline is None and (self.split is None or
-                                                                    prompt.oracle_sentences is None):
-            raise PlanlmError(f"{self.spec.kind} plans in generation need a test article's prefix (set --article) "
+        if self.plans.plan_kind.reads_future and outline is None and (self.split is None or
+                                                                      prompt.oracle_sentences is None):
+            raise PlanlmError(f"{self.plans.kind} plans in generation need a test article's prefix (set --article) "
                               f"or an outline (--outline)")
         self.document = None if outline is None else self.outline_document(prompt, outline)
         if outline is not None and outline.then == "stop":  # the sentences before the outline count too
@@ -500,7 +501,7 @@ class PlannedGenerator:
             max_sentences = outlined if max_sentences is None else min(max_sentences, outlined)
         if max_sentences is not None and max_sentences < 1:
             raise PlanlmError(f"max_sentences {max_sentences} must be >= 1")
-        if sampling.guided and (not self.spec.has_plans or self.model.adapter is None):
+        if sampling.guided and (not self.plans.has_plans or self.model.adapter is None):
             raise PlanlmError(f"--sampling.plan_guidance {sampling.plan_guidance}: this model reads no plans (plans "
                               f"kind none), so there is nothing to guide; leave it at 1")
         try:

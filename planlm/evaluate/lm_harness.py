@@ -9,10 +9,10 @@ The three request types, with the plans of ``planlm evaluate`` and ``planlm gene
 
 - ``loglikelihood_rolling`` (perplexity tasks): each text is a document of the model's corpus
   (``planlm.data.texts``: the corpus's sentence splitter, encoder and codebook); every sentence boundary is planned
-  from the true sentences before it by the plan source of the model's plans (``planlm.plans.kinds``), one plan
-  vector per sentence (``planlm.evaluate.perplexity.plan_vector_table``), with the alignment of training (the last
-  token of a sentence carries the next sentence's plan). The windows are lm-eval's own (``max_length`` tokens,
-  disjoint, the first one after the end-of-text token), so a ``none`` model scores exactly like ``--model hf``.
+  from the true sentences before it by the plan source of the model's plans (``planlm.plans.registry.plan_source``),
+  one plan vector per sentence (``planlm.evaluate.perplexity.plan_vector_table``), with the alignment of training
+  (the last token of a sentence carries the next sentence's plan). The windows are lm-eval's own (``max_length``
+  tokens, disjoint, the first one after the end-of-text token), so a ``none`` model scores exactly like ``--model hf``.
 - ``loglikelihood``: the plans come from the context's sentences only. The context's complete sentences (those that
   end before the continuation, by the splitter on context + continuation) are the planner's context; the
   continuation is scored with the plan of the sentence it writes, whatever it spans. Requests with the same context
@@ -85,8 +85,8 @@ class PlannedLMEval(TemplateLM):
         values = dict(kind=kind, num_paths=num_paths, horizon=horizon, temperature=temperature, seed=seed,
                       planner_dir=planner_dir)
         policy = dict(kind=path_policy, min_paths=min_paths, entropy_high=entropy_high)
-        self.spec = _plan_spec(self.model, self.model_dir, values, policy)
-        self.prepared = _prepared_corpus(self.model, self.model_dir, prepared_dir) if self.plans else None
+        self.plans = _evaluation_plans(self.model, self.model_dir, values, policy)
+        self.prepared = _prepared_corpus(self.model, self.model_dir, prepared_dir) if self.has_plans else None
         self._device = _device(device)
         self.precision = precision
         self.model.to(self.device).eval()
@@ -124,8 +124,8 @@ class PlannedLMEval(TemplateLM):
         return cls(**arg_dict, **extra)
 
     @property
-    def plans(self) -> bool:
-        return self.spec.has_plans
+    def has_plans(self) -> bool:
+        return self.plans.has_plans
 
     @property
     def eot_token_id(self) -> int:
@@ -144,7 +144,7 @@ class PlannedLMEval(TemplateLM):
     # ----------------------------------------------------------------------------- requests
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """((context, continuation), context_enc, continuation_enc) -> (log p(continuation), greedy)."""
-        if not self.plans:
+        if not self.has_plans:
             return self._score([Scored(context + continuation, None, len(continuation))
                                 for _, context, continuation in requests])
         rows, plan_table = self._context_plan_rows(requests)
@@ -154,7 +154,7 @@ class PlannedLMEval(TemplateLM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Each text in lm-eval's disjoint max_length windows, every sentence planned from the ones before it."""
         texts = [request.args[0] for request in requests]
-        documents = self._documents(texts) if self.plans else None
+        documents = self._documents(texts) if self.has_plans else None
         items, owner = [], []
         for d, text in enumerate(texts):
             ids, rows, first_row = documents.tokens(d) if documents else (self.tok_encode(text), None, None)
@@ -163,7 +163,7 @@ class PlannedLMEval(TemplateLM):
             for context, scored in windows:
                 sequence = context + scored  # positions; -1 is the end-of-text token before the text
                 items.append(Scored([ids[p] if p >= 0 else self.prefix_token_id for p in sequence],
-                                    [rows[p] if p >= 0 else first_row for p in sequence] if self.plans else None,
+                                    [rows[p] if p >= 0 else first_row for p in sequence] if self.has_plans else None,
                                     len(scored)))
                 owner.append(d)
         totals = np.zeros(len(texts))
@@ -231,13 +231,13 @@ class PlannedLMEval(TemplateLM):
         from planlm.data.texts import prepare_texts
         from planlm.evaluate.generate import encoder_embed_fn
         from planlm.evaluate.perplexity import plan_vector_table
-        from planlm.plans.kinds import plan_source
+        from planlm.plans.registry import plan_source
 
         embed_fn = encoder_embed_fn(self.prepared) if self._reads_sentences else None
         with tempfile.TemporaryDirectory(prefix="planlm-lm-eval-") as tmp:
             prepared = prepare_texts(tmp, texts, self.prepared, self.tokenizer, spans=spans, embed_fn=embed_fn)
             split = prepared.split("texts")
-            source = plan_source(self.spec, prepared, split, device=self.device, precision=self.precision)
+            source = plan_source(self.plans, prepared, split, device=self.device, precision=self.precision)
             plan_table = plan_vector_table(self.model, source, np.arange(split.num_sentences), split.num_sentences,
                                            device=self.device, precision=self.precision)  # (N, D)
             return Documents(np.array(split.input_ids), np.array(split.token_offsets),
@@ -246,7 +246,7 @@ class PlannedLMEval(TemplateLM):
 
     @property
     def _reads_sentences(self) -> bool:
-        kind = self.spec.strategy
+        kind = self.plans.plan_kind
         return kind.reads_future or kind.uses_planner
 
     def _context_plan_rows(self, requests) -> tuple[list[list[int]], torch.Tensor]:
@@ -271,15 +271,15 @@ class PlannedLMEval(TemplateLM):
         from planlm.evaluate.generator import PlannedGenerator
         from planlm.models.planner import Planner
 
-        if self.spec.strategy.reads_future:
-            raise PlanlmError(f"model_args kind={self.spec.kind}: generate_until has no true future to read; use "
+        if self.plans.plan_kind.reads_future:
+            raise PlanlmError(f"model_args kind={self.plans.kind}: generate_until has no true future to read; use "
                               f"kind planner_sampled, planner_argmax, fixed or none")
-        planner = Planner.for_corpus(self.spec.planner_dir, self.prepared, self.device) if self.spec.planner_dir \
+        planner = Planner.for_corpus(self.plans.planner_dir, self.prepared, self.device) if self.plans.planner_dir \
             else None
         embed_fn = encoder_embed_fn(self.prepared) if planner is not None else None
         splitter = self.prepared.sentence_splitter if self.prepared else "sentencizer"
-        return PlannedGenerator(self.model, self.tokenizer, self.spec, planner=planner, embed_fn=embed_fn,
-                                sentence_splitter=splitter, device=self.device, seed=self.spec.seed,
+        return PlannedGenerator(self.model, self.tokenizer, self.plans, planner=planner, embed_fn=embed_fn,
+                                sentence_splitter=splitter, device=self.device, seed=self.plans.seed,
                                 precision=self.precision)
 
 
@@ -334,18 +334,18 @@ def _load_planlm_model(folder: str, given: str):
         raise PlanlmError(f"model_args model_dir={given}: {e}") from None
 
 
-def _plan_spec(model, model_dir: str, values: dict, policy: dict):
+def _evaluation_plans(model, model_dir: str, values: dict, policy: dict):
     from planlm.hub import local_folder
+    from planlm.plans.config import PlanConfig, evaluation_plans
     from planlm.plans.policy import PathPolicy
-    from planlm.plans.spec import PlanSpec, evaluation_spec
 
     if values["planner_dir"]:
         values["planner_dir"] = str(local_folder(values["planner_dir"], "model_args planner_dir"))
     set_policy = {k: v for k, v in policy.items() if v is not None}
     path_policy = PathPolicy(**set_policy) if set_policy else None
-    spec = evaluation_spec(PlanSpec(**values, path_policy=path_policy), model, model_dir)
-    spec.check_source()
-    return spec
+    plans = evaluation_plans(PlanConfig(**values, path_policy=path_policy), model, model_dir)
+    plans.check_source()
+    return plans
 
 
 def _prepared_corpus(model, model_dir: str, prepared_dir: Optional[str]) -> PreparedDataset:

@@ -19,7 +19,7 @@ def load_model(model_dir: str | Path):
     """A PlannedLM from a ``train-lm`` folder, or a bare HF causal-LM folder wrapped as plans kind ``none``."""
     from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
 
-    from planlm.plans.kinds import plan_kind
+    from planlm.plans.registry import plan_kind
     from planlm.plugins import PluginImportError, UnknownKind
 
     model_dir = Path(model_dir)

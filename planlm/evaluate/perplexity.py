@@ -48,9 +48,9 @@ from planlm.evaluate.positions import (NUM_CELLS, PER_ARTICLE_POSITIONS, cell_to
                                        write_positions)
 from planlm.jsonio import write_json
 from planlm.models.planned_lm import add_evaluation
-from planlm.plans.kinds import plan_source
+from planlm.plans.config import PlanConfig, evaluation_plans
 from planlm.plans.policy import paths_summary
-from planlm.plans.spec import PlanSpec, evaluation_spec
+from planlm.plans.registry import plan_source
 from planlm.speed import keep_freed_memory, speed_up_lm
 from planlm.stage import StageDir, config_fingerprint, read_manifest
 
@@ -162,7 +162,7 @@ def plan_vector_table(model, source, sentences: np.ndarray, num_sentences: int, 
     return table
 
 
-def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec: PlanSpec,
+def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, plans: PlanConfig,
                    num_articles: int, stride: int = 1, context_length: int = 128, batch_size: int = 32,
                    device: str | torch.device = "cpu", precision: str = "auto", plan_usage: bool = False) -> dict:
     """In-memory evaluation of the first ``num_articles`` articles -> per-article arrays and timings
@@ -177,8 +177,8 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
     sentences = np.arange(num_sentences)
     plan_table, path_counts = None, None
     planner_done = began
-    if spec.has_plans:
-        source = plan_source(spec, prepared, split, sentences=sentences, device=device, precision=precision)
+    if plans.has_plans:
+        source = plan_source(plans, prepared, split, sentences=sentences, device=device, precision=precision)
         planner_done = time.perf_counter()
         path_counts = getattr(source, "path_counts", None)
         plan_table = plan_vector_table(model, source, sentences, split.num_sentences, device=device,
@@ -200,12 +200,12 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
               "cell_tokens": cell_token_counts(cells, split.token_offsets, num_articles),
               "wall_time_s": finished - began, "plan_time_s": plans_done - began, "lm_time_s": finished - plans_done,
               "planner_time_s": planner_done - began, "adapter_time_s": plans_done - planner_done,
-              "num_paths": spec.sampled_paths(path_counts, sentences)}
+              "num_paths": plans.sampled_paths(path_counts, sentences)}
     if plan_usage:
         from planlm.evaluate.plan_usage import check_has_plans, plan_permutation
         from planlm.plans.sources import ShuffledPlans
 
-        check_has_plans(spec, "evaluate")
+        check_has_plans(plans, "evaluate")
         shuffled = ShuffledPlans(source, plan_permutation(num_sentences))
         shuffled_table = plan_vector_table(model, shuffled, sentences, split.num_sentences, device=device,
                                            precision=precision)
@@ -214,7 +214,7 @@ def evaluate_split(model, prepared: PreparedDataset, split: PreparedSplit, spec:
     return result
 
 
-def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test", plans: PlanSpec = PlanSpec(),
+def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test", plans: PlanConfig = PlanConfig(),
              stride: int = 1, context_length: int = 128, max_articles: Optional[int] = None, batch_size: int = 32,
              bootstrap_samples: int = 1000, plan_usage: Optional[bool] = None,
              runtime: Runtime = Runtime()) -> PerplexityMetrics:
@@ -234,7 +234,7 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
         out_dir: Evaluation folder to write.
         split: Split to evaluate.
         plans: The plans to evaluate with (kind, num_paths K, horizon T, temperature tau, planner_dir, expectation,
-            seed, plans_dir, path_policy); every field left unset is the model's own (planlm.plans.spec).
+            seed, plans_dir, path_policy); every field left unset is the model's own (planlm.plans.config).
             A plans_dir reads a plan cache instead of running the planner, with the path policy it was sampled under.
         stride: 1 = the reference protocol (every token with up to context_length - 1 tokens of context);
             S scores the last S tokens of each context_length window; context_length = non-overlapping.
@@ -252,20 +252,20 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
     """
     _check_protocol(stride, context_length, batch_size, max_articles)
     prepared, split_view, model = load_checked(model_dir, prepared_dir, split)
-    spec = evaluation_spec(plans, model, model_dir)
-    spec.check_source()
+    plans = evaluation_plans(plans, model, model_dir)
+    plans.check_source()
     if plan_usage:
         from planlm.evaluate.plan_usage import check_has_plans
 
-        check_has_plans(spec, f"evaluate {model_dir}")
-    plan_usage = spec.has_plans if plan_usage is None else plan_usage
+        check_has_plans(plans, f"evaluate {model_dir}")
+    plan_usage = plans.has_plans if plan_usage is None else plan_usage
     torch_device, precision = runtime.torch_device(), runtime.resolved_precision()
     num_articles = split_view.num_articles if max_articles is None else min(max_articles, split_view.num_articles)
-    plans_manifest = read_manifest(spec.plans_dir) if spec.plans_dir else None
-    key = {**evaluation_inputs(model_dir, prepared_dir, spec.planner_dir), "split": split,
-           "plan_spec": spec.cache_key(), "stride": stride, "context_length": context_length, "articles": num_articles,
+    plans_manifest = read_manifest(plans.plans_dir) if plans.plans_dir else None
+    key = {**evaluation_inputs(model_dir, prepared_dir, plans.planner_dir), "split": split,
+           "plan_spec": plans.cache_key(), "stride": stride, "context_length": context_length, "articles": num_articles,
            "device_type": torch_device.type, "precision": precision, "bootstrap_samples": bootstrap_samples,
-           "confidence": CONFIDENCE, "plan_usage": plan_usage, "plans": config_fingerprint(spec.plans_dir)}
+           "confidence": CONFIDENCE, "plan_usage": plan_usage, "plans": config_fingerprint(plans.plans_dir)}
     with StageDir(out_dir, key) as stage:
         if stage.reused:
             metrics = PerplexityMetrics.load(stage.path)
@@ -273,15 +273,15 @@ def evaluate(model_dir: str, prepared_dir: str, out_dir: str, split: str = "test
             return metrics
         keep_freed_memory()
         speed_up_lm(model, LMRuntime(), "evaluate")  # the chunked NLL
-        result = evaluate_split(model, prepared, split_view, spec, num_articles, stride, context_length, batch_size,
+        result = evaluate_split(model, prepared, split_view, plans, num_articles, stride, context_length, batch_size,
                                 torch_device, precision, plan_usage)
-        metrics = _metrics(result, spec, split_view, num_articles, plans_manifest, stride=stride,
+        metrics = _metrics(result, plans, split_view, num_articles, plans_manifest, stride=stride,
                            context_length=context_length, bootstrap_samples=bootstrap_samples, confidence=CONFIDENCE,
                            plan_usage=plan_usage, model_dir=model_dir, prepared_dir=prepared_dir, split=split,
                            device=torch_device, precision=precision)
         _write_evaluation(stage, metrics, result, split_view, num_articles)
     add_evaluation(model_dir, metrics.to_dict())
-    _print_summary(metrics, spec)
+    _print_summary(metrics, plans)
     return metrics
 
 
@@ -296,7 +296,7 @@ def _check_protocol(stride: int, context_length: int, batch_size: int, max_artic
         raise PlanlmError(f"--max_articles {max_articles} must be >= 1")
 
 
-def _metrics(result: dict, spec: PlanSpec, split_view: PreparedSplit, num_articles: int,
+def _metrics(result: dict, plans: PlanConfig, split_view: PreparedSplit, num_articles: int,
              plans_manifest: Optional[dict], *, stride: int, context_length: int, bootstrap_samples: int,
              confidence: float, plan_usage: bool, model_dir: str, prepared_dir: str, split: str,
              device: torch.device, precision: str) -> PerplexityMetrics:
@@ -318,16 +318,16 @@ def _metrics(result: dict, spec: PlanSpec, split_view: PreparedSplit, num_articl
         protocol=protocol_label(stride, context_length), note=UNSCORED_NOTE, stride=stride,
         context_length=context_length, windows=result["windows"], wall_time_s=result["wall_time_s"],
         plan_time_s=result["plan_time_s"], lm_time_s=result["lm_time_s"], planner_time_s=result["planner_time_s"],
-        adapter_time_s=result["adapter_time_s"], plans_from_cache=bool(spec.plans_dir),
-        path_policy=asdict(spec.path_policy),
-        cache_planner_time_s=(plans_manifest.get("planner_time_s") or {}).get(split) if spec.plans_dir else None,
+        adapter_time_s=result["adapter_time_s"], plans_from_cache=bool(plans.plans_dir),
+        path_policy=asdict(plans.path_policy),
+        cache_planner_time_s=(plans_manifest.get("planner_time_s") or {}).get(split) if plans.plans_dir else None,
         paths=PathCounts(**paths_summary(result["num_paths"],
-                                         spec.num_paths if spec.strategy.samples_paths else None)),
-        tokens_per_s=total_tokens / max(result["wall_time_s"], 1e-9), conditioning=str(spec.kind),
-        K=spec.num_paths, T=spec.horizon, tau=spec.temperature, expectation=bool(spec.expectation),
-        top_actions=spec.top_actions if spec.expectation else None, seed=spec.seed,
-        fixed_action=spec.fixed_action if spec.strategy.constant else None, planner_dir=spec.planner_dir,
-        plans_dir=spec.plans_dir, model_dir=str(model_dir), prepared_dir=str(prepared_dir), split=split,
+                                         plans.num_paths if plans.plan_kind.samples_paths else None)),
+        tokens_per_s=total_tokens / max(result["wall_time_s"], 1e-9), conditioning=str(plans.kind),
+        K=plans.num_paths, T=plans.horizon, tau=plans.temperature, expectation=bool(plans.expectation),
+        top_actions=plans.top_actions if plans.expectation else None, seed=plans.seed,
+        fixed_action=plans.fixed_action if plans.plan_kind.constant else None, planner_dir=plans.planner_dir,
+        plans_dir=plans.plans_dir, model_dir=str(model_dir), prepared_dir=str(prepared_dir), split=split,
         device=str(device), precision=precision, plan_usage=usage)
 
 
@@ -351,9 +351,10 @@ def _write_evaluation(stage: StageDir, metrics: PerplexityMetrics, result: dict,
     stage.finish(metrics=metrics.to_dict())
 
 
-def _print_summary(metrics: PerplexityMetrics, spec: PlanSpec) -> None:
+def _print_summary(metrics: PerplexityMetrics, plans: PlanConfig) -> None:
     m = metrics
-    print(f"{m.model_dir} on {m.split} ({m.articles} articles, {m.tokens} tokens, {m.protocol}; plans {spec.label()}): "
+    print(f"{m.model_dir} on {m.split} ({m.articles} articles, {m.tokens} tokens, {m.protocol}; "
+          f"plans {plans.label()}): "
           f"ppl {m.ppl:.3f} [{m.ci_low:.3f}, {m.ci_high:.3f}] in {m.wall_time_s:.1f}s ({m.tokens_per_s:.0f} tokens/s; "
           f"{m.paths.paths_mean:.2f} paths per boundary, planner {m.planner_time_s:.1f}s, "
           f"LM {m.lm_time_s:.1f}s){plan_usage_text(m.plan_usage) if m.plan_usage else ''}")

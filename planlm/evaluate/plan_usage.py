@@ -26,9 +26,9 @@ def plan_permutation(num_sentences: int, seed: int = SHUFFLE_SEED) -> np.ndarray
     return np.random.default_rng(seed).permutation(num_sentences)
 
 
-def check_has_plans(spec, where: str) -> None:
-    """A plan-usage request on a model that reads no plan (a resolved ``PlanSpec``) is a mistake, not a zero."""
-    if not spec.has_plans:
+def check_has_plans(plans, where: str) -> None:
+    """A plan-usage request on a model that reads no plan (a resolved ``PlanConfig``) is a mistake, not a zero."""
+    if not plans.has_plans:
         raise PlanlmError(f"{where}: plan usage asked of a model with plans kind none (it reads no plan); "
                           f"set plan_usage: false (or leave it unset) for it")
 

@@ -23,8 +23,8 @@ from planlm.evaluate.loading import evaluation_inputs
 from planlm.evaluate.metrics import PerplexityMetrics
 from planlm.evaluate.perplexity import evaluate
 from planlm.jsonio import to_jsonable
+from planlm.plans.config import PlanConfig, PlanSettings
 from planlm.plans.policy import PathPolicy
-from planlm.plans.spec import PlanKind, PlanSettings, PlanSpec
 from planlm.stage import StageDir
 
 COLUMNS = ("value", "ppl", "ci_low", "ci_high", "reference", "paired_diff", "paired_ci_low", "paired_ci_high",
@@ -78,24 +78,25 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
           kind: Literal["num_paths", "temperature", "compute"] = "num_paths",
           num_paths: list[int] = [1, 2, 5, 10, 20, 50], temperatures: list[float] = [0.25, 0.5, 1.0, 2.0, 4.0],
           policies: list[PathPolicy] = DEFAULT_POLICIES,
-          plans: PlanSettings = PlanSettings(kind=PlanKind.planner_sampled),
+          plans: PlanSettings = PlanSettings(kind="planner_sampled"),
           split: str = "test", stride: int = 1, context_length: int = 128,
           max_articles: Optional[int] = None, batch_size: int = 32, bootstrap_samples: int = 1000,
           expectation: bool = False, runtime: Runtime = Runtime()) -> Path:
     """Sweep K (sampled paths), tau (planner temperature) or planning compute at inference: perplexity, its
     paired difference from a reference point on the same articles, and wall time per point.
 
-    The compute sweep evaluates fixed K (``num_paths``) and each adaptive path policy (``policies``) on the
-    same articles; its reference is fixed K_max (the largest K), and it plots perplexity against mean paths
-    per boundary and against wall time (planlm.evaluate.compute_sweep).
+    The compute sweep evaluates K at every boundary (``num_paths``) and each adaptive path policy (``policies``)
+    on the same articles; its reference is all-K_max (the largest K at every boundary), and it plots perplexity
+    against mean paths per boundary and against wall time (planlm.evaluate.compute_sweep).
 
     Args:
         model_dir: Folder of a finished ``planlm train-lm``.
         prepared_dir: Prepared corpus.
         out_dir: Sweep folder (one evaluation folder per point, plus CSV and PNG).
-        kind: num_paths (the K sweep), temperature (the tau sweep) or compute (fixed K beside adaptive policies).
+        kind: num_paths (the K sweep), temperature (the tau sweep) or compute (K at every boundary beside adaptive
+            policies).
         num_paths: K values of the K sweep (K = 1, the reference of the paired differences, is added if missing);
-            of the compute sweep: its fixed points (the largest is K_max, the reference).
+            of the compute sweep: its points with K at every boundary (the largest is K_max, the reference).
         temperatures: tau values of the temperature sweep (tau = 1, the reference, is added if missing).
         policies: compute sweep: the adaptive path policies at their budgets (max_paths unset: K_max), e.g.
             [{kind: entropy, max_paths: 10}, {kind: entropy, min_paths: 2}].
@@ -116,7 +117,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
     """
     if kind not in ("num_paths", "temperature", "compute"):
         raise PlanlmError(f"--kind {kind!r}: choose num_paths, temperature or compute")
-    plans = PlanSpec.of(plans)
+    plans = PlanConfig.of(plans)
     protocol = dict(split=split, stride=stride, context_length=context_length, max_articles=max_articles,
                     batch_size=batch_size, bootstrap_samples=bootstrap_samples, runtime=runtime)
     if kind == "compute":
@@ -136,7 +137,7 @@ def sweep(model_dir: str, prepared_dir: str, out_dir: str,
     return stage.path
 
 
-def _sweep_key(model_dir: str, prepared_dir: str, plans: PlanSpec, protocol: dict, **swept) -> dict:
+def _sweep_key(model_dir: str, prepared_dir: str, plans: PlanConfig, protocol: dict, **swept) -> dict:
     """A sweep folder's reuse key: the folders (their paths and what they hold: a retrained model or planner keeps its
     path), the plans, the evaluation protocol of every point (``protocol``; of its runtime, the device and the
     precision as given) and what is swept (``swept``)."""
@@ -163,7 +164,7 @@ def _swept_values(kind: str, num_paths: list[int], temperatures: list[float]) ->
     return values, reference
 
 
-def _evaluate_points(model_dir: str, prepared_dir: str, out: Path, kind: str, values: list, plans: PlanSpec,
+def _evaluate_points(model_dir: str, prepared_dir: str, out: Path, kind: str, values: list, plans: PlanConfig,
                      protocol: dict) -> list[dict]:
     """One ``evaluate`` per swept value in ``<out>/<kind>-<value>`` (``protocol``: its other arguments) -> the
     table's rows, with the wall time relative to the first point."""
@@ -205,9 +206,9 @@ def _print_table(rows: list[dict], kind: str, reference: float) -> None:
 
 
 def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: list[int], policies: list[PathPolicy],
-                  plans: PlanSpec, protocol: dict, expectation: bool = False) -> Path:
-    """The compute sweep of ``sweep``: fixed K, adaptive policies (and plans in expectation) on the same LM and
-    articles (``protocol``: the evaluation arguments of every point)."""
+                  plans: PlanConfig, protocol: dict, expectation: bool = False) -> Path:
+    """The compute sweep of ``sweep``: K at every boundary, adaptive policies (and plans in expectation) on the same
+    LM and articles (``protocol``: the evaluation arguments of every point)."""
     from dataclasses import asdict
 
     from planlm.evaluate.compute_sweep import EXPECTED_POINT, where_paths_went
@@ -226,7 +227,7 @@ def compute_sweep(model_dir: str, prepared_dir: str, out_dir: str, num_paths: li
             if policy.adaptive:
                 where_paths_went(stage.path / name, metrics[-1].planner_dir, prepared_dir, protocol["split"])
         rows = compute_rows(points, metrics, stage.path)
-        add_paired_differences(rows, f"fixed-{max(num_paths)}", protocol["bootstrap_samples"])  # fixed K_max
+        add_paired_differences(rows, f"all-{max(num_paths)}", protocol["bootstrap_samples"])  # all-K_max
         write_compute_outputs(rows, stage.path,
                               title=f"{'/'.join(Path(model_dir).parts[-2:])}: planning compute vs perplexity")
         stage.finish(rows=rows)

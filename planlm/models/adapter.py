@@ -5,7 +5,7 @@ E action-embedding width, D the LM's width (hidden_size).
 
 Every adapter maps ``action_paths (N, K, T) long, path_mask (N, K, T) bool -> plan_embeds (N, D)``.
 ``path_mask`` is True for real steps (a path is cut where the article ends for oracle actions).
-Plans in expectation (beyond the paper; ``PlanSpec.expectation``) give each step as a distribution instead:
+Plans in expectation (beyond the paper; ``PlanConfig.expectation``) give each step as a distribution instead:
 ``action_paths (N, K, T, M)`` its M most likely actions, ``action_probs (N, K, T, M)`` their probabilities; the
 step's embedding is then the expected one, sum_m p_m Emb(a_m) (``step_embeddings``), everywhere the
 formulas below read Emb(a_t^j), PT's input included (M letters the actions of a step).

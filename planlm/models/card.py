@@ -2,7 +2,7 @@
 
 The YAML header (``huggingface_hub.ModelCardData``) holds what the Hub indexes (``library_name``, ``tags``,
 ``base_model``, ``model-index`` with the measured perplexities) plus a ``planlm`` block with the rest: the
-plan spec, the adapter, the corpus and codebook hashes, the planner hash, training and every evaluation.
+plan config, the adapter, the corpus and codebook hashes, the planner hash, training and every evaluation.
 ``ModelCard.load(folder / "README.md").data`` parses it back.
 
 Who writes it: ``save_pretrained`` writes the card as its last file (atomically: a temporary file renamed),

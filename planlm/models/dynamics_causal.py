@@ -1,4 +1,4 @@
-"""A cacheable dynamics g and prediction f for the planner (``PlannerShape.dynamics = "causal"``).
+"""A cacheable dynamics g and prediction f for the planner (``PlannerSettings.dynamics = "causal"``).
 
 The paper's g (``dynamics = "recurrent"``, planlm.models.dynamics) appends Emb(action) to the set of latents and
 re-encodes the whole set at every step, so every latent changes and sampling K paths of T steps costs
@@ -18,7 +18,7 @@ f is the same prefix-causal stack over g's outputs, then the paper's mean pool (
 the context and the steps so far) and the linear classifier. Layers mirror nn.TransformerEncoderLayer
 (post-norm, ReLU), so g and f have the same parameter counts as the recurrent ones.
 
-The article-level encoder (``PlannerShape.encoder = "article"``) makes the context causal too: context
+The article-level encoder (``PlannerSettings.encoder = "article"``) makes the context causal too: context
 latent z_j attends to z_0 .. z_j only. Then a boundary's context states are the prefix of one pass over its
 article, and ``article_teacher_forcing`` computes every boundary of an article in one pass:
 

@@ -40,10 +40,10 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from planlm.errors import PlanlmError
 from planlm.files import honour_umask, save_safetensors
 from planlm.jsonio import to_jsonable, write_json
+from planlm.models import planner
 from planlm.models.adapter import AdapterConfig, build_adapter, gather_rows
 from planlm.models.card import evaluation_entry, planned_lm_card, read_planlm_block, write_card
 from planlm.models.lm_loss import linear_cross_entropy, split_lm_head
-from planlm.models import planner
 from planlm.plugins import PluginImportError, UnknownKind
 from planlm.stage.integrity import FORMAT_KEY, with_format
 
@@ -64,9 +64,9 @@ JOINT_PLANNER = "planner"  # the subfolder holding the planner trained with the 
 @dataclass
 class PlannedLMConfig:
     plans: dict = field(default_factory=dict)
-    """The plans the model was trained with: the fields of a ``planlm.plans.spec.PlanSpec`` (kind, num_paths, horizon,
-    temperature, ...) but the folders they came from (``PlannedLM.plan_folders``); evaluation inherits what it does
-    not override (``planlm.plans.spec.trained_plans``)."""
+    """The plans the model was trained with: the fields of a ``planlm.plans.config.PlanConfig`` (kind, num_paths,
+    horizon, temperature, ...) but the folders they came from (``PlannedLM.plan_folders``); evaluation inherits what it does
+    not override (``planlm.plans.config.trained_plans``)."""
     adapter: AdapterConfig | None = None
     """Shape of the adapter (None for plans kind "none")."""
     tokenizer: str = "gpt2"

@@ -46,8 +46,9 @@ DYNAMICS: dict[str, type[Dynamics]] = {"recurrent": RecurrentDynamics, "causal":
 
 
 @dataclass
-class PlannerShape:
-    """The planner's shape as a user chooses it; num_actions and embedding_dim come from the prepared corpus."""
+class PlannerSettings:
+    """The planner's sizes as a user sets them (``--model.*``); ``PlannerConfig`` adds what the prepared corpus
+    gives (num_actions, embedding_dim)."""
 
     d_model: int = 256
     """D: width of the latents, of f and of g (the paper: 768)."""
@@ -100,8 +101,9 @@ class PlannerShape:
 
 
 @dataclass
-class PlannerConfig(PlannerShape):
-    """Shape of a planner (saved as ``config.json`` next to the weights)."""
+class PlannerConfig(PlannerSettings):
+    """A planner's whole config: its ``PlannerSettings`` and the corpus's sizes (saved as ``config.json`` next to the
+    weights)."""
 
     num_actions: int = 1024
     """A: number of abstract writing actions (codebook rows)."""
@@ -344,7 +346,7 @@ class Planner(nn.Module):
                               generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
         """K sampled paths (B, K, T) with the distribution each step was drawn from, as its M = top_actions most
         likely actions: step_actions (B, K, T, M) long, step_probs (B, K, T, M) (their probabilities): what plans in
-        expectation read (``PlanSpec.expectation``). The draws are those of ``sample_paths``; no extra pass."""
+        expectation read (``PlanConfig.expectation``). The draws are those of ``sample_paths``; no extra pass."""
         if temperature == 0:  # the distribution at tau 0 is the greedy action itself
             paths = self.sample_paths(context_embeds, context_mask, num_paths, horizon, 0.0)
             return paths, paths.unsqueeze(-1), torch.ones(*paths.shape, 1, device=paths.device)

@@ -465,7 +465,7 @@ def _choose(run_dirs: list[Path]) -> tuple[list[list[str]], list[tuple[str, str,
     """The contrasts every run's report shows (in the first run's order), and the shares of the oracle's gain
     [(condition, fixed, oracle)] of every planner-made condition among their first terms, when every run has the same
     condition of constant plans (Fixed) and of the true future's (the oracle): the kinds' flags say which."""
-    from planlm.plans.kinds import kind_flag
+    from planlm.plans.registry import kind_flag
 
     read = [_run_conditions(d) for d in run_dirs]
     contrasts = [pair for pair in read[0][0] if all(pair in pairs for pairs, _ in read[1:])]

@@ -16,7 +16,7 @@ from typing import Optional
 
 from planlm.evaluate.metrics import EditDistanceMetrics, PerplexityMetrics, PlanUsage
 from planlm.pipeline.layout import RunLayout
-from planlm.plans.kinds import kind_flag
+from planlm.plans.registry import kind_flag
 
 
 def read_json(path: Path) -> Optional[dict]:

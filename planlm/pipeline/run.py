@@ -45,7 +45,7 @@ from planlm.evaluate.metrics import EditDistanceMetrics, PerplexityMetrics
 from planlm.jsonio import to_jsonable, write_json
 from planlm.pipeline.layout import BASE_LM, RunLayout
 from planlm.pipeline.sections import bind_section, deep_merge
-from planlm.plans.kinds import kind_flag
+from planlm.plans.registry import kind_flag
 from planlm.stage import lock_stage_dir, read_manifest, releasing_stage_locks
 
 TERMINATED = 128 + 15  # the exit status of `planlm run` stopped by SIGTERM (a scheduler's preemption, `kill`)
@@ -153,7 +153,7 @@ def _run_distributed(stage: Stage) -> None:
 
     import yaml
 
-    config = to_jsonable(stage.kwargs)  # dataclasses and enums (PlanSpec's kind) as plain YAML values
+    config = to_jsonable(stage.kwargs)  # dataclasses (PlanConfig, AdapterSettings, ...) as plain YAML values
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(config, f)
     command = [sys.executable, "-m", "planlm.cli", stage.command.replace("_", "-"), "--config", f.name,

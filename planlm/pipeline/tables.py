@@ -346,7 +346,7 @@ def _compute_section(csv_path: Path, rows: list[dict], figures: Path) -> list[st
                      f"{float(row['relative_wall_time']):.2f}x | {float(row['planner_time_s']):.1f} | "
                      f"{float(row['lm_time_s']):.1f} |")
     lines += _sweep_figure(csv_path, figures, "compute vs perplexity")
-    adaptive = [r for r in rows if r["policy"] not in ("fixed", "expected")]  # expected-1: plans in expectation
+    adaptive = [r for r in rows if r["policy"] not in ("all", "expected")]  # expected-1: plans in expectation
     went = read_json(Path(adaptive[0]["eval_dir"]) / "where_paths_went.json") if adaptive else None
     if went:
         lines += ["", *_where_paths_went(went, adaptive[0]["value"], figures / f"{name}-paths.png")]

@@ -1,18 +1,19 @@
-"""The on-disk plan cache: where ``planlm sample-plans`` puts a cache, and reading it back.
+"""The on-disk plan cache: where ``planlm sample-plans`` puts a cache, reading it back, and checking it against
+the plans a command asks for (``check_cache``).
 
 Plan cache folder (``planlm sample-plans``; default ``<planner_dir>/plans/K{K}-T{T}-tau{tau}-seed{seed}``)::
 
     manifest.json        written last: num_paths, horizon, temperature, seed, planner_hash (sha256 of the
                          planner's model.safetensors), codebook_hash, num_actions, prepared_dir, counts
     <split>.npy          (N_sent, K, T) int64  sampled paths; row s = the paths for boundary s
-    <split>.num_paths.npy (N_sent,) int64      paths of boundary s under the path policy (K for fixed): the
+    <split>.num_paths.npy (N_sent,) int64      paths of boundary s under the path policy (K for all): the
                                                paths of row s beyond it are padding (planlm.plans.policy)
     <split>.argmax.npy   (N_sent, T) int64     the greedy path of boundary s
 
 An adaptive path policy (``--path_policy``) is part of the cache key and of the default folder name
 (``...-seed{seed}-{kind}-{fingerprint}``); the manifest records the paths per boundary of every split.
 
-Plans in expectation (``sample-plans --expectation true``, ``PlanSpec.expectation``; key and folder name
+Plans in expectation (``sample-plans --expectation true``, ``PlanConfig.expectation``; key and folder name
 ``...-expected{M}``) add, for every step of every path, the M = ``top_actions`` most likely actions of the
 distribution it was drawn from and their probabilities (not renormalised: the manifest's ``expectation.kept``
 records the mass they hold, mean and least per split; the plan sources renormalise)::
@@ -65,6 +66,37 @@ def cache_manifest(plans_dir: str | Path, prepared: PreparedDataset | None = Non
                           f"{prepared.path} ({prepared.codebook_hash[:12]}, {prepared.num_actions}); resample the plans "
                           f"with a planner trained on this corpus")
     return manifest
+
+
+def check_cache(plans, prepared: PreparedDataset | None = None) -> dict:
+    """The manifest of the plan cache ``plans.plans_dir`` (a planner kind's resolved ``PlanConfig``), after checking
+    its horizon, K (but for the argmax path), plans in expectation and (with ``prepared``) codebook."""
+    where = Path(plans.plans_dir) / "manifest.json"
+    manifest = cache_manifest(plans.plans_dir, prepared)
+    if int(manifest["horizon"]) != plans.horizon:
+        raise PlanlmError(f"{where}: cached horizon T={manifest['horizon']} but --plans.horizon {plans.horizon}; "
+                          f"set horizon: {manifest['horizon']} or sample plans with T={plans.horizon}")
+    if not plans.plan_kind.greedy and int(manifest["num_paths"]) != plans.num_paths:
+        raise PlanlmError(f"{where}: cached K={manifest['num_paths']} paths but --plans.num_paths "
+                          f"{plans.num_paths}; set num_paths: {manifest['num_paths']} or sample plans with "
+                          f"K={plans.num_paths}")
+    _check_cached_expectation(plans, manifest, where)
+    return manifest
+
+
+def _check_cached_expectation(plans, manifest: dict, where: Path) -> None:
+    """A cache of plans in expectation is read only in expectation, with its top_actions, and vice versa."""
+    cached = cached_top_actions(manifest)
+    if plans.expectation and not cached:
+        raise PlanlmError(f"{where}: the plan cache holds only sampled actions, not the step distributions "
+                          f"--plans.expectation true reads; sample one with `planlm sample-plans --plans.expectation "
+                          f"true` (or set --plans.expectation false)")
+    if cached and not plans.expectation:
+        raise PlanlmError(f"{where}: the plan cache holds plans in expectation (top {cached} actions per step); set "
+                          f"--plans.expectation true, or give a cache sampled without --plans.expectation")
+    if cached and cached != plans.top_actions:
+        raise PlanlmError(f"{where}: the cached plans in expectation keep the top {cached} actions per step, not the "
+                          f"{plans.top_actions} planlm keeps now; sample the cache again with `planlm sample-plans`")
 
 
 def load_plans(plans_dir: str | Path, split: str, *, prepared: PreparedDataset | None = None,

@@ -1,8 +1,10 @@
 """The draws of a planner: what it drew for a batch of boundaries (``Draw``), the arrays a split's draws fill in a
 plan cache's layout (``DrawArrays``: memory-mapped cache files, or arrays in memory for a live source), the one
-seeded walk over a split that fills them (``draw_split``) and its resumable record (``WalkCheckpoint``).
+seeded walk over a split that fills them (``draw_split``), its resumable record (``WalkCheckpoint``), and the draws
+of one resolved ``PlanConfig`` in memory (``draw_plans``: a live source's plans).
 
 The planner kinds of ``planlm.plans.kinds`` draw; ``planlm.plans.sampling`` writes their draws into a plan cache.
+A walk reads each resolved config as ``plans`` (``planlm.plans.config``).
 
 Letters: B boundaries, K paths (K' drawn: 1 for the argmax path), T horizon, M top actions, N boundaries asked
 for, N_sent sentences of the split.
@@ -15,7 +17,7 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import numpy as np
 import torch
@@ -27,9 +29,6 @@ from planlm.plans.cache import expected_action_dtype
 from planlm.plans.contexts import MAX_ROWS, Boundaries, check_split, split_batches
 from planlm.plans.policy import path_mask_from_counts
 from planlm.plans.sources import CachedPlans, Plans, step_probs
-
-if TYPE_CHECKING:
-    from planlm.plans.spec import PlanSpec
 
 
 @dataclass
@@ -61,11 +60,11 @@ class DrawingKind(Protocol):
     greedy: bool
     """The kind draws one path per boundary, the argmax path (its arrays have no K axis)."""
 
-    def paths_drawn(self, spec: PlanSpec) -> int: ...
+    def paths_drawn(self, plans) -> int: ...
 
-    def article_batches(self, spec: PlanSpec) -> bool: ...
+    def article_batches(self, plans) -> bool: ...
 
-    def draw(self, boundaries: Boundaries, spec: PlanSpec, rng: Optional[torch.Generator], planner) -> Draw: ...
+    def draw(self, boundaries: Boundaries, plans, rng: Optional[torch.Generator], planner) -> Draw: ...
 
 
 # --------------------------------------------------------------------------------------------- draws of a split
@@ -90,13 +89,13 @@ class DrawArrays:
     """In expectation: top actions (N, K or -, T, M) int16/int32 and their probabilities float16."""
 
     @classmethod
-    def allocate(cls, kind: DrawingKind, spec: PlanSpec, num_actions: int, rows: int,
+    def allocate(cls, kind: DrawingKind, plans, num_actions: int, rows: int,
                  make: MakeArray) -> DrawArrays:
         """``make(name, shape, dtype)`` gives each array: name "" (paths), "expected_actions." or "expected_probs."."""
-        shape = (rows, *(() if kind.greedy else (spec.num_paths,)), spec.horizon)
+        shape = (rows, *(() if kind.greedy else (plans.num_paths,)), plans.horizon)
         steps = None
-        if spec.expectation:
-            top = (*shape, min(spec.top_actions, num_actions))
+        if plans.expectation:
+            top = (*shape, min(plans.top_actions, num_actions))
             steps = (make("expected_actions.", top, expected_action_dtype(num_actions)),
                      make("expected_probs.", top, np.float16))
         return cls(make("", shape, np.int64), np.zeros(rows, np.int64), kind.greedy, steps)
@@ -115,22 +114,22 @@ class DrawArrays:
             if isinstance(written, np.memmap):
                 written.flush()
 
-    def source(self, spec: PlanSpec, sentences: np.ndarray, num_sentences: int) -> CachedPlans:
+    def source(self, plans, sentences: np.ndarray, num_sentences: int) -> CachedPlans:
         """The plans of ``sentences`` (N,) (the boundaries drawn, in order) read back as from a plan cache."""
         rows = np.full(num_sentences, -1, dtype=np.int64)
         rows[sentences] = np.arange(len(sentences))
         counts = None if self.greedy else np.zeros(num_sentences, np.int64)
         if counts is not None:
             counts[sentences] = self.counts
-        plans, probs = (self.paths, None) if self.steps is None else self.steps
-        return CachedPlans(plans, spec.num_paths, spec.horizon, counts, probs, rows=rows)
+        paths, probs = (self.paths, None) if self.steps is None else self.steps
+        return CachedPlans(paths, plans.num_paths, plans.horizon, counts, probs, rows=rows)
 
 
 def draw_split(planner, split: PreparedSplit, sentences: np.ndarray,
-               draws: list[tuple[DrawingKind, PlanSpec, DrawArrays]], device: torch.device, precision: str,
+               draws: list[tuple[DrawingKind, object, DrawArrays]], device: torch.device, precision: str,
                batch_size: int, max_rows: int = MAX_ROWS, checkpoint: Optional[WalkCheckpoint] = None) -> None:
-    """Draw the plans of every (kind, spec) for ``sentences`` (N,) of ``split`` into their arrays, in one seeded
-    walk (the first spec's seed): at most ``batch_size`` boundaries and ``max_rows`` paths per forward, article rows
+    """Draw the plans of every (kind, resolved config) for ``sentences`` (N,) of ``split`` into their arrays, in one
+    seeded walk (the first config's seed): at most ``batch_size`` boundaries and ``max_rows`` paths per forward, article rows
     for an article-level planner when every kind allows. The draws depend on the seed, batch_size, max_rows and the
     device type alone (a plan cache's key holds them all). ``checkpoint``: where the walk starts (after the batches
     that an interrupted walk recorded, with its generator's state) and where it records itself as it goes."""
@@ -138,16 +137,16 @@ def draw_split(planner, split: PreparedSplit, sentences: np.ndarray,
     planner = planner.to(device).eval()
     rng = torch.Generator(device=device).manual_seed(draws[0][1].seed)
     done, rows_done = (0, 0) if checkpoint is None else checkpoint.start(rng)
-    most = max(max(1, kind.paths_drawn(spec)) for kind, spec, _ in draws)
+    most = max(max(1, kind.paths_drawn(plans)) for kind, plans, _ in draws)
     per_forward = max(1, min(batch_size, max_rows // most))
-    article = planner.config.encoder == "article" and all(kind.article_batches(spec) for kind, spec, _ in draws)
+    article = planner.config.encoder == "article" and all(kind.article_batches(plans) for kind, plans, _ in draws)
     batches = split_batches(split, sentences, planner.config.num_actions, per_forward, planner, article, skip=done)
     with open_bar(f"plans {split.name}", len(sentences), "boundaries", checkpoint is not None,
                   completed=rows_done) as bar:
         for rows, boundaries in batches:
             with torch.no_grad(), autocast(device, precision):
-                for kind, spec, arrays in draws:
-                    arrays.write(rows, kind.draw(boundaries, spec, rng, planner))
+                for kind, plans, arrays in draws:
+                    arrays.write(rows, kind.draw(boundaries, plans, rng, planner))
             done, rows_done = done + 1, rows_done + len(rows)
             bar.advance(len(rows))
             if checkpoint is not None:
@@ -156,13 +155,26 @@ def draw_split(planner, split: PreparedSplit, sentences: np.ndarray,
         checkpoint.save(done, rows_done, rng, now=True)
 
 
+def draw_plans(planner, split: PreparedSplit, plans, sentences: Optional[np.ndarray] = None, *,
+               device: str | torch.device = "cpu", precision: str = "fp32", batch_size: int = 256,
+               max_rows: int = MAX_ROWS) -> DrawArrays:
+    """What ``planner`` draws for a planner kind's resolved config ``plans`` at ``sentences`` (N,) of ``split``
+    (default: every boundary), in memory: ``paths`` (N, K, T) sampled or (N, T) argmax, ``counts`` (N,), ``steps`` in expectation."""
+    sentences = np.arange(split.num_sentences) if sentences is None else np.asarray(sentences, dtype=np.int64)
+    kind = plans.plan_kind
+    arrays = DrawArrays.allocate(kind, plans, planner.config.num_actions, len(sentences), in_memory)
+    draw_split(planner, split, sentences, [(kind, plans, arrays)], torch.device(device), precision, batch_size,
+               max_rows)
+    return arrays
+
+
 class WalkCheckpoint:
     """Where a split's seeded walk stands, so that an interrupted walk resumes to the same draws: the batches and
     boundaries done, the generator's state and each draw's path counts, in one file written atomically after the
     draws' arrays are flushed (at most every ``every_s`` seconds, and at the end). A record of another key, or one
     that cannot be read, is no record: the walk starts from its first batch."""
 
-    def __init__(self, path: Path, key: str, draws: list[tuple[DrawingKind, PlanSpec, DrawArrays]],
+    def __init__(self, path: Path, key: str, draws: list[tuple[DrawingKind, object, DrawArrays]],
                  every_s: float = 60.0):
         self.path, self.key, self.draws, self.every_s = Path(path), key, draws, every_s
         self.saved = time.monotonic()
@@ -207,4 +219,5 @@ class WalkCheckpoint:
         self.saved = time.monotonic()
 
 
-__all__ = ["Draw", "DrawingKind", "DrawArrays", "MakeArray", "in_memory", "draw_split", "WalkCheckpoint"]
+__all__ = ["Draw", "DrawingKind", "DrawArrays", "MakeArray", "in_memory", "draw_split", "draw_plans",
+           "WalkCheckpoint"]

@@ -3,7 +3,7 @@
 The paper samples the same K paths at every boundary and names that cost as its limitation. A
 ``PathPolicy`` decides K per boundary instead, between ``min_paths`` and ``max_paths``:
 
-- ``fixed``: every boundary gets ``max_paths`` (the paper; ``max_paths`` defaults to the command's K).
+- ``all``: every boundary gets all ``max_paths`` (the paper; ``max_paths`` defaults to the command's K).
 - ``entropy``: K grows linearly with the entropy H of the planner's first-step distribution,
   K = min_paths + ceil((max_paths - min_paths) * min(1, H / entropy_high)), with ``entropy_high`` the
   entropy that gets ``max_paths`` (default log A: the uniform distribution). A confident planner gets
@@ -28,15 +28,17 @@ import torch
 
 from planlm.errors import PlanlmError
 
-POLICIES = ("fixed", "entropy")
+POLICIES = ("all", "entropy")
+SAVED_NAMES = {"fixed": "all"}
+"""Policy names that model folders and plan caches made before a policy took its present name record."""
 
 
 @dataclass
 class PathPolicy:
     """How many sampled paths each sentence boundary gets (adaptive planning compute)."""
 
-    kind: Literal["fixed", "entropy"] = "fixed"
-    """fixed (K = max_paths everywhere) or entropy (K from the planner's first-step entropy)."""
+    kind: Literal["all", "entropy"] = "all"
+    """all (K = max_paths at every boundary) or entropy (K from the planner's first-step entropy)."""
     min_paths: int = 1
     """Fewest paths a boundary gets (entropy)."""
     max_paths: Optional[int] = None
@@ -55,6 +57,11 @@ class PathPolicy:
         if self.entropy_high is not None and not self.entropy_high > 0:
             raise PlanlmError(f"--path_policy.entropy_high {self.entropy_high} must be > 0 nats (or null: log A)")
 
+    @classmethod
+    def saved(cls, record: dict) -> "PathPolicy":
+        """The policy a model folder or a plan cache records (``asdict``), under its present name."""
+        return cls(**{**record, "kind": SAVED_NAMES.get(record.get("kind"), record.get("kind", "all"))})
+
     def resolve(self, num_paths: int) -> "PathPolicy":
         """This policy with max_paths filled in from the command's K (one-line error when it cannot be)."""
         max_paths = num_paths if self.max_paths is None else self.max_paths
@@ -65,17 +72,17 @@ class PathPolicy:
 
     @property
     def adaptive(self) -> bool:
-        return self.kind != "fixed"
+        return self.kind != "all"
 
     def cache_key(self) -> Optional[dict]:
-        """What plan caches and evaluations are keyed on: None for fixed (so caches made before policies existed
+        """What plan caches and evaluations are keyed on: None for all (so caches made before policies existed
         stay valid), else every field."""
         return asdict(self) if self.adaptive else None
 
     def label(self) -> str:
-        """A short name, e.g. ``fixed K=10``, ``entropy 1-50`` or ``entropy 1-50 H 0.7``."""
+        """A short name, e.g. ``all K=10``, ``entropy 1-50`` or ``entropy 1-50 H 0.7``."""
         if not self.adaptive:
-            return f"fixed K={self.max_paths}"
+            return f"all K={self.max_paths}"
         text = f"{self.kind} {self.min_paths}-{self.max_paths}"
         if self.entropy_high is not None:
             text += f" H {self.entropy_high:g}"
@@ -87,7 +94,7 @@ def policy_keyed(settings: dict) -> dict:
     when adaptive, so caches, models and evaluations made before policies existed stay valid."""
     policy = settings.get("path_policy")
     key = {name: value for name, value in settings.items() if name != "path_policy"}
-    if policy and policy["kind"] != "fixed":
+    if policy and policy["kind"] != "all":
         key["path_policy"] = policy
     return key
 
@@ -132,11 +139,11 @@ def sample_with_policy(planner, context_embeds: torch.Tensor, context_mask: torc
     """Paths of a batch of boundaries under ``policy`` (resolved: max_paths set).
 
     context_embeds (B, S, E), context_mask (B, S) -> action_paths (B, K_max, T) long (padding beyond a
-    boundary's count), num_paths (B,) long. ``fixed`` is exactly ``planner.sample_paths`` (same draws).
+    boundary's count), num_paths (B,) long. ``all`` is exactly ``planner.sample_paths`` (same draws).
     ``state``: the contexts' start state (``Planner.start``) when the caller holds it (the same draws)."""
     batch = context_embeds.shape[0]
     device = context_embeds.device
-    if policy.kind == "fixed" or temperature == 0:
+    if not policy.adaptive or temperature == 0:
         paths = planner.sample_paths(context_embeds, context_mask, policy.max_paths, horizon, temperature, generator,
                                      state=state)
         return paths, torch.full((batch,), policy.max_paths, dtype=torch.long, device=device)

@@ -2,7 +2,7 @@
 
 A ``PlanSource`` maps split-global sentence indices ``sentences (N,)`` to ``Plans``: ``action_paths
 (N, K, T)`` long and ``path_mask (N, K, T)`` bool, the plan of boundary s (the paths for sentences s, s+1,
-..., s+T-1); for plans in expectation (``PlanSpec.expectation``) ``action_paths (N, K, T, M)`` holds each
+..., s+T-1); for plans in expectation (``PlanConfig.expectation``) ``action_paths (N, K, T, M)`` holds each
 step's M most likely actions and ``action_probs (N, K, T, M)`` their probabilities, renormalised. Training (``planlm.data.windows``), evaluation (plan vectors per sentence), plan usage
 (``ShuffledPlans``) and generation read plans through it, whatever their kind:
 
@@ -13,7 +13,7 @@ step's M most likely actions and ``action_probs (N, K, T, M)`` their probabiliti
 - ``TablePlans``: plans a kind made once for the boundaries a command needs (a registered kind's default);
 - ``ShuffledPlans``: another source's plans, shuffled across sentences (plan usage).
 
-``planlm.plans.kinds.plan_source(spec, ...)`` builds the source of a resolved ``PlanSpec`` (its kind's
+``planlm.plans.kinds.plan_source(plans, ...)`` builds the source of a resolved ``PlanConfig`` (its kind's
 ``source``). It checks K and T against the cache or the planner once; the sources themselves trust their arrays.
 
 Letters: N sentences asked for, N_sent sentences of the split, K paths, T horizon.
@@ -142,7 +142,7 @@ class CachedPlans:
 
 
 class TablePlans:
-    """Plans made once for ``sentences`` (N,) of a split, read back by sentence (``PlanStrategy.source``)."""
+    """Plans made once for ``sentences`` (N,) of a split, read back by sentence (``PlanKind.source``)."""
 
     def __init__(self, plans: Plans, sentences: np.ndarray, num_sentences: int):
         self.plans = plans  # (N, K, T[, M]) each

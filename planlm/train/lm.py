@@ -30,11 +30,11 @@ from planlm.errors import PlanlmError
 from planlm.files import file_sha256
 from planlm.models.adapter import AdapterConfig, AdapterSettings
 from planlm.models.planned_lm import JOINT_PLANNER, PlannedLM, PlannedLMConfig, load_causal_lm
-from planlm.models.planner import Planner
-from planlm.models.planner import planner_hash
+from planlm.models.planner import Planner, planner_hash
+from planlm.plans.cache import check_cache
+from planlm.plans.config import PlanConfig, check_joint_plans, with_source_horizon
 from planlm.plans.contexts import ContextSource
-from planlm.plans.kinds import check_cache, check_joint_plans, plan_source
-from planlm.plans.spec import PlanSpec, with_source_horizon
+from planlm.plans.registry import plan_source
 from planlm.seeds import derive_seed
 from planlm.speed import compile_options, keep_freed_memory, speed_up_lm
 from planlm.stage import StageDir, config_fingerprint
@@ -160,43 +160,43 @@ def _check_tokenizer(prepared: PreparedDataset, model: LMModelConfig, init_confi
     return tokenizer
 
 
-def _training_plans(spec: PlanSpec, prepared: PreparedDataset, splits: list[str],
-                    joint: bool) -> tuple[PlanSpec, dict | None]:
-    """The spec with its plan cache (sampled now, or reused, from the planner when none is given) and the cache's
-    manifest, after checking that the cache fits the spec and the corpus; other kinds, and joint training (the
+def _training_plans(plans: PlanConfig, prepared: PreparedDataset, splits: list[str],
+                    joint: bool) -> tuple[PlanConfig, dict | None]:
+    """The resolved config ``plans`` with its plan cache (sampled now, or reused, from the planner when none is
+    given) and the cache's manifest, after checking that the cache fits it and the corpus; other kinds, and joint training (the
     planner runs in the step), need no cache."""
-    if not spec.strategy.uses_planner or joint:
-        return spec, None
-    if spec.plans_dir is None:
+    if not plans.plan_kind.uses_planner or joint:
+        return plans, None
+    if plans.plans_dir is None:
         from planlm.plans.sampling import sample_plans
 
-        cache = sample_plans(prepared_dir=str(prepared.path), plans=spec, splits=splits)
-        spec = replace(spec, plans_dir=str(cache))
-    manifest = check_cache(spec, prepared)
-    return replace(spec, planner_dir=manifest.get("planner_dir") or spec.planner_dir), manifest
+        cache = sample_plans(prepared_dir=str(prepared.path), plans=plans, splits=splits)
+        plans = replace(plans, plans_dir=str(cache))
+    manifest = check_cache(plans, prepared)
+    return replace(plans, planner_dir=manifest.get("planner_dir") or plans.planner_dir), manifest
 
 
-def _joint_planner(spec: PlanSpec, prepared: PreparedDataset) -> Planner:
+def _joint_planner(plans: PlanConfig, prepared: PreparedDataset) -> Planner:
     """The planner a joint run trains with the LM, after checking that it plans over this corpus's actions and
     reads its sentence embeddings (one-line errors before training starts)."""
-    planner = Planner.for_corpus(spec.planner_dir, prepared)
+    planner = Planner.for_corpus(plans.planner_dir, prepared)
     if planner.config.finetune_encoder:
-        raise PlanlmError(f"{spec.planner_dir}: the planner finetunes its own sentence encoder; joint training reads "
+        raise PlanlmError(f"{plans.planner_dir}: the planner finetunes its own sentence encoder; joint training reads "
                           f"the prepared embeddings: give a planner trained with --model.finetune_encoder false")
     return planner
 
 
-def _loaders(prepared: PreparedDataset, spec: PlanSpec, train: LMTrainConfig, pad_token_id: int,
+def _loaders(prepared: PreparedDataset, plans: PlanConfig, train: LMTrainConfig, pad_token_id: int,
              planner: Planner | None = None) -> tuple[DataLoader, list[DataLoader] | None]:
-    """(training loader, validation loaders): the windows of each split with the plans of ``spec`` (joint training:
+    """(training loader, validation loaders): the windows of each split with the plans of ``plans`` (joint training:
     with what ``planner`` reads at their boundaries, ``ContextSource``); with plans, a second validation loader holds
     the same windows with the plans shuffled (plan usage)."""
     loaders = {}
     for split_name, shuffle in ((TRAIN_SPLIT, True), (VALIDATION_SPLIT, False)):
         split = prepared[split_name]
         windows = article_windows(split, train.context_length, train.stride)
-        source = plan_source(spec, prepared, split) if planner is None else \
-            ContextSource(split, planner.config.max_sentences, planner.config.horizon, spec.num_paths, spec.horizon)
+        source = plan_source(plans, prepared, split) if planner is None else \
+            ContextSource(split, planner.config.max_sentences, planner.config.horizon, plans.num_paths, plans.horizon)
         loaders[split_name] = _loader(split, windows, source, train.batch_size, shuffle, train.num_workers,
                                       pad_token_id, train.seed)
     if not len(loaders[TRAIN_SPLIT]):
@@ -204,7 +204,7 @@ def _loaders(prepared: PreparedDataset, spec: PlanSpec, train: LMTrainConfig, pa
     if not len(loaders[VALIDATION_SPLIT]):
         return loaders[TRAIN_SPLIT], None
     val_loaders = [loaders[VALIDATION_SPLIT]]
-    if spec.has_plans:  # plan usage: the same windows, the plans shuffled
+    if plans.has_plans:  # plan usage: the same windows, the plans shuffled
         val_loaders.append(_shuffled_plans_loader(loaders[VALIDATION_SPLIT]))
     return loaders[TRAIN_SPLIT], val_loaders
 
@@ -235,32 +235,32 @@ def _shuffled_plans_loader(loader: DataLoader) -> DataLoader:
                       collate_fn=shuffled)
 
 
-def _build_model(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec, adapter: AdapterSettings,
+def _build_model(prepared: PreparedDataset, model: LMModelConfig, plans: PlanConfig, adapter: AdapterSettings,
                  tokenizer, source_planner_hash: str | None, train_split_name: str, seed: int) -> PlannedLM:
     """The LM (a random init drawn from ``seed``, the same for every condition) plus its adapter, drawn
     from a stream of its own so that it shifts nothing else."""
     L.seed_everything(seed, verbose=False)
     init = PlannedLM.from_pretrained(model.init_from) if model.init_from else None
-    if init is not None and init.config.codebook_hash not in (None, prepared.codebook_hash) and spec.has_plans:
+    if init is not None and init.config.codebook_hash not in (None, prepared.codebook_hash) and plans.has_plans:
         raise PlanlmError(f"{Path(model.init_from) / 'planned_lm.json'}: trained on another codebook than "
                           f"{prepared.path}; start from a model of this corpus or from a plain LM")
     lm = init.lm if init is not None else load_causal_lm(model.name_or_path, model.model_config, len(tokenizer),
                                                              tokenizer.eos_token_id)
-    _check_fits(lm, prepared, prepared[train_split_name], spec)
+    _check_fits(lm, prepared, prepared[train_split_name], plans)
     adapter_config = None
-    if spec.has_plans:
+    if plans.has_plans:
         adapter_config = AdapterConfig.of(adapter, num_actions=prepared.num_actions,
                                           codebook_width=prepared.embedding_dim,
-                                          hidden_size=lm.get_input_embeddings().embedding_dim, horizon=spec.horizon)
+                                          hidden_size=lm.get_input_embeddings().embedding_dim, horizon=plans.horizon)
     config = PlannedLMConfig(
-        plans=spec, adapter=adapter_config, tokenizer=prepared.tokenizer_name, num_actions=prepared.num_actions,
+        plans=plans, adapter=adapter_config, tokenizer=prepared.tokenizer_name, num_actions=prepared.num_actions,
         codebook_hash=prepared.codebook_hash, planner_hash=source_planner_hash,
         base_model=model.name_or_path or (init.config.base_model if init else None),
         base_model_config=None if model.name_or_path else (init.config.base_model_config if init else model.model_config))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "adapter"))
         planned = PlannedLM(config, lm, prepared.codebook)
-    planned.plan_folders = {"planner_dir": spec.planner_dir, "plans_dir": spec.plans_dir}
+    planned.plan_folders = {"planner_dir": plans.planner_dir, "plans_dir": plans.plans_dir}
     if init is not None and init.adapter is not None and planned.adapter is not None \
             and asdict(init.config.adapter) == asdict(adapter_config):
         planned.adapter.load_state_dict(init.adapter.state_dict())
@@ -273,14 +273,14 @@ def _build_model(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec
     return planned.train()  # from_pretrained (init_from) leaves the modules in eval mode: no dropout
 
 
-def _check_fits(lm, prepared: PreparedDataset, train_split: PreparedSplit, spec: PlanSpec) -> None:
+def _check_fits(lm, prepared: PreparedDataset, train_split: PreparedSplit, plans: PlanConfig) -> None:
     """The corpus' token ids fit the LM's embeddings, and a fixed action is one of the corpus' actions."""
     max_id = int(np.max(train_split.input_ids)) if train_split.num_tokens else 0
     if max_id >= lm.get_input_embeddings().num_embeddings:
         raise PlanlmError(f"{prepared.path}: token id {max_id} does not fit the LM's "
                           f"{lm.get_input_embeddings().num_embeddings} embeddings; use an LM of tokenizer "
                           f"{prepared.tokenizer_name!r}")
-    spec.strategy.check_actions(spec, prepared.num_actions, str(prepared.path))
+    plans.plan_kind.check_actions(plans, prepared.num_actions, str(prepared.path))
 
 
 def lm_is_pretrained(model: LMModelConfig) -> bool:
@@ -288,23 +288,23 @@ def lm_is_pretrained(model: LMModelConfig) -> bool:
     return bool(model.name_or_path or model.init_from)
 
 
-def _input_hashes(model: LMModelConfig, spec: PlanSpec) -> dict:
+def _input_hashes(model: LMModelConfig, plans: PlanConfig) -> dict:
     """What the folders a run reads hold, not only their names: the weights of the planner that makes the
     plans (or the plan cache's key) and of the LM it starts from, so that retraining either into the same
     folder retrains this LM instead of reusing it."""
     from planlm.evaluate.loading import model_fingerprint
 
     hashes = {"init_from": model_fingerprint(model.init_from) if model.init_from else None}
-    if spec.plans_dir:  # a resolved spec names a plan cache or a planner only for a planner kind
-        hashes["plans"] = config_fingerprint(spec.plans_dir)
-    elif spec.planner_dir:
-        hashes["planner"] = planner_hash(spec.planner_dir)  # missing weights: an error follows
+    if plans.plans_dir:  # a resolved config names a plan cache or a planner only for a planner kind
+        hashes["plans"] = config_fingerprint(plans.plans_dir)
+    elif plans.planner_dir:
+        hashes["planner"] = planner_hash(plans.planner_dir)  # missing weights: an error follows
     return hashes
 
 
 # --------------------------------------------------------------------------------------------- command
 def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConfig(),
-             plans: PlanSpec = PlanSpec(), adapter: AdapterSettings = AdapterSettings(),
+             plans: PlanConfig = PlanConfig(), adapter: AdapterSettings = AdapterSettings(),
              train: LMTrainConfig = LMTrainConfig(), runtime: LMRuntime = LMRuntime()) -> Path:
     """Finetune a causal LM conditioned on plans (fixed / oracle / planner actions) or on nothing.
 
@@ -334,24 +334,24 @@ def train_lm(prepared_dir: str, out_dir: str, model: LMModelConfig = LMModelConf
     if not isinstance(runtime, LMRuntime):  # a plain Runtime (Python callers): the speed knobs at their defaults
         runtime = LMRuntime(device=runtime.device, precision=runtime.precision)
     runtime.check_training_precision("train-lm")
-    spec = with_source_horizon(plans).resolve()  # T unset: the planner's (or the plan cache's)
+    asked, plans = plans, with_source_horizon(plans).resolve()  # T unset: the planner's (or the plan cache's)
     train.check_planner_knobs()
     if train.joint:
-        check_joint_plans(spec)
-        if plans.expectation is None:  # joint training differentiates the expected embedding
-            spec = with_source_horizon(replace(plans, expectation=True)).resolve()
-    spec.check_source()
+        check_joint_plans(plans)
+        if asked.expectation is None:  # joint training differentiates the expected embedding
+            plans = with_source_horizon(replace(asked, expectation=True)).resolve()
+    plans.check_source()
     prepared = PreparedDataset(prepared_dir)
     splits = [TRAIN_SPLIT, VALIDATION_SPLIT]
     for split in splits:
         prepared.split(split)  # one-line error for a missing split
-    with StageDir(out_dir, _run_config(prepared, model, spec, adapter, train, runtime), keep_partial=True) as stage:
+    with StageDir(out_dir, _run_config(prepared, model, plans, adapter, train, runtime), keep_partial=True) as stage:
         if not stage.reused:
-            _train_into(stage, prepared, model, spec, adapter, train, runtime, splits)
+            _train_into(stage, prepared, model, plans, adapter, train, runtime, splits)
     return stage.path
 
 
-def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec,
+def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig, plans: PlanConfig,
                 adapter: AdapterSettings, train: LMTrainConfig, runtime: LMRuntime, splits: list[str]) -> None:
     """Train the planned LM into ``stage`` (resuming its last checkpoint of the same key) and, on rank 0, write the
     model folder and, last, the manifest."""
@@ -359,20 +359,20 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
     out = stage.path
     init_config = PlannedLM.from_pretrained(model.init_from).config if model.init_from else None
     tokenizer = _check_tokenizer(prepared, model, init_config)
-    spec, plans_manifest = _training_plans(spec, prepared, splits, train.joint)
-    planner = _joint_planner(spec, prepared) if train.joint else None
-    source_planner_hash = (planner_hash(spec.planner_dir) if train.joint
+    plans, plans_manifest = _training_plans(plans, prepared, splits, train.joint)
+    planner = _joint_planner(plans, prepared) if train.joint else None
+    source_planner_hash = (planner_hash(plans.planner_dir) if train.joint
                            else (plans_manifest or {}).get("planner_hash"))
 
-    planned = _build_model(prepared, model, spec, adapter, tokenizer, source_planner_hash, TRAIN_SPLIT, train.seed)
+    planned = _build_model(prepared, model, plans, adapter, tokenizer, source_planner_hash, TRAIN_SPLIT, train.seed)
     keep_freed_memory()
     speed_up_lm(planned, runtime, "train-lm")
     L.seed_everything(derive_seed(train.seed, "dropout"), verbose=False)  # the same dropout stream in every condition
 
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    train_loader, val_loaders = _loaders(prepared, spec, train, pad_token_id, planner)
+    train_loader, val_loaders = _loaders(prepared, plans, train, pad_token_id, planner)
     trainer, best, start, first_step, times = _train(planned, train, runtime, out, stage.key, train_loader,
-                                                     val_loaders, spec, planner, setup=time.perf_counter() - began)
+                                                     val_loaders, plans, planner, setup=time.perf_counter() - began)
     if trainer.is_global_zero:
         results = _run_results(trainer, best, start, first_step)
         if planner is not None:  # beside the LM, before its card: evaluation finds it there (recorded_plan_folders)
@@ -384,8 +384,8 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
         if is_verbose():
             note(f"train-lm: {describe_call_times(results['call_time_s'])}")
         stage.finish(prepared_dir=str(prepared.path), codebook_hash=prepared.codebook_hash,
-                     conditioning=str(spec.kind), adapter=adapter.kind if spec.has_plans else None,
-                     plans_dir=spec.plans_dir, planner_dir=spec.planner_dir, planner_hash=source_planner_hash,
+                     conditioning=str(plans.kind), adapter=adapter.kind if plans.has_plans else None,
+                     plans_dir=plans.plans_dir, planner_dir=plans.planner_dir, planner_hash=source_planner_hash,
                      **({"joint_planner": JOINT_PLANNER} if planner is not None else {}),
                      plans_manifest=plans_manifest, **results,
                      trainable_parameters=sum(p.numel() for p in planned.parameters() if p.requires_grad),
@@ -393,17 +393,17 @@ def _train_into(stage: StageDir, prepared: PreparedDataset, model: LMModelConfig
                      lm_hash=file_sha256(next((out / "lm").glob("*.safetensors"))))
 
 
-def _run_config(prepared: PreparedDataset, model: LMModelConfig, spec: PlanSpec, adapter: AdapterSettings,
+def _run_config(prepared: PreparedDataset, model: LMModelConfig, plans: PlanConfig, adapter: AdapterSettings,
                 train: LMTrainConfig, runtime: LMRuntime) -> dict:
     """The model folder's reuse key: the corpus, the configs and the hashes of the folders the run reads."""
     return {"prepared": prepared.manifest.get("config_fingerprint"), "codebook_hash": prepared.codebook_hash,
-            "model": asdict(model), "plans": spec.cache_key(), "adapter": adapter.reuse_key(),
-            "inputs": _input_hashes(model, spec),
+            "model": asdict(model), "plans": plans.cache_key(), "adapter": adapter.reuse_key(),
+            "inputs": _input_hashes(model, plans),
             "train": train.reuse_key(runtime)}
 
 
 def _train(planned: PlannedLM, train: LMTrainConfig, runtime: LMRuntime, out: Path, run_config: dict,
-           train_loader: DataLoader, val_loaders: list | None, spec: PlanSpec,
+           train_loader: DataLoader, val_loaders: list | None, plans: PlanConfig,
            planner: Planner | None = None,
            setup: float = 0.0) -> tuple[L.Trainer, L.pytorch.callbacks.ModelCheckpoint, float, int, dict]:
     """(trainer, best checkpoint, start time, first step, seconds by part: ``call_times``' input): train through
@@ -420,7 +420,7 @@ def _train(planned: PlannedLM, train: LMTrainConfig, runtime: LMRuntime, out: Pa
     if planner is None:
         module = LightningLM(planned, **knobs)
     else:
-        module = LightningJointLM(planned, planner, spec, planner_lr=train.planner_lr,
+        module = LightningJointLM(planned, planner, plans, planner_lr=train.planner_lr,
                                   action_loss_weight=train.planner_loss_weight, **knobs)
     start = time.time()
     setup += time.perf_counter() - began

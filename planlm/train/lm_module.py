@@ -13,9 +13,9 @@ import torch
 from planlm.data.windows import IGNORE_INDEX
 from planlm.models.planned_lm import PlannedLM
 from planlm.models.planner import Planner
+from planlm.plans.config import PlanConfig
 from planlm.plans.contexts import Boundaries, PlannerInputs
-from planlm.plans.kinds import plan_kind
-from planlm.plans.spec import PlanSpec
+from planlm.plans.registry import plan_kind
 from planlm.seeds import derive_seed
 from planlm.train.harness import warmup_schedule
 from planlm.train.planner_module import action_loss, trim_horizon
@@ -145,10 +145,10 @@ class LightningJointLM(LightningLM):
     The planner runs without dropout throughout: the LM trains on the plans it will be evaluated with, and the
     plans of an unchanged planner are exactly those of the frozen plans in expectation (tested)."""
 
-    def __init__(self, model: PlannedLM, planner: Planner, spec: PlanSpec, planner_lr: float | None = None,
+    def __init__(self, model: PlannedLM, planner: Planner, plans: PlanConfig, planner_lr: float | None = None,
                  action_loss_weight: float = 1.0, **kwargs):
         super().__init__(model, **kwargs)
-        self.planner, self.spec = planner, spec
+        self.planner, self.plans = planner, plans
         self.planner_lr = self.lr if planner_lr is None else planner_lr
         self.action_loss_weight = action_loss_weight
 
@@ -162,8 +162,8 @@ class LightningJointLM(LightningLM):
         inputs = PlannerInputs(*(batch[name] for name in PlannerInputs._fields))
         boundaries = Boundaries(len(inputs.context_embeds), self.planner.config.num_actions, inputs.context_embeds,
                                 inputs.context_mask)
-        generator = torch.Generator(device=self.device).manual_seed(derive_seed(self.spec.seed, f"joint/{stream}"))
-        plans = plan_kind(self.spec.kind).joint_plans(boundaries, self.spec, generator, self.planner)
+        generator = torch.Generator(device=self.device).manual_seed(derive_seed(self.plans.seed, f"joint/{stream}"))
+        plans = plan_kind(self.plans.kind).joint_plans(boundaries, self.plans, generator, self.planner)
         rest = {name: value for name, value in batch.items() if name not in PlannerInputs._fields}
         return {**rest, **plans.inputs()}, inputs
 

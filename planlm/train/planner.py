@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset, PreparedSplit
 from planlm.errors import PlanlmError
-from planlm.models.planner import Planner, PlannerConfig, PlannerShape
+from planlm.models.planner import Planner, PlannerConfig, PlannerSettings
 from planlm.plans.contexts import check_split
 from planlm.speed import keep_freed_memory
 from planlm.stage import StageDir
@@ -79,7 +79,7 @@ EVAL_BATCH_SIZE = 512
 
 
 # ---- the command --------------------------------------------------------------------------------------
-def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = PlannerShape(),
+def train_planner(prepared_dir: str, out_dir: str, model: PlannerSettings = PlannerSettings(),
                   train: PlannerTrainArgs = PlannerTrainArgs(), runtime: Runtime = Runtime()) -> Path:
     """Train the multi-step planner on a prepared corpus and compare it with majority/unigram/bigram baselines.
 
@@ -89,7 +89,7 @@ def train_planner(prepared_dir: str, out_dir: str, model: PlannerShape = Planner
     Args:
         prepared_dir: Prepared corpus (``planlm prepare``): sentence embeddings, actions, codebook.
         out_dir: Output folder of the planner (weights, config, summary, checkpoints, logs).
-        model: Planner shape.
+        model: The planner's sizes.
         train: Optimisation and run knobs.
         runtime: The accelerator and precision (runtime.precision bf16: bf16 autocast).
 

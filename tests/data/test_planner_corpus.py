@@ -13,7 +13,7 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.data.corpus import CorpusConfig
 from planlm.data.planner_corpus import PLANNER_SPLIT, PlannerCorpusConfig
 from planlm.data.prepare import prepare
-from planlm.models.planner import PlannerShape
+from planlm.models.planner import PlannerSettings
 from planlm.stage import read_manifest
 from planlm.train.planner import PlannerTrainArgs, train_planner
 
@@ -76,7 +76,7 @@ def test_train_planner_fits_on_the_planner_split_and_validates_on_validation(wit
     _, _, rest = with_rest
     args = PlannerTrainArgs(batch_size=8, max_epochs=1, lr=1e-2)
     out = train_planner(str(rest.path), str(tmp_path / "planner"),
-                        PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2), args)
+                        PlannerSettings(d_model=16, num_heads=2, dim_feedforward=32, horizon=2), args)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["train_split"] == PLANNER_SPLIT and summary["eval_split"] == "validation"
     assert summary["global_step"] == -(-rest[PLANNER_SPLIT].num_sentences // 8)  # one epoch over all 40 boundaries

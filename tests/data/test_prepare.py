@@ -505,10 +505,10 @@ def test_the_last_token_of_a_sentence_carries_the_next_sentences_plan(tmp_path):
 
     from planlm.models.adapter import AdapterConfig
     from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
 
     adapter = AdapterConfig(num_actions=8, action_dim=4, hidden_size=32)
-    model = PlannedLM(PlannedLMConfig(plans=PlanSpec(kind="oracle", num_paths=2, horizon=2), adapter=adapter, num_actions=8),
+    model = PlannedLM(PlannedLMConfig(plans=PlanConfig(kind="oracle", num_paths=2, horizon=2), adapter=adapter, num_actions=8),
                       tiny_gpt2(), None).eval()
     model.adapter.projection.reset_parameters()  # W and b at PyTorch's init, not the no-op zero
     input_ids = torch.randint(0, 1000, batch["input_ids"].shape)

@@ -183,7 +183,7 @@ def test_the_edit_distance_command_resamples_the_boundaries_source_documents(syn
 
     from planlm.evaluate.edit_distance import _distance_summary, edit_distance
     from planlm.evaluate.generator import ProtocolSampling
-    from planlm.plans.spec import PlanSettings
+    from planlm.plans.config import PlanSettings
 
     prepared = PreparedDataset(synthetic_pieces)
     chatty_planned_lm(prepared).save_pretrained(tmp_path / "model")

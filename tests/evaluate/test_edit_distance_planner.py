@@ -6,13 +6,13 @@ import pytest
 
 from helpers import chatty_planned_lm, read_csv, use_planner
 from planlm.args import Runtime
-from planlm.errors import PlanlmError
 from planlm.data.artifacts import PreparedDataset
+from planlm.errors import PlanlmError
 from planlm.evaluate.edit_distance import action_edit_distance, edit_distance
 from planlm.evaluate.generate import generate
 from planlm.evaluate.generator import ProtocolSampling, SamplingConfig
 from planlm.evaluate.metrics import EditDistanceMetrics
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 
 def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, cycle_planner, tmp_path):
@@ -42,7 +42,7 @@ def test_edit_distance_with_planner_sampled_plans(synthetic_cycle, cycle_planner
     assert generated["text"] == first["generated_text"] and generated["planner_calls"] >= 3
     assert all(s["plan"] and len(s["plan"]["action_paths"]) == 2 for s in generated["sentences"])
     # The plans matter: the fixed action instead of the planner's plans writes other continuations.
-    edit_distance(str(tmp_path / "model"), str(synthetic_cycle), str(tmp_path / "fixed"), plans=PlanSpec(kind="fixed"), **kwargs)
+    edit_distance(str(tmp_path / "model"), str(synthetic_cycle), str(tmp_path / "fixed"), plans=PlanConfig(kind="fixed"), **kwargs)
     fixed = read_csv(tmp_path / "fixed" / "per_boundary.csv")
     assert [r["generated_text"] for r in fixed] != [r["generated_text"] for r in rows]
     assert EditDistanceMetrics.load(tmp_path / "fixed").conditioning == "fixed"

@@ -12,7 +12,7 @@ from planlm.evaluate.generate import generate, generate_text, synthetic_embed_fn
 from planlm.evaluate.generator import PlannedGenerator, SamplingConfig, _plan_alignment
 
 from helpers import chatty_planned_lm, linear_output_dtypes, tiny_gpt2, tiny_planned_lm, tiny_planner
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 class CountingPlanner:
     """Records the contexts the planner reads (``start``, once per plan call; the planner itself does the work)."""
@@ -30,7 +30,7 @@ class CountingPlanner:
 
 
 def sampled(num_paths=2):
-    return PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=3, planner_dir="unused").resolve()
+    return PlanConfig(kind="planner_sampled", num_paths=num_paths, horizon=3, planner_dir="unused").resolve()
 
 
 def test_synthetic_embeddings_land_on_the_centroid_of_the_sentence_action(synthetic_cycle):
@@ -143,7 +143,7 @@ def test_oracle_generation_from_an_article_prefix_plans_the_true_future(syntheti
     prepared = PreparedDataset(synthetic_random)
     split = prepared["test"]
     tok = load_tokenizer("gpt2")
-    cond = PlanSpec(kind="oracle", num_paths=2, horizon=3).resolve()
+    cond = PlanConfig(kind="oracle", num_paths=2, horizon=3).resolve()
     generator = PlannedGenerator(chatty_planned_lm(prepared), tok, cond, split=split,
                                  embed_fn=synthetic_embed_fn(prepared), seed=0)
     prompt = generator.prompt_from_article(split, article=0, boundary=2)

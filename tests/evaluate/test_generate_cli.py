@@ -16,7 +16,7 @@ from planlm.cli import main
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.resources import load_tokenizer
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 PROMPT = "Red blue green. Water fire"
 
@@ -117,7 +117,7 @@ def test_generation_embeds_sentences_with_the_corpus_encoder_and_its_normalisati
     use_planner(model, str(tmp_path / "planner"))
     model.save_pretrained(tmp_path / "model")
 
-    generator, _, _ = build_generator(str(tmp_path / "model"), str(prepared_dir), "test", PlanSpec(),
+    generator, _, _ = build_generator(str(tmp_path / "model"), str(prepared_dir), "test", PlanConfig(),
                                       Runtime(device="cpu"), seed=0)
     embedded, contexts = {}, []
     real_embed, real_plan = generator.embed_fn, generator.plan

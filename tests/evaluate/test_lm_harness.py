@@ -93,7 +93,7 @@ def test_rolling_plans_are_the_prepared_corpus_plans(folders, synthetic_random):
     np.testing.assert_allclose(ours.loglikelihood_rolling(rolling([split.articles[0]["text"]])), [float(expected)],
                                rtol=1e-4)
     none = PlannedLMEval.create_from_arg_string(f"model_dir={folders / 'oracle'},kind=none")  # "none": not None
-    assert none.spec.kind == "none" and not none.plans
+    assert none.plans.kind == "none" and not none.has_plans
     assert none.loglikelihood_rolling(rolling([split.articles[0]["text"]]))[0] != pytest.approx(float(expected))
 
 

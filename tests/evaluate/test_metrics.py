@@ -21,7 +21,7 @@ WRITTEN = {
     "note": "the first token of every article is not scored (it has no context)", "stride": 32,
     "context_length": 64, "windows": 44, "wall_time_s": 0.5, "plan_time_s": 0.1, "lm_time_s": 0.3,
     "planner_time_s": 0.05, "adapter_time_s": 0.01, "plans_from_cache": True,
-    "path_policy": {"kind": "fixed", "max_paths": 3}, "cache_planner_time_s": 0.2, "paths_mean": 3.0,
+    "path_policy": {"kind": "all", "max_paths": 3}, "cache_planner_time_s": 0.2, "paths_mean": 3.0,
     "paths_min": 3, "paths_max": 3, "paths_total": 90, "paths_hist": {"3": 30}, "paths_fraction_of_max": 1.0,
     "tokens_per_s": 2400.0, "conditioning": "planner_sampled", "K": 3, "T": 3, "tau": 1.0, "expectation": False,
     "top_actions": None, "seed": 0, "fixed_action": None, "planner_dir": "/run/planner", "plans_dir": "/run/plans",
@@ -57,7 +57,7 @@ EDIT_WRITTEN = {
     "wall_time_s": 1.25, "tokens_per_s": 38.4, "conditioning": "planner_sampled", "K": 2, "T": 3, "tau": 1.0,
     "temperature": 1.0, "top_k": None, "top_p": None, "new_tokens": 12, "context_length": 128,
     "model_dir": "/run/lm/ours", "prepared_dir": "/run/prepared", "split": "test",
-    "path_policy": {"kind": "fixed", "max_paths": 2}, "paths_mean": 2.0, "paths_min": 2, "paths_max": 2,
+    "path_policy": {"kind": "all", "max_paths": 2}, "paths_mean": 2.0, "paths_min": 2, "paths_max": 2,
     "paths_total": 16, "paths_hist": {"2": 8}, "paths_fraction_of_max": 1.0,
 }
 # Fixed plans draw no path: paths_summary writes only its mean, total and histogram.

@@ -20,7 +20,7 @@ from planlm.evaluate.generator import PlannedGenerator, SamplingConfig
 from planlm.evaluate.metrics import AdherenceMetrics
 from planlm.evaluate.outline import Outline
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
 from helpers import chatty_planned_lm, tiny_gpt2, tiny_gpt2_config, tiny_planner
@@ -32,8 +32,8 @@ OUTLINE = [5, 1, 7]
 def test_outlined_sentences_plan_the_outline_then_the_planner_or_a_stop(synthetic_cycle, tmp_path, adapter):
     prepared = PreparedDataset(synthetic_cycle)
     model = chatty_planned_lm(prepared, adapter=adapter)
-    spec = PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, planner_dir="unused").resolve()
-    generator = PlannedGenerator(model, load_tokenizer("gpt2"), spec, planner=tiny_planner(prepared),
+    plans = PlanConfig(kind="planner_sampled", num_paths=2, horizon=3, planner_dir="unused").resolve()
+    generator = PlannedGenerator(model, load_tokenizer("gpt2"), plans, planner=tiny_planner(prepared),
                                  embed_fn=synthetic_embed_fn(prepared), seed=2)
     prompt = generator.prompt_from_article(prepared["test"], article=0, boundary=2)
     ours = generator.generate(prompt, SamplingConfig(max_new_tokens=40), outline=Outline(OUTLINE, "planner"))
@@ -59,7 +59,7 @@ def test_outline_sentences_take_their_nearest_action_and_oracle_models_read_the_
     assert Outline([2, "4", words[0]]).actions(8, embed, prepared.codebook.numpy()).tolist() == [2, 4, actions[0]]
     # an oracle model from free text: no article, the outline is the future it reads
     result = generate_text(chatty_planned_lm(prepared), load_tokenizer("gpt2"), "Red water red.",
-                           plans=PlanSpec(kind="oracle", num_paths=2, horizon=3), embed_fn=embed,
+                           plans=PlanConfig(kind="oracle", num_paths=2, horizon=3), embed_fn=embed,
                            sampling=SamplingConfig(max_new_tokens=40), outline=words, after_outline="stop")
     outlined = [s for s in result.sentences if s.get("requested") is not None]
     assert [s["requested"] for s in outlined] == actions.tolist()
@@ -71,9 +71,9 @@ def test_bad_outlines_are_one_line_errors(synthetic_random, tmp_path, capsys):
     tok, embed = load_tokenizer("gpt2"), synthetic_embed_fn(prepared)
     model = chatty_planned_lm(prepared)
     with pytest.raises(PlanlmError, match=r"action 8 is not in the codebook: its actions are 0\.\.7"):
-        generate_text(model, tok, "Red.", plans=PlanSpec(kind="fixed"), embed_fn=embed, outline=[1, 8])
+        generate_text(model, tok, "Red.", plans=PlanConfig(kind="fixed"), embed_fn=embed, outline=[1, 8])
     with pytest.raises(PlanlmError, match="--outline is empty"):
-        generate_text(model, tok, "Red.", plans=PlanSpec(kind="fixed"), outline=[])
+        generate_text(model, tok, "Red.", plans=PlanConfig(kind="fixed"), outline=[])
     plain = PlannedLM(PlannedLMConfig(tokenizer="gpt2"), tiny_gpt2())
     with pytest.raises(PlanlmError, match="this model reads no plans"):
         generate_text(plain, tok, "Red.", embed_fn=embed, outline=[1])
@@ -157,7 +157,7 @@ def test_the_shuffled_condition_is_also_scored_on_the_outline_it_was_given(synth
 def oracle_model(synthetic_random, tmp_path_factory):
     """A tiny LM trained with oracle plans on synthetic_random (only the plan tells which words come next)."""
     return train_lm(str(synthetic_random), str(tmp_path_factory.mktemp("outline") / "oracle"),
-                    model=LMModelConfig(model_config=tiny_gpt2_config()), plans=PlanSpec(kind="oracle"),
+                    model=LMModelConfig(model_config=tiny_gpt2_config()), plans=PlanConfig(kind="oracle"),
                     train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
                                         limit_val_batches=1))
 

@@ -14,7 +14,7 @@ from planlm.plans.sources import OraclePlans
 
 from helpers import (linear_output_dtypes, read_csv, sampled_multipath, tiny_gpt2, tiny_gpt2_config, tiny_planned_lm,
                      tiny_planner, use_planner)
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_conditioned_perplexity_matches_a_direct_planned_lm_forward(synthetic_ra
                         plan_index=torch.from_numpy(plan_index)[None])
         assert float(row["nll_sum"]) == pytest.approx(float(out.loss) * (len(tokens) - 1), rel=1e-4)
     unconditioned = evaluate(str(planned_lm_dir), str(synthetic_random), str(tmp_path / "none"), max_articles=4,
-                             plans=PlanSpec(kind="none"), bootstrap_samples=50)
+                             plans=PlanConfig(kind="none"), bootstrap_samples=50)
     assert unconditioned.ppl != pytest.approx(metrics.ppl, rel=1e-3)  # the plans do reach the LM
 
 
@@ -144,7 +144,7 @@ def test_raising_num_paths_does_not_multiply_lm_forward_passes(synthetic_random,
     results = {}
     for num_paths in (1, 8):
         calls.clear()
-        cond = PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=3, planner_dir=str(tmp_path / "planner")).resolve()
+        cond = PlanConfig(kind="planner_sampled", num_paths=num_paths, horizon=3, planner_dir=str(tmp_path / "planner")).resolve()
         results[num_paths] = evaluate_split(model, prepared, prepared["test"], cond, num_articles=6, batch_size=4)
         results[num_paths]["lm_calls"] = len(calls)
     expected_calls = len(window_batches(scoring_windows(prepared["test"].token_offsets, range(6)), 4))
@@ -165,7 +165,7 @@ def test_bf16_evaluation_runs_the_lm_the_adapter_and_the_planner_in_bf16(synthet
     planner_layers = [m for m in seen if m not in own_layers]  # the planner loaded from its folder
     assert planner_layers and all(seen[m] == bf16 for m in planner_layers)
     # Same (oracle) plans in both precisions: bf16 rounds the NLL, but only a little.
-    oracle = PlanSpec(kind="oracle", num_paths=2, horizon=3).resolve()
+    oracle = PlanConfig(kind="oracle", num_paths=2, horizon=3).resolve()
     nll = {precision: evaluate_split(model, prepared, split, oracle, num_articles=3, batch_size=4,
                                      precision=precision)["nll_sums"] for precision in ("fp32", "bf16")}
     assert not np.array_equal(nll["fp32"], nll["bf16"])
@@ -201,7 +201,7 @@ def test_cli_reuses_a_complete_evaluation_and_reports_user_errors_in_one_line(sy
     with pytest.raises(PlanlmError, match="codebook"):  # a model trained on other actions
         evaluate(str(planned_lm_dir), str(synthetic_cycle), str(tmp_path / "x"))
     with pytest.raises(PlanlmError, match="no adapter"):
-        evaluate(str(bare_lm_dir), str(synthetic_cycle), str(tmp_path / "y"), plans=PlanSpec(kind="oracle"))
+        evaluate(str(bare_lm_dir), str(synthetic_cycle), str(tmp_path / "y"), plans=PlanConfig(kind="oracle"))
     assert not (tmp_path / "y" / "manifest.json").exists()
 
 
@@ -213,38 +213,38 @@ def test_a_plan_cache_gives_the_same_perplexity_as_running_the_planner(synthetic
     model = tiny_planned_lm(prepared, adapter="multipath")
     use_planner(model, str(tmp_path / "planner"))
     model.save_pretrained(tmp_path / "model")
-    plans = sample_plans(str(synthetic_random), PlanSpec(planner_dir=str(tmp_path / "planner"), num_paths=2,
-                                                         horizon=3), splits=["test"], runtime=Runtime(device="cpu"))
-    spec = dict(num_paths=2, horizon=3, temperature=1.0, seed=0)
+    cache = sample_plans(str(synthetic_random), PlanConfig(planner_dir=str(tmp_path / "planner"), num_paths=2,
+                                                           horizon=3), splits=["test"], runtime=Runtime(device="cpu"))
+    settings = dict(num_paths=2, horizon=3, temperature=1.0, seed=0)
     common = dict(runtime=Runtime(device="cpu"), bootstrap_samples=20)
-    live = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "live"), plans=PlanSpec(**spec),
+    live = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "live"), plans=PlanConfig(**settings),
                     **common)
     cached = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "cached"),
-                      plans=PlanSpec(plans_dir=str(plans), **spec), **common)
-    assert cached.plans_dir == str(plans) and cached.planner_dir is None
+                      plans=PlanConfig(plans_dir=str(cache), **settings), **common)
+    assert cached.plans_dir == str(cache) and cached.planner_dir is None
     assert cached.ppl == pytest.approx(live.ppl, rel=1e-6)
     greedy = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "greedy"),
-                      plans=PlanSpec(kind="planner_argmax", **spec), **common)
+                      plans=PlanConfig(kind="planner_argmax", **settings), **common)
     greedy_cached = evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "greedy_cached"),
-                             plans=PlanSpec(kind="planner_argmax", plans_dir=str(plans), **spec), **common)
+                             plans=PlanConfig(kind="planner_argmax", plans_dir=str(cache), **settings), **common)
     assert greedy.ppl == pytest.approx(greedy_cached.ppl, rel=1e-6) and greedy.ppl != live.ppl
     with pytest.raises(PlanlmError, match="no trained planner here"):
-        evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "x"), plans=PlanSpec(planner_dir=str(tmp_path)))
+        evaluate(str(tmp_path / "model"), str(synthetic_random), str(tmp_path / "x"), plans=PlanConfig(planner_dir=str(tmp_path)))
 
 
 def test_trained_oracle_model_end_to_end_beats_its_own_fixed_plans_in_a_paired_comparison(synthetic_random, tmp_path):
     """train-lm -> evaluate (two conditions at evaluation time) -> compare: on synthetic_random only the
     plan tells which words come next, so the true plans must beat a constant action clearly."""
     from planlm.evaluate.bootstrap import compare
-    from planlm.plans.spec import PlanSpec
+    from planlm.plans.config import PlanConfig
     from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
     model_dir = train_lm(str(synthetic_random), str(tmp_path / "oracle"),
                          model=LMModelConfig(model_config=tiny_gpt2_config()),
-                         plans=PlanSpec(kind="oracle"),
+                         plans=PlanConfig(kind="oracle"),
                          train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1,
                                              limit_val_batches=4))
-    runs = {kind: evaluate(str(model_dir), str(synthetic_random), str(tmp_path / f"eval-{kind}"), plans=PlanSpec(kind=kind),
+    runs = {kind: evaluate(str(model_dir), str(synthetic_random), str(tmp_path / f"eval-{kind}"), plans=PlanConfig(kind=kind),
                            bootstrap_samples=200, runtime=Runtime(device="cpu")) for kind in ("fixed", "oracle")}
     assert runs["oracle"].ppl < runs["fixed"].ppl
     assert (runs["fixed"].fixed_action, runs["oracle"].fixed_action) == (0, None)  # only the constant kind has one

@@ -10,10 +10,10 @@ import torch
 from helpers import read_csv, tiny_planned_lm
 from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
-from planlm.testing.synthetic import make_synthetic_prepared
-from planlm.plans.sources import OraclePlans
 from planlm.evaluate.perplexity import evaluate, plan_vector_table
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
+from planlm.plans.sources import OraclePlans
+from planlm.testing.synthetic import make_synthetic_prepared
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +55,13 @@ def test_conditioned_perplexity_of_articles_longer_than_the_context(long_article
     model.save_pretrained(tmp_path / "model")
     context_length = 24
     assert len(split.token_range(0)) > 6 * context_length
-    evaluate(str(tmp_path / "model"), str(long_articles), str(tmp_path / "eval"), plans=PlanSpec(kind="oracle"), stride=1,
+    evaluate(str(tmp_path / "model"), str(long_articles), str(tmp_path / "eval"), plans=PlanConfig(kind="oracle"), stride=1,
              context_length=context_length, max_articles=1, batch_size=64, bootstrap_samples=10,
              runtime=Runtime(device="cpu", precision="fp32"))
     rows = read_csv(tmp_path / "eval" / "per_article.csv")
     assert float(rows[0]["nll_sum"]) == pytest.approx(reference_nll(model, split, 0, context_length), rel=1e-6)
     # The plans matter: the same windows unconditioned give another NLL.
-    evaluate(str(tmp_path / "model"), str(long_articles), str(tmp_path / "none"), plans=PlanSpec(kind="none"), stride=1,
+    evaluate(str(tmp_path / "model"), str(long_articles), str(tmp_path / "none"), plans=PlanConfig(kind="none"), stride=1,
              context_length=context_length, max_articles=1, batch_size=64, bootstrap_samples=10,
              runtime=Runtime(device="cpu"))
     assert float(read_csv(tmp_path / "none" / "per_article.csv")[0]["nll_sum"]) != pytest.approx(

@@ -21,7 +21,7 @@ from planlm.evaluate.generate import action_prior, generate, generate_text, synt
 from planlm.evaluate.generator import PlannedGenerator, SamplingConfig
 from planlm.jsonio import fingerprint
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 from planlm.stage.manifest import read_manifest
 
 from helpers import chatty_planned_lm, tiny_gpt2
@@ -29,7 +29,7 @@ from helpers import chatty_planned_lm, tiny_gpt2
 
 def _generator(prepared, adapter="project_avg", prior=None, seed=0, use_cache=True):
     return PlannedGenerator(chatty_planned_lm(prepared, adapter=adapter), load_tokenizer("gpt2"),
-                            PlanSpec(kind="oracle", num_paths=2, horizon=3), split=prepared["test"], seed=seed,
+                            PlanConfig(kind="oracle", num_paths=2, horizon=3), split=prepared["test"], seed=seed,
                             embed_fn=synthetic_embed_fn(prepared), action_prior=prior, use_cache=use_cache)
 
 

@@ -8,7 +8,7 @@ import torch
 from planlm.errors import PlanlmError
 from planlm.models.adapter import AdapterConfig
 from planlm.models.planned_lm import PlannedLM, PlannedLMConfig, load_causal_lm, output_cache
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 VOCAB, WIDTH = 120, 32
 ARCHITECTURES = {
@@ -29,7 +29,7 @@ def planned(model_type: str = "gpt2", adapter: str = "multipath", init_no_op: bo
     torch.manual_seed(seed)
     lm = load_causal_lm(None, ARCHITECTURES[model_type], vocab_size=VOCAB).eval()
     adapter_config = AdapterConfig(kind=adapter, num_actions=8, action_dim=6, hidden_size=WIDTH, horizon=3)
-    config = PlannedLMConfig(plans=PlanSpec(kind="oracle", num_paths=2, horizon=3), adapter=adapter_config, num_actions=8)
+    config = PlannedLMConfig(plans=PlanConfig(kind="oracle", num_paths=2, horizon=3), adapter=adapter_config, num_actions=8)
     model = PlannedLM(config, lm, codebook=torch.randn(8, 6)).eval()
     if not init_no_op:
         model.adapter.projection.reset_parameters()

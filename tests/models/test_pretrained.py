@@ -16,7 +16,7 @@ from helpers import write_tiny_llama_gguf
 from planlm.args import Runtime
 from planlm.errors import PlanlmError
 from planlm.models.planned_lm import PlannedLM, load_causal_lm
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 from planlm.stage import read_manifest
 from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
@@ -78,7 +78,7 @@ def test_an_adapter_trains_on_a_gguf_base_with_its_own_tokenizer(tiny_gguf, tmp_
     for finetune in ("frozen", "lora"):
         out = train_lm(str(prepared), str(tmp_path / finetune), train=quick(),
                        model=LMModelConfig(name_or_path=str(path), finetune=finetune, lora_rank=2),
-                       plans=PlanSpec(kind="oracle"))
+                       plans=PlanConfig(kind="oracle"))
         model = PlannedLM.from_pretrained(out)
         assert model.config.base_model == str(path) and np.isfinite(read_manifest(out)["val_loss"])
         assert model.adapter.projection.weight.abs().sum() > 0  # the adapter moved off its no-op start
@@ -114,7 +114,7 @@ def test_a_corpus_of_another_tokenizer_is_refused_before_training(tiny_gguf, syn
     write_tiny_llama_gguf(other, other_vocab=True)
     message = one_line_error(lambda: train_lm(str(synthetic_random), str(tmp_path / "out"), train=quick(),
                                               model=LMModelConfig(name_or_path=str(other), finetune="frozen"),
-                                              plans=PlanSpec(kind="oracle")))
+                                              plans=PlanConfig(kind="oracle")))
     assert "manifest.json" in message and f"--tokenizer {other}" in message
 
 
@@ -148,7 +148,7 @@ def test_bf16_mixed_trains_on_a_cpu_with_it(synthetic_random, tmp_path, monkeypa
 
     monkeypatch.setattr(device, "cpu_supports_bf16", lambda: True)  # emulated where the CPU lacks it: still correct
     out = train_lm(str(synthetic_random), str(tmp_path / "bf16"), train=quick(),
-                   runtime=Runtime(device="cpu", precision="bf16"), plans=PlanSpec(kind="oracle"))
+                   runtime=Runtime(device="cpu", precision="bf16"), plans=PlanConfig(kind="oracle"))
     assert np.isfinite(read_manifest(out)["val_loss"])
 
 

@@ -37,3 +37,17 @@ def test_timings_and_paths_are_ignored_numbers_and_weights_are_not(tmp_path):
 
     moved = compare(before, fake_run(tmp_path / "moved", 779.3512, b"w1", wall_time=10.0))
     assert moved.returncode == 1 and "NO" in moved.stdout
+
+
+def test_a_renamed_recorded_name_is_the_same_value(tmp_path):
+    """The path policy that gives every boundary K is recorded as all, formerly fixed: the same value; another
+    policy is a difference."""
+    def with_policy(folder: Path, kind: str) -> Path:
+        run = fake_run(folder, 779.3412, b"w1", wall_time=10.0)
+        metrics = run / "eval" / "ours" / "seed0" / "metrics.json"
+        metrics.write_text(json.dumps({**json.loads(metrics.read_text()), "path_policy": {"kind": kind}}))
+        return run
+
+    before = with_policy(tmp_path / "before", "fixed")
+    assert "0 differences" in compare(before, with_policy(tmp_path / "renamed", "all")).stdout
+    assert "1 differences" in compare(before, with_policy(tmp_path / "other", "entropy")).stdout

@@ -16,7 +16,7 @@ from planlm.evaluate.edit_distance import edit_distance
 from planlm.evaluate.generator import ProtocolSampling
 from planlm.evaluate.perplexity import evaluate
 from planlm.evaluate.sweeps import sweep
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 from planlm.stage import read_manifest
 from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
@@ -106,7 +106,7 @@ def test_train_lm_is_rebuilt_when_the_planner_in_its_folder_changes(tmp_path):
     def train() -> Path:
         return train_lm(str(prepared_dir), str(tmp_path / "model"),
                         model=LMModelConfig(model_config=tiny_gpt2_config()),
-                        plans=PlanSpec(kind="planner_sampled", num_paths=2, horizon=2, planner_dir=str(planner)),
+                        plans=PlanConfig(kind="planner_sampled", num_paths=2, horizon=2, planner_dir=str(planner)),
                         train=LMTrainConfig(batch_size=4, limit_train_batches=1, limit_val_batches=1))
 
     out = train()

@@ -7,8 +7,8 @@ import pytest
 
 from experiments.noisy_oracle import NoisyOracle, information, noisy_actions, training_unigram
 from planlm.data.artifacts import PreparedDataset
-from planlm.plans.kinds import KINDS, plan_source, register_plan_kind
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
+from planlm.plans.registry import KINDS, plan_source, register_plan_kind
 
 pytestmark = pytest.mark.lab  # a research script of experiments/: `pytest -m lab`
 
@@ -32,9 +32,9 @@ def test_the_noisy_plans_are_drawn_once_per_split_and_read_as_a_plan_kind(synthe
     assert not np.array_equal(first, noisy_actions(split, training_unigram(prepared), 0.5, seed=1))
     kind = register_plan_kind(NoisyOracle(0.5)).name
     try:
-        spec = PlanSpec(kind=kind, num_paths=1, horizon=1).resolve()
+        plans = PlanConfig(kind=kind, num_paths=1, horizon=1).resolve()
         sentences = np.arange(split.num_sentences)
-        plans = plan_source(spec, prepared, split, sentences=sentences)(sentences)
-        assert np.array_equal(plans.action_paths[:, 0, 0].numpy(), first) and plans.path_mask.all()
+        made = plan_source(plans, prepared, split, sentences=sentences)(sentences)
+        assert np.array_equal(made.action_paths[:, 0, 0].numpy(), first) and made.path_mask.all()
     finally:
         KINDS.pop(kind)

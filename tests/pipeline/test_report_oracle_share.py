@@ -14,7 +14,8 @@ from planlm.pipeline.layout import RunLayout
 from planlm.pipeline.report import write_report
 from planlm.pipeline.results import collect_results
 from planlm.pipeline.tables import results_table
-from planlm.plans.kinds import KINDS, PlanStrategy, register_plan_kind
+from planlm.plans.kinds import PlanKind
+from planlm.plans.registry import KINDS, register_plan_kind
 
 TOKENS = np.full(24, 80)
 SOURCES = [f"speech{i // 3}" for i in range(24)]  # 8 documents of 3 pieces
@@ -69,10 +70,10 @@ def test_no_share_column_without_a_fixed_condition(tmp_path):
     assert "share of the oracle" not in results_table(rows)[0]
 
 
-class Toy(PlanStrategy):
+class Toy(PlanKind):
     """A kind registered by the test: only its flags count here (the report makes no plans)."""
 
-    def plan(self, boundaries, spec, rng, planner=None):
+    def plan(self, boundaries, plans, rng, planner=None):
         raise AssertionError("the report makes no plans")
 
 

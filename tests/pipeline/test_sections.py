@@ -6,7 +6,7 @@ import pytest
 
 from planlm.errors import PlanlmError
 from planlm.pipeline.sections import bind_section, deep_merge, dotted_overlay, merge_config
-from planlm.plans.spec import PlanKind, PlanSpec
+from planlm.plans.config import PlanConfig
 from planlm.train.lm import LMTrainConfig, train_lm
 
 
@@ -21,7 +21,7 @@ def test_deep_merge_overrides_key_by_key_and_leaves_its_inputs():
 def test_bind_section_instantiates_the_dataclasses_of_a_command():
     kwargs = bind_section(train_lm, {"plans": {"kind": "oracle", "num_paths": 2}, "train": {"lr": 0.5}},
                           skip={"prepared_dir", "out_dir"}, where="run.yaml: lm")
-    assert isinstance(kwargs["plans"], PlanSpec) and kwargs["plans"].kind is PlanKind.oracle
+    assert isinstance(kwargs["plans"], PlanConfig) and kwargs["plans"].kind == "oracle"
     assert isinstance(kwargs["train"], LMTrainConfig) and kwargs["train"].lr == 0.5
 
 

@@ -15,10 +15,10 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
 from planlm.models.adapter import AdapterConfig, build_adapter
 from planlm.plans.cache import load_expected
+from planlm.plans.config import PlanConfig
 from planlm.plans.contexts import boundary_contexts
-from planlm.plans.kinds import plan_source
+from planlm.plans.registry import plan_source
 from planlm.plans.sampling import sample_plans
-from planlm.plans.spec import PlanSpec
 
 
 def adapter(prepared: PreparedDataset, kind: str = "project_avg", horizon: int = 3):
@@ -54,11 +54,11 @@ def test_at_t1_the_expected_plan_vector_is_the_many_path_limit(synthetic_cycle, 
     split = prepared["validation"]
     sentences = np.arange(12)
     module = adapter(prepared)
-    spec = dict(kind="planner_sampled", horizon=1, planner_dir=str(planner_dir))  # every one of A = 8 actions kept
-    expected = plan_vectors(module, plan_source(PlanSpec(**spec, expectation=True).resolve(), prepared, split,
+    plans = dict(kind="planner_sampled", horizon=1, planner_dir=str(planner_dir))  # every one of A = 8 actions kept
+    expected = plan_vectors(module, plan_source(PlanConfig(**plans, expectation=True).resolve(), prepared, split,
                                                 sentences=sentences), sentences)  # (N, D)
     num_paths = 4000
-    many = plan_source(PlanSpec(**spec, num_paths=num_paths).resolve(), prepared, split, sentences=sentences)
+    many = plan_source(PlanConfig(**plans, num_paths=num_paths).resolve(), prepared, split, sentences=sentences)
     paths, _, _ = many(sentences)  # (N, K, 1)
     with torch.no_grad():
         per_path = module.projection(module.action_embedding(paths[:, :, 0]))  # (N, K, D) each path's vector
@@ -102,9 +102,9 @@ def test_caches_in_expectation_have_their_own_key_and_match_the_planner(syntheti
     prepared = PreparedDataset(synthetic_cycle)
     split = prepared["validation"]
     common = dict(planner_dir=str(planner_dir), num_paths=2, horizon=3)
-    sampled = sample_plans(str(synthetic_cycle), PlanSpec(**common), splits=["validation"],
+    sampled = sample_plans(str(synthetic_cycle), PlanConfig(**common), splits=["validation"],
                            runtime=Runtime(device="cpu"))
-    expected = sample_plans(str(synthetic_cycle), PlanSpec(**common, expectation=True),
+    expected = sample_plans(str(synthetic_cycle), PlanConfig(**common, expectation=True),
                             splits=["validation"], runtime=Runtime(device="cpu"))
     assert expected != sampled and expected.name.endswith("-expected64")
     manifest = json.loads((expected / "manifest.json").read_text())
@@ -118,43 +118,43 @@ def test_caches_in_expectation_have_their_own_key_and_match_the_planner(syntheti
     # the cache gives the vectors the planner computes on the fly (the same boundaries: the same draws)
     module, sentences = adapter(prepared), np.arange(split.num_sentences)
     for kind in ("planner_sampled", "planner_argmax"):
-        spec = dict(kind=kind, num_paths=2, horizon=3, expectation=True)
-        cached = plan_source(PlanSpec(**spec, plans_dir=str(expected)).resolve(), prepared, split)
-        direct = plan_source(PlanSpec(**spec, planner_dir=str(planner_dir)).resolve(), prepared, split,
+        plans = dict(kind=kind, num_paths=2, horizon=3, expectation=True)
+        cached = plan_source(PlanConfig(**plans, plans_dir=str(expected)).resolve(), prepared, split)
+        direct = plan_source(PlanConfig(**plans, planner_dir=str(planner_dir)).resolve(), prepared, split,
                              sentences=sentences)
         assert torch.equal(plan_vectors(module, cached, sentences), plan_vectors(module, direct, sentences))
-    one = plan_source(PlanSpec(kind="planner_argmax", num_paths=1, horizon=3, expectation=True,
-                               plans_dir=str(expected)).resolve(), prepared, split)(sentences[:3])
+    one = plan_source(PlanConfig(kind="planner_argmax", num_paths=1, horizon=3, expectation=True,
+                                 plans_dir=str(expected)).resolve(), prepared, split)(sentences[:3])
     assert one.action_paths.shape == (3, 1, 3, 8) and one.path_mask.shape == (3, 1, 3)  # K = 1: one copy
     # a cache is never read for the other setting
     with pytest.raises(PlanlmError, match="holds only sampled actions.*sample-plans --plans.expectation true"):
-        plan_source(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, expectation=True,
-                             plans_dir=str(sampled)).resolve(), prepared, split)
+        plan_source(PlanConfig(kind="planner_sampled", num_paths=2, horizon=3, expectation=True,
+                               plans_dir=str(sampled)).resolve(), prepared, split)
     with pytest.raises(PlanlmError, match="holds plans in expectation \\(top 64 actions per step\\); set "
                                           "--plans.expectation true"):
-        plan_source(PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, plans_dir=str(expected)).resolve(),
+        plan_source(PlanConfig(kind="planner_sampled", num_paths=2, horizon=3, plans_dir=str(expected)).resolve(),
                     prepared, split)
 
 
-@pytest.mark.parametrize("spec, message", [
-    (PlanSpec(kind="oracle", expectation=True), "--plans.expectation true with --plans.kind oracle: oracle plans "
+@pytest.mark.parametrize("plans, message", [
+    (PlanConfig(kind="oracle", expectation=True), "--plans.expectation true with --plans.kind oracle: oracle plans "
                                                 "have no planner distribution"),
-    (PlanSpec(kind="fixed", expectation=True), "with --plans.kind fixed"),
-    (PlanSpec(expectation=True), "with --plans.kind none"),
-    (PlanSpec(kind="planner_sampled", expectation=True, path_policy={"kind": "entropy"}), "needs no adaptive paths"),
+    (PlanConfig(kind="fixed", expectation=True), "with --plans.kind fixed"),
+    (PlanConfig(expectation=True), "with --plans.kind none"),
+    (PlanConfig(kind="planner_sampled", expectation=True, path_policy={"kind": "entropy"}), "needs no adaptive paths"),
 ])
-def test_bad_settings_are_one_line_errors(spec, message):
+def test_bad_settings_are_one_line_errors(plans, message):
     with pytest.raises(PlanlmError, match=message) as error:
-        spec.resolve()
+        plans.resolve()
     assert "\n" not in str(error.value)
 
 
 def test_a_model_trained_in_expectation_is_evaluated_in_expectation_unless_told():
-    trained = PlanSpec(kind="planner_sampled", planner_dir="p", expectation=True).resolve()
-    assert PlanSpec(num_paths=3).resolve(trained).expectation
-    assert not PlanSpec(expectation=False).resolve(trained).expectation
-    assert not PlanSpec(kind="oracle").resolve(trained).expectation  # the other kinds have no distribution
-    assert "expectation" not in PlanSpec(kind="planner_sampled", planner_dir="p").resolve().cache_key()
+    trained = PlanConfig(kind="planner_sampled", planner_dir="p", expectation=True).resolve()
+    assert PlanConfig(num_paths=3).resolve(trained).expectation
+    assert not PlanConfig(expectation=False).resolve(trained).expectation
+    assert not PlanConfig(kind="oracle").resolve(trained).expectation  # the other kinds have no distribution
+    assert "expectation" not in PlanConfig(kind="planner_sampled", planner_dir="p").resolve().cache_key()
     assert trained.cache_key()["top_actions"] == 64 and "in expectation (top 64)" in trained.label()
 
 
@@ -197,10 +197,10 @@ def test_train_evaluate_sweep_and_generate_in_expectation_through_the_cli(synthe
     main(["sweep", "--model_dir", str(tmp_path / "sampled"), "--out_dir", str(tmp_path / "compute"), "--kind",
           "compute", "--num_paths", "[1, 3]", "--policies", "[]", "--expectation", "true", *evaluation])
     rows = read_csv(tmp_path / "compute" / "sweep_compute.csv")
-    assert [(r["value"], r["policy"]) for r in rows] == [("fixed-1", "fixed"), ("fixed-3", "fixed"),
+    assert [(r["value"], r["policy"]) for r in rows] == [("all-1", "all"), ("all-3", "all"),
                                                          ("expected-1", "expected")]
     assert json.loads((tmp_path / "compute" / "expected-1" / "metrics.json").read_text())["expectation"]
-    assert not json.loads((tmp_path / "compute" / "fixed-1" / "metrics.json").read_text())["expectation"]
+    assert not json.loads((tmp_path / "compute" / "all-1" / "metrics.json").read_text())["expectation"]
     main(["generate", "--model_dir", str(tmp_path / "expected"), "--prepared_dir", str(synthetic_cycle), "--article",
           "0", "--boundary", "2", "--sampling.max_new_tokens", "6", "--runtime.device", "cpu", "--out_file",
           str(tmp_path / "generated.json")])
@@ -219,8 +219,8 @@ def test_each_stored_step_is_the_planner_distribution_given_the_sampled_prefix(s
     planner = tiny_planner(prepared, max_sentences=4, dynamics=dynamics)
     planner.save_pretrained(tmp_path / "planner")
     num_actions, horizon, temperature = prepared.num_actions, 3, 0.7
-    cache = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(tmp_path / "planner"), num_paths=3,
-                                                        horizon=horizon, temperature=temperature, expectation=True),
+    cache = sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=str(tmp_path / "planner"), num_paths=3,
+                                                          horizon=horizon, temperature=temperature, expectation=True),
                          splits=["validation"], runtime=Runtime(device="cpu"))  # every one of A = 8 actions kept
     paths = torch.from_numpy(np.load(cache / "validation.npy"))  # (N, K, T)
     actions, probs = (torch.from_numpy(np.array(x)) for x in load_expected(cache, "validation"))  # (N, K, T, A)
@@ -247,24 +247,24 @@ def test_with_more_actions_than_it_keeps_each_step_renormalises_its_top_actions(
                                                                                  monkeypatch):
     """8 actions, 3 kept per step: the kept probabilities are the planner's top 3 scaled to sum to 1 (the mass of
     the 5 dropped is spread over them), and the plan vector is sum_a p(a) Emb(a) over those 3."""
-    monkeypatch.setattr("planlm.plans.spec.TOP_ACTIONS", 3)
+    monkeypatch.setattr("planlm.plans.config.TOP_ACTIONS", 3)
     prepared = PreparedDataset(synthetic_cycle)
     split = prepared["validation"]
     sentences = np.arange(12)
-    spec = PlanSpec(kind="planner_sampled", horizon=1, planner_dir=str(planner_dir), expectation=True).resolve()
-    assert spec.top_actions == 3 < prepared.num_actions
-    plans = plan_source(spec, prepared, split, sentences=sentences)(sentences)
-    assert plans.action_probs.shape == (12, 1, 1, 3)
+    plans = PlanConfig(kind="planner_sampled", horizon=1, planner_dir=str(planner_dir), expectation=True).resolve()
+    assert plans.top_actions == 3 < prepared.num_actions
+    made = plan_source(plans, prepared, split, sentences=sentences)(sentences)
+    assert made.action_probs.shape == (12, 1, 1, 3)
     planner = tiny_planner(prepared, max_sentences=4)
     context, mask = boundary_contexts(split, sentences, planner.config.max_sentences)
     with torch.no_grad():
         top, ids = planner.first_step_logits(context, mask).softmax(-1).topk(3)  # (N, 3) each
     assert float((1 - top.sum(-1)).min()) > 0.05  # the dropped actions held a real share
-    assert (plans.action_paths[:, 0, 0] == ids).all()
-    assert torch.allclose(plans.action_probs[:, 0, 0], top / top.sum(-1, keepdim=True), atol=2e-3)  # float16
-    assert torch.allclose(plans.action_probs.sum(-1), torch.ones(12, 1, 1), atol=1e-6)
+    assert (made.action_paths[:, 0, 0] == ids).all()
+    assert torch.allclose(made.action_probs[:, 0, 0], top / top.sum(-1, keepdim=True), atol=2e-3)  # float16
+    assert torch.allclose(made.action_probs.sum(-1), torch.ones(12, 1, 1), atol=1e-6)
     module = adapter(prepared)
     with torch.no_grad():
         expected = module.projection(((top / top.sum(-1, keepdim=True))[..., None]
                                       * module.action_embedding(ids)).sum(1))
-        assert torch.allclose(module(*plans), expected, atol=2e-3)
+        assert torch.allclose(module(*made), expected, atol=2e-3)

@@ -1,4 +1,4 @@
-"""Plan kinds as strategies in one registry: a kind added from outside the package runs through train-lm,
+"""Plan kinds in one registry: a kind added from outside the package runs through train-lm,
 evaluate and generate; every built-in kind's plans for a batch (``plan``) agree with its source for a split; K has
 one owner; ``sample-plans`` takes the ``plans`` group; the run reads a kind's flags, not its name."""
 
@@ -18,24 +18,25 @@ from planlm.evaluate.generate import generate
 from planlm.evaluate.generator import SamplingConfig
 from planlm.evaluate.perplexity import evaluate
 from planlm.models.planned_lm import PlannedLM
+from planlm.plans.config import PlanConfig, evaluation_plans
 from planlm.plans.contexts import Boundaries, boundary_contexts
-from planlm.plans.kinds import KINDS, PlanStrategy, plan, plan_source, register_plan_kind
+from planlm.plans.kinds import PlanKind
+from planlm.plans.registry import KINDS, make_plans, plan_source, register_plan_kind
 from planlm.plans.sampling import sample_plans
 from planlm.plans.sources import Plans
-from planlm.plans.spec import PlanSpec, evaluation_spec
 from planlm.stage import write_manifest
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
 from helpers import tiny_gpt2_config, tiny_planner, tiny_run_config
 
 
-class UniformPlans(PlanStrategy):
+class UniformPlans(PlanKind):
     """A toy kind: every step of every path an action drawn uniformly (the plan kind's own random generator)."""
 
     name = "uniform"
 
-    def plan(self, boundaries: Boundaries, spec: PlanSpec, rng, planner=None) -> Plans:
-        shape = (len(boundaries), spec.num_paths, spec.horizon)
+    def plan(self, boundaries: Boundaries, plans: PlanConfig, rng, planner=None) -> Plans:
+        shape = (len(boundaries), plans.num_paths, plans.horizon)
         paths = torch.randint(boundaries.num_actions, shape, generator=rng)  # (B, K, T)
         return Plans(paths, torch.ones(shape, dtype=torch.bool))
 
@@ -43,7 +44,7 @@ class UniformPlans(PlanStrategy):
 @pytest.fixture
 def uniform():
     with pytest.raises(PlanlmError, match="--plans.kind 'uniform': choose one of none, fixed, oracle"):
-        PlanSpec(kind="uniform")
+        PlanConfig(kind="uniform")
     register_plan_kind(UniformPlans())
     yield
     KINDS.pop("uniform")
@@ -52,8 +53,8 @@ def uniform():
 def test_a_kind_registered_outside_the_package_runs_through_train_evaluate_and_generate(uniform, synthetic_cycle,
                                                                                         tmp_path):
     prepared = PreparedDataset(synthetic_cycle)
-    plans = PlanSpec(kind="uniform", num_paths=2, horizon=2, seed=3)
-    assert plans.kind == "uniform" and plans.resolve().has_plans and not plans.resolve().strategy.uses_planner
+    plans = PlanConfig(kind="uniform", num_paths=2, horizon=2, seed=3)
+    assert plans.kind == "uniform" and plans.resolve().has_plans and not plans.resolve().plan_kind.uses_planner
     source = plan_source(plans.resolve(), prepared, prepared["validation"])
     paths, mask, _ = source(np.arange(5))
     assert paths.shape == (5, 2, 2) and mask.all() and 0 <= paths.min() and paths.max() < prepared.num_actions
@@ -75,18 +76,18 @@ def test_a_kind_registered_outside_the_package_runs_through_train_evaluate_and_g
 
 @pytest.mark.parametrize("kind", ["fixed", "oracle", "planner_argmax"])
 def test_the_plans_of_a_batch_are_those_of_the_split_source(synthetic_cycle, tmp_path, kind):
-    """One strategy per kind: ``plan`` on a batch of boundaries (as generation calls it) and the kind's source for
+    """One PlanKind per kind: ``plan`` on a batch of boundaries (as generation calls it) and the kind's source for
     the split (as training and evaluation read it) give the same plans (deterministic kinds)."""
     prepared = PreparedDataset(synthetic_cycle)
     split = prepared["validation"]
     planner = tiny_planner(prepared, max_sentences=4)
     planner.save_pretrained(tmp_path / "planner")
-    spec = PlanSpec(kind=kind, num_paths=2, horizon=3, planner_dir=str(tmp_path / "planner")).resolve()
+    plans = PlanConfig(kind=kind, num_paths=2, horizon=3, planner_dir=str(tmp_path / "planner")).resolve()
     sentences = np.array([0, 3, 7, 12])
     context = boundary_contexts(split, sentences, planner.config.max_sentences)
     boundaries = Boundaries(len(sentences), prepared.num_actions, *context, split=split, sentences=sentences)
-    made = plan(boundaries, spec, torch.Generator().manual_seed(0), planner)
-    read = plan_source(spec, prepared, split, sentences=sentences)(sentences)
+    made = make_plans(boundaries, plans, torch.Generator().manual_seed(0), planner)
+    read = plan_source(plans, prepared, split, sentences=sentences)(sentences)
     assert torch.equal(made.action_paths, read.action_paths) and torch.equal(made.path_mask, read.path_mask)
 
 
@@ -96,18 +97,19 @@ def test_a_plan_cache_owns_its_k(synthetic_cycle, tmp_path):
     prepared = PreparedDataset(synthetic_cycle)
     folder = tmp_path / "cache"
     folder.mkdir()
+    saved = {"kind": "fixed", "min_paths": 1, "max_paths": 4, "entropy_high": None}  # all, by its former name
     write_manifest(folder, {"test": True}, num_paths=4, horizon=3, codebook_hash=prepared.codebook_hash,
-                   num_actions=prepared.num_actions, path_policy={"kind": "fixed", "min_paths": 1, "max_paths": 4,
-                                                                  "entropy_high": None})
-    trained = PlanSpec(kind="planner_sampled", num_paths=2, horizon=3, planner_dir="planner").resolve()
+                   num_actions=prepared.num_actions, path_policy=saved)
+    trained = PlanConfig(kind="planner_sampled", num_paths=2, horizon=3, planner_dir="planner").resolve()
     model = SimpleNamespace(config=SimpleNamespace(plans=trained, num_actions=prepared.num_actions),
                             adapter=SimpleNamespace(config=SimpleNamespace(horizon=3)))
-    spec = evaluation_spec(PlanSpec(plans_dir=str(folder)), model, "model")
-    assert (spec.num_paths, spec.path_policy.max_paths, spec.planner_dir) == (4, 4, None)
+    plans = evaluation_plans(PlanConfig(plans_dir=str(folder)), model, "model")
+    assert (plans.num_paths, plans.path_policy.max_paths, plans.planner_dir) == (4, 4, None)
+    assert plans.path_policy.kind == "all"
     with pytest.raises(PlanlmError, match="holds K=4 paths, not --plans.num_paths 2") as error:
-        evaluation_spec(PlanSpec(plans_dir=str(folder), num_paths=2), model, "model")
+        evaluation_plans(PlanConfig(plans_dir=str(folder), num_paths=2), model, "model")
     assert "\n" not in str(error.value)
-    argmax = evaluation_spec(PlanSpec(kind="planner_argmax", plans_dir=str(folder)), model, "model")
+    argmax = evaluation_plans(PlanConfig(kind="planner_argmax", plans_dir=str(folder)), model, "model")
     assert argmax.num_paths == 2  # the argmax path is repeated K times, whatever the cache's K
 
 
@@ -120,9 +122,9 @@ def test_sample_plans_takes_the_plans_group(synthetic_cycle, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "--planner_dir is --plans.planner_dir" in err and len(err.splitlines()) == 1
     with pytest.raises(PlanlmError, match="--plans.kind oracle draws nothing from a planner"):
-        sample_plans(str(synthetic_cycle), PlanSpec(kind="oracle", planner_dir=str(folder)), splits=["validation"])
+        sample_plans(str(synthetic_cycle), PlanConfig(kind="oracle", planner_dir=str(folder)), splits=["validation"])
     # planner_argmax: the greedy path, every one of the K paths at tau 0, keyed as such
-    out = sample_plans(str(synthetic_cycle), PlanSpec(kind="planner_argmax", planner_dir=str(folder), num_paths=2),
+    out = sample_plans(str(synthetic_cycle), PlanConfig(kind="planner_argmax", planner_dir=str(folder), num_paths=2),
                        splits=["validation"], runtime=Runtime(device="cpu"))
     assert out.name == "K2-T3-tau0-seed0"
     paths, greedy = np.load(out / "validation.npy"), np.load(out / "validation.argmax.npy")

@@ -16,12 +16,12 @@ from planlm.errors import PlanlmError
 from planlm.models.adapter import AdapterConfig, build_adapter
 from planlm.models.planned_lm import PlannedLM
 from planlm.plans.cache import load_path_counts
-from planlm.plans.kinds import draw_plans
+from planlm.plans.draws import draw_plans
 from planlm.plans.policy import PathPolicy, entropy_num_paths, path_mask_from_counts, paths_summary, sample_with_policy
 from planlm.plans.sampling import sample_plans
 
 from helpers import read_csv, tiny_planned_lm, tiny_planner, use_planner
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 
 
 class HandMadePlanner:
@@ -71,13 +71,29 @@ def test_entropy_policy_batch_comes_back_at_max_paths_even_when_no_boundary_need
     assert counts.tolist() == [1, 1, 11] and paths.shape == (3, 30, 2) and (paths[:, 11:] == 0).all()
 
 
-def test_fixed_policy_draws_exactly_the_planners_paths(synthetic_cycle):
+def test_policy_all_draws_exactly_the_planners_paths(synthetic_cycle):
     planner = tiny_planner(PreparedDataset(synthetic_cycle), max_sentences=4)
     context, mask = torch.randn(5, 3, planner.config.embedding_dim), torch.ones(5, 3, dtype=torch.bool)
     expected = planner.sample_paths(context, mask, 4, 3, 1.0, torch.Generator().manual_seed(3))
     paths, counts = sample_with_policy(planner, context, mask, PathPolicy().resolve(4), 3, 1.0,
                                        torch.Generator().manual_seed(3))
     assert torch.equal(paths, expected) and counts.tolist() == [4] * 5
+
+
+def test_a_policy_saved_as_fixed_is_read_as_all(synthetic_cycle, tmp_path):
+    """Model folders and plan caches made before the policy all had its name record it as fixed: they are read as
+    all, while a config that names fixed is an error."""
+    assert PathPolicy.saved({"kind": "fixed", "min_paths": 1, "max_paths": 3, "entropy_high": None}) == \
+        PathPolicy("all", 1, 3)
+    assert PathPolicy.saved({"kind": "entropy", "min_paths": 2}) == PathPolicy("entropy", 2)
+    with pytest.raises(PlanlmError, match="'fixed' is not a policy; choose one of all, entropy"):
+        PathPolicy("fixed")
+    model = tiny_planned_lm(PreparedDataset(synthetic_cycle))
+    model.config.plans = {**model.config.plans, "path_policy": {"kind": "fixed", "min_paths": 1, "max_paths": 2,
+                                                                "entropy_high": None}}
+    from planlm.plans.config import trained_plans
+
+    assert trained_plans(model).path_policy == PathPolicy("all", 1, model.config.plans["num_paths"])
 
 
 @pytest.mark.parametrize("dynamics", ["recurrent", "causal"])
@@ -114,22 +130,22 @@ def save_planner(folder, prepared_dir):
 
 def cache(planner_dir, prepared_dir, out_dir=None, **plans):
     """`sample-plans` of the validation split on CPU with the plans group (planner_dir and the given fields)."""
-    return sample_plans(str(prepared_dir), PlanSpec(planner_dir=str(planner_dir), **plans), splits=["validation"],
+    return sample_plans(str(prepared_dir), PlanConfig(planner_dir=str(planner_dir), **plans), splits=["validation"],
                         runtime=Runtime(device="cpu"), out_dir=out_dir)
 
 
 def test_plan_cache_stores_counts_and_is_keyed_by_the_policy(synthetic_cycle, tmp_path):
     planner_dir = save_planner(tmp_path / "planner", synthetic_cycle)
-    fixed = cache(planner_dir, synthetic_cycle, num_paths=8)
+    every = cache(planner_dir, synthetic_cycle, num_paths=8)
     entropy = PathPolicy("entropy", 1, entropy_high=0.5)
     adaptive = cache(planner_dir, synthetic_cycle, num_paths=8, path_policy=entropy)
     widest = cache(planner_dir, synthetic_cycle, num_paths=8, path_policy=PathPolicy("entropy", 2))
-    assert len({fixed, adaptive, widest}) == 3  # one default folder per policy
-    assert (load_path_counts(fixed, "validation") == 8).all()
+    assert len({every, adaptive, widest}) == 3  # one default folder per policy
+    assert (load_path_counts(every, "validation") == 8).all()
     counts = load_path_counts(adaptive, "validation")
     manifest = json.loads((adaptive / "manifest.json").read_text())
     assert manifest["config"]["path_policy"]["kind"] == "entropy" and "path_policy" not in \
-        json.loads((fixed / "manifest.json").read_text())["config"]  # fixed keeps the old key
+        json.loads((every / "manifest.json").read_text())["config"]  # all keeps the old key
     assert manifest["paths"]["validation"]["paths_mean"] == pytest.approx(counts.mean())
     # Same folder, another policy: the cache is resampled, never reused.
     shared = tmp_path / "shared"
@@ -141,8 +157,8 @@ def test_plan_cache_stores_counts_and_is_keyed_by_the_policy(synthetic_cycle, tm
     np.testing.assert_array_equal(load_path_counts(shared, "validation"), counts)
     # the planner's draws of the same policy, seed and order give the cached paths
     split = PreparedDataset(synthetic_cycle)["validation"]
-    spec = PlanSpec(kind="planner_sampled", num_paths=8, horizon=3, path_policy=entropy).resolve()
-    drawn = draw_plans(tiny_planner(PreparedDataset(synthetic_cycle), max_sentences=4), split, spec)
+    plans = PlanConfig(kind="planner_sampled", num_paths=8, horizon=3, path_policy=entropy).resolve()
+    drawn = draw_plans(tiny_planner(PreparedDataset(synthetic_cycle), max_sentences=4), split, plans)
     paths, out_counts = drawn.paths, drawn.counts
     np.testing.assert_array_equal(paths, np.load(shared / "validation.npy"))
     np.testing.assert_array_equal(out_counts, counts)
@@ -150,8 +166,8 @@ def test_plan_cache_stores_counts_and_is_keyed_by_the_policy(synthetic_cycle, tm
 
 @pytest.mark.parametrize("settings, message", [
     ({"min_paths": 5, "max_paths": 2}, "min_paths 5 > --path_policy.max_paths 2; lower min_paths or raise max_paths"),
-    ({"kind": "bandit"}, "'bandit' is not a policy; choose one of fixed, entropy"),
-    ({"kind": "converge"}, "'converge' is not a policy; choose one of fixed, entropy"),
+    ({"kind": "bandit"}, "'bandit' is not a policy; choose one of all, entropy"),
+    ({"kind": "converge"}, "'converge' is not a policy; choose one of all, entropy"),
     ({"min_paths": 0}, "min_paths 0 must be >= 1"),
 ])
 def test_bad_policy_settings_give_one_line_errors(settings, message):
@@ -187,7 +203,7 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
 
     policy = PathPolicy("entropy", 1, entropy_high=1.0)
     metrics = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "direct"), max_articles=5,
-                       plans=PlanSpec(num_paths=6, path_policy=policy), bootstrap_samples=20,
+                       plans=PlanConfig(num_paths=6, path_policy=policy), bootstrap_samples=20,
                        runtime=Runtime(device="cpu"),
                        plan_usage=False)
     counts = np.load(tmp_path / "direct" / "num_paths.npy")
@@ -197,22 +213,22 @@ def test_evaluate_records_paths_and_times_and_the_cache_carries_counts(planned, 
     assert metrics.planner_time_s > 0 and metrics.lm_time_s > 0
     # The same plans through a cache: the counts travel with the paths, the perplexity is the same.
     planner_dir = PlannedLM.from_pretrained(planned).plan_folders["planner_dir"]  # the card's, not the config's
-    cache = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=planner_dir, num_paths=6, path_policy=policy),
+    cache = sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=planner_dir, num_paths=6, path_policy=policy),
                          splits=["test"], runtime=Runtime(device="cpu"), batch_size=256)
     cached = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "cached"),
-                      plans=PlanSpec(plans_dir=str(cache)), max_articles=5, bootstrap_samples=20,
+                      plans=PlanConfig(plans_dir=str(cache)), max_articles=5, bootstrap_samples=20,
                       runtime=Runtime(device="cpu"), plan_usage=False)
     assert cached.paths.paths_mean == pytest.approx(float(load_path_counts(cache, "test")[:len(counts)].mean()))
     assert cached.path_policy["kind"] == "entropy"
     with pytest.raises(PlanlmError, match="sampled under path policy entropy"):
         evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "clash"), max_articles=5,
                  runtime=Runtime(device="cpu"),
-                 plans=PlanSpec(plans_dir=str(cache), path_policy=PathPolicy("entropy", 2)), plan_usage=False)
-    # A fixed evaluation keeps its old reuse key (no path_policy in it) and samples K everywhere.
-    fixed = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "fixed"), max_articles=5,
-                     plans=PlanSpec(num_paths=6), bootstrap_samples=20, runtime=Runtime(device="cpu"), plan_usage=False)
-    assert fixed.paths.paths_hist == {6: len(counts)}
-    assert "path_policy" not in json.loads((tmp_path / "fixed" / "manifest.json").read_text())["config"]["plan_spec"]
+                 plans=PlanConfig(plans_dir=str(cache), path_policy=PathPolicy("entropy", 2)), plan_usage=False)
+    # An evaluation under the policy all keeps its old reuse key (no path_policy in it) and samples K everywhere.
+    every = evaluate(str(planned), str(synthetic_cycle), str(tmp_path / "all"), max_articles=5,
+                     plans=PlanConfig(num_paths=6), bootstrap_samples=20, runtime=Runtime(device="cpu"), plan_usage=False)
+    assert every.paths.paths_hist == {6: len(counts)}
+    assert "path_policy" not in json.loads((tmp_path / "all" / "manifest.json").read_text())["config"]["plan_spec"]
 
 
 def test_compute_sweep_through_the_cli(planned, synthetic_cycle, tmp_path):
@@ -223,8 +239,8 @@ def test_compute_sweep_through_the_cli(planned, synthetic_cycle, tmp_path):
           '[{"kind": "entropy", "entropy_high": 1.0}, {"kind": "entropy", "min_paths": 2}]',
           "--max_articles", "4", "--bootstrap_samples", "20", "--runtime.device", "cpu"])
     rows = read_csv(tmp_path / "compute" / "sweep_compute.csv")
-    assert [r["value"] for r in rows] == ["fixed-1", "fixed-4", "entropy-1-4-H-1", "entropy-2-4"]
-    assert {r["reference"] for r in rows} == {"fixed-4"} and float(rows[1]["paired_diff"]) == 0.0
+    assert [r["value"] for r in rows] == ["all-1", "all-4", "entropy-1-4-H-1", "entropy-2-4"]
+    assert {r["reference"] for r in rows} == {"all-4"} and float(rows[1]["paired_diff"]) == 0.0
     assert float(rows[0]["paths_mean"]) == 1 and float(rows[1]["paths_fraction"]) == 1.0
     assert all(1 <= float(r["paths_mean"]) <= 4 for r in rows)
     went = json.loads((tmp_path / "compute" / "entropy-1-4-H-1" / "where_paths_went.json").read_text())
@@ -246,8 +262,8 @@ def test_generation_plans_each_sentence_end_under_the_policy(synthetic_cycle):
     from helpers import chatty_planned_lm
 
     prepared = PreparedDataset(synthetic_cycle)
-    cond = PlanSpec(kind="planner_sampled", num_paths=6, horizon=3, planner_dir="unused",
-                    path_policy=PathPolicy("entropy", min_paths=2)).resolve()
+    cond = PlanConfig(kind="planner_sampled", num_paths=6, horizon=3, planner_dir="unused",
+                      path_policy=PathPolicy("entropy", min_paths=2)).resolve()
     generator = PlannedGenerator(chatty_planned_lm(prepared), load_tokenizer("gpt2"), cond,
                                  planner=tiny_planner(prepared), embed_fn=synthetic_embed_fn(prepared), seed=2)
     result = generator.generate(generator.prompt_from_text("Red water red."), SamplingConfig(max_new_tokens=30))

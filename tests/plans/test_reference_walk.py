@@ -13,10 +13,10 @@ from planlm.args import Runtime
 from planlm.data.artifacts import PreparedDataset
 from planlm.models.dynamics import top_distribution
 from planlm.models.planner import Planner
+from planlm.plans.config import PlanConfig
 from planlm.plans.contexts import MAX_ROWS, boundary_contexts
 from planlm.plans.policy import PathPolicy, entropy_num_paths
 from planlm.plans.sampling import sample_plans
-from planlm.plans.spec import PlanSpec
 
 from helpers import tiny_planner
 
@@ -75,10 +75,10 @@ def sample(planner, state, counts: torch.Tensor, rng, top_actions: int) -> tuple
 
 
 @torch.no_grad()
-def reference_walk(planner, split, spec: PlanSpec) -> dict[str, np.ndarray]:
+def reference_walk(planner, split, plans: PlanConfig) -> dict[str, np.ndarray]:
     """The cache's arrays of ``split`` by name, drawn boundary batch after boundary batch: boundaries sorted by their
     context length, ``BATCH_SIZE`` at a time, each batch's greedy path and then its K sampled paths."""
-    num, max_sentences, top = split.num_sentences, planner.config.max_sentences, spec.top_actions
+    num, max_sentences, top = split.num_sentences, planner.config.max_sentences, plans.top_actions
     begins = split.sentence_offsets[split.sentence_article[np.arange(num)]]
     order = np.argsort(np.minimum(np.arange(num) - begins, max_sentences), kind="stable")
     out = {"npy": np.zeros((num, NUM_PATHS, HORIZON), np.int64), "num_paths.npy": np.zeros(num, np.int64),
@@ -87,7 +87,7 @@ def reference_walk(planner, split, spec: PlanSpec) -> dict[str, np.ndarray]:
         top_shape = (*shape, min(top, planner.config.num_actions))  # A = 8: every action kept
         out[f"{name}expected_actions.npy"] = np.zeros(top_shape, np.int16)
         out[f"{name}expected_probs.npy"] = np.zeros(top_shape, np.float16)
-    rng = torch.Generator().manual_seed(spec.seed)
+    rng = torch.Generator().manual_seed(plans.seed)
     per_forward = min(BATCH_SIZE, MAX_ROWS // NUM_PATHS)
     for first in range(0, num, per_forward):
         rows = np.sort(order[first:first + per_forward])
@@ -98,14 +98,14 @@ def reference_walk(planner, split, spec: PlanSpec) -> dict[str, np.ndarray]:
         ids, probs = top_distribution(logits.flatten(0, 1), 1.0, top)
         out["argmax.expected_actions.npy"][rows] = ids.view(len(rows), HORIZON, -1).numpy()
         out["argmax.expected_probs.npy"][rows] = probs.view(len(rows), HORIZON, -1).numpy()
-        if not spec.path_policy.adaptive:
+        if not plans.path_policy.adaptive:
             counts = torch.full((len(rows),), NUM_PATHS)
             paths, steps = sample(planner, state, counts, rng, top)
             out["npy"][rows] = paths.view(len(rows), NUM_PATHS, HORIZON).numpy()
             for name, x in zip(("expected_actions.npy", "expected_probs.npy"), steps):
                 out[name][rows] = x.view(len(rows), NUM_PATHS, HORIZON, -1).numpy()
         else:
-            counts = entropy_num_paths(state.logits, spec.path_policy, TEMPERATURE)
+            counts = entropy_num_paths(state.logits, plans.path_policy, TEMPERATURE)
             if planner.config.dynamics == "causal":  # one batch per distinct count, its contexts encoded anew
                 for count in torch.unique(counts).tolist():
                     group = torch.nonzero(counts == count)[:, 0]
@@ -127,13 +127,13 @@ def test_sample_plans_draws_exactly_the_reference_walk(synthetic_cycle, tmp_path
     prepared = PreparedDataset(synthetic_cycle)
     folder = tiny_planner(prepared, max_sentences=4, dynamics=dynamics, horizon=HORIZON).save_pretrained(
         tmp_path / "planner")
-    spec = PlanSpec(kind="planner_sampled", planner_dir=str(folder), num_paths=NUM_PATHS, horizon=HORIZON,
-                    temperature=TEMPERATURE, seed=3, **plan_settings(variant, dynamics))
-    cache = sample_plans(str(synthetic_cycle), spec, splits=["validation", "test"], batch_size=BATCH_SIZE,
+    plans = PlanConfig(kind="planner_sampled", planner_dir=str(folder), num_paths=NUM_PATHS, horizon=HORIZON,
+                       temperature=TEMPERATURE, seed=3, **plan_settings(variant, dynamics))
+    cache = sample_plans(str(synthetic_cycle), plans, splits=["validation", "test"], batch_size=BATCH_SIZE,
                          runtime=Runtime(device="cpu"), out_dir=str(tmp_path / "plans"))
     planner = Planner.from_pretrained(folder).eval()
     for name in ("validation", "test"):
-        expected = reference_walk(planner, prepared[name], spec.resolve())
+        expected = reference_walk(planner, prepared[name], plans.resolve())
         written = sorted(path.name for path in cache.glob(f"{name}.*npy"))
         assert len(written) == (7 if variant == "expectation" else 3)
         for file in written:

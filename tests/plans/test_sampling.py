@@ -14,23 +14,23 @@ from planlm.data.artifacts import PreparedDataset
 from planlm.errors import PlanlmError
 from planlm.models.planner import Planner
 from planlm.plans.cache import load_plans
+from planlm.plans.config import PlanConfig
 from planlm.plans.contexts import IGNORE_INDEX, boundary_contexts, boundary_targets
-from planlm.plans.kinds import draw_plans
+from planlm.plans.draws import draw_plans
 from planlm.plans.sampling import sample_plans
-from planlm.plans.spec import PlanSpec
 from planlm.testing.synthetic import make_synthetic_prepared
 
 from helpers import linear_output_dtypes, tiny_planner
 
 
-def sampled(num_paths: int, horizon: int, temperature: float = 1.0, seed: int = 0) -> PlanSpec:
-    return PlanSpec(kind="planner_sampled", num_paths=num_paths, horizon=horizon, temperature=temperature,
-                    seed=seed).resolve()
+def sampled(num_paths: int, horizon: int, temperature: float = 1.0, seed: int = 0) -> PlanConfig:
+    return PlanConfig(kind="planner_sampled", num_paths=num_paths, horizon=horizon, temperature=temperature,
+                      seed=seed).resolve()
 
 
 def cache(planner_dir, prepared_dir, splits, batch_size: int = 256, **plans):
     """`sample-plans` with the plans group (planner_dir and the given fields)."""
-    return sample_plans(str(prepared_dir), PlanSpec(planner_dir=str(planner_dir), **plans), splits=splits,
+    return sample_plans(str(prepared_dir), PlanConfig(planner_dir=str(planner_dir), **plans), splits=splits,
                         batch_size=batch_size)
 
 
@@ -93,7 +93,7 @@ def test_bf16_plans_are_valid_and_keyed_apart(synthetic_cycle, tmp_path, dynamic
     greedy = {precision: draw_plans(planner, split, sampled(1, 3, temperature=0.0), precision=precision).paths
               for precision in ("fp32", "bf16")}
     assert np.mean(greedy["fp32"] == greedy["bf16"]) > 0.8
-    cached = {precision: sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(folder), num_paths=4, horizon=3),
+    cached = {precision: sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=str(folder), num_paths=4, horizon=3),
                                       splits=["validation"],
                                       runtime=Runtime(precision=precision), out_dir=str(tmp_path / precision))
               for precision in ("fp32", "bf16")}
@@ -107,7 +107,7 @@ def test_bf16_plans_are_valid_and_keyed_apart(synthetic_cycle, tmp_path, dynamic
 def test_plan_sampling_runs_the_planner_at_the_precision_asked_for(planner_dir, synthetic_cycle, tmp_path, precision,
                                                                   dtype, bf16_allowed):
     with linear_output_dtypes() as seen:
-        sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=2, horizon=3),
+        sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=str(planner_dir), num_paths=2, horizon=3),
                      splits=["validation"],
                      runtime=Runtime(device="cpu", precision=precision), out_dir=str(tmp_path / "plans"))
     planner_layers = {type(m).__module__ for m in seen}
@@ -140,10 +140,10 @@ def test_sample_plans_writes_reuses_and_rekeys_the_cache(planner_dir, synthetic_
     assert other != out and not np.array_equal(load_plans(other, "validation"), plans)
     # Same folder, changed key (K): recomputed in place.
     fixed_dir = planner_dir / "plans" / "fixed"
-    sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=2), splits=["validation"],
+    sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=str(planner_dir), num_paths=2), splits=["validation"],
                  out_dir=str(fixed_dir))
     assert load_plans(fixed_dir, "validation").shape[1:] == (2, 3)
-    sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=3), splits=["validation"],
+    sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=str(planner_dir), num_paths=3), splits=["validation"],
                  out_dir=str(fixed_dir))
     assert load_plans(fixed_dir, "validation").shape[1:] == (3, 3)
 
@@ -193,16 +193,16 @@ def test_cli_sample_plans(planner_dir, synthetic_cycle, tmp_path, capsys):
 
 # killed within the first split's walk, with every step's distribution stored; within the second's, the first split
 # done, with path counts that vary; within the first, and a file of the walk lost since: that walk starts again
-@pytest.mark.parametrize("where, plans", [("first", {"expectation": True}), ("second", {"policy": "entropy"}),
-                                          ("lost", {})])
+@pytest.mark.parametrize("where, case", [("first", {"expectation": True}), ("second", {"policy": "entropy"}),
+                                         ("lost", {})])
 def test_an_interrupted_walk_resumes_after_its_last_record_to_the_uninterrupted_cache(
-        planner_dir, synthetic_cycle, tmp_path, monkeypatch, where, plans):
+        planner_dir, synthetic_cycle, tmp_path, monkeypatch, where, case):
     import planlm.plans.sampling as sampling
     from planlm.plans.draws import DrawArrays
     from planlm.plans.policy import PathPolicy
 
-    spec = PlanSpec(planner_dir=str(planner_dir), num_paths=4, horizon=3, expectation=plans.get("expectation", False),
-                    path_policy=PathPolicy(plans.get("policy", "fixed"), 1))
+    plans = PlanConfig(planner_dir=str(planner_dir), num_paths=4, horizon=3, expectation=case.get("expectation", False),
+                       path_policy=PathPolicy(case.get("policy", "all"), 1))
     writes = []
     write = DrawArrays.write
 
@@ -215,7 +215,7 @@ def test_an_interrupted_walk_resumes_after_its_last_record_to_the_uninterrupted_
     monkeypatch.setattr(DrawArrays, "write", counted)
     monkeypatch.setattr(sampling, "CHECKPOINT_EVERY_S", 0.0)  # a record after every batch
     stop_at = None
-    run = lambda out: sample_plans(str(synthetic_cycle), spec, splits=["validation", "test"], out_dir=str(out),
+    run = lambda out: sample_plans(str(synthetic_cycle), plans, splits=["validation", "test"], out_dir=str(out),
                                    batch_size=8, runtime=Runtime(device="cpu"))
     whole = run(tmp_path / "whole")
     total, first_split = len(writes), 2 * -(-PreparedDataset(synthetic_cycle)["validation"].num_sentences // 8)
@@ -246,15 +246,15 @@ def test_an_interrupted_walk_resumes_after_its_last_record_to_the_uninterrupted_
 
 def test_a_walk_record_of_another_key_is_not_resumed(planner_dir, synthetic_cycle, tmp_path):
     out = tmp_path / "plans"
-    first = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=2, seed=0),
+    first = sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=str(planner_dir), num_paths=2, seed=0),
                          splits=["validation"], out_dir=str(out), batch_size=8)
     stale = np.load(first / "validation.npy")
     (first / "manifest.json").unlink()  # as if the build had stopped; its files and a record of another key remain
     np.savez(out / "validation.walk.npz", key=np.array("another key"), batches=np.int64(3), rows=np.int64(24),
              rng=torch.Generator().get_state().numpy(), counts0=np.ones(len(stale)), counts1=np.ones(len(stale)))
-    again = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=2, seed=1),
+    again = sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=str(planner_dir), num_paths=2, seed=1),
                          splits=["validation"], out_dir=str(out), batch_size=8)
-    fresh = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(planner_dir), num_paths=2, seed=1),
+    fresh = sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=str(planner_dir), num_paths=2, seed=1),
                          splits=["validation"], out_dir=str(tmp_path / "fresh"), batch_size=8)
     assert (again / "validation.npy").read_bytes() == (fresh / "validation.npy").read_bytes()
     assert not (again / "validation.walk.npz").exists()

@@ -7,9 +7,9 @@ import numpy as np
 import torch
 
 from planlm.data.artifacts import PreparedDataset
+from planlm.plans.config import PlanConfig
 from planlm.plans.contexts import IGNORE_INDEX, article_contexts, article_rows, boundary_contexts, boundary_targets
-from planlm.plans.kinds import draw_plans
-from planlm.plans.spec import PlanSpec
+from planlm.plans.draws import draw_plans
 from planlm.train.boundaries import ArticleCollate, BoundaryCollate
 from planlm.train.planner_module import LightningPlanner
 from tests.helpers import tiny_planner
@@ -51,8 +51,8 @@ def test_article_plans_are_the_per_boundary_greedy_paths(synthetic_cycle):
     split = prepared["validation"]
     planner = tiny_planner(prepared, dynamics="causal", encoder="article", horizon=3, max_sentences=4)
     sentences = np.arange(1, split.num_sentences, 2)
-    sampled = PlanSpec(kind="planner_sampled", num_paths=4, horizon=3).resolve()
-    greedy = draw_plans(planner, split, PlanSpec(kind="planner_argmax", num_paths=4, horizon=3).resolve(), sentences,
+    sampled = PlanConfig(kind="planner_sampled", num_paths=4, horizon=3).resolve()
+    greedy = draw_plans(planner, split, PlanConfig(kind="planner_argmax", num_paths=4, horizon=3).resolve(), sentences,
                         batch_size=8).paths
     paths = draw_plans(planner, split, sampled, sentences, batch_size=8).paths
     context_embeds, context_mask = boundary_contexts(split, sentences, 4)

@@ -14,8 +14,8 @@ from planlm.args import LMRuntime
 from planlm.data.artifacts import PreparedDataset
 from planlm.data.windows import WindowCollator, article_windows
 from planlm.models.adapter import AdapterSettings
-from planlm.plans.kinds import plan_source
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
+from planlm.plans.registry import plan_source
 from planlm.stage import read_manifest
 from planlm.train import lm as lm_stage
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
@@ -35,10 +35,10 @@ def test_sentence_buckets_hold_their_counts_with_at_most_half_again_of_padding()
     assert len({sentence_bucket(n) for n in range(100, 201)}) == 3  # a factor of two: three buckets
 
 
-def _batches(prepared_dir, spec: PlanSpec, batch_size: int = 4) -> list[dict]:
+def _batches(prepared_dir, plans: PlanConfig, batch_size: int = 4) -> list[dict]:
     prepared = PreparedDataset(prepared_dir)
     split = prepared["train"]
-    collate = WindowCollator(split, plan_source(spec.resolve(), prepared, split), 0)
+    collate = WindowCollator(split, plan_source(plans.resolve(), prepared, split), 0)
     windows = article_windows(split, 128, 127)
     return [collate(windows[i:i + batch_size]) for i in range(0, len(windows), batch_size)]
 
@@ -51,7 +51,7 @@ def test_padding_to_static_shapes_leaves_the_loss_and_gradients_of_the_scored_to
         with torch.no_grad():  # open the gates: the transformers over paths and samples count
             model.adapter.alpha_path.fill_(0.7)
             model.adapter.alpha_sample.fill_(0.5)
-    batch = _batches(synthetic_random, PlanSpec(kind="oracle", num_paths=2, horizon=3))[-1]
+    batch = _batches(synthetic_random, PlanConfig(kind="oracle", num_paths=2, horizon=3))[-1]
     batch = {name: value[:3, :100] if name in ("input_ids", "attention_mask", "labels", "plan_index") else value
              for name, value in batch.items()}  # fewer windows and shorter ones than the static shape
     plain, static = LightningLM(model), LightningLM(model, static_shapes=StaticShapes(4, 128))
@@ -115,7 +115,7 @@ def test_a_compiled_epoch_with_varying_sentence_counts_compiles_one_graph_per_bu
     each; the second epoch compiles only for a bucket the first did not see, and its validation nothing."""
     phases, buckets = _count_graphs(monkeypatch, "eager")
     train_lm(str(synthetic_random), str(tmp_path / "lm"), LMModelConfig(model_config=NO_DROPOUT),
-             PlanSpec(kind="oracle", num_paths=2, horizon=2), AdapterSettings(kind="multipath"),
+             PlanConfig(kind="oracle", num_paths=2, horizon=2), AdapterSettings(kind="multipath"),
              LMTrainConfig(batch_size=4, max_epochs=2, lr=1e-3, limit_train_batches=10, limit_val_batches=3),
              LMRuntime(compile=True))
     seen = collections.defaultdict(set)
@@ -138,7 +138,7 @@ def test_compiled_losses_equal_eager_within_tolerance(synthetic_random, tmp_path
     pads = []
     pad = StaticShapes.pad
     monkeypatch.setattr(StaticShapes, "pad", lambda self, batch: pads.append(1) or pad(self, batch))
-    kwargs = dict(model=LMModelConfig(model_config=NO_DROPOUT), plans=PlanSpec(kind="oracle", num_paths=2, horizon=2),
+    kwargs = dict(model=LMModelConfig(model_config=NO_DROPOUT), plans=PlanConfig(kind="oracle", num_paths=2, horizon=2),
                   adapter=AdapterSettings(kind="multipath"),
                   train=LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=6, limit_val_batches=3, lr=1e-3))
     eager = read_manifest(train_lm(str(synthetic_random), str(tmp_path / "eager"), **kwargs))["val_loss"]
@@ -152,7 +152,7 @@ def test_compiled_losses_equal_eager_within_tolerance(synthetic_random, tmp_path
 @pytest.mark.slow
 def test_inductor_compiled_losses_equal_eager_within_tolerance(synthetic_random, tmp_path):
     """The real compiler (inductor's C++ kernels; minutes on 2 cores)."""
-    kwargs = dict(model=LMModelConfig(model_config=NO_DROPOUT), plans=PlanSpec(kind="oracle", num_paths=2, horizon=2),
+    kwargs = dict(model=LMModelConfig(model_config=NO_DROPOUT), plans=PlanConfig(kind="oracle", num_paths=2, horizon=2),
                   adapter=AdapterSettings(kind="multipath"),
                   train=LMTrainConfig(batch_size=4, max_epochs=1, limit_train_batches=6, limit_val_batches=3, lr=1e-3))
     eager = read_manifest(train_lm(str(synthetic_random), str(tmp_path / "eager"), **kwargs))["val_loss"]

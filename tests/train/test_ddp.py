@@ -38,7 +38,7 @@ def test_run_trains_with_ddp_on_two_cpu_processes(tmp_path):
 
 
 def test_a_distributed_stage_reaches_its_child_process_as_plain_yaml(tmp_path, monkeypatch):
-    """The stage's arguments (dataclasses, PlanSpec's enum kind) go to `planlm train-lm --config` as YAML;
+    """The stage's arguments (dataclasses, PlanConfig's enum kind) go to `planlm train-lm --config` as YAML;
     an enum once made yaml.safe_dump fail, and every DDP condition with it."""
     import planlm.pipeline.run as pipeline
     from planlm.pipeline.run import _run_distributed, plan_stages

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from planlm.args import Runtime
 from planlm.cli import main as cli_main
 from planlm.errors import PlanlmError
-from planlm.models.planner import PlannerShape
+from planlm.models.planner import PlannerSettings
 from planlm.train.args import TrainArgs
 from planlm.train.harness import build_trainer, fit, load_best, resume_checkpoint
 from planlm.train.loggers import LOGGERS, LoggerSpec, check_loggers
@@ -106,7 +106,7 @@ def test_cli_reports_an_unknown_logger_in_one_line(synthetic_cycle, tmp_path, ca
 
 def test_loggers_stay_out_of_the_reuse_keys(synthetic_cycle, synthetic_random, tmp_path):
     """Changing only the loggers reuses a finished folder, as changing the progress bar does."""
-    shape = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2)
+    shape = PlannerSettings(d_model=16, num_heads=2, dim_feedforward=32, horizon=2)
     args = dict(batch_size=128, max_epochs=1)
     planner = train_planner(str(synthetic_cycle), str(tmp_path / "planner"), shape, PlannerTrainArgs(**args))
     assert list((planner / "logs").glob("version_*/events.out.tfevents.*"))  # tensorboard shares logs/ with csv

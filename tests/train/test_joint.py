@@ -21,9 +21,9 @@ from planlm.errors import PlanlmError
 from planlm.files import file_sha256
 from planlm.models.planned_lm import PlannedLM
 from planlm.models.planner import Planner
+from planlm.plans.config import PlanConfig, check_joint_plans, trained_plans
 from planlm.plans.contexts import Boundaries, ContextSource, boundary_contexts
-from planlm.plans.kinds import check_joint_plans, plan_kind, plan_source
-from planlm.plans.spec import PlanSpec, trained_plans
+from planlm.plans.registry import plan_kind, plan_source
 from planlm.stage import read_manifest
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.lm_module import LightningJointLM, LightningLM
@@ -31,12 +31,12 @@ from planlm.train.lm_module import LightningJointLM, LightningLM
 TINY = json.dumps(tiny_gpt2_config(n_positions=32))
 
 
-def joint_spec(kind: str = "planner_sampled", **overrides) -> PlanSpec:
-    """A joint run's spec: in expectation unless set (train-lm's default when the planner trains with the LM)."""
+def joint_config(kind: str = "planner_sampled", **overrides) -> PlanConfig:
+    """A joint run's plans: in expectation unless set (train-lm's default when the planner trains with the LM)."""
     values = dict(kind=kind, num_paths=2, horizon=3, temperature=0.7, planner_dir="planner", expectation=True)
-    spec = PlanSpec(**{**values, **overrides}).resolve()
-    check_joint_plans(spec)
-    return spec
+    plans = PlanConfig(**{**values, **overrides}).resolve()
+    check_joint_plans(plans)
+    return plans
 
 
 def planned_lm(prepared: PreparedDataset, adapter: str):
@@ -54,9 +54,9 @@ def window_batch(prepared: PreparedDataset, source, num_windows: int = 4) -> dic
     return collate_windows(split, article_windows(split, 32, 31)[:num_windows], source)
 
 
-def contexts_of(prepared: PreparedDataset, planner: Planner, spec: PlanSpec) -> ContextSource:
+def contexts_of(prepared: PreparedDataset, planner: Planner, plans: PlanConfig) -> ContextSource:
     return ContextSource(prepared["validation"], planner.config.max_sentences, planner.config.horizon,
-                         spec.num_paths, spec.horizon)
+                         plans.num_paths, plans.horizon)
 
 
 def boundaries(prepared: PreparedDataset, planner: Planner, num: int = 12) -> Boundaries:
@@ -72,10 +72,10 @@ def test_the_lm_loss_reaches_the_planner(synthetic_cycle, kind, expectation, ada
     straight-through; the planner's own action loss, added at its weight, changes it."""
     prepared = PreparedDataset(synthetic_cycle)
     planner = tiny_planner(prepared, max_sentences=4)
-    spec = joint_spec(kind, expectation=expectation)
-    module = LightningJointLM(planned_lm(prepared, adapter), planner, spec, action_loss_weight=0.0).train()
+    plans = joint_config(kind, expectation=expectation)
+    module = LightningJointLM(planned_lm(prepared, adapter), planner, plans, action_loss_weight=0.0).train()
     assert not planner.training  # no dropout in the planner
-    batch, inputs = module.with_plans(window_batch(prepared, contexts_of(prepared, planner, spec)), "test")
+    batch, inputs = module.with_plans(window_batch(prepared, contexts_of(prepared, planner, plans)), "test")
     assert batch["action_probs"].requires_grad and "context_embeds" not in batch
     loss, _ = module.model_step(batch)
     loss.backward()
@@ -93,15 +93,15 @@ def test_a_joint_training_step_adds_the_planner_s_action_loss_at_its_weight(synt
     planner's action loss on the same boundaries (weight 0: the LM's loss alone)."""
     prepared = PreparedDataset(synthetic_cycle)
     planner = tiny_planner(prepared, max_sentences=4)
-    spec = joint_spec()
-    module = LightningJointLM(planned_lm(prepared, "project_avg"), planner, spec, action_loss_weight=0.5).eval()
-    raw = window_batch(prepared, contexts_of(prepared, planner, spec))
+    plans = joint_config()
+    module = LightningJointLM(planned_lm(prepared, "project_avg"), planner, plans, action_loss_weight=0.5).eval()
+    raw = window_batch(prepared, contexts_of(prepared, planner, plans))
     with torch.no_grad():
         batch, inputs = module.with_plans(raw, "train/0/0")  # the stream of the first step of epoch 0
         lm_loss, action = float(module.model_step(batch)[0]), float(module.action_loss(inputs))
         assert action > 0.1
         assert float(module.training_step(raw, 0)) == pytest.approx(lm_loss + 0.5 * action, rel=1e-5)
-        without = LightningJointLM(module.model, planner, spec, action_loss_weight=0.0).eval()
+        without = LightningJointLM(module.model, planner, plans, action_loss_weight=0.0).eval()
         assert float(without.training_step(raw, 0)) == pytest.approx(lm_loss, rel=1e-5)
 
 
@@ -112,11 +112,11 @@ def test_joint_plans_of_an_unchanged_planner_are_the_plans_in_expectation(synthe
     expectation hold them (to float16, the plans' precision), now with the planner's gradient."""
     prepared = PreparedDataset(synthetic_cycle)
     planner = tiny_planner(prepared, max_sentences=4, dynamics=dynamics)
-    spec = joint_spec(kind)
-    strategy = plan_kind(spec.kind)
-    frozen = strategy.draw(boundaries(prepared, planner), spec, torch.Generator().manual_seed(3),
-                           planner).plans(spec.num_paths)
-    joint = strategy.joint_plans(boundaries(prepared, planner), spec, torch.Generator().manual_seed(3), planner)
+    plans = joint_config(kind)
+    made_by = plan_kind(plans.kind)
+    frozen = made_by.draw(boundaries(prepared, planner), plans, torch.Generator().manual_seed(3),
+                          planner).plans(plans.num_paths)
+    joint = made_by.joint_plans(boundaries(prepared, planner), plans, torch.Generator().manual_seed(3), planner)
     assert torch.equal(joint.action_paths, frozen.action_paths) and torch.equal(joint.path_mask, frozen.path_mask)
     torch.testing.assert_close(joint.action_probs, frozen.action_probs, atol=1e-3, rtol=0)
     assert joint.action_probs.requires_grad and not frozen.action_probs.requires_grad
@@ -128,21 +128,21 @@ def test_joint_plans_of_an_unchanged_planner_are_the_plans_in_expectation(synthe
 def test_straight_through_is_the_sampled_plan_forward_and_the_expectation_backward(synthetic_cycle, kind):
     prepared = PreparedDataset(synthetic_cycle)
     planner = tiny_planner(prepared, max_sentences=4)
-    spec = joint_spec(kind, expectation=False)
-    strategy, adapter = plan_kind(spec.kind), planned_lm(prepared, "project_avg").adapter
-    sampled = strategy.draw(boundaries(prepared, planner), spec, torch.Generator().manual_seed(3),
-                            planner).plans(spec.num_paths)
-    straight = strategy.joint_plans(boundaries(prepared, planner), spec, torch.Generator().manual_seed(3), planner)
+    plans = joint_config(kind, expectation=False)
+    made_by, adapter = plan_kind(plans.kind), planned_lm(prepared, "project_avg").adapter
+    sampled = made_by.draw(boundaries(prepared, planner), plans, torch.Generator().manual_seed(3),
+                           planner).plans(plans.num_paths)
+    straight = made_by.joint_plans(boundaries(prepared, planner), plans, torch.Generator().manual_seed(3), planner)
     torch.testing.assert_close(adapter(*straight), adapter(*sampled), atol=1e-6, rtol=0)  # the drawn actions
     weights = torch.randn(len(sampled.action_paths), adapter.config.hidden_size)
 
-    def planner_gradient(plans) -> torch.Tensor:  # of a loss linear in the plan vectors
+    def planner_gradient(made) -> torch.Tensor:  # of a loss linear in the plan vectors
         planner.zero_grad()
-        (adapter(*plans) * weights).sum().backward()
+        (adapter(*made) * weights).sum().backward()
         return planner.prediction.classifier.weight.grad.clone()
 
-    expected = strategy.joint_plans(boundaries(prepared, planner), replace(spec, expectation=True),
-                                    torch.Generator().manual_seed(3), planner)
+    expected = made_by.joint_plans(boundaries(prepared, planner), replace(plans, expectation=True),
+                                   torch.Generator().manual_seed(3), planner)
     torch.testing.assert_close(planner_gradient(straight), planner_gradient(expected), atol=1e-6, rtol=1e-5)
 
 
@@ -151,13 +151,13 @@ def test_the_joint_forward_is_the_frozen_expectation_mode_at_t1(synthetic_cycle,
     expectation from the same planner (read from its folder, the split's walk), whatever was drawn."""
     prepared = PreparedDataset(synthetic_cycle)
     tiny_planner(prepared, max_sentences=4).save_pretrained(tmp_path / "planner")
-    spec = PlanSpec(kind="planner_sampled", num_paths=2, horizon=1, planner_dir=str(tmp_path / "planner"),
-                    expectation=True).resolve()
+    plans = PlanConfig(kind="planner_sampled", num_paths=2, horizon=1, planner_dir=str(tmp_path / "planner"),
+                       expectation=True).resolve()
     model = planned_lm(prepared, "multipath")
-    frozen_batch = window_batch(prepared, plan_source(spec, prepared, prepared["validation"]))
-    planner = Planner.for_corpus(spec.planner_dir, prepared)
-    module = LightningJointLM(model, planner, spec)
-    joint_batch, _ = module.with_plans(window_batch(prepared, contexts_of(prepared, planner, spec)), "validation/0")
+    frozen_batch = window_batch(prepared, plan_source(plans, prepared, prepared["validation"]))
+    planner = Planner.for_corpus(plans.planner_dir, prepared)
+    module = LightningJointLM(model, planner, plans)
+    joint_batch, _ = module.with_plans(window_batch(prepared, contexts_of(prepared, planner, plans)), "validation/0")
     with torch.no_grad():
         joint_loss, _ = module.model_step(joint_batch)
         frozen_loss, _ = LightningLM(model).model_step(frozen_batch)
@@ -214,14 +214,14 @@ def test_runs_without_joint_keep_their_reuse_keys():
     key = LMTrainConfig().reuse_key(Runtime())
     assert key["planner_lr"] is None and key["planner_loss_weight"] == 1.0
     assert LMTrainConfig(planner_lr=1e-4).reuse_key(Runtime())["planner_lr"] == 1e-4
-    trained = joint_spec()
+    trained = joint_config()
     assert "joint" not in trained.cache_key() and trained.expectation
-    straight = joint_spec(expectation=False)
-    evaluation = PlanSpec(num_paths=3).resolve(trained)
-    assert evaluation.expectation and PlanSpec().resolve(straight).expectation is False
+    straight = joint_config(expectation=False)
+    evaluation = PlanConfig(num_paths=3).resolve(trained)
+    assert evaluation.expectation and PlanConfig().resolve(straight).expectation is False
 
 
-@pytest.mark.parametrize("spec, message", [
+@pytest.mark.parametrize("plans, message", [
     (dict(kind="fixed"), "--train.joint true with --plans.kind fixed: fixed plans have no planner"),
     (dict(kind="oracle"), "--train.joint true with --plans.kind oracle"),
     (dict(), "--train.joint true with --plans.kind none"),
@@ -229,9 +229,9 @@ def test_runs_without_joint_keep_their_reuse_keys():
     (dict(kind="planner_sampled", planner_dir="p", temperature=0.0), "carries no gradient"),
     (dict(kind="planner_sampled", planner_dir="p", path_policy={"kind": "entropy"}), "drop --plans.path_policy"),
 ])
-def test_bad_joint_settings_are_one_line_errors(spec, message):
+def test_bad_joint_settings_are_one_line_errors(plans, message):
     with pytest.raises(PlanlmError, match=message) as error:
-        check_joint_plans(PlanSpec(**spec).resolve())
+        check_joint_plans(PlanConfig(**plans).resolve())
     assert "\n" not in str(error.value)
 
 
@@ -239,21 +239,21 @@ def test_joint_runs_without_a_fitting_planner_stop_before_training(synthetic_cyc
     prepared = PreparedDataset(synthetic_cycle)
     model, quick = LMModelConfig(model_config=tiny_gpt2_config()), LMTrainConfig(max_steps=1)
 
-    def refused(out: str, message: str, plans: PlanSpec, train: LMTrainConfig = quick) -> None:
+    def refused(out: str, message: str, plans: PlanConfig, train: LMTrainConfig = quick) -> None:
         with pytest.raises(PlanlmError, match=message) as error:
             train_lm(str(synthetic_cycle), str(tmp_path / out), model=model, plans=plans, train=train)
         assert "\n" not in str(error.value) and not (tmp_path / out / "checkpoints").exists()
 
     joint = replace(quick, joint=True)
-    refused("m1", "--train.joint true needs --plans.planner_dir", PlanSpec(kind="planner_sampled"), joint)
-    refused("m2", "--train.planner_lr trains the planner with the LM", PlanSpec(kind="oracle"),
+    refused("m1", "--train.joint true needs --plans.planner_dir", PlanConfig(kind="planner_sampled"), joint)
+    refused("m2", "--train.planner_lr trains the planner with the LM", PlanConfig(kind="oracle"),
             LMTrainConfig(planner_lr=1e-4))
     for name, info, message in (("codebook", {"codebook_hash": "0" * 64}, "trained with codebook 000000000000"),
                                 ("encoder", {"encoder": "another-encoder"}, "embedded by 'another-encoder'")):
         planner = tiny_planner(prepared, max_sentences=4)
         planner.prepared_info = {**planner.prepared_info, **info}
         planner.save_pretrained(tmp_path / name)
-        refused(f"m-{name}", message, PlanSpec(kind="planner_argmax", planner_dir=str(tmp_path / name)), joint)
+        refused(f"m-{name}", message, PlanConfig(kind="planner_argmax", planner_dir=str(tmp_path / name)), joint)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         main(train_args(synthetic_cycle, tmp_path / "cli", "--plans.kind", "fixed", "--train.joint", "true"))

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from planlm.data.artifacts import PreparedDataset
 from planlm.models.adapter import AdapterSettings
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 from planlm.stage import write_manifest
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 from planlm.train.lm_module import LightningLM
@@ -43,12 +43,12 @@ def oracle_plan_cache(folder: Path, prepared_dir: Path) -> Path:
 
 
 def test_two_conditions_given_identical_plans_train_to_identical_weights(synthetic_random, tmp_path):
-    plans = str(oracle_plan_cache(tmp_path / "plans", synthetic_random))
-    routes = {"oracle": PlanSpec(kind="oracle"), "argmax": PlanSpec(kind="planner_argmax", plans_dir=plans)}
+    cache = str(oracle_plan_cache(tmp_path / "plans", synthetic_random))
+    routes = {"oracle": PlanConfig(kind="oracle"), "argmax": PlanConfig(kind="planner_argmax", plans_dir=cache)}
     weights = {}
-    for name, spec in routes.items():
+    for name, plans in routes.items():
         out = train_lm(str(synthetic_random), str(tmp_path / name), model=LMModelConfig(model_config=TINY),
-                       plans=spec, train=quick())
+                       plans=plans, train=quick())
         weights[name] = {**load_file(str(out / "lm" / "model.safetensors")),
                          **{f"adapter.{k}": v for k, v in load_file(str(out / "adapter.safetensors")).items()}}
     assert weights["oracle"].keys() == weights["argmax"].keys()
@@ -69,11 +69,11 @@ def test_none_and_fixed_see_the_same_windows_in_the_same_order(synthetic_random,
 
     monkeypatch.setattr(LightningLM, "training_step", recording_step)
     multipath = AdapterSettings(kind="multipath")
-    conditions = {"none": (PlanSpec(kind="none"), multipath),
-                  "fixed": (PlanSpec(kind="fixed", num_paths=2, horizon=2), multipath),
-                  "other_seed": (PlanSpec(kind="none"), multipath)}
-    for run, (spec, adapter) in conditions.items():
-        train_lm(str(synthetic_random), str(tmp_path / run), model=LMModelConfig(model_config=TINY), plans=spec,
+    conditions = {"none": (PlanConfig(kind="none"), multipath),
+                  "fixed": (PlanConfig(kind="fixed", num_paths=2, horizon=2), multipath),
+                  "other_seed": (PlanConfig(kind="none"), multipath)}
+    for run, (plans, adapter) in conditions.items():
+        train_lm(str(synthetic_random), str(tmp_path / run), model=LMModelConfig(model_config=TINY), plans=plans,
                  adapter=adapter, train=quick(max_epochs=2, limit_train_batches=2, seed=int(run == "other_seed")))
     assert len(seen["none"]) == len(seen["fixed"]) == 4  # 2 batches x 2 epochs
     for ids_none, ids_fixed in zip(seen["none"], seen["fixed"]):
@@ -94,7 +94,7 @@ def test_finetuning_from_init_from_trains_in_train_mode(synthetic_random, tmp_pa
 
     monkeypatch.setattr(LightningLM, "training_step", recording_step)
     train_lm(str(synthetic_random), str(tmp_path / "next"), model=LMModelConfig(init_from=str(base)),
-             plans=PlanSpec(kind="oracle"), train=quick(limit_train_batches=1))
+             plans=PlanConfig(kind="oracle"), train=quick(limit_train_batches=1))
     assert modes and all(modes)  # dropout is on in the LM loaded from the base folder
 
 

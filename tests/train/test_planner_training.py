@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from helpers import read_csv, tiny_planner
 from planlm.data.artifacts import PreparedDataset
-from planlm.models.planner import PlannerShape
+from planlm.models.planner import PlannerSettings
 from planlm.plans.contexts import boundary_contexts, boundary_targets
 from planlm.stage import read_manifest
 from planlm.testing.synthetic import make_synthetic_prepared
@@ -57,7 +57,7 @@ def test_early_stopping_stops_after_patience_validations_without_improvement(tmp
                                        num_articles={"train": 40, "validation": 8, "test": 2})
     patience, max_epochs = 2, 30
     out = train_planner(str(prepared), str(tmp_path / "planner"),
-                        PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2, dropout=0.0),
+                        PlannerSettings(d_model=16, num_heads=2, dim_feedforward=32, horizon=2, dropout=0.0),
                         PlannerTrainArgs(batch_size=64, lr=1.0, max_epochs=max_epochs, early_stopping_patience=patience))
     losses = [float(row["val/loss"]) for row in read_csv(next((out / "logs").glob("version_*/metrics.csv")))
               if row.get("val/loss")]

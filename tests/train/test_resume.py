@@ -19,8 +19,8 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import read_csv, tiny_gpt2_config, tiny_run_config
-from planlm.models.planner import PlannerShape
-from planlm.plans.spec import PlanSpec
+from planlm.models.planner import PlannerSettings
+from planlm.plans.config import PlanConfig
 from planlm.stage import read_manifest
 from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
@@ -47,7 +47,7 @@ def test_train_lm_resumed_after_an_epoch_equals_the_uninterrupted_run(synthetic_
     """Dropout on (GPT-2's default 0.1), shuffled windows: the resumed epoch must see the same batches and the same
     dropout masks as the straight run's second epoch."""
     kwargs = dict(model=LMModelConfig(model_config=tiny_gpt2_config()),
-                  plans=PlanSpec(kind="oracle"))
+                  plans=PlanConfig(kind="oracle"))
 
     def train(out: Path, epochs: int) -> Path:
         return train_lm(str(synthetic_random), str(out), **kwargs, train=LMTrainConfig(
@@ -66,7 +66,7 @@ def test_train_lm_resumed_after_an_epoch_equals_the_uninterrupted_run(synthetic_
 def test_train_planner_resumed_after_an_epoch_equals_the_uninterrupted_run(tmp_path):
     prepared = make_synthetic_prepared(tmp_path / "prepared", rule="cycle", seed=6,
                                        num_articles={"train": 40, "validation": 6, "test": 2})
-    shape = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=3, dropout=0.1)
+    shape = PlannerSettings(d_model=16, num_heads=2, dim_feedforward=32, horizon=3, dropout=0.1)
 
     def train(out: Path, epochs: int) -> Path:
         return train_planner(str(prepared), str(out), shape, PlannerTrainArgs(
@@ -102,7 +102,7 @@ def test_train_lm_resumed_within_an_epoch_equals_the_uninterrupted_run(synthetic
     from planlm.train.lm_module import LightningLM
 
     kwargs = dict(model=LMModelConfig(model_config=tiny_gpt2_config()),
-                  plans=PlanSpec(kind="oracle"))
+                  plans=PlanConfig(kind="oracle"))
 
     def train(out: Path) -> Path:
         return train_lm(str(synthetic_random), str(out), **kwargs, train=LMTrainConfig(
@@ -128,7 +128,7 @@ def test_train_planner_resumed_within_an_epoch_equals_the_uninterrupted_run(tmp_
 
     prepared = make_synthetic_prepared(tmp_path / "prepared", rule="cycle", seed=6,
                                        num_articles={"train": 40, "validation": 6, "test": 2})
-    shape = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=3, dropout=0.1)
+    shape = PlannerSettings(d_model=16, num_heads=2, dim_feedforward=32, horizon=3, dropout=0.1)
 
     def train(out: Path) -> Path:
         return train_planner(str(prepared), str(out), shape, PlannerTrainArgs(

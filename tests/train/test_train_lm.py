@@ -18,7 +18,7 @@ from planlm.errors import PlanlmError
 from planlm.jsonio import write_json
 from planlm.models.adapter import AdapterSettings
 from planlm.models.planned_lm import PlannedLM
-from planlm.plans.spec import PlanKind, PlanSpec, trained_plans
+from planlm.plans.config import PlanConfig, trained_plans
 from planlm.stage import read_manifest, write_manifest
 from planlm.stage.integrity import record_files
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
@@ -60,7 +60,7 @@ def rescored_val_loss(model_dir: Path, prepared_dir: Path, num_windows: int, con
     """The mean token NLL of the saved model on the first validation windows, outside Lightning: one window
     at a time, plans gathered per token from ``token_plan_sentence``, log-softmax by hand."""
     from planlm.data.windows import article_windows
-    from planlm.plans.kinds import plan_source
+    from planlm.plans.registry import plan_source
 
     model = PlannedLM.from_pretrained(model_dir).eval()
     prepared = PreparedDataset(prepared_dir)
@@ -93,7 +93,7 @@ def test_oracle_plans_beat_the_fixed_action_on_plan_determined_wording_long(synt
     losses = {}
     for kind in ("oracle", "fixed"):
         out = train_lm(str(synthetic_random), str(tmp_path / kind), model=LMModelConfig(model_config=TINY),
-                       plans=PlanSpec(kind=kind, num_paths=2, horizon=2), adapter=AdapterSettings(kind="multipath"),
+                       plans=PlanConfig(kind=kind, num_paths=2, horizon=2), adapter=AdapterSettings(kind="multipath"),
                        train=LMTrainConfig(batch_size=8, lr=1e-2, max_epochs=3))
         losses[kind] = val_loss(out)
     assert losses["oracle"] < losses["fixed"] - 0.2, losses
@@ -105,7 +105,7 @@ def test_oracle_plans_beat_the_fixed_action_on_plan_determined_wording(synthetic
     losses = {}
     for kind in ("oracle", "fixed"):
         out = train_lm(str(synthetic_random), str(tmp_path / kind), model=LMModelConfig(model_config=TINY),
-                       plans=PlanSpec(kind=kind),
+                       plans=PlanConfig(kind=kind),
                        train=LMTrainConfig(batch_size=4, lr=3e-2, limit_train_batches=40, max_epochs=1))
         losses[kind] = val_loss(out)
     assert losses["oracle"] < losses["fixed"] - 0.7, losses
@@ -123,7 +123,7 @@ def test_every_adapter_and_source_trains_end_to_end(synthetic_random, tmp_path, 
     plans_dir = None
     if conditioning.startswith("planner"):
         plans_dir = str(write_plan_cache(tmp_path / "plans", synthetic_random, num_paths=3, horizon=horizon))
-    plans = PlanSpec(kind=conditioning, num_paths=num_paths, horizon=horizon, plans_dir=plans_dir)
+    plans = PlanConfig(kind=conditioning, num_paths=num_paths, horizon=horizon, plans_dir=plans_dir)
     settings = AdapterSettings(kind=adapter, rezero=rezero)
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
                    plans=plans, adapter=settings, train=quick())
@@ -165,7 +165,7 @@ def test_reported_validation_loss_is_the_saved_models_on_the_whole_validation_sp
     from planlm.data.windows import article_windows
 
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
-                   plans=PlanSpec(kind="oracle"),
+                   plans=PlanConfig(kind="oracle"),
                    train=quick(max_epochs=2, limit_train_batches=1, limit_val_batches=None, lr=1e-2))
     num_windows = len(article_windows(PreparedDataset(synthetic_random)["validation"], 128, 127))
     assert val_loss(out) == pytest.approx(rescored_val_loss(out, synthetic_random, num_windows), rel=1e-5)
@@ -183,7 +183,7 @@ def test_training_plans_from_a_planner_folder(synthetic_random, tmp_path):
     planner = tiny_planner(prepared, max_sentences=8, horizon=2)
     planner.save_pretrained(tmp_path / "planner")
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
-                   plans=PlanSpec(kind="planner_sampled", num_paths=2, planner_dir=str(tmp_path / "planner")),
+                   plans=PlanConfig(kind="planner_sampled", num_paths=2, planner_dir=str(tmp_path / "planner")),
                    adapter=AdapterSettings(kind="multipath"), train=quick())
     model = PlannedLM.from_pretrained(out)
     config, trained = model.config, trained_plans(model)
@@ -203,8 +203,8 @@ def test_training_on_plans_of_an_adaptive_path_policy(synthetic_random, tmp_path
     tiny_planner(prepared, max_sentences=8, horizon=2).save_pretrained(tmp_path / "planner")
     policy = PathPolicy("entropy", min_paths=1, entropy_high=0.5 * float(np.log(prepared.num_actions)))
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=TINY),
-                   plans=PlanSpec(kind="planner_sampled", num_paths=4, horizon=2, planner_dir=str(tmp_path / "planner"),
-                                  path_policy=policy),
+                   plans=PlanConfig(kind="planner_sampled", num_paths=4, horizon=2, planner_dir=str(tmp_path / "planner"),
+                                    path_policy=policy),
                    adapter=AdapterSettings(kind="multipath"), train=quick(limit_train_batches=2))
     trained = trained_plans(PlannedLM.from_pretrained(out))
     assert read_manifest(trained.plans_dir)["config"]["path_policy"]["kind"] == "entropy"  # its own cache
@@ -212,8 +212,8 @@ def test_training_on_plans_of_an_adaptive_path_policy(synthetic_random, tmp_path
     assert counts.min() >= 1 and counts.max() <= 4
     assert read_manifest(out)["config"]["plans"]["path_policy"]["kind"] == "entropy"  # in the reuse key
     with pytest.raises(PlanlmError, match="path_policy.max_paths 8 differs from --plans.num_paths 4"):
-        PlanSpec(kind="planner_sampled", num_paths=4, planner_dir="p",
-                 path_policy=PathPolicy("entropy", max_paths=8)).resolve()
+        PlanConfig(kind="planner_sampled", num_paths=4, planner_dir="p",
+                   path_policy=PathPolicy("entropy", max_paths=8)).resolve()
 
 
 def test_retraining_a_planner_or_the_base_lm_into_the_same_folder_retrains_the_lm(synthetic_random, tmp_path):
@@ -229,7 +229,7 @@ def test_retraining_a_planner_or_the_base_lm_into_the_same_folder_retrains_the_l
         return str(planner.save_pretrained(tmp_path / "planner"))
 
     def train(base: str) -> dict:
-        plans = PlanSpec(kind="planner_argmax", planner_dir=str(tmp_path / "planner"))
+        plans = PlanConfig(kind="planner_argmax", planner_dir=str(tmp_path / "planner"))
         out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(init_from=base),
                        plans=plans, train=quick(limit_train_batches=1))
         return read_manifest(out)
@@ -252,7 +252,7 @@ def test_retraining_a_planner_or_the_base_lm_into_the_same_folder_retrains_the_l
 
 
 def test_resume_continues_from_last_checkpoint(synthetic_random, tmp_path):
-    kwargs = dict(model=LMModelConfig(model_config=TINY), plans=PlanSpec(kind="oracle"))
+    kwargs = dict(model=LMModelConfig(model_config=TINY), plans=PlanConfig(kind="oracle"))
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), train=quick(), **kwargs)
     first = load_file(str(out / "adapter.safetensors"))
     # A longer run of the same config resumes at step 2 instead of starting over.
@@ -266,12 +266,12 @@ def test_resume_continues_from_last_checkpoint(synthetic_random, tmp_path):
     assert not torch.equal(first["projection.weight"], load_file(str(out / "adapter.safetensors"))["projection.weight"])
     # Another config never resumes a foreign checkpoint: it starts from step 0.
     train_lm(str(synthetic_random), str(out), model=LMModelConfig(model_config=TINY),
-             plans=PlanSpec(kind="fixed"), train=quick(limit_train_batches=1))
+             plans=PlanConfig(kind="fixed"), train=quick(limit_train_batches=1))
     assert read_manifest(out)["global_step"] == 1 and read_manifest(out)["resumed_from_step"] == 0
 
 
 def test_more_max_steps_after_a_run_stopped_inside_an_epoch_trains_them_all(synthetic_random, tmp_path):
-    kwargs = dict(model=LMModelConfig(model_config=TINY), plans=PlanSpec(kind="oracle"))
+    kwargs = dict(model=LMModelConfig(model_config=TINY), plans=PlanConfig(kind="oracle"))
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), train=quick(max_steps=2, max_epochs=1, limit_train_batches=None), **kwargs)
     assert read_manifest(out)["global_step"] == 2
     train_lm(str(synthetic_random), str(out), train=quick(max_steps=5, max_epochs=1, limit_train_batches=None), **kwargs)
@@ -284,7 +284,7 @@ def test_frozen_trains_only_the_conditioning_and_lora_merges(synthetic_random, t
     from planlm.data.resources import load_tokenizer
     from planlm.models.planned_lm import load_causal_lm
 
-    folders = {mode: train_lm(str(synthetic_random), str(tmp_path / mode), plans=PlanSpec(kind="oracle"),
+    folders = {mode: train_lm(str(synthetic_random), str(tmp_path / mode), plans=PlanConfig(kind="oracle"),
                               train=quick(),
                               model=LMModelConfig(model_config=TINY, finetune=mode, lora_rank=2))
                for mode in ("frozen", "full", "lora")}
@@ -305,7 +305,7 @@ def test_frozen_trains_only_the_conditioning_and_lora_merges(synthetic_random, t
     assert PlannedLM.from_pretrained(folders["lora"]).config.finetune == "lora"
     with pytest.raises(PlanlmError, match="nothing to train"):
         train_lm(str(synthetic_random), str(tmp_path / "bad"), train=quick(),
-                 model=LMModelConfig(model_config=TINY, finetune="frozen"), plans=PlanSpec())
+                 model=LMModelConfig(model_config=TINY, finetune="frozen"), plans=PlanConfig())
 
 
 def test_multipath_lr_scale_is_the_rate_of_the_gated_transformers_and_scalars(synthetic_random, tmp_path):
@@ -313,7 +313,7 @@ def test_multipath_lr_scale_is_the_rate_of_the_gated_transformers_and_scalars(sy
 
     def train(name: str, scale: float, rezero: bool = True) -> Path:
         return train_lm(str(synthetic_random), str(tmp_path / name), model=LMModelConfig(model_config=TINY),
-                        plans=PlanSpec(kind="oracle", num_paths=2, horizon=2),
+                        plans=PlanConfig(kind="oracle", num_paths=2, horizon=2),
                         adapter=AdapterSettings(kind="multipath", rezero=rezero),
                         train=quick(lr=1e-2, multipath_lr_scale=scale, batch_size=2, limit_train_batches=4))
 
@@ -350,16 +350,16 @@ def test_bad_input_gives_one_line_errors(synthetic_random, tmp_path):
     other_codebook = write_plan_cache(tmp_path / "other", synthetic_random, 2, 2, codebook_hash="0" * 64)
     with pytest.raises(PlanlmError, match="codebook") as err:
         train_lm(str(synthetic_random), str(tmp_path / "m1"), model=model, train=quick(),
-                 plans=PlanSpec(kind="planner_sampled", num_paths=2, horizon=2, plans_dir=str(other_codebook)))
+                 plans=PlanConfig(kind="planner_sampled", num_paths=2, horizon=2, plans_dir=str(other_codebook)))
     assert "\n" not in str(err.value)
     assert not (tmp_path / "m1" / "manifest.json").exists()
     plans = write_plan_cache(tmp_path / "plans", synthetic_random, 2, 2)
     with pytest.raises(PlanlmError, match="num_paths"):
         train_lm(str(synthetic_random), str(tmp_path / "m2"), model=model, train=quick(),
-                 plans=PlanSpec(kind="planner_sampled", num_paths=3, horizon=2, plans_dir=str(plans)))
+                 plans=PlanConfig(kind="planner_sampled", num_paths=3, horizon=2, plans_dir=str(plans)))
     with pytest.raises(PlanlmError, match="horizon"):
         train_lm(str(synthetic_random), str(tmp_path / "m3"), model=model, train=quick(),
-                 plans=PlanSpec(kind="planner_argmax", horizon=3, plans_dir=str(plans)))
+                 plans=PlanConfig(kind="planner_argmax", horizon=3, plans_dir=str(plans)))
     # An LM whose vocabulary cannot hold the corpus' GPT-2 token ids.
     with pytest.raises(PlanlmError, match="token embeddings|does not fit"):
         train_lm(str(synthetic_random), str(tmp_path / "m4"), train=quick(),
@@ -375,9 +375,9 @@ def test_bad_input_gives_one_line_errors(synthetic_random, tmp_path):
         train_lm(str(synthetic_random), str(tmp_path / "m5"), train=quick(), model=LMModelConfig(init_from=str(base)))
     with pytest.raises(PlanlmError, match="plans_dir"):
         train_lm(str(synthetic_random), str(tmp_path / "m7"), model=model, train=quick(),
-                 plans=PlanSpec(kind="planner_sampled"))
+                 plans=PlanConfig(kind="planner_sampled"))
     with pytest.raises(PlanlmError, match="--plans.kind 'sometimes': choose one of none, fixed"):
-        PlanSpec(kind="sometimes")
+        PlanConfig(kind="sometimes")
 
 
 def test_a_pretrained_lm_with_another_tokenizer_is_refused(synthetic_random, tmp_path):
@@ -409,7 +409,7 @@ def test_init_from_a_planned_lm_folder_keeps_its_weights(synthetic_random, tmp_p
     base = train_lm(str(synthetic_random), str(tmp_path / "base"), model=LMModelConfig(model_config=TINY),
                     train=quick(limit_train_batches=1))
     out = train_lm(str(synthetic_random), str(tmp_path / "next"), model=LMModelConfig(init_from=str(base),
-                   finetune="frozen"), plans=PlanSpec(kind="oracle"), train=quick())
+                   finetune="frozen"), plans=PlanConfig(kind="oracle"), train=quick())
     torch.testing.assert_close(load_file(str(out / "lm" / "model.safetensors")),
                                load_file(str(base / "lm" / "model.safetensors")))
     assert PlannedLM.from_pretrained(out).config.base_model_config == TINY
@@ -424,7 +424,7 @@ def test_cli_train_lm(synthetic_random, tmp_path, capsys):
     cli_main(args)
     model = PlannedLM.from_pretrained(out)
     assert model.config.adapter.kind == "multipath" and trained_plans(model).num_paths == 2
-    assert trained_plans(model).kind == PlanKind.oracle
+    assert trained_plans(model).kind == "oracle"
     assert read_manifest(out)["global_step"] == 1
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
@@ -440,7 +440,7 @@ def test_a_llama_family_lm_trains_with_lora_and_plans(synthetic_random, tmp_path
              "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128}
     out = train_lm(str(synthetic_random), str(tmp_path / "llama"), train=quick(limit_train_batches=1),
                    model=LMModelConfig(model_config=llama, finetune="lora", lora_rank=2),
-                   plans=PlanSpec(kind="oracle", num_paths=2, horizon=2), adapter=AdapterSettings(kind="multipath"))
+                   plans=PlanConfig(kind="oracle", num_paths=2, horizon=2), adapter=AdapterSettings(kind="multipath"))
     model = PlannedLM.from_pretrained(out)
     assert model.lm.config.model_type == "llama" and np.isfinite(read_manifest(out)["val_loss"])
     # LoRA was on: only the rank-2 matrices and the adapter trained, and LoRA was merged into the attention

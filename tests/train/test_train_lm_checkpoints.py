@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from helpers import read_csv, tiny_gpt2_config
 from planlm.models.adapter import AdapterSettings
-from planlm.plans.spec import PlanSpec
+from planlm.plans.config import PlanConfig
 from planlm.stage import read_manifest
 from planlm.train.lm import LMModelConfig, LMTrainConfig, train_lm
 
@@ -23,7 +23,7 @@ def test_train_lm_saves_the_best_checkpoint_not_the_last(synthetic_random, tmp_p
     """A learning rate so large that validation gets worse after the first steps: the folder holds the weights
     of the best validation, which are not the last ones."""
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=tiny_gpt2_config()),
-                   plans=PlanSpec(kind="none"),
+                   plans=PlanConfig(kind="none"),
                    train=LMTrainConfig(batch_size=4, lr=0.3, max_steps=4, val_check_interval=2, limit_val_batches=2,
                                        gradient_clip_val=None, log_every_n_steps=1))
     manifest = read_manifest(out)
@@ -54,7 +54,7 @@ def test_a_call_records_where_its_time_went_and_skips_reloading_the_weights_it_h
     """One validation, at the end: the best checkpoint holds the weights in memory, so it is not read back (and the
     saved model equals it bit for bit); the manifest splits the call's wall time by part."""
     out = train_lm(str(synthetic_random), str(tmp_path / "model"), model=LMModelConfig(model_config=tiny_gpt2_config()),
-                   plans=PlanSpec(kind="none"),
+                   plans=PlanConfig(kind="none"),
                    train=LMTrainConfig(batch_size=4, lr=1e-3, max_epochs=1, limit_train_batches=3, limit_val_batches=2))
     manifest = read_manifest(out)
     times = manifest["call_time_s"]
@@ -70,7 +70,7 @@ def test_a_call_records_where_its_time_went_and_skips_reloading_the_weights_it_h
 
 
 def test_init_from_a_planned_lm_carries_its_adapter_over(synthetic_random, tmp_path):
-    plans = dict(plans=PlanSpec(kind="oracle", num_paths=2, horizon=2), adapter=AdapterSettings(kind="multipath"))
+    plans = dict(plans=PlanConfig(kind="oracle", num_paths=2, horizon=2), adapter=AdapterSettings(kind="multipath"))
     quick = dict(batch_size=4, limit_train_batches=2, limit_val_batches=1)
     first = train_lm(str(synthetic_random), str(tmp_path / "first"), **plans,
                      model=LMModelConfig(model_config=tiny_gpt2_config()), train=LMTrainConfig(lr=1e-2, **quick))
@@ -87,6 +87,6 @@ def test_init_from_a_planned_lm_carries_its_adapter_over(synthetic_random, tmp_p
                                rtol=0, atol=1e-6)
     # Another adapter shape cannot be carried over: it starts fresh (projection zero).
     other = train_lm(str(synthetic_random), str(tmp_path / "other"),
-                     plans=PlanSpec(kind="oracle"), adapter=AdapterSettings(kind="project_avg"),
+                     plans=PlanConfig(kind="oracle"), adapter=AdapterSettings(kind="project_avg"),
                      model=LMModelConfig(init_from=str(first)), train=LMTrainConfig(lr=1e-12, **quick))
     assert load_file(str(other / "adapter.safetensors"))["projection.weight"].abs().max() < 1e-6

@@ -13,17 +13,17 @@ import torch
 from planlm.cli import main as cli_main
 from planlm.data.artifacts import PreparedDataset, PreparedSplit, write_split
 from planlm.errors import PlanlmError
-from planlm.models.planner import Planner, PlannerConfig, PlannerShape
+from planlm.models.planner import Planner, PlannerConfig, PlannerSettings
 from planlm.plans.cache import load_plans
+from planlm.plans.config import PlanConfig
 from planlm.plans.sampling import sample_plans
-from planlm.plans.spec import PlanSpec
 from planlm.testing.synthetic import make_synthetic_prepared
 from planlm.train.boundaries import LengthGroupedSampler
 from planlm.train.planner import PlannerTrainArgs, train_planner
-from planlm.train.planner_module import LightningPlanner
 from planlm.train.planner_metrics import baseline_metrics, evaluate_planner
+from planlm.train.planner_module import LightningPlanner
 
-TINY_MODEL = PlannerShape(d_model=32, num_heads=2, dim_feedforward=64, horizon=4, dropout=0.0)
+TINY_MODEL = PlannerSettings(d_model=32, num_heads=2, dim_feedforward=64, horizon=4, dropout=0.0)
 
 
 def tiny_train(**overrides) -> PlannerTrainArgs:
@@ -53,8 +53,8 @@ def test_planner_learns_the_cycle_rule_several_steps_ahead(cycle_planner, synthe
     for mode in ("planner_teacher_forced", "planner_free_running"):
         assert min(metrics[mode]["top1"][:3]) >= 0.95, metrics[mode]
     # The argmax plans of a trained planner follow the rule: a_{t+1} = a_t + 1 mod 8.
-    plans_dir = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(cycle_planner), num_paths=2,
-                                                            temperature=0.0), splits=["validation"])
+    plans_dir = sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=str(cycle_planner), num_paths=2,
+                                                              temperature=0.0), splits=["validation"])
     greedy = np.asarray(load_plans(plans_dir, "validation", argmax=True))[with_context(split, 1)]
     assert np.mean(greedy[:, 1:] == (greedy[:, :-1] + 1) % 8) >= 0.95
 
@@ -70,7 +70,7 @@ def test_causal_dynamics_learns_the_cycle_rule_and_samples_from_its_cache(synthe
     metrics = evaluate_planner(planner, split, horizon=4, sentences=with_context(split, 1))
     for mode in ("planner_teacher_forced", "planner_free_running"):  # chance: 1/8; 0.94-1.0 measured, the step-2
         assert min(metrics[mode]["top1"][:3]) >= 0.9, metrics[mode]  # value moves with the suite's thread order
-    plans_dir = sample_plans(str(synthetic_cycle), PlanSpec(planner_dir=str(out), num_paths=3, temperature=0.25),
+    plans_dir = sample_plans(str(synthetic_cycle), PlanConfig(planner_dir=str(out), num_paths=3, temperature=0.25),
                              splits=["validation"])
     paths = np.asarray(load_plans(plans_dir, "validation"))[with_context(split, 1)]  # (N, K, T)
     assert np.mean(paths[..., 1:] == (paths[..., :-1] + 1) % 8) >= 0.9
@@ -221,7 +221,7 @@ def test_a_corpus_prepared_again_into_the_same_folder_retrains_the_planner(tmp_p
 
 def test_bad_input_gives_one_line_errors(synthetic_cycle, tmp_path):
     with pytest.raises(PlanlmError, match="horizon") as error:
-        train_planner(str(synthetic_cycle), str(tmp_path / "p"), PlannerShape(horizon=50), tiny_train())
+        train_planner(str(synthetic_cycle), str(tmp_path / "p"), PlannerSettings(horizon=50), tiny_train())
     assert "longest article" in str(error.value) and "\n" not in str(error.value)
     empty = make_synthetic_prepared(tmp_path / "empty", num_articles={"train": 0, "validation": 3, "test": 3})
     with pytest.raises(PlanlmError, match="no sentences"):
@@ -270,7 +270,7 @@ def test_finetuned_encoder_planner_end_to_end(tmp_path):
     prepared = prepare(str(tmp_path / "prepared"),
                        corpus=CorpusConfig(source="wiki-offline", num_train=12, num_validation=3, num_test=3),
                        actions=ActionsConfig(num_actions=4, backend="sklearn"))
-    model = PlannerShape(d_model=16, num_heads=2, dim_feedforward=32, horizon=2, finetune_encoder=True)
+    model = PlannerSettings(d_model=16, num_heads=2, dim_feedforward=32, horizon=2, finetune_encoder=True)
     out = train_planner(str(prepared), str(tmp_path / "planner"), model, tiny_train(max_epochs=1, batch_size=16))
     planner = Planner.from_pretrained(out)
     assert planner.representation.encoder is not None
@@ -281,7 +281,7 @@ def test_finetuned_encoder_planner_end_to_end(tmp_path):
     changed = [not np.allclose(a.detach().numpy(), b.detach().numpy())
                for a, b in zip(planner.representation.encoder.parameters(), original.parameters())]
     assert any(changed)
-    plans_dir = sample_plans(str(prepared), PlanSpec(planner_dir=str(out), num_paths=3), splits=["validation"])
+    plans_dir = sample_plans(str(prepared), PlanConfig(planner_dir=str(out), num_paths=3), splits=["validation"])
     assert load_plans(plans_dir, "validation").shape[1:] == (3, 2)
 
 
