@@ -238,3 +238,15 @@ def seeded_contrast(b: str, a: str, diffs: list[float], low: float, high: float)
     """A contrast of a run's results.json (``planlm compare``'s fields) with one difference per seed 0, 1, ..."""
     return {"b": b, "a": a, "diff": sum(diffs) / len(diffs), "ci_low": low, "ci_high": high,
             "seed_diffs": {str(seed): diff for seed, diff in enumerate(diffs)}}
+
+
+def greedy_path(planner: Planner, context_embeds: torch.Tensor, context_mask: torch.Tensor,
+                horizon: int) -> torch.Tensor:
+    """The planner's greedy path, rolled out in eval mode (the argmax path the plan kinds draw) -> (B, T)."""
+    was_training = planner.training
+    planner.eval()
+    try:
+        with torch.no_grad():
+            return planner.rollout(context_embeds, context_mask, horizon)[1]
+    finally:
+        planner.train(was_training)

@@ -282,8 +282,9 @@ class Planner(nn.Module):
     @torch.no_grad()
     def sample_from(self, state, num_paths: int | torch.Tensor, temperature: float,
                     generator: torch.Generator | None = None, top_actions: int = 0):
-        """``sample_paths`` (with ``top_actions`` M > 0: ``sample_expected_paths``) from a start state (``start`` or
-        ``article_start``) at temperature > 0: the same draws, without reading the contexts again. A LongTensor
+        """``sample_paths`` from a start state (``start`` or ``article_start``) at temperature > 0: the same draws,
+        without reading the contexts again; with ``top_actions`` M > 0 also each step's M most likely actions and
+        their probabilities (B, K, T, M), what plans in expectation read. A LongTensor
         ``num_paths`` (B,) of counts needs a dynamics that takes several in one call (``mixed_path_counts``)."""
         counts = num_paths if torch.is_tensor(num_paths) else None
         _check_sampling(num_paths if counts is None else int(counts.min()), state.horizon, temperature)
@@ -340,20 +341,6 @@ class Planner(nn.Module):
             return self.decode(state, horizon)[1].unsqueeze(1).expand(-1, most, -1)
         return self.sample_from(state, num_paths, temperature, generator)
 
-    @torch.no_grad()
-    def sample_expected_paths(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, num_paths: int,
-                              horizon: int, temperature: float, top_actions: int,
-                              generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
-        """K sampled paths (B, K, T) with the distribution each step was drawn from, as its M = top_actions most
-        likely actions: step_actions (B, K, T, M) long, step_probs (B, K, T, M) (their probabilities): what plans in
-        expectation read (``PlanConfig.expectation``). The draws are those of ``sample_paths``; no extra pass."""
-        if temperature == 0:  # the distribution at tau 0 is the greedy action itself
-            paths = self.sample_paths(context_embeds, context_mask, num_paths, horizon, 0.0)
-            return paths, paths.unsqueeze(-1), torch.ones(*paths.shape, 1, device=paths.device)
-        _check_sampling(num_paths, horizon, temperature)
-        return self.sample_from(self.start(context_embeds, context_mask, horizon), num_paths, temperature, generator,
-                                top_actions)
-
     def _sample_count_groups(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, counts: torch.Tensor,
                              horizon: int, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
         """Per-boundary counts for a dynamics that takes one K per call: one batch per distinct count
@@ -393,16 +380,6 @@ class Planner(nn.Module):
         self.eval()
         try:
             return self.rollout(context_embeds, context_mask, 1)[0][:, 0]  # (B, A)
-        finally:
-            self.train(was_training)
-
-    @torch.no_grad()
-    def argmax_path(self, context_embeds: torch.Tensor, context_mask: torch.Tensor, horizon: int) -> torch.Tensor:
-        """The greedy path (the predecessor's baseline) -> LongTensor (B, T)."""
-        was_training = self.training
-        self.eval()
-        try:
-            return self.rollout(context_embeds, context_mask, horizon)[1]
         finally:
             self.train(was_training)
 

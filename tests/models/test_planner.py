@@ -10,6 +10,7 @@ import torch
 
 from planlm.errors import PlanlmError
 from planlm.models.planner import Planner, PlannerConfig
+from tests.helpers import greedy_path
 
 TINY = dict(num_actions=8, embedding_dim=16, d_model=32, num_heads=2, dim_feedforward=64, dropout=0.0, horizon=6)
 
@@ -83,7 +84,7 @@ def test_sample_paths_shapes_seeds_and_argmax(dynamics):
     other = planner.sample_paths(embeds, mask, 7, 5, 1.0, generator=torch.Generator().manual_seed(1))
     assert torch.equal(paths, again)
     assert not torch.equal(paths, other)
-    greedy = planner.argmax_path(embeds, mask, horizon=5)  # (B, T)
+    greedy = greedy_path(planner, embeds, mask, 5)  # (B, T)
     assert greedy.shape == (3, 5)
     cold = planner.sample_paths(embeds, mask, 4, 5, temperature=1e-4, generator=torch.Generator().manual_seed(3))
     assert torch.equal(cold, greedy.unsqueeze(1).expand(-1, 4, -1))

@@ -234,8 +234,8 @@ def test_each_stored_step_is_the_planner_distribution_given_the_sampled_prefix(s
     gap = float((stored - forced).abs().amax())
     assert gap < 2e-3, f"cached step distributions differ from teacher forcing on the sampled prefix by {gap:.4f}"
     # on the fly (float32): the same rule, and each path's draws are from its own distributions
-    direct = planner.sample_expected_paths(context, mask, 3, horizon, temperature, num_actions,
-                                           torch.Generator().manual_seed(1))
+    direct = planner.sample_from(planner.start(context, mask, horizon), 3, temperature,
+                                 torch.Generator().manual_seed(1), num_actions)
     paths, stored = direct[0], torch.zeros(*direct[0].shape, num_actions).scatter_(-1, direct[1], direct[2])
     with torch.no_grad():
         forced = torch.stack([torch.softmax(planner(context, mask, paths[:, k]) / temperature, -1)

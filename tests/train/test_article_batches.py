@@ -12,7 +12,7 @@ from planlm.plans.contexts import IGNORE_INDEX, article_contexts, article_rows, 
 from planlm.plans.draws import draw_plans
 from planlm.train.boundaries import ArticleCollate, BoundaryCollate
 from planlm.train.planner_module import LightningPlanner
-from tests.helpers import tiny_planner
+from tests.helpers import greedy_path, tiny_planner
 
 
 def test_article_rows_cover_every_boundary_once_with_the_boundary_context(synthetic_cycle):
@@ -56,7 +56,7 @@ def test_article_plans_are_the_per_boundary_greedy_paths(synthetic_cycle):
                         batch_size=8).paths
     paths = draw_plans(planner, split, sampled, sentences, batch_size=8).paths
     context_embeds, context_mask = boundary_contexts(split, sentences, 4)
-    assert np.array_equal(greedy, planner.argmax_path(context_embeds, context_mask, 3).numpy())
+    assert np.array_equal(greedy, greedy_path(planner, context_embeds, context_mask, 3).numpy())
     assert paths.shape == (len(sentences), 4, 3) and paths.min() >= 0 and paths.max() < prepared.num_actions
     again = draw_plans(planner, split, sampled, sentences, batch_size=8).paths
     assert np.array_equal(paths, again)  # seeded
