@@ -52,6 +52,21 @@ def is_import_path(text: Any) -> bool:
     return isinstance(text, str) and (":" in text or "." in text) and not text.startswith((".", ":"))
 
 
+def named_or_imported(name: Any, registry: dict, flag: str, what: str) -> tuple[Any, bool]:
+    """What ``name`` names for ``flag``: (the registry's entry, True) for a registered name, (the object its import
+    path names, imported now, False) for an import path; one line naming the registered names, or the path and why
+    it does not import (``what``: what it should name), for anything else."""
+    key = str(name)
+    if key in registry:
+        return registry[key], True
+    if not is_import_path(key):
+        raise UnknownKind(flag, key, list(registry), what)
+    try:
+        return import_object(key, what), False
+    except PluginImportError as e:
+        raise e.at(flag) from None
+
+
 def import_object(path: str, what: str = "class") -> Any:
     """The object ``path`` names: ``module:Attr`` (``Attr`` may be dotted: ``Outer.Inner``) or ``package.module.Attr``
     (the module is the longest importable prefix). PluginImportError, one line, when nothing there imports."""

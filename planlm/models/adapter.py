@@ -74,7 +74,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from planlm.errors import PlanlmError
-from planlm.plugins import PluginImportError, UnknownKind, import_object, import_path_of, is_import_path
+from planlm.plugins import PluginImportError, import_path_of, is_import_path, named_or_imported
 
 ADAPTER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
@@ -513,14 +513,9 @@ def adapter_class(kind: str) -> type[Adapter]:
     """The class of an adapter kind: a registered name, or an import path (``my_package.module:ClassName``),
     imported now; one-line error naming the kinds, or the path and why it does not import."""
     kind = str(kind)
-    if kind in ADAPTERS:
-        return ADAPTERS[kind]
-    if not is_import_path(kind):
-        raise UnknownKind("--adapter.kind", kind, list(ADAPTERS), "adapter")
-    try:
-        cls = import_object(kind, "adapter")
-    except PluginImportError as e:
-        raise e.at("--adapter.kind") from None
+    cls, registered = named_or_imported(kind, ADAPTERS, "--adapter.kind", "adapter")
+    if registered:
+        return cls
     wrong = ("" if isinstance(cls, type) and issubclass(cls, Adapter) else
              f"it is {cls!r}, not a subclass of planlm.models.adapter.Adapter")
     if not wrong and not (isinstance(cls.config_class, type) and issubclass(cls.config_class, AdapterConfig)):

@@ -19,7 +19,7 @@ from planlm.errors import PlanlmError
 from planlm.plans.contexts import Boundaries
 from planlm.plans.kinds import BUILT_IN, PlanKind
 from planlm.plans.sources import PlanSource, Plans
-from planlm.plugins import PluginImportError, UnknownKind, import_object, is_import_path
+from planlm.plugins import PluginImportError, named_or_imported
 
 KINDS: dict[str, PlanKind] = {}
 """Every kind this process knows, by name: the built-in ones, those registered, and those imported by their path."""
@@ -43,14 +43,9 @@ def plan_kind(name) -> PlanKind:
     subclass made with no arguments, or an instance), imported now and registered under that path; one-line error
     naming the kinds, or the path and why it does not import."""
     key = str(name)
-    if key in KINDS:
-        return KINDS[key]
-    if not is_import_path(key):
-        raise UnknownKind("--plans.kind", key, list(KINDS), "plans kind")
-    try:
-        value = import_object(key, "plans kind")
-    except PluginImportError as e:
-        raise e.at("--plans.kind") from None
+    value, registered = named_or_imported(key, KINDS, "--plans.kind", "plans kind")
+    if registered:
+        return value
     kind, wrong = value, ""
     if isinstance(value, type) and issubclass(value, PlanKind):
         try:
