@@ -131,6 +131,16 @@ def usable_documents(corpus: CorpusConfig, sentences: SentencesConfig, skips: Sk
                     yield usable, [(piece, s) for piece, s in left_out if len(s) >= corpus.min_sentences], art
 
 
+def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips, progress: bool = True,
+                  rest: Pieces | None = None, max_rest: int | None = None,
+                  held_out: HeldOut | None = None) -> dict[str, tuple[list[dict], list[np.ndarray]]]:
+    """The usable articles (or pieces) drawn into test, validation and train (``draw_articles``), held in memory:
+    {split: (articles, their sentence spans)}. ``prepare`` draws into spools on disk instead."""
+    drawn: dict[str, Pieces] = {split: [] for split in ("test", "validation", "train")}
+    draw_articles(corpus, sentences, skips, drawn, progress, rest, max_rest, held_out)
+    return {split: ([a for a, _ in pieces], [s for _, s in pieces]) for split, pieces in drawn.items()}
+
+
 def draw_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips, drawn: dict[str, Drawn],
                   progress: bool = True, rest: Drawn | None = None, max_rest: int | None = None,
                   held_out: HeldOut | None = None, spool_dir: str | Path | None = None) -> None:

