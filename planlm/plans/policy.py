@@ -94,7 +94,7 @@ def policy_keyed(settings: dict) -> dict:
     when adaptive, so caches, models and evaluations made before policies existed stay valid."""
     policy = settings.get("path_policy")
     key = {name: value for name, value in settings.items() if name != "path_policy"}
-    if policy and policy["kind"] != "all":
+    if policy and PathPolicy.saved(policy).adaptive:
         key["path_policy"] = policy
     return key
 
