@@ -30,7 +30,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -264,13 +264,33 @@ def _run_quantity(run: RunNumbers, weights: np.ndarray, quantity: tuple) -> tupl
     return float(share), on_resamples, seed_var
 
 
+def _combination(weights: np.ndarray, parts: list, num_seeds: list[int], documents: int,
+                 confidence: float) -> dict:
+    """A linear combination sum_r w_r y_r of the runs' seed means y_r (the slope, or the line's value at some compute)
+    with its interval: +- sqrt(t_df^2 var_seed + t_{G-1}^2 var_doc) (``planlm.evaluate.bootstrap.slope_half_width``).
+    ``parts``: per run (seed mean, the same on each document resample (R,), variance of the seed mean)."""
+    value = float(weights @ np.array([p[0] for p in parts]))
+    resampled = np.stack([p[1] for p in parts], 1) @ weights  # (R,)
+    resampled = resampled[np.isfinite(resampled)]
+    document_var = float(np.var(resampled, ddof=1)) * documents / max(documents - 1, 1) if len(resampled) > 1 else 0.0
+    half, seed_var, dof = slope_half_width(weights, [p[2] for p in parts], num_seeds, document_var, documents,
+                                           confidence)
+    half, seed_var = float(half), float(seed_var)
+    return {"value": value, "ci_low": value - half, "ci_high": value + half, "seed_se": float(np.sqrt(seed_var)),
+            "seed_dof": float(dof) if np.isfinite(dof) else None, "document_se": float(np.sqrt(document_var))}
+
+
 def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
-              confidence: float = CONFIDENCE) -> dict:
+              confidence: float = CONFIDENCE, predict_at: Sequence[float] = ()) -> dict:
     """The least-squares slope of a run quantity's seed mean against log10 of the runs' compute, with its interval:
     slope +- sqrt(t_df^2 var_seed + t_{G-1}^2 var_doc). var_seed = sum_r w_r^2 var_r (w_r the least-squares weight of
     run r, var_r the variance of its seed mean), df its Welch-Satterthwaite degrees of freedom; var_doc the variance
     of the slope over document resamples (one draw shared by runs that score the same documents), times G / (G - 1)
-    (``planlm.evaluate.bootstrap.slope_half_width``). Needs runs at >= 2 different computes."""
+    (``planlm.evaluate.bootstrap.slope_half_width``). Needs runs at >= 2 different computes.
+
+    ``predict_at``: computes (FLOPs) at which the fitted line's value is given too (``predictions``), with the
+    interval of the same combination of the runs' means (weights 1/n + (log10 C - mean) w_r): the seeds' and the
+    documents' noise carried along the line, not whether a straight line holds that far."""
     x = np.log10([run.compute.flops for run in runs])
     if len(runs) < 2 or np.ptp(x) == 0:
         raise PlanlmError(f"a slope needs runs at two or more training computes (got {len(runs)} run(s) at "
@@ -278,21 +298,25 @@ def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
     w = (x - x.mean()) / ((x - x.mean()) ** 2).sum()  # (runs,) slope = sum_r w_r y_r
     weights, documents = _document_weights(runs, num_samples)
     parts = [_run_quantity(run, weight, quantity) for run, weight in zip(runs, weights)]
+    num_seeds = [len(run.seeds) for run in runs]
     means = np.array([p[0] for p in parts])
-    slope = float(w @ means)
+    fit = _combination(w, parts, num_seeds, documents, confidence)
+    slope = fit.pop("value")
     intercept = float(means.mean() - slope * x.mean())
-    resampled = np.stack([p[1] for p in parts], 1) @ w  # (R,)
-    resampled = resampled[np.isfinite(resampled)]
-    document_var = float(np.var(resampled, ddof=1)) * documents / max(documents - 1, 1) if len(resampled) > 1 else 0.0
-    half, seed_var, dof = slope_half_width(w, [p[2] for p in parts], [len(run.seeds) for run in runs], document_var,
-                                           documents, confidence)
-    half, seed_var, dof = float(half), float(seed_var), (float(dof) if np.isfinite(dof) else None)
-    result = {"slope": slope, "ci_low": slope - half, "ci_high": slope + half, "intercept": intercept,
-              "seed_se": float(np.sqrt(seed_var)), "seed_dof": dof, "document_se": float(np.sqrt(document_var)),
-              "documents": documents, "confidence": confidence, "runs": [run.name for run in runs],
-              "log10_compute": x.tolist(), "means": means.tolist(),
+    result = {"slope": slope, **fit, "intercept": intercept, "documents": documents, "confidence": confidence,
+              "runs": [run.name for run in runs], "log10_compute": x.tolist(), "means": means.tolist(),
               "residuals": (means - (intercept + slope * x)).tolist()}
-    if seed_var == 0:
+    predictions = []
+    for flops in predict_at:
+        if not flops > 0:
+            raise PlanlmError(f"--predict_at: {flops} is not a compute; give FLOPs > 0, e.g. 1.5e17")
+        at = math.log10(flops)
+        predictions.append({"flops": float(flops), "log10_compute": at, "decades_past_runs": at - float(x.max()),
+                            **_combination(1 / len(runs) + (at - x.mean()) * w, parts, num_seeds, documents,
+                                           confidence)})
+    if predictions:
+        result["predictions"] = predictions
+    if fit["seed_se"] == 0:
         result["note"] = "no run has two seeds: the interval is over documents alone"
     return result
 
@@ -363,6 +387,22 @@ def _markdown(rows: list[dict], fits: list[dict], contrasts: list, shares: list)
             lines.append(f"| {fit['label']} | {slope} | {scale * fit['seed_se']:.3f} ({dof}) | "
                          f"{scale * fit['document_se']:.3f} | {len(fit['runs'])} | "
                          f"{_decided(fit['ci_low'], fit['ci_high'])} |")
+    predicted = [fit for fit in fits if fit.get("predictions")]
+    if predicted:
+        lines += ["", "## The fitted line at other computes", "",
+                  "The line's value at each compute asked for, with the interval of the seeds' and the documents' noise "
+                  "carried along the line. Past the runs' span it is an **extrapolation**: it assumes that the straight "
+                  "line in log10 C holds that far, which these runs cannot show.", "",
+                  "| quantity | C (FLOPs) | decades past the largest run | the line's value, % [95% CI] | seed SE (df) | "
+                  "document SE |", "|---|---|---|---|---|---|"]
+        for fit in predicted:
+            scale, digits = (100, 1) if fit["kind"] == "share" else (1, 2)
+            for p in fit["predictions"]:
+                dof = f"{p['seed_dof']:.1f}" if p["seed_dof"] else "-"
+                lines.append(f"| {fit['label']} | {p['flops']:.3g} | {p['decades_past_runs']:+.2f} | "
+                             f"{scale * p['value']:+.{digits}f}% [{scale * p['ci_low']:+.{digits}f}%, "
+                             f"{scale * p['ci_high']:+.{digits}f}%] | {scale * p['seed_se']:.3f} ({dof}) | "
+                             f"{scale * p['document_se']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -395,6 +435,10 @@ def _csv(path: Path, rows: list[dict], fits: list[dict]) -> None:
             writer.writerow({"run": "slope per log10 compute", "kind": f"{fit['kind']} slope", "quantity": fit["label"],
                              "value": fit["slope"], "ci_low": fit["ci_low"], "ci_high": fit["ci_high"],
                              "seeds": " ".join(fit["runs"])})
+            for p in fit.get("predictions", []):
+                writer.writerow({"run": "the fitted line", "kind": f"{fit['kind']} predicted", "quantity": fit["label"],
+                                 "compute_flops": p["flops"], "value": p["value"], "ci_low": p["ci_low"],
+                                 "ci_high": p["ci_high"], "seeds": " ".join(fit["runs"])})
 
 
 def _figure(path: Path, rows: list[dict], fits: list[dict], contrasts: list, shares: list) -> None:
@@ -434,6 +478,15 @@ def _figure(path: Path, rows: list[dict], fits: list[dict], contrasts: list, sha
             ax.plot(10 ** xs, scale * (fit["intercept"] + fit["slope"] * xs), color="black", lw=1, ls="--",
                     label=f"slope {scale * fit['slope']:+.2f} [{scale * fit['ci_low']:+.2f}, "
                           f"{scale * fit['ci_high']:+.2f}] per 10x")
+            for p in fit.get("predictions", []):  # the line carried to the compute asked for, dotted
+                ends = [max(fit["log10_compute"]), p["log10_compute"]] if p["decades_past_runs"] > 0 else \
+                    [p["log10_compute"], min(fit["log10_compute"])]
+                ends = np.array(ends)
+                ax.plot(10 ** ends, scale * (fit["intercept"] + fit["slope"] * ends), color="black", lw=1, ls=":")
+                ax.errorbar([p["flops"]], [scale * p["value"]], fmt="s", capsize=4, color="black", mfc="white",
+                            yerr=[[scale * (p["value"] - p["ci_low"])], [scale * (p["ci_high"] - p["value"])]],
+                            label=f"the line at {p['flops']:.2g} FLOPs"
+                                  + (" (extrapolated)" if p["decades_past_runs"] > 0 else ""))
         ax.axhline(0, color="grey", lw=0.6)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # a decade or two: minor labels overlap
@@ -490,7 +543,7 @@ BOOTSTRAP_SAMPLES = 1000
 """Document resamples of every interval (seeded: the same output every time), as the run report's."""
 
 
-def across_runs(run_dirs: list[str], out_dir: str) -> Path:
+def across_runs(run_dirs: list[str], out_dir: str, predict_at: Optional[list[float]] = None) -> Path:
     """Several run folders side by side against their LM training compute: one table and one figure.
 
     Writes ``across_runs.md``, ``across_runs.csv``, ``across_runs.png`` and ``across_runs.json`` into ``out_dir``.
@@ -507,10 +560,15 @@ def across_runs(run_dirs: list[str], out_dir: str) -> Path:
         run_dirs: Folders of finished `planlm run`s (e.g. [runs/ladder-1, runs/ladder-2, runs/ladder-3]); two or
             more at different computes for a slope.
         out_dir: Where to write the table, the figure and the JSON.
+        predict_at: Computes (FLOPs, e.g. [1.5e17]) at which to give each fitted line's value with its interval,
+            in the table and on the figure; past the runs' span, labelled an extrapolation.
     """
     if not run_dirs:
         raise PlanlmError("--run_dirs is empty; give the run folders to set side by side, e.g. "
                           "--run_dirs '[runs/ladder-1, runs/ladder-2]'")
+    for flops in predict_at or ():
+        if not (isinstance(flops, (int, float)) and flops > 0):
+            raise PlanlmError(f"--predict_at: {flops!r} is not a compute; give FLOPs > 0, e.g. '[1.5e17]'")
     folders = [Path(d) for d in run_dirs]
     for folder in folders:
         if not folder.is_dir():
@@ -535,7 +593,8 @@ def across_runs(run_dirs: list[str], out_dir: str) -> Path:
     fits = []
     for kind, label, quantity in quantities:
         try:
-            fits.append({"kind": kind, "label": label, **fit_slope(fitted, quantity, BOOTSTRAP_SAMPLES)})
+            fits.append({"kind": kind, "label": label,
+                         **fit_slope(fitted, quantity, BOOTSTRAP_SAMPLES, predict_at=predict_at or ())})
         except PlanlmError as e:
             fits.append({"kind": kind, "label": label, "error": str(e)})
     out = Path(out_dir)

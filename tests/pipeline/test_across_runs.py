@@ -192,6 +192,33 @@ def test_the_slope_has_its_known_answer_and_every_seed_is_shown(tmp_path, known_
     assert (out / "across_runs.png").stat().st_size > 10_000
 
 
+def test_the_line_carried_to_a_larger_compute_has_its_known_value_and_interval(tmp_path, known_ladder):
+    runs = known_ladder
+    flops = [json.loads((r.root / "expected.json").read_text())["flops"] for r in runs]
+    far = flops[-1] * 10 ** 2.5
+    out = tmp_path / "across"
+    across_runs([str(r.root) for r in runs], str(out), predict_at=[far])
+    fit = next(f for f in json.loads((out / "across_runs.json").read_text())["fits"] if f["label"] == "ours - fixed")
+    (predicted,) = fit["predictions"]
+    assert predicted["value"] == pytest.approx(-0.5 + SLOPE * math.log10(far / flops[0]), abs=1e-6)
+    assert predicted["decades_past_runs"] == pytest.approx(2.5)
+    # the line's value is sum_r v_r y_r with v_r = 1/n + (x0 - mean x) w_r: its seed SE and df by hand
+    x = np.log10(flops)
+    w = (x - x.mean()) / ((x - x.mean()) ** 2).sum()
+    v = 1 / len(x) + (math.log10(far) - x.mean()) * w
+    per_run_var = np.var(100 * np.expm1(np.log1p(np.array(SPREAD) / 100)), ddof=1) / len(SEEDS)
+    assert predicted["seed_se"] == pytest.approx(math.sqrt((v ** 2).sum() * per_run_var), rel=1e-6)
+    assert predicted["seed_dof"] == pytest.approx(2 * (v ** 2).sum() ** 2 / (v ** 4).sum(), rel=1e-6)
+    assert predicted["ci_high"] - predicted["value"] > fit["ci_high"] - fit["slope"]  # wider than the slope's
+    table = (out / "across_runs.md").read_text()
+    assert "## The fitted line at other computes" in table and "**extrapolation**" in table
+    assert f"| ours - fixed | {far:.3g} | +2.50 | {predicted['value']:+.2f}% [" in table
+    assert any(r["kind"] == "relative predicted" for r in read_csv(out / "across_runs.csv"))
+    with pytest.raises(PlanlmError, match="--predict_at: -1.0 is not a compute"):
+        across_runs([str(r.root) for r in runs], str(tmp_path / "bad"), predict_at=[-1.0])
+    assert not (tmp_path / "bad").exists()
+
+
 def test_document_noise_widens_the_interval_and_a_flat_line_is_not_decided(tmp_path, prepared):
     runs = ladder(tmp_path, prepared, slope=0.0, document_noise=0.01)
     fit = fit_slope([read_run(r.root, ["fixed", "ours", "oracle"]) for r in runs], ("relative", "ours", "fixed"))
