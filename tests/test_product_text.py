@@ -67,14 +67,15 @@ def test_the_license_and_the_citation_match_the_package():
 
 
 def test_the_cli_stays_within_its_flag_budget_and_every_flag_is_documented():
-    """At most 263 flags over all commands (an option earns its place by a use docs/results.md shows, one a
+    """At most 264 flags over all commands (an option earns its place by a use docs/results.md shows, one a
     Lightning or Hugging Face user expects, the fields of a user's own adapter: --adapter.options, or the run
-    folders that planlm across-runs compares), each with a help text in docs/configuration.md."""
+    folders that planlm across-runs compares and the compute it carries their line to, as the ladder's
+    extrapolation does), each with a help text in docs/configuration.md."""
     from planlm.commands import COMMANDS
     from planlm.config_docs import command_flags
 
     flags = {name: command_flags(name) for name in COMMANDS}
-    assert sum(len(names) for names in flags.values()) <= 263, {name: len(names) for name, names in flags.items()}
+    assert sum(len(names) for names in flags.values()) <= 264, {name: len(names) for name, names in flags.items()}
     page = (ROOT / "docs" / "configuration.md").read_text()
     undocumented = [f"{name} {flag}" for name, names in flags.items() for flag in names
                     if re.search(rf"\| `{re.escape(flag)}` \|[^|]*\|[^|]*\|\s*\|", page)]
