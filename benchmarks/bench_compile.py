@@ -10,6 +10,7 @@ bare compiled step, the graphs each epoch compiled (training and validation), th
 fell in, and each call's time outside its steps (``call_time_s`` in the manifest).
 
     python benchmarks/bench_compile.py --device cpu --articles 40          # the demo's LM (2 x 128), a CPU
+    python benchmarks/bench_compile.py --device cpu --prepared_dir runs/demo/codebooks/seed0 --steps 20  # its data too
     python benchmarks/bench_compile.py --device cuda --stage_lm gpt2_small --articles 400 --batch_size 32
 """
 
@@ -102,6 +103,8 @@ def bare_compiled_step(prepared_dir: Path, kwargs: dict, runtime: LMRuntime, ste
     optimizer = module.configure_optimizers()["optimizer"]
     bf16 = runtime.arithmetic(device.type) == "bf16"
     batches = list(_loaders(prepared, plans, train, tokenizer.pad_token_id or 0)[0])
+    if train.limit_train_batches:  # the stage's own steps an epoch: the batches it saw
+        batches = batches[:int(train.limit_train_batches)]
 
     def step(batch: dict) -> float:
         batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
@@ -133,6 +136,10 @@ def main() -> None:
     parser.add_argument("--paths", type=int, default=2, help="K = T")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--bare_steps", type=int, default=8, help="timed steps of the bare compiled loop")
+    parser.add_argument("--prepared_dir", default=None,
+                        help="a run's codebook folder (runs/demo/codebooks/seed0: its sotu pieces, its BPE vocabulary "
+                             "and that seed's actions) instead of the synthetic corpus")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per epoch (default: the whole split)")
     args = parser.parse_args()
 
     from planlm.models.adapter import AdapterSettings
@@ -141,15 +148,18 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        counts = {"train": args.articles, "validation": max(4, args.articles // 10), "test": 2}
-        prepared_dir = make_synthetic_prepared(root / "prepared", num_actions=16, embedding_dim=384, rule="skip",
-                                               num_articles=counts, min_sentences=12, max_sentences=20,
-                                               sentence_words=(18, 34))
+        if args.prepared_dir:
+            prepared_dir = Path(args.prepared_dir)
+        else:
+            counts = {"train": args.articles, "validation": max(4, args.articles // 10), "test": 2}
+            prepared_dir = make_synthetic_prepared(root / "prepared", num_actions=16, embedding_dim=384, rule="skip",
+                                                   num_articles=counts, min_sentences=12, max_sentences=20,
+                                                   sentence_words=(18, 34))
         kwargs = dict(model=LMModelConfig(model_config=STAGE_LMS[args.stage_lm]),
                       plans=PlanConfig(kind="oracle", num_paths=args.paths, horizon=args.paths),
                       adapter=AdapterSettings(kind=args.adapter),
                       train=LMTrainConfig(batch_size=args.batch_size, lr=1e-3, max_epochs=2, warmup_steps=2,
-                                          log_every_n_steps=10))
+                                          log_every_n_steps=10, limit_train_batches=args.steps))
         settings = {"eager": False, "compiled": True}
         if LMRuntime(device=args.device).training_device_type() == "cuda":
             settings["CUDA graphs"] = "cudagraphs"
@@ -161,8 +171,9 @@ def main() -> None:
 
     tokens = args.batch_size * 128
     device = LMRuntime(device=args.device).training_device_type()
+    corpus = args.prepared_dir or f"{args.articles} synthetic training articles"
     print(f"train_lm, two epochs, {args.stage_lm} LM, {args.adapter} at K = T = {args.paths}, oracle plans, batch "
-          f"{args.batch_size} x 128 (padded), {args.articles} training articles, device {device}, precision "
+          f"{args.batch_size} x 128 (padded), {corpus}, {args.steps or 'all'} steps an epoch, device {device}, precision "
           f"{args.precision}; steady steps: the median of the steps that compiled nothing; under load if the "
           f"machine is shared")
     print("| setting | steady step (s) | tokens/s | vs eager | steps compiling | their seconds | graphs (train 0 / "

@@ -122,3 +122,25 @@ def test_the_compile_checks_run_on_the_cpu_at_toy_sizes(tmp_path):
     assert "CUDA graphs: skipped on the CPU" in compiled and "| multipath" in compiled
     stage = (tmp_path / "checks" / "stage_compiled.txt").read_text()
     assert "| compiled |" in stage and "| bare compiled loop |" in stage and "compiled stage vs bare compiled step" in stage
+
+
+@pytest.mark.slow
+def test_the_compile_benchmark_reads_a_runs_own_prepared_folder(tmp_path):
+    """bench_compile.py --prepared_dir (a run's codebook folder: its own corpus, vocabulary and actions) with a few
+    steps an epoch: the stage's steps are limited, the table names the folder and every setting's row is there."""
+    import sys
+
+    from planlm.testing.synthetic import make_synthetic_prepared
+
+    prepared = make_synthetic_prepared(tmp_path / "prepared", num_actions=4, embedding_dim=8,
+                                       num_articles={"train": 12, "validation": 2, "test": 2},
+                                       min_sentences=12, max_sentences=16, sentence_words=(18, 30))
+    result = subprocess.run([sys.executable, "bench_compile.py", "--device", "cpu", "--stage_lm", "near_zero",
+                             "--prepared_dir", str(prepared), "--steps", "2", "--bare_steps", "1",
+                             "--batch_size", "2"],
+                            cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=1500,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert f"{prepared}, 2 steps an epoch" in result.stdout
+    assert "| eager |" in result.stdout and "| compiled |" in result.stdout and "| bare compiled loop |" in result.stdout
+    assert "train_steps 4," in result.stdout  # two epochs of two steps, in each call
