@@ -280,6 +280,13 @@ def _combination(weights: np.ndarray, parts: list, num_seeds: list[int], documen
             "seed_dof": float(dof) if np.isfinite(dof) else None, "document_se": float(np.sqrt(document_var))}
 
 
+def _check_computes(predict_at: Sequence[float]) -> None:
+    """One line for a ``--predict_at`` entry that is no compute (FLOPs > 0)."""
+    for flops in predict_at:
+        if not (isinstance(flops, (int, float)) and flops > 0):
+            raise PlanlmError(f"--predict_at: {flops!r} is not a compute; give FLOPs > 0, e.g. '[1.5e17]'")
+
+
 def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
               confidence: float = CONFIDENCE, predict_at: Sequence[float] = ()) -> dict:
     """The least-squares slope of a run quantity's seed mean against log10 of the runs' compute, with its interval:
@@ -291,6 +298,7 @@ def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
     ``predict_at``: computes (FLOPs) at which the fitted line's value is given too (``predictions``), with the
     interval of the same combination of the runs' means (weights 1/n + (log10 C - mean) w_r): the seeds' and the
     documents' noise carried along the line, not whether a straight line holds that far."""
+    _check_computes(predict_at)
     x = np.log10([run.compute.flops for run in runs])
     if len(runs) < 2 or np.ptp(x) == 0:
         raise PlanlmError(f"a slope needs runs at two or more training computes (got {len(runs)} run(s) at "
@@ -308,8 +316,6 @@ def fit_slope(runs: list[RunNumbers], quantity: tuple, num_samples: int = 1000,
               "residuals": (means - (intercept + slope * x)).tolist()}
     predictions = []
     for flops in predict_at:
-        if not flops > 0:
-            raise PlanlmError(f"--predict_at: {flops} is not a compute; give FLOPs > 0, e.g. 1.5e17")
         at = math.log10(flops)
         predictions.append({"flops": float(flops), "log10_compute": at, "decades_past_runs": at - float(x.max()),
                             **_combination(1 / len(runs) + (at - x.mean()) * w, parts, num_seeds, documents,
@@ -566,9 +572,7 @@ def across_runs(run_dirs: list[str], out_dir: str, predict_at: Optional[list[flo
     if not run_dirs:
         raise PlanlmError("--run_dirs is empty; give the run folders to set side by side, e.g. "
                           "--run_dirs '[runs/ladder-1, runs/ladder-2]'")
-    for flops in predict_at or ():
-        if not (isinstance(flops, (int, float)) and flops > 0):
-            raise PlanlmError(f"--predict_at: {flops!r} is not a compute; give FLOPs > 0, e.g. '[1.5e17]'")
+    _check_computes(predict_at or ())  # before anything is read or written (each fit's own errors are kept)
     folders = [Path(d) for d in run_dirs]
     for folder in folders:
         if not folder.is_dir():
