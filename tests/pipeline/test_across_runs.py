@@ -26,7 +26,10 @@ from helpers import read_csv
 
 CONTEXT, STRIDE, BATCH = 16, 15, 4
 SEEDS = (0, 1, 2)
-DOCUMENTS = 8  # test documents, 3 pieces each
+PIECES = (1, 5, 2, 4, 3, 2, 6, 1)  # test documents cut into unequal numbers of pieces, as prepare cuts speeches
+DOCUMENTS = len(PIECES)
+DOCUMENT_OF = np.repeat(np.arange(DOCUMENTS), PIECES)  # (articles,) each piece's document
+PIECE_OF = np.concatenate([np.arange(n) for n in PIECES])  # (articles,) its place in its document
 ORACLE = -3.0  # the oracle's gain over Fixed, % of perplexity, in every run and seed
 
 
@@ -71,7 +74,7 @@ def write_lm(folder, layers: int, width: int, global_step: int, init_from=None) 
 def write_evaluation(folder, nll: np.ndarray, tokens: np.ndarray, sources: list, conditioning: str) -> None:
     folder.mkdir(parents=True)
     write_per_article(folder / "per_article.csv", [
-        {"article": i, "id": f"{sources[i]}#{i % 3}", "source": sources[i], "nll_sum": repr(float(n)),
+        {"article": i, "id": f"{sources[i]}#{PIECE_OF[i]}", "source": sources[i], "nll_sum": repr(float(n)),
          "tokens": int(t)} for i, (n, t) in enumerate(zip(nll, tokens))])
     (folder / "metrics.json").write_text(json.dumps({
         "ppl": float(np.exp(nll.sum() / tokens.sum())), "ci_low": 1.0, "ci_high": 2.0, "conditioning": conditioning,
@@ -95,9 +98,9 @@ def make_run(root, prepared_source, name: str, layers: int, width: int, epochs: 
     per_epoch, windows = tokens_per_epoch(layout.prepared)
     steps = math.ceil(windows / BATCH)
     rng = np.random.default_rng(len(name))
-    tokens = np.full(3 * DOCUMENTS, 90.0) + np.arange(3 * DOCUMENTS)
-    sources = [f"speech{i // 3}" for i in range(3 * DOCUMENTS)]
-    level = 5.0 + rng.normal(0, 0.2, DOCUMENTS)[np.arange(3 * DOCUMENTS) // 3]
+    tokens = np.full(len(DOCUMENT_OF), 90.0) + np.arange(len(DOCUMENT_OF))
+    sources = [f"speech{d}" for d in DOCUMENT_OF]
+    level = 5.0 + rng.normal(0, 0.2, DOCUMENTS)[DOCUMENT_OF]
     for seed, spread in zip(SEEDS, seed_spread):
         base = layout.lm(BASE_LM, seed)
         write_lm(base, layers, width, base_epochs * steps)
