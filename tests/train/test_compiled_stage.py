@@ -161,6 +161,27 @@ def test_inductor_compiled_losses_equal_eager_within_tolerance(synthetic_random,
     assert compiled == pytest.approx(eager, rel=1e-4)
 
 
+@pytest.mark.slow
+def test_the_compiled_lm_draws_the_eager_lms_dropout_masks_on_the_cpu():
+    """With the stage's compile options on the CPU, a compiled training forward of an LM with dropout equals the
+    eager one from the same seed (inductor's own generator would draw other masks)."""
+    from planlm.models.planned_lm import load_causal_lm
+    from planlm.speed import compile_module, compile_options
+
+    torch.manual_seed(0)
+    lm = load_causal_lm(None, tiny_gpt2_config(n_layer=2), vocab_size=100).train()
+    assert lm.config.resid_pdrop > 0 and lm.config.attn_pdrop > 0
+    input_ids = torch.randint(0, 100, (2, 16))
+    torch.manual_seed(1)
+    eager = lm(input_ids).logits
+    compile_module(lm.transformer, "test", **compile_options(LMRuntime(compile=True, device="cpu")))
+    torch.manual_seed(1)
+    compiled = lm(input_ids).logits
+    torch.manual_seed(2)
+    assert not torch.allclose(lm(input_ids).logits, compiled, atol=1e-3)  # dropout is on: another seed differs
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
 def test_compile_settings():
     assert LMRuntime(compile="cudagraphs").compile == "cudagraphs"
     from planlm.errors import PlanlmError
@@ -169,8 +190,9 @@ def test_compile_settings():
         LMRuntime(compile="fast")
     from planlm.speed import compile_options
 
-    assert compile_options(LMRuntime(compile=True)) == {"dynamic": False}
-    assert compile_options(LMRuntime(compile="cudagraphs", device="cpu")) == {"dynamic": False}  # CUDA only
+    cpu = {"dynamic": False, "options": {"fallback_random": True}}  # dropout drawn by PyTorch's generator
+    assert compile_options(LMRuntime(compile=True, device="cpu")) == cpu
+    assert compile_options(LMRuntime(compile="cudagraphs", device="cpu")) == cpu  # CUDA graphs: CUDA only
     steps = lm_stage.step_shapes(LMTrainConfig(batch_size=5, context_length=64, stride=32), LMRuntime(compile=True))
     assert steps == {"static_shapes": StaticShapes(5, 64), "cuda_graphs": False}
     assert lm_stage.step_shapes(LMTrainConfig(), LMRuntime()) == {"static_shapes": None, "cuda_graphs": False}
