@@ -1,9 +1,9 @@
 """The LM ladder's tables for docs/results.md, from `planlm across-runs` and the rungs' run folders (docs/ladder.md).
 
-    planlm across-runs --run_dirs '[runs/ladder-1, runs/ladder-2, runs/ladder-3, runs/ladder-4]' \
+    planlm across-runs --run_dirs '[runs/ladder-1, runs/ladder-2, runs/ladder-3, runs/ladder-4, runs/ladder-smollm2]' \
         --out_dir runs/ladder-across --predict_at '[1.5e17]'
     PYTHONPATH=$PWD python experiments/ladder_tables.py --across runs/ladder-across \
-        --runs runs/ladder-1 runs/ladder-2 runs/ladder-3 runs/ladder-4
+        --runs runs/ladder-1 runs/ladder-2 runs/ladder-3 runs/ladder-4 runs/ladder-smollm2
 
 Prints, in Markdown: each rung's ours - Fixed and oracle - Fixed in % of Fixed's perplexity with every seed, and the
 share of the oracle's gain; the slopes against log10 compute with the pre-registered decision (interval below 0: the
@@ -27,7 +27,9 @@ def signed(value: float, digits: int = 2) -> str:
     return f"{value:+.{digits}f}"
 
 
-def interval(mean: float, low: float, high: float, digits: int = 2, bold: bool = True) -> str:
+def interval(mean: float, low: float | None, high: float | None, digits: int = 2, bold: bool = True) -> str:
+    if low is None or high is None:  # a bin with one document has no interval
+        return f"{signed(mean, digits)} (no interval)"
     text = f"{signed(mean, digits)} [{signed(low, digits)}, {signed(high, digits)}]"
     return f"**{text}**" if bold and (low > 0 or high < 0) else text
 
@@ -45,7 +47,8 @@ def decision(low: float, high: float, share: bool = False) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--across", required=True, help="the out_dir of planlm across-runs (with --predict_at)")
-    parser.add_argument("--runs", nargs="+", required=True, help="the rungs' run folders, the top rung last")
+    parser.add_argument("--runs", nargs="+", required=True,
+                        help="the rungs' run folders, in the order of the across-runs command")
     args = parser.parse_args()
     across = json.loads((Path(args.across) / "across_runs.json").read_text())
     results = {Path(r).name: json.loads((Path(r) / "results.json").read_text()) for r in args.runs}
@@ -80,10 +83,10 @@ def main() -> None:
                       f"C = {p['flops']:.2g}: {signed(p['value'])}% [{signed(p['ci_low'])}, {signed(p['ci_high'])}]"
                       + (f"; the paper: {PAPER_GAIN}%" if fit["label"] == "ours - fixed" else ""))
 
-    top = results[Path(args.runs[-1]).name]
-    extra = [c for c in top["contrasts"] if c["a"] not in ("fixed", "none")]
+    top_name = [row["run"] for row in across["runs"] if not row["compute"]["pretrained"]][-1]  # the largest fitted
+    extra = [c for c in results[top_name]["contrasts"] if c["a"] not in ("fixed", "none")]
     if extra:
-        print(f"\nThe top rung ({Path(args.runs[-1]).name}):\n\n| B - A | PPL [95% CI] | seeds | decided |\n|---|---|---|---|")
+        print(f"\nThe top rung ({top_name}):\n\n| B - A | PPL [95% CI] | seeds | decided |\n|---|---|---|---|")
         for c in extra:
             print(f"| {c['b']} - {c['a']} | {interval(c['diff'], c['ci_low'], c['ci_high'])} | "
                   f"{', '.join(signed(v) for v in c['seed_diffs'].values())} | {c['decided']} |")
