@@ -42,9 +42,8 @@ the buckets of sentences times training and validation)."""
 def compile_options(speed: LMRuntime) -> dict:
     """torch.compile's options for ``speed.compile``: static shapes (the stage pads its batches to a few); CUDA
     graphs (mode reduce-overhead) for ``cudagraphs`` on a CUDA device; on the CPU, dropout's random numbers drawn by
-    PyTorch's own generator instead of inductor's (``fallback_random``): inductor's C++ kernels draw them element by
-    element, which made a CPU step slower than eager, and with PyTorch's generator the compiled LM draws the same
-    dropout masks as the eager one."""
+    PyTorch's own generator instead of inductor's (``fallback_random``): faster there than inductor's C++ kernels,
+    which draw them element by element, and the compiled LM then draws the same dropout masks as the eager one."""
     options = {"dynamic": False}
     device_type = speed.training_device_type()
     if speed.compile == "cudagraphs" and device_type == "cuda":
